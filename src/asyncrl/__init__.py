@@ -1,0 +1,1 @@
+from asyncrl.version import TrainerVersion  # noqa

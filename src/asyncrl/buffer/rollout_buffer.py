@@ -1,0 +1,373 @@
+"""Group-granular rollout buffer with indexes for the staleness samplers.
+
+Invariants (checked by tests, relied on by samplers and the controller):
+
+* one slot per dispatched, not-yet-consumed prompt group, iterated in dispatch
+  order (``dispatch_seq`` strictly increases with every reservation);
+* ``len(buffer) <= capacity`` at all times: capacity bounds reserved **and**
+  ready slots, which is the back-pressure the rollout pump feels;
+* a slot is either reserved (in flight) or ready (committed), and only ready
+  slots appear in the ready indexes.
+
+The indexes make every sampler query cost O(answer * log n) (plus the number
+of distinct weight versions in the queried range, which the staleness window
+keeps small), never a scan of the whole buffer.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable, Hashable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from sortedcontainers import SortedDict
+
+from asyncrl._signal import ChangeSignal
+from asyncrl.errors import (
+    BufferStateError,
+    DuplicateGroupError,
+    GroupStateError,
+    UnknownGroupError,
+)
+
+GroupId = Hashable
+
+
+@dataclass(eq=False, slots=True)
+class Slot:
+    """One prompt group's place in the buffer."""
+
+    group_id: GroupId
+    start_weight: int
+    dispatch_seq: int
+    target_step: int | None = None
+    end_weight: int | None = None
+    ready: bool = False
+    payload: Any = field(default=None, repr=False)
+
+
+class _ReadyIndex:
+    """Ready slots bucketed by an integer key, each bucket in dispatch order."""
+
+    __slots__ = ("_buckets",)
+
+    def __init__(self) -> None:
+        self._buckets: SortedDict = SortedDict()  # key -> SortedDict(seq -> Slot)
+
+    def add(self, key: int, slot: Slot) -> None:
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = self._buckets[key] = SortedDict()
+        bucket[slot.dispatch_seq] = slot
+
+    def discard(self, key: int, slot: Slot) -> None:
+        bucket = self._buckets[key]
+        del bucket[slot.dispatch_seq]
+        if not bucket:
+            del self._buckets[key]
+
+    def keys_in(self, lo: int | None, hi: int | None, reverse: bool = False) -> Iterator[int]:
+        return self._buckets.irange(lo, hi, reverse=reverse)
+
+    def in_range(
+        self, lo: int | None, hi: int | None, *, limit: int | None, key_desc: bool = False
+    ) -> list[Slot]:
+        """Ready slots with ``lo <= key <= hi`` (None: unbounded).
+
+        Dispatch order across buckets, or, with ``key_desc``, highest key first
+        and dispatch order inside a key.
+        """
+        keys = list(self.keys_in(lo, hi, reverse=key_desc))
+        if not keys:
+            return []
+        if key_desc or len(keys) == 1:
+            stream: Iterable[Slot] = itertools.chain.from_iterable(
+                self._buckets[k].values() for k in keys
+            )
+        else:
+            stream = (
+                slot
+                for _, slot in heapq.merge(*(self._buckets[k].items() for k in keys))
+            )
+        return list(itertools.islice(stream, limit))
+
+    def count(self, key: int) -> int:
+        bucket = self._buckets.get(key)
+        return len(bucket) if bucket else 0
+
+
+class RolloutBuffer:
+    """Slots for dispatched prompt groups; see module docstring for invariants."""
+
+    def __init__(self, capacity: int) -> None:
+        if not isinstance(capacity, int) or capacity < 1:
+            raise ValueError(
+                f"RolloutBuffer capacity must be a positive integer, got {capacity!r}; "
+                "set async_rl.max_buffered_rollouts to at least 1"
+            )
+        self._capacity = capacity
+        self._changed = ChangeSignal()
+        self._space = ChangeSignal()
+        self._remove_listeners: list[Callable[[list[Slot]], None]] = []
+        self._reset()
+
+    def _reset(self) -> None:
+        self._slots: dict[GroupId, Slot] = {}  # insertion order == dispatch order
+        self._next_seq = 0
+        self._ready_count = 0
+        self._ready_by_weight = _ReadyIndex()
+        self._ready_by_target = _ReadyIndex()
+        # start_weight -> number of slots (ready or not) holding it
+        self._all_weights: SortedDict = SortedDict()
+
+    # ------------------------------------------------------------------ sizes
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    @property
+    def ready_count(self) -> int:
+        return self._ready_count
+
+    @property
+    def reserved_count(self) -> int:
+        return len(self._slots) - self._ready_count
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    def __contains__(self, group_id: object) -> bool:
+        return group_id in self._slots
+
+    def is_full(self) -> bool:
+        return len(self._slots) >= self._capacity
+
+    def get(self, group_id: GroupId) -> Slot:
+        try:
+            return self._slots[group_id]
+        except KeyError:
+            raise UnknownGroupError(
+                f"group {group_id!r} is not in the rollout buffer (it was never reserved, "
+                "or was already released/removed)"
+            ) from None
+
+    def slots(self) -> Iterator[Slot]:
+        """All slots in dispatch order."""
+        return iter(list(self._slots.values()))
+
+    # -------------------------------------------------------------- mutations
+    async def reserve(
+        self, group_id: GroupId, *, start_weight: int, target_step: int | None = None
+    ) -> Slot:
+        """Reserve a slot for a group about to be dispatched; waits while full."""
+        self._check_new(group_id, start_weight)
+        while len(self._slots) >= self._capacity:
+            await self._space.wait()
+        self._check_new(group_id, start_weight)
+        return self._insert(group_id, start_weight, target_step)
+
+    def reserve_nowait(
+        self, group_id: GroupId, *, start_weight: int, target_step: int | None = None
+    ) -> Slot:
+        """Like :meth:`reserve` but raises :class:`GroupStateError` when full."""
+        self._check_new(group_id, start_weight)
+        if len(self._slots) >= self._capacity:
+            raise GroupStateError(
+                f"rollout buffer is full ({self._capacity} slots); cannot reserve {group_id!r} "
+                "without waiting. Use 'await buffer.reserve(...)' to wait for space"
+            )
+        return self._insert(group_id, start_weight, target_step)
+
+    def commit(self, group_id: GroupId, payload: Any, *, end_weight: int | None = None) -> Slot:
+        """Mark a reserved group finished; its slot becomes ready."""
+        slot = self.get(group_id)
+        if slot.ready:
+            raise GroupStateError(
+                f"group {group_id!r} is already committed; each group is committed exactly once "
+                "(a retried generation must not commit twice)"
+            )
+        end = slot.start_weight if end_weight is None else end_weight
+        if end < slot.start_weight:
+            raise GroupStateError(
+                f"group {group_id!r}: end_weight {end} is older than its start_weight "
+                f"{slot.start_weight}; an engine's weight version must never go backwards"
+            )
+        slot.ready, slot.payload, slot.end_weight = True, payload, end
+        self._ready_count += 1
+        self._ready_by_weight.add(slot.start_weight, slot)
+        if slot.target_step is not None:
+            self._ready_by_target.add(slot.target_step, slot)
+        self._changed.fire()
+        return slot
+
+    def release(self, group_id: GroupId) -> Slot:
+        """Drop an UNREADY slot (its generation failed or was aborted)."""
+        slot = self.get(group_id)
+        if slot.ready:
+            raise GroupStateError(
+                f"group {group_id!r} is ready; release() only drops in-flight slots. "
+                "Use remove() for ready groups"
+            )
+        self._drop(slot)
+        self._changed.fire()
+        self._space.fire()
+        return slot
+
+    def remove(self, group_ids: Iterable[GroupId]) -> list[Slot]:
+        """Drop slots (selected or evicted) and return them."""
+        removed = [self._drop(self.get(gid)) for gid in list(group_ids)]
+        if removed:
+            for listener in self._remove_listeners:
+                listener(removed)
+            self._changed.fire()
+            self._space.fire()
+        return removed
+
+    def add_remove_listener(self, listener: Callable[[list[Slot]], None]) -> None:
+        """Call ``listener(slots)`` after every :meth:`remove` (the controller's ledger hook)."""
+        self._remove_listeners.append(listener)
+
+    async def wait_changed(self) -> None:
+        """Wait for the next commit, release or remove (or :meth:`notify`)."""
+        await self._changed.wait()
+
+    def notify(self) -> None:
+        """Wake :meth:`wait_changed` waiters without a change to the slots.
+
+        The controller uses it when something outside the buffer changed what a
+        waiter should conclude (the prompt source ran dry, the run is stopping).
+        """
+        self._changed.fire()
+
+    # ---------------------------------------------------------------- queries
+    def ready_by_target(self, target_step: int, *, limit: int | None = None) -> list[Slot]:
+        """Ready slots stamped ``target_step``, dispatch order."""
+        return self._ready_by_target.in_range(target_step, target_step, limit=limit)
+
+    def ready_target_below(self, target_step: int) -> list[Slot]:
+        """Ready stamped slots with ``target_step < target_step``."""
+        return self._ready_by_target.in_range(None, target_step - 1, limit=None)
+
+    def ready_in_weight_range(
+        self,
+        lo: int | None,
+        hi: int | None,
+        *,
+        limit: int | None = None,
+        freshest_first: bool = False,
+    ) -> list[Slot]:
+        """Ready slots with ``lo <= start_weight <= hi``.
+
+        Dispatch order, or newest start_weight first when ``freshest_first``.
+        """
+        return self._ready_by_weight.in_range(lo, hi, limit=limit, key_desc=freshest_first)
+
+    def min_start_weight(self, lo: int, hi: int) -> int | None:
+        """Smallest start_weight in ``[lo, hi]`` over ALL slots (ready or not)."""
+        for weight in self._all_weights.irange(lo, hi):
+            return weight
+        return None
+
+    def ready_count_at_weight(self, start_weight: int) -> int:
+        return self._ready_by_weight.count(start_weight)
+
+    # ------------------------------------------------------------ persistence
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "capacity": self._capacity,
+            "next_seq": self._next_seq,
+            "slots": [
+                {
+                    "group_id": s.group_id,
+                    "start_weight": s.start_weight,
+                    "end_weight": s.end_weight,
+                    "target_step": s.target_step,
+                    "ready": s.ready,
+                    "payload": s.payload,
+                    "dispatch_seq": s.dispatch_seq,
+                }
+                for s in self._slots.values()
+            ],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Replace the contents with ``state`` (capacity stays this buffer's own)."""
+        try:
+            slots = list(state["slots"])
+            next_seq = int(state["next_seq"])
+        except (KeyError, TypeError) as exc:
+            raise BufferStateError(
+                f"rollout buffer state is malformed (missing {exc}); "
+                "pass a dict produced by RolloutBuffer.state_dict()"
+            ) from None
+        if len(slots) > self._capacity:
+            raise BufferStateError(
+                f"rollout buffer state holds {len(slots)} slots but this buffer's capacity is "
+                f"{self._capacity}; raise async_rl.max_buffered_rollouts to at least {len(slots)}"
+            )
+        seqs = [int(s["dispatch_seq"]) for s in slots]
+        if seqs != sorted(set(seqs)) or (seqs and seqs[-1] >= next_seq):
+            raise BufferStateError(
+                "rollout buffer state is inconsistent: dispatch_seq values must be unique, "
+                "increasing and below next_seq"
+            )
+        ids = [s["group_id"] for s in slots]
+        if len(set(ids)) != len(ids):
+            raise BufferStateError("rollout buffer state holds a duplicate group id")
+        self._reset()
+        for s in slots:
+            slot = Slot(
+                group_id=s["group_id"],
+                start_weight=int(s["start_weight"]),
+                dispatch_seq=int(s["dispatch_seq"]),
+                target_step=s.get("target_step"),
+            )
+            self._slots[slot.group_id] = slot
+            self._all_weights[slot.start_weight] = self._all_weights.get(slot.start_weight, 0) + 1
+            if s.get("ready"):
+                slot.ready, slot.payload, slot.end_weight = True, s.get("payload"), s.get("end_weight")
+                self._ready_count += 1
+                self._ready_by_weight.add(slot.start_weight, slot)
+                if slot.target_step is not None:
+                    self._ready_by_target.add(slot.target_step, slot)
+        self._next_seq = next_seq
+        self._changed.fire()
+        self._space.fire()
+
+    # --------------------------------------------------------------- internal
+    def _check_new(self, group_id: GroupId, start_weight: int) -> None:
+        if group_id in self._slots:
+            raise DuplicateGroupError(
+                f"group {group_id!r} already has a slot; group ids must be unique per run"
+            )
+        if start_weight < 0:
+            raise ValueError(f"start_weight must be >= 0, got {start_weight}")
+
+    def _insert(self, group_id: GroupId, start_weight: int, target_step: int | None) -> Slot:
+        slot = Slot(group_id, start_weight, self._next_seq, target_step)
+        self._next_seq += 1
+        self._slots[group_id] = slot
+        self._all_weights[start_weight] = self._all_weights.get(start_weight, 0) + 1
+        return slot
+
+    def _drop(self, slot: Slot) -> Slot:
+        del self._slots[slot.group_id]
+        n = self._all_weights[slot.start_weight] - 1
+        if n:
+            self._all_weights[slot.start_weight] = n
+        else:
+            del self._all_weights[slot.start_weight]
+        if slot.ready:
+            self._ready_count -= 1
+            self._ready_by_weight.discard(slot.start_weight, slot)
+            if slot.target_step is not None:
+                self._ready_by_target.discard(slot.target_step, slot)
+        return slot
+
+    def __repr__(self) -> str:
+        return (
+            f"RolloutBuffer(capacity={self._capacity}, slots={len(self._slots)}, "
+            f"ready={self._ready_count})"
+        )

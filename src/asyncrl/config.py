@@ -1,0 +1,320 @@
+"""The run configuration: one frozen pydantic model for the whole YAML file.
+
+Every block forbids unknown keys, so a typo fails with the key named and the
+closest valid key suggested (see :func:`load_config`).
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from asyncrl._validation import explain
+from asyncrl.errors import ConfigError
+from asyncrl.sampling.config import InOrderSamplerConfig, SamplerConfig
+
+PosInt = Annotated[int, Field(ge=1)]
+NonNegInt = Annotated[int, Field(ge=0)]
+PosFloat = Annotated[float, Field(gt=0)]
+NonNegFloat = Annotated[float, Field(ge=0)]
+
+
+class Block(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --------------------------------------------------------------------- GRPO
+class GRPOConfig(Block):
+    num_prompts_per_step: PosInt = 8
+    num_generations_per_prompt: PosInt = 8
+    max_num_steps: PosInt = 200
+
+
+# ----------------------------------------------------------------- async RL
+class RolloutFailureConfig(Block):
+    max_attempts: PosInt = 3
+    backoff_s: NonNegFloat = 0.5
+    max_backoff_s: NonNegFloat = 30.0
+    max_failed_groups: NonNegInt = 16
+
+
+class AsyncRLConfig(Block):
+    sampler: SamplerConfig = Field(default_factory=InOrderSamplerConfig)
+    max_buffered_rollouts: PosInt = 16
+    min_groups_for_streaming_train: PosInt = 8
+    max_inflight_prompts: PosInt = 16
+    recompute_kv_cache_after_weight_updates: bool = False
+    rollout_failure: RolloutFailureConfig = Field(default_factory=RolloutFailureConfig)
+    #: Raise RolloutStall when nothing commits and no step finishes for this long (None: off).
+    stall_timeout_s: PosFloat | None = None
+
+
+# --------------------------------------------------------------------- task
+class ArithmeticTaskConfig(Block):
+    name: Literal["arithmetic"] = "arithmetic"
+    #: Operands are drawn from [0, max_operand].
+    max_operand: PosInt = 9
+    operators: str = "+"
+    #: Stop after this many prompts (None: an endless seeded stream).
+    num_prompts: PosInt | None = None
+
+
+class ReverseTaskConfig(Block):
+    name: Literal["reverse"] = "reverse"
+    min_length: PosInt = 2
+    max_length: PosInt = 4
+    alphabet: str = "abcd"
+    num_prompts: PosInt | None = None
+
+
+class SortTaskConfig(Block):
+    name: Literal["sort"] = "sort"
+    min_length: PosInt = 2
+    max_length: PosInt = 4
+    alphabet: str = "abcd"
+    num_prompts: PosInt | None = None
+
+
+TaskConfig = Annotated[
+    Union[ArithmeticTaskConfig, ReverseTaskConfig, SortTaskConfig],  # noqa: UP007
+    Field(discriminator="name"),
+]
+
+
+# ------------------------------------------------------------------- policy
+class ModelConfig(Block):
+    """A small causal LM built from scratch (random weights, no download)."""
+
+    hidden_size: PosInt = 64
+    num_layers: PosInt = 2
+    num_heads: PosInt = 4
+    intermediate_size: PosInt = 128
+    max_position_embeddings: PosInt = 64
+
+
+class GenerationConfig(Block):
+    temperature: PosFloat = 1.0
+    top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
+    max_new_tokens: PosInt = 8
+    #: Largest number of sequences one forward pass generates together.
+    max_batch_sequences: PosInt = 256
+
+
+class OptimizerConfig(Block):
+    lr: PosFloat = 3e-3
+    weight_decay: NonNegFloat = 0.0
+    betas: tuple[float, float] = (0.9, 0.99)
+    grad_clip: PosFloat | None = 1.0
+
+
+class PolicyConfig(Block):
+    #: Local path to a transformers causal LM and its tokenizer; None: build `model`.
+    model_name_or_path: str | None = None
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    generation: GenerationConfig = Field(default_factory=GenerationConfig)
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    device: str = "cpu"
+    #: Torch intra-op threads for the trainer and the engine each (None: leave torch's default).
+    num_threads: PosInt | None = None
+
+
+# --------------------------------------------------------------------- loss
+class LossConfig(Block):
+    clip_eps: PosFloat = 0.2
+    #: Upper clip (None: same as clip_eps). Larger values are "clip-higher".
+    clip_eps_high: PosFloat | None = None
+    kl_coef: NonNegFloat = 0.0
+    off_policy_correction: Literal["none", "tis", "decoupled"] = "none"
+    #: Cap of the truncated importance weights (tis and decoupled).
+    is_cap: PosFloat = 2.0
+    #: Divide advantages by the group's reward std (GRPO); False: mean-centering only.
+    scale_advantages: bool = True
+
+
+# ------------------------------------------------------------------ cluster
+class ActorResources(Block):
+    num_cpus: NonNegFloat = 1.0
+    num_gpus: NonNegFloat = 0.0
+
+
+class ClusterConfig(Block):
+    backend: Literal["local", "ray"] = "local"
+    #: Ray address (None: start or join a local instance).
+    address: str | None = None
+    num_rollout_workers: PosInt = 1
+    rollout_worker: ActorResources = Field(default_factory=ActorResources)
+    trainer: ActorResources = Field(default_factory=ActorResources)
+    #: Restarts allowed per rollout worker before the run continues without it.
+    max_worker_restarts: NonNegInt = 2
+
+
+# --------------------------------------------------------------- checkpoint
+class CheckpointConfig(Block):
+    every_steps: NonNegInt = 0
+    keep_last: PosInt = 2
+
+
+# ------------------------------------------------------------------ logging
+class LoggingConfig(Block):
+    tensorboard: bool = True
+    plots: bool = True
+    #: Live progress display: auto (only on a terminal), always or never.
+    progress: Literal["auto", "always", "never"] = "auto"
+
+
+# ----------------------------------------------------------------- simulate
+class ConstantLatency(Block):
+    distribution: Literal["constant"] = "constant"
+    value: NonNegFloat = 30.0
+
+
+class LognormalLatency(Block):
+    distribution: Literal["lognormal"] = "lognormal"
+    median: PosFloat = 30.0
+    sigma: NonNegFloat = 0.6
+
+
+class LognormalParams(Block):
+    median: PosFloat
+    sigma: NonNegFloat
+
+
+class BimodalLatency(Block):
+    distribution: Literal["bimodal"] = "bimodal"
+    fast: LognormalParams = LognormalParams(median=20.0, sigma=0.3)
+    slow: LognormalParams = LognormalParams(median=120.0, sigma=0.3)
+    slow_fraction: Annotated[float, Field(ge=0, le=1)] = 0.1
+
+
+class EmpiricalLatency(Block):
+    distribution: Literal["empirical"] = "empirical"
+    path: str
+
+
+LatencyConfig = Annotated[
+    Union[ConstantLatency, LognormalLatency, BimodalLatency, EmpiricalLatency],  # noqa: UP007
+    Field(discriminator="distribution"),
+]
+
+
+class SimulateConfig(Block):
+    steps: PosInt = 1000
+    rollout_slots: PosInt = 64
+    generation_latency_s: LatencyConfig = Field(default_factory=LognormalLatency)
+    train_step_s: NonNegFloat = 20.0
+    #: Extra trainer time per trained group (streaming cost), on top of train_step_s.
+    train_per_group_s: NonNegFloat = 0.0
+    weight_sync_s: NonNegFloat = 2.0
+    failure_rate: Annotated[float, Field(ge=0, lt=1)] = 0.0
+
+
+# --------------------------------------------------------------------- root
+class RunConfig(Block):
+    seed: int = 0
+    deterministic: bool = False
+    grpo: GRPOConfig = Field(default_factory=GRPOConfig)
+    async_rl: AsyncRLConfig = Field(default_factory=AsyncRLConfig)
+    task: TaskConfig = Field(default_factory=ArithmeticTaskConfig)
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    loss: LossConfig = Field(default_factory=LossConfig)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    simulate: SimulateConfig | None = None
+
+    @model_validator(mode="after")
+    def _deterministic_needs_local(self) -> RunConfig:
+        if self.deterministic and self.cluster.backend != "local":
+            raise ValueError(
+                "deterministic: true is supported on the local backend only; "
+                "set cluster.backend: local or deterministic: false"
+            )
+        return self
+
+
+# ------------------------------------------------------------------ loading
+def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = tree
+    for i, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(
+                f"override {dotted}: '{'.'.join(parts[: i + 1])}' is a value, not a block; "
+                "override the value itself"
+            )
+        node = child
+    node[parts[-1]] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``key.path=value`` -> (``key.path``, YAML-parsed value)."""
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key or any(not p for p in key.split(".")):
+        raise ConfigError(
+            f"override {text!r} is not of the form key.path=value "
+            "(for example grpo.max_num_steps=20)"
+        )
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override {text!r}: the value is not valid YAML ({exc})") from None
+    return key, value
+
+
+def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    for item in overrides:
+        key, value = parse_override(item)
+        # A sampler swap replaces the whole block: keys of the old policy would
+        # otherwise be rejected as unknown by the new one.
+        if key == "async_rl.sampler.name":
+            old = tree.get("async_rl", {}).get("sampler", {})
+            if isinstance(old, dict) and old.get("name") != value:
+                tree.setdefault("async_rl", {})["sampler"] = {"name": value}
+                continue
+        _set_path(tree, key, value)
+    return tree
+
+
+def config_from_dict(tree: dict[str, Any], *, source: str = "config") -> RunConfig:
+    try:
+        return RunConfig.model_validate(tree)
+    except ValidationError as exc:
+        raise ConfigError(f"invalid {source}:\n{explain(exc, RunConfig)}") from None
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
+    """Read a YAML file (or start from defaults when ``path`` is None) and apply overrides."""
+    tree: dict[str, Any] = {}
+    source = "defaults"
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {str(p)!r} does not exist; pass an existing YAML file")
+        try:
+            loaded = yaml.safe_load(p.read_text())
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{p}: not valid YAML ({exc})") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{p}: the top level must be a mapping of blocks, got {type(loaded).__name__}")
+        tree, source = loaded, str(p)
+    apply_overrides(tree, list(overrides or []))
+    return config_from_dict(tree, source=source)
+
+
+def dump_config(cfg: RunConfig) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+
+
+def suggest_key(key: str, valid: list[str]) -> str | None:
+    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
+    return close[0] if close else None

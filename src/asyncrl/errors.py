@@ -1,0 +1,79 @@
+"""Typed errors. Every message says what went wrong *and* how to fix it."""
+
+from __future__ import annotations
+
+
+class AsyncRLError(Exception):
+    """Base class of every error asyncrl raises on purpose."""
+
+
+class ConfigError(AsyncRLError, ValueError):
+    """A configuration value is invalid; the message names the field and the fix."""
+
+
+class SamplerConfigError(ConfigError):
+    """A sampler config (usually a ``custom`` target) cannot be turned into a sampler."""
+
+
+class BufferError_(AsyncRLError):  # noqa: N801 - avoid shadowing the builtin BufferError
+    """Base class of rollout-buffer misuse errors."""
+
+
+class UnknownGroupError(BufferError_, KeyError):
+    """A group id the buffer does not hold."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+class GroupStateError(BufferError_, RuntimeError):
+    """An operation that does not fit the slot's state (e.g. commit of a ready group)."""
+
+
+class DuplicateGroupError(BufferError_, ValueError):
+    """A group id is reserved twice."""
+
+
+class BufferStateError(BufferError_, ValueError):
+    """A buffer ``state_dict`` cannot be loaded."""
+
+
+class SetupError(ConfigError):
+    """The controller refuses a setup that could deadlock or cannot work."""
+
+
+class RolloutStall(AsyncRLError, RuntimeError):
+    """No group committed and no step finished within ``async_rl.stall_timeout_s``."""
+
+
+class TooManyFailedGroups(AsyncRLError, RuntimeError):
+    """More prompt groups failed for good than ``async_rl.rollout_failure.max_failed_groups``."""
+
+
+class IncompleteStepError(AsyncRLError, RuntimeError):
+    """The prompt source ran out in the middle of a training step."""
+
+
+class LedgerImbalance(AsyncRLError, AssertionError):
+    """The ledger does not balance at the end of a run: this is a bug in asyncrl."""
+
+
+class CheckpointError(AsyncRLError, ValueError):
+    """A checkpoint is missing, corrupted or incompatible with the config."""
+
+
+class MissingDependency(AsyncRLError, ImportError):
+    """An optional dependency is needed for the requested feature."""
+
+
+def require(module: str, extra: str, feature: str):
+    """Import an optional dependency lazily, or explain how to install it."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise MissingDependency(
+            f"{feature} needs the optional package '{module}', which is not installed. "
+            f"Install it with: pip install 'asyncrl[{extra}]'"
+        ) from exc

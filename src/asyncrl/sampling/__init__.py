@@ -1,0 +1,44 @@
+"""Staleness samplers: the pluggable contract between the two pumps."""
+
+from asyncrl.sampling.base import BaseSampler, PromptGroupSampler
+from asyncrl.sampling.config import (
+    SAMPLER_NAMES,
+    WINDOW_FIELD,
+    CustomSamplerConfig,
+    InOrderSamplerConfig,
+    ReadyFirstSamplerConfig,
+    SamplerConfig,
+    WeightFifoSamplerConfig,
+    WindowedSamplerConfig,
+    create_sampler,
+    missing_protocol_members,
+    parse_sampler_config,
+)
+from asyncrl.sampling.policies import (
+    InOrderSampler,
+    ReadyFirstSampler,
+    WeightFifoSampler,
+    WindowedSampler,
+)
+from asyncrl.errors import SamplerConfigError
+
+__all__ = [
+    "SAMPLER_NAMES",
+    "WINDOW_FIELD",
+    "BaseSampler",
+    "CustomSamplerConfig",
+    "InOrderSampler",
+    "InOrderSamplerConfig",
+    "PromptGroupSampler",
+    "ReadyFirstSampler",
+    "ReadyFirstSamplerConfig",
+    "SamplerConfig",
+    "SamplerConfigError",
+    "WeightFifoSampler",
+    "WeightFifoSamplerConfig",
+    "WindowedSampler",
+    "WindowedSamplerConfig",
+    "create_sampler",
+    "missing_protocol_members",
+    "parse_sampler_config",
+]

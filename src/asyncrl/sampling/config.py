@@ -1,0 +1,212 @@
+"""Sampler configs (a discriminated union on ``name``) and the one factory."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from asyncrl._validation import explain
+from asyncrl.buffer import RolloutBuffer
+from asyncrl.errors import SamplerConfigError
+from asyncrl.sampling.base import PromptGroupSampler
+from asyncrl.sampling.policies import (
+    InOrderSampler,
+    ReadyFirstSampler,
+    WeightFifoSampler,
+    WindowedSampler,
+)
+
+_Window = Annotated[int, Field(ge=0, description="staleness/lookahead window in versions")]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class InOrderSamplerConfig(_Strict):
+    name: Literal["in_order"] = "in_order"
+    max_lookahead_versions: _Window = 1
+
+
+class WeightFifoSamplerConfig(_Strict):
+    name: Literal["weight_fifo"] = "weight_fifo"
+    max_staleness_versions: _Window = 1
+
+
+class WindowedSamplerConfig(_Strict):
+    name: Literal["windowed"] = "windowed"
+    max_staleness_versions: _Window = 1
+    sample_freshest_first: bool = False
+
+
+class ReadyFirstSamplerConfig(_Strict):
+    name: Literal["ready_first"] = "ready_first"
+    max_staleness_versions: _Window = 1
+
+
+class CustomSamplerConfig(BaseModel):
+    """``target: "module:ClassName"``; every other key goes to the constructor."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    name: Literal["custom"] = "custom"
+    target: str
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+SamplerConfig = Annotated[
+    Union[  # noqa: UP007 - pydantic discriminated unions read clearer this way
+        InOrderSamplerConfig,
+        WeightFifoSamplerConfig,
+        WindowedSamplerConfig,
+        ReadyFirstSamplerConfig,
+        CustomSamplerConfig,
+    ],
+    Field(discriminator="name"),
+]
+
+_ADAPTER: TypeAdapter[Any] = TypeAdapter(SamplerConfig)
+
+_BUILTINS: dict[type[BaseModel], type] = {
+    InOrderSamplerConfig: InOrderSampler,
+    WeightFifoSamplerConfig: WeightFifoSampler,
+    WindowedSamplerConfig: WindowedSampler,
+    ReadyFirstSamplerConfig: ReadyFirstSampler,
+}
+
+SAMPLER_NAMES = ("in_order", "weight_fifo", "windowed", "ready_first", "custom")
+
+# The window knob's name per built-in policy, for tools that vary it (simulate --compare).
+WINDOW_FIELD = {
+    "in_order": "max_lookahead_versions",
+    "weight_fifo": "max_staleness_versions",
+    "windowed": "max_staleness_versions",
+    "ready_first": "max_staleness_versions",
+}
+
+
+def parse_sampler_config(cfg: Any, *, path: str = "async_rl.sampler") -> Any:
+    """Validate a dict (or pass through a config model) into a SamplerConfig member."""
+    if isinstance(cfg, BaseModel):
+        return cfg
+    if not isinstance(cfg, dict) or "name" not in cfg:
+        raise SamplerConfigError(
+            f"{path}: expected a mapping with a 'name' key, one of {', '.join(SAMPLER_NAMES)}; "
+            f"got {cfg!r}"
+        )
+    try:
+        return _ADAPTER.validate_python(cfg)
+    except ValidationError as exc:
+        raise SamplerConfigError(explain(exc, SamplerConfig, path)) from None
+
+
+def create_sampler(buffer: RolloutBuffer, cfg: Any) -> PromptGroupSampler:
+    """Build the sampler a config describes, over ``buffer``."""
+    model = parse_sampler_config(cfg)
+    if isinstance(model, CustomSamplerConfig):
+        return _load_custom(buffer, model)
+    cls = _BUILTINS[type(model)]
+    kwargs = model.model_dump(exclude={"name"})
+    return cls(buffer, **kwargs)
+
+
+def _load_custom(buffer: RolloutBuffer, cfg: CustomSamplerConfig) -> PromptGroupSampler:
+    target = cfg.target
+    module_name, sep, class_name = target.partition(":")
+    if not sep or not module_name or not class_name or ":" in class_name:
+        raise SamplerConfigError(
+            f"async_rl.sampler.target {target!r} is not of the form 'module:ClassName'; "
+            "write e.g. target: my_pkg.samplers:MySampler"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise SamplerConfigError(
+            f"async_rl.sampler.target {target!r}: module {module_name!r} cannot be imported "
+            f"({exc}); make sure it is installed or on PYTHONPATH"
+        ) from exc
+    obj: Any = module
+    for part in class_name.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            raise SamplerConfigError(
+                f"async_rl.sampler.target {target!r}: module {module_name!r} has no attribute "
+                f"{class_name!r}; check the class name (public names there: "
+                f"{', '.join(n for n in dir(module) if n[:1].isupper()) or 'none'})"
+            )
+    if not callable(obj):
+        raise SamplerConfigError(
+            f"async_rl.sampler.target {target!r} is not a class or callable"
+        )
+    _check_signature(obj, target, cfg.kwargs)
+    try:
+        sampler = obj(buffer, **cfg.kwargs)
+    except TypeError as exc:
+        raise SamplerConfigError(
+            f"async_rl.sampler.target {target!r} could not be constructed as "
+            f"{class_name}(buffer, **{cfg.kwargs!r}): {exc}. A sampler's constructor takes "
+            "the RolloutBuffer first, then its own keyword arguments (subclass "
+            "asyncrl.sampling.BaseSampler to get this for free)"
+        ) from exc
+    missing = missing_protocol_members(sampler)
+    if missing:
+        raise SamplerConfigError(
+            f"async_rl.sampler.target {target!r} does not satisfy PromptGroupSampler: missing "
+            f"{', '.join(missing)}. Implement them, or subclass asyncrl.sampling.BaseSampler"
+        )
+    return sampler
+
+
+def _check_signature(obj: Any, target: str, kwargs: dict[str, Any]) -> None:
+    try:
+        sig = inspect.signature(obj)
+    except (TypeError, ValueError):
+        return
+    params = list(sig.parameters.values())
+    positional = [
+        p
+        for p in params
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)
+    ]
+    if not positional:
+        raise SamplerConfigError(
+            f"async_rl.sampler.target {target!r}: its constructor {sig} does not take the "
+            "RolloutBuffer as its first positional argument; define __init__(self, buffer, ...) "
+            "(subclass asyncrl.sampling.BaseSampler to get this for free)"
+        )
+    try:
+        sig.bind(object(), **kwargs)
+    except TypeError as exc:
+        raise SamplerConfigError(
+            f"async_rl.sampler.target {target!r}: constructor {sig} does not accept the config "
+            f"keys {sorted(kwargs)} ({exc}); remove them from async_rl.sampler or add them to "
+            "the constructor"
+        ) from None
+
+
+_PROTOCOL_MEMBERS = (
+    "admit",
+    "select",
+    "evict",
+    "should_abort_inflight",
+    "is_on_policy",
+    "required_buffer_capacity",
+    "set_dispatch_index",
+    "state_dict",
+    "load_state_dict",
+)
+
+
+def missing_protocol_members(obj: Any) -> list[str]:
+    """Names of PromptGroupSampler members ``obj`` lacks (empty when it satisfies it)."""
+    missing = [m for m in _PROTOCOL_MEMBERS if not hasattr(type(obj), m) and not hasattr(obj, m)]
+    for name in ("admit", "select", "evict"):
+        fn = getattr(obj, name, None)
+        if fn is not None and not inspect.iscoroutinefunction(fn):
+            missing.append(f"{name} (must be 'async def')")
+    return missing

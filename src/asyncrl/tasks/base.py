@@ -1,0 +1,44 @@
+"""What a task must provide: prompts in a reproducible order, and rewards."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+from asyncrl.types import Prompt
+
+
+@runtime_checkable
+class PromptSource(Protocol):
+    """A seeded, resumable stream of prompts."""
+
+    def next_prompt(self) -> Prompt | None:
+        """Called by the rollout pump whenever it needs a prompt (a new dispatch
+        batch, or a replacement for a group that failed for good). None when the
+        source is exhausted."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """Called when a checkpoint is written: the position in the stream."""
+        ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Called on resume, before the first ``next_prompt``."""
+        ...
+
+
+@runtime_checkable
+class Task(Protocol):
+    """A verifiable task: where prompts come from and how completions score."""
+
+    name: str
+    #: Mean reward at which the task counts as learned (reported in summaries).
+    target_reward: float
+
+    def prompt_source(self, seed: int) -> PromptSource:
+        """Called once at the start of a run: prompts in a reproducible order."""
+        ...
+
+    def reward(self, prompt: Prompt, completion: str) -> float:
+        """Called by the rollout pump once per completion when a group finishes;
+        returns a reward in [0, 1]."""
+        ...
