@@ -216,8 +216,21 @@ class RolloutBuffer:
         return slot
 
     def remove(self, group_ids: Iterable[GroupId]) -> list[Slot]:
-        """Drop slots (selected or evicted) and return them."""
-        removed = [self._drop(self.get(gid)) for gid in list(group_ids)]
+        """Drop slots (selected or evicted) and return them.
+
+        All or nothing: every id is resolved before any slot is dropped, so an
+        unknown or repeated id leaves the buffer, its listeners and its waiters
+        exactly as they were.
+        """
+        targets: dict[GroupId, Slot] = {}
+        for gid in group_ids:
+            if gid in targets:
+                raise UnknownGroupError(
+                    f"group {gid!r} appears twice in one remove() call; each slot can be "
+                    "removed once (nothing was removed)"
+                )
+            targets[gid] = self.get(gid)
+        removed = [self._drop(slot) for slot in targets.values()]
         if removed:
             for listener in self._remove_listeners:
                 listener(removed)

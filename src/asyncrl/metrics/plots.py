@@ -1,0 +1,122 @@
+"""PNG plots of a run: reward curves, staleness histogram, pump timeline, comparisons.
+
+matplotlib runs headless (Agg); every function writes one file and returns its path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig: Any, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    _plt().close(fig)
+    return path
+
+
+def plot_reward(records: Sequence[dict[str, Any]], out_dir: Path,
+                target: float | None = None) -> list[Path]:
+    """Reward against step and against wall time (two files)."""
+    plt = _plt()
+    steps = [r["step"] for r in records]
+    times = [r["wall_time_s"] for r in records]
+    rewards = [r["reward_mean"] for r in records]
+    paths = []
+    for xs, xlabel, name in ((steps, "training step", "reward_vs_step.png"),
+                             (times, "wall time (s)", "reward_vs_time.png")):
+        fig, ax = plt.subplots(figsize=(6, 3.6))
+        ax.plot(xs, rewards, lw=1.5, label="mean reward")
+        if target is not None:
+            ax.axhline(target, color="gray", ls="--", lw=1, label=f"target {target:g}")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("mean reward")
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(alpha=0.3)
+        ax.legend(loc="lower right")
+        paths.append(_save(fig, out_dir / name))
+    return paths
+
+
+def plot_staleness_hist(hist: dict[str, int], out: Path, title: str = "") -> Path:
+    plt = _plt()
+    keys = sorted(int(k) for k in hist)
+    fig, ax = plt.subplots(figsize=(5, 3.4))
+    ax.bar([str(k) for k in keys], [hist[str(k)] for k in keys], color="#4c72b0")
+    ax.set_xlabel("staleness of trained group (versions)")
+    ax.set_ylabel("groups")
+    ax.set_title(title or "staleness histogram")
+    return _save(fig, out)
+
+
+def plot_timeline(intervals: Sequence[dict[str, Any]], out: Path, *, lanes: int | None = None,
+                  title: str = "pump timeline", max_time: float | None = None) -> Path:
+    """Gantt chart: one row per generation lane, one row for the trainer.
+
+    Generation intervals are packed into lanes greedily (a lane holds one group
+    at a time), so the picture shows how many generations overlapped training.
+    """
+    plt = _plt()
+    gens = sorted((i for i in intervals if i["kind"] == "gen"), key=lambda i: i["start"])
+    train = [i for i in intervals if i["kind"] in ("train", "sync")]
+    if max_time is not None:
+        gens = [i for i in gens if i["start"] <= max_time]
+        train = [i for i in train if i["start"] <= max_time]
+    lane_end: list[float] = []
+    placed: list[tuple[int, dict[str, Any]]] = []
+    for iv in gens:
+        for lane, end in enumerate(lane_end):
+            if end <= iv["start"]:
+                lane_end[lane] = iv["end"]
+                placed.append((lane, iv))
+                break
+        else:
+            if lanes is not None and len(lane_end) >= lanes:
+                lane = min(range(len(lane_end)), key=lane_end.__getitem__)
+                lane_end[lane] = max(lane_end[lane], iv["end"])
+            else:
+                lane_end.append(iv["end"])
+                lane = len(lane_end) - 1
+            placed.append((lane, iv))
+    n_lanes = max(len(lane_end), 1)
+    colors = {"ok": "#55a868", "failed": "#c44e52", "aborted": "#dd8452", "retry": "#c44e52"}
+    fig, ax = plt.subplots(figsize=(9, 1.5 + 0.12 * min(n_lanes, 64)))
+    for lane, iv in placed:
+        ax.broken_barh([(iv["start"], max(iv["end"] - iv["start"], 1e-9))], (lane + 1.5, 0.8),
+                       color=colors.get(iv["label"], "#55a868"), lw=0)
+    for iv in train:
+        color = "#4c72b0" if iv["kind"] == "train" else "#8172b2"
+        ax.broken_barh([(iv["start"], max(iv["end"] - iv["start"], 1e-9))], (0, 0.9),
+                       color=color, lw=0)
+    ax.set_yticks([0.45, 1.5 + n_lanes / 2])
+    ax.set_yticklabels(["trainer", f"generation\n({n_lanes} lanes)"])
+    ax.set_xlabel("time (s)")
+    ax.set_title(title)
+    return _save(fig, out)
+
+
+def plot_comparison(rows: Sequence[dict[str, Any]], out: Path) -> Path:
+    """Bars per policy: efficiency, trainer idle, generator util, waste, staleness."""
+    plt = _plt()
+    metrics = [("efficiency", "efficiency"), ("trainer_idle_frac", "trainer idle"),
+               ("generator_util", "generator util"), ("waste_frac", "waste"),
+               ("staleness_mean", "staleness mean")]
+    fig, axes = plt.subplots(1, len(metrics), figsize=(3 * len(metrics), 3.2))
+    names = [r["sampler"] for r in rows]
+    for ax, (key, label) in zip(axes, metrics):
+        ax.bar(names, [float(r.get(key) or 0.0) for r in rows], color="#4c72b0")
+        ax.set_title(label)
+        ax.tick_params(axis="x", rotation=45)
+    return _save(fig, out)

@@ -1,0 +1,153 @@
+"""Fakes that satisfy asyncrl's backend protocols, for controller tests.
+
+They take virtual time (``asyncio.sleep`` under ``run_virtual``) and record what
+the controller did to them, so tests can check weight-sync order, aborts and
+cache invalidation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from asyncrl.types import GenerationRequest, GroupAborted, GroupResult, Prompt, Rollout
+
+
+class FakeSource:
+    def __init__(self, limit: int | None) -> None:
+        self.limit = limit
+        self.position = 0
+
+    def next_prompt(self) -> Prompt | None:
+        if self.limit is not None and self.position >= self.limit:
+            return None
+        prompt = Prompt(self.position, f"p{self.position}", answer=self.position % 7)
+        self.position += 1
+        return prompt
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"position": self.position}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.position = int(state["position"])
+
+
+class FakeTask:
+    name = "fake"
+    target_reward = 1.0
+
+    def __init__(self, num_prompts: int | None = None) -> None:
+        self.num_prompts = num_prompts
+
+    def prompt_source(self, seed: int) -> FakeSource:
+        return FakeSource(self.num_prompts)
+
+    def reward(self, prompt: Prompt, completion: str) -> float:
+        return 1.0 if completion == str(prompt.answer) else 0.0
+
+
+Latency = Callable[[GenerationRequest], float]
+
+
+class FakeEngine:
+    """Generates after ``latency(request)`` virtual seconds; may fail on purpose."""
+
+    def __init__(
+        self,
+        latency: Latency | float = 1.0,
+        *,
+        fail: Callable[[GenerationRequest], bool] | None = None,
+    ) -> None:
+        self.latency = latency if callable(latency) else (lambda _r, x=latency: x)
+        self.fail = fail or (lambda _r: False)
+        self.weight_version = 0
+        self.versions_seen: list[int] = []
+        self.aborted: list[Any] = []
+        self.invalidations = 0
+        self.generated = 0
+        self.active = 0
+        self.max_active = 0
+        self._cancel: dict[Any, asyncio.Future[None]] = {}
+
+    async def generate(self, request: GenerationRequest) -> GroupResult:
+        start = self.weight_version
+        self.active += 1
+        self.max_active = max(self.max_active, self.active)
+        try:
+            await asyncio.sleep(self.latency(request))
+        finally:
+            self.active -= 1
+        if request.group_id in self.aborted:
+            raise GroupAborted(request.group_id)
+        if self.fail(request):
+            raise RuntimeError(f"injected failure of group {request.group_id}")
+        self.generated += 1
+        n = request.num_generations
+        texts = [str((request.prompt.prompt_id + i) % 7) for i in range(n)]
+        return GroupResult(
+            group_id=request.group_id,
+            prompt_ids=[1, 2],
+            completion_ids=[[3]] * n,
+            behavior_logprobs=[[-0.5]] * n,
+            completion_texts=texts,
+            start_weight=start,
+            end_weight=self.weight_version,
+        )
+
+    async def update_weights(self, weights: Any, version: int) -> None:
+        self.versions_seen.append(version)
+        self.weight_version = version
+
+    async def abort(self, group_ids: Sequence[Any]) -> None:
+        self.aborted.extend(group_ids)
+
+    async def invalidate_cache(self) -> None:
+        self.invalidations += 1
+
+    async def close(self) -> None:
+        return None
+
+
+class FakeTrainer:
+    """Takes ``step_time`` virtual seconds per optimizer step, ``chunk_time`` per chunk."""
+
+    def __init__(self, step_time: float = 1.0, chunk_time: float = 0.0,
+                 fail_at_step: int | None = None) -> None:
+        self.step_time = step_time
+        self.chunk_time = chunk_time
+        self.fail_at_step = fail_at_step
+        self.chunks: list[tuple[int, list[Rollout]]] = []
+        self.steps: list[int] = []
+
+    async def train_chunk(self, rollouts: Sequence[Rollout], *, step: int) -> dict[str, float]:
+        if self.fail_at_step is not None and step >= self.fail_at_step:
+            raise ValueError(f"injected trainer failure at step {step}")
+        self.chunks.append((step, list(rollouts)))
+        if self.chunk_time:
+            await asyncio.sleep(self.chunk_time)
+        return {"loss": 1.0 / (step + 1)}
+
+    async def finish_step(self, *, step: int) -> dict[str, float]:
+        await asyncio.sleep(self.step_time)
+        self.steps.append(step)
+        return {"grad_norm": 1.0}
+
+    async def get_weights(self) -> Any:
+        return {"step": len(self.steps)}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"steps": list(self.steps)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.steps = list(state["steps"])
+
+    async def close(self) -> None:
+        return None
+
+
+def lognormal_latency(seed: int, median: float = 1.0, sigma: float = 0.8) -> Latency:
+    """Random per-attempt latency with a long tail: completions arrive out of order."""
+    rng = random.Random(seed)
+    return lambda _req: rng.lognormvariate(0.0, sigma) * median
