@@ -222,7 +222,7 @@ async def test_commit_of_unknown_group_raises_unknown_group_error() -> None:
 async def test_commit_twice_raises_group_state_error() -> None:
     buf = await _filled(2, 1)
     buf.commit("g0", "first")
-    with pytest.raises(GroupStateError, match="'g0' is already committed.*exactly once"):
+    with pytest.raises(GroupStateError, match=r"'g0' is already committed.*exactly once"):
         buf.commit("g0", "second")
     assert buf.get("g0").payload == "first" and buf.ready_count == 1
 
@@ -337,17 +337,29 @@ async def _random_buffer(rng: random.Random, capacity: int = 40, steps: int = 12
             next_id += 1
         elif op < 0.8 and any(not s.ready for s in slots):
             slot = rng.choice([s for s in slots if not s.ready])
-            buf.commit(slot.group_id, f"p{slot.group_id}", end_weight=slot.start_weight + rng.randrange(2))
+            buf.commit(
+                slot.group_id, f"p{slot.group_id}", end_weight=slot.start_weight + rng.randrange(2)
+            )
         elif op < 0.9 and any(not s.ready for s in slots):
             buf.release(rng.choice([s for s in slots if not s.ready]).group_id)
         elif slots:
-            buf.remove([s.group_id for s in rng.sample(slots, k=min(len(slots), rng.randrange(1, 4)))])
+            buf.remove(
+                [s.group_id for s in rng.sample(slots, k=min(len(slots), rng.randrange(1, 4)))]
+            )
     return buf
 
 
 def _fields(buf: RolloutBuffer) -> list[tuple[Any, ...]]:
     return [
-        (s.group_id, s.start_weight, s.end_weight, s.target_step, s.ready, s.payload, s.dispatch_seq)
+        (
+            s.group_id,
+            s.start_weight,
+            s.end_weight,
+            s.target_step,
+            s.ready,
+            s.payload,
+            s.dispatch_seq,
+        )
         for s in buf.slots()
     ]
 
@@ -362,7 +374,15 @@ def _all_answers(buf: RolloutBuffer) -> list[Any]:
         for hi in range(t, 8):
             out.append(("min_start", t, hi, buf.min_start_weight(t, hi)))
             for fresh in (False, True):
-                out.append(("range", t, hi, fresh, _ids(buf.ready_in_weight_range(t, hi, freshest_first=fresh))))
+                out.append(
+                    (
+                        "range",
+                        t,
+                        hi,
+                        fresh,
+                        _ids(buf.ready_in_weight_range(t, hi, freshest_first=fresh)),
+                    )
+                )
     return out
 
 
@@ -427,9 +447,9 @@ def test_index_queries_match_brute_force(
     slots = list(buf.slots())
     ready = [s for s in slots if s.ready]
 
-    assert _ids(buf.ready_in_weight_range(lo, hi, limit=limit, freshest_first=fresh)) == _brute_range(
-        slots, lo, hi, limit, fresh
-    )
+    assert _ids(
+        buf.ready_in_weight_range(lo, hi, limit=limit, freshest_first=fresh)
+    ) == _brute_range(slots, lo, hi, limit, fresh)
     assert _ids(buf.ready_by_target(target, limit=limit)) == _ids(
         [s for s in ready if s.target_step == target][:limit]
         if limit is not None

@@ -145,6 +145,8 @@ class Controller:
         self.buffer.add_remove_listener(self._removed.extend)
         self._failed_groups = 0
         self._rollout_done = False
+        self._rollout_parked = False  # the rollout pump waits in admit or for buffer space
+        self._awaiting_slot: dict[object, tuple[Prompt, int | None]] = {}
         # The current dispatch batch: (stamp, groups still to dispatch), for checkpoints.
         self._open_batch: tuple[int | None, int] | None = None
         self._resume_inflight: list[_InFlight] = []
@@ -240,7 +242,11 @@ class Controller:
                 stamp, left = self._open_batch
                 await self._dispatch_batch(stamp, left)
             while not self.source.dry:
-                stamp = await self.sampler.admit(trainer_version=self.version)
+                self._rollout_parked = True
+                try:
+                    stamp = await self.sampler.admit(trainer_version=self.version)
+                finally:
+                    self._rollout_parked = False
                 await self._dispatch_batch(stamp, n)
             self._rollout_done = True
             self.buffer.notify()  # the train pump may now conclude that nothing more comes
@@ -264,21 +270,27 @@ class Controller:
     ) -> None:
         """Reserve a slot for ``prompt`` and start generating it.
 
-        The prompt is held by ``self.source`` until it has a slot, so a
-        cancellation while waiting here loses nothing.
+        Until it has a slot the prompt is listed in ``self._awaiting_slot`` (with
+        its stamp), so a checkpoint taken, or a cancellation, while it waits here
+        loses nothing.
         """
-        self.source.held.appendleft(prompt)
+        token = object()
+        self._awaiting_slot[token] = (prompt, stamp)
         await self._slots_free.acquire()
         try:
             if group_id is None:
                 group_id = self._next_group
                 self._next_group += 1
             start = self.version.value
+            if self.buffer.is_full():
+                self._rollout_parked = True
             await self.buffer.reserve(group_id, start_weight=start, target_step=stamp)
+            self._rollout_parked = False
         except BaseException:
+            self._rollout_parked = False
             self._slots_free.release()
             raise
-        self.source.held.remove(prompt)
+        del self._awaiting_slot[token]
         now = self._now()
         if group_id in self.ledger:
             self.ledger[group_id].start_weight = start  # a resumed in-flight group
@@ -299,6 +311,7 @@ class Controller:
         try:
             while True:
                 rec.attempts += 1
+                self.ledger.set_attempts(rec.group_id, rec.attempts)
                 engine_idx = min(range(len(self.engines)), key=self._engine_load.__getitem__)
                 rec.engine = engine_idx
                 self._engine_load[engine_idx] += 1
@@ -420,6 +433,15 @@ class Controller:
                     max_prompt_groups=remaining,
                 )
                 evicted_here += self._account_removed(chunk or [], v)
+                if not chunk and await self._starved():
+                    # Nothing in flight and the rollout pump cannot dispatch until this
+                    # step ends: waiting for a full streaming chunk would wait forever
+                    # (e.g. weight_fifo with fewer groups left at the oldest version
+                    # than min_groups_for_streaming_train). Take what is eligible.
+                    chunk = await self.sampler.select(
+                        current_train_weight=v, min_prompt_groups=1, max_prompt_groups=remaining
+                    )
+                    evicted_here += self._account_removed(chunk or [], v)
                 if not chunk:
                     if self._nothing_more_can_come():
                         if remaining == n:
@@ -434,6 +456,14 @@ class Controller:
                             "task more prompts (task.num_prompts) or lower grpo.max_num_steps",
                         )
                         break
+                    if await self._starved():
+                        raise RolloutStall(
+                            f"deadlock at step {v}: no group is in flight, the rollout pump "
+                            f"cannot dispatch (buffer {len(self.buffer)}/{self.buffer.capacity} "
+                            f"slots, {self.buffer.ready_count} ready) and sampler "
+                            f"{type(self.sampler).__name__} selects none of the ready groups. "
+                            "A custom sampler must evict groups it will never select"
+                        )
                     t = self._now()
                     await self.buffer.wait_changed()
                     idle += self._now() - t
@@ -474,6 +504,15 @@ class Controller:
     def _stop(self, reason: str, message: str) -> None:
         self.stop_reason, self.stop_message = reason, message
         log.info("stopping: %s", message)
+
+    async def _starved(self) -> bool:
+        """True when no new group can become ready before this step ends."""
+        if self._inflight or not (self._rollout_parked or self._rollout_done):
+            return False
+        # The rollout pump may have just become runnable (a wake-up not yet
+        # delivered); give it one turn before concluding it is parked.
+        await asyncio.sleep(0)
+        return not self._inflight and (self._rollout_parked or self._rollout_done)
 
     def _nothing_more_can_come(self) -> bool:
         return self._rollout_done and not self._inflight and not self._resume_inflight

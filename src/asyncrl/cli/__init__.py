@@ -1,0 +1,45 @@
+"""The ``asyncrl`` command line: train, simulate, validate, plot."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from asyncrl.errors import AsyncRLError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from asyncrl.cli import plot, simulate, train, validate
+
+    parser = argparse.ArgumentParser(
+        prog="asyncrl",
+        description="Asynchronous RL for language-model policies, with pluggable staleness samplers.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module in (train, simulate, validate, plot):
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return int(args.func(args) or 0)
+    except AsyncRLError as exc:
+        # Our own errors carry the fix in their message: no traceback needed.
+        print(f"asyncrl {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"asyncrl {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+__all__ = ["build_parser", "main"]

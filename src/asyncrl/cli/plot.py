@@ -1,0 +1,10 @@
+"""``asyncrl plot``."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("plot")
+    p.set_defaults(func=lambda args: 1)

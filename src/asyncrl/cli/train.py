@@ -1,0 +1,10 @@
+"""``asyncrl train``."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train")
+    p.set_defaults(func=lambda args: 1)

@@ -1,0 +1,160 @@
+"""Build the policy: a transformers causal LM and the tokenizer the engine and trainer use.
+
+Two sources:
+
+* ``policy.model_name_or_path: null`` (the default) - a small Llama-architecture
+  model built from ``policy.model`` with random weights (seeded by the run seed),
+  whose vocabulary is the task's :class:`~asyncrl.tasks.CharTokenizer`. Nothing is
+  downloaded; it trains from scratch on CPU in minutes.
+* ``policy.model_name_or_path: /some/dir`` - ``AutoModelForCausalLM`` and
+  ``AutoTokenizer`` loaded from that local directory (never from the network),
+  the tokenizer wrapped in :class:`HFTokenizer`.
+
+transformers is an optional extra (``pip install 'asyncrl[hf]'``), imported here
+only when a policy is built.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from asyncrl.config import PolicyConfig
+from asyncrl.errors import ConfigError, require
+from asyncrl.tasks.tokenizer import CharTokenizer, Tokenizer
+
+if TYPE_CHECKING:
+    from asyncrl.config import RunConfig
+    from asyncrl.engines.local import LocalEngine
+    from asyncrl.tasks.base import Task
+    from asyncrl.trainers.grpo import GRPOTrainer
+
+
+class HFTokenizer:
+    """A transformers tokenizer seen through the :class:`~asyncrl.tasks.Tokenizer` interface."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        if tokenizer.eos_token_id is None:
+            raise ConfigError(
+                "the tokenizer has no eos token, so completions could never end; "
+                "set eos_token in its tokenizer_config.json"
+            )
+        self.tokenizer = tokenizer
+        self.eos_id = int(tokenizer.eos_token_id)
+        # Many causal LMs define no pad token; padded positions are masked out
+        # everywhere, so any id works and eos is the usual choice.
+        pad = tokenizer.pad_token_id
+        self.pad_id = int(pad) if pad is not None else self.eos_id
+        bos = tokenizer.bos_token_id
+        self.bos_id = int(bos) if bos is not None else None
+        self.vocab_size = len(tokenizer)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+
+def build_policy(
+    cfg: PolicyConfig, task: Task | None = None, *, seed: int = 0
+) -> tuple[torch.nn.Module, Tokenizer]:
+    """``(model, tokenizer)`` for ``cfg``; see the module docstring.
+
+    For a from-scratch model the vocabulary is ``task.tokenizer`` when the task
+    has one (the built-in tasks do), else the default :class:`CharTokenizer`.
+    Two calls with the same ``seed`` return models with identical weights.
+    """
+    transformers = require("transformers", "hf", "building the policy model")
+    if cfg.model_name_or_path is not None:
+        return _load_pretrained(transformers, cfg)
+
+    tokenizer = getattr(task, "tokenizer", None) or CharTokenizer()
+    m = cfg.model
+    if m.hidden_size % m.num_heads:
+        raise ConfigError(
+            f"policy.model.hidden_size={m.hidden_size} is not divisible by "
+            f"policy.model.num_heads={m.num_heads}; pick sizes that divide"
+        )
+    config = transformers.LlamaConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=m.hidden_size,
+        num_hidden_layers=m.num_layers,
+        num_attention_heads=m.num_heads,
+        num_key_value_heads=m.num_heads,
+        intermediate_size=m.intermediate_size,
+        max_position_embeddings=m.max_position_embeddings,
+        # Input and output embeddings shared: fewer parameters to learn from scratch.
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_id,
+        bos_token_id=tokenizer.bos_id,
+        eos_token_id=tokenizer.eos_id,
+    )
+    # transformers initialises weights from torch's global RNG; fork it so that
+    # building a policy neither depends on nor disturbs anyone else's draws.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = transformers.LlamaForCausalLM(config)
+    return _prepare(model, cfg), tokenizer
+
+
+def _load_pretrained(transformers: Any, cfg: PolicyConfig) -> tuple[torch.nn.Module, Tokenizer]:
+    path = Path(cfg.model_name_or_path).expanduser()
+    if not path.is_dir():
+        raise ConfigError(
+            f"policy.model_name_or_path={cfg.model_name_or_path!r} is not an existing directory. "
+            "Give a local directory holding a transformers causal LM and its tokenizer "
+            "(e.g. one written by save_pretrained), or null to build policy.model from scratch; "
+            "models are never downloaded"
+        )
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+        model = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(
+            f"policy.model_name_or_path={str(path)!r}: could not load a causal LM and its "
+            f"tokenizer from it ({exc}). The directory needs config.json, the weights and the "
+            "tokenizer files, as written by model.save_pretrained and tokenizer.save_pretrained"
+        ) from exc
+    # float32 whatever the checkpoint's dtype: CPU training and exact log-prob
+    # agreement between engine and trainer both want full precision.
+    return _prepare(model.float(), cfg), HFTokenizer(tokenizer)
+
+
+def _prepare(model: torch.nn.Module, cfg: PolicyConfig) -> torch.nn.Module:
+    # eval() for good, also while training: dropout would make the trainer's
+    # log-probs differ from the engine's for the same weights, which the
+    # off-policy corrections would then mistake for staleness.
+    return model.to(cfg.device).eval()
+
+
+def cache_keyword(model: torch.nn.Module) -> str:
+    """The forward() keyword that takes the KV cache: ``cache`` in recent
+    transformers, ``past_key_values`` before."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def output_cache(output: Any) -> Any:
+    """The KV cache a forward() returned (the attribute was renamed like the keyword)."""
+    cache = getattr(output, "cache", None)
+    return cache if cache is not None else getattr(output, "past_key_values", None)
+
+
+def build_local_backends(cfg: RunConfig, task: Task) -> tuple[LocalEngine, GRPOTrainer]:
+    """The in-process engine and trainer for a run: one policy built once, the
+    engine getting its own copy (it generates in a background thread while the
+    trainer updates its weights)."""
+    from asyncrl.engines.local import LocalEngine
+    from asyncrl.trainers.grpo import GRPOTrainer
+
+    model, tokenizer = build_policy(cfg.policy, task, seed=cfg.seed)
+    engine_model = copy.deepcopy(model)
+    trainer = GRPOTrainer.from_config(cfg, task, model=model, tokenizer=tokenizer)
+    engine = LocalEngine.from_config(cfg, task, model=engine_model, tokenizer=tokenizer)
+    return engine, trainer

@@ -1,0 +1,324 @@
+"""Simulated engine, trainer and task: the real protocols, with time instead of work.
+
+They only ever wait on the event loop's clock, so under
+:func:`asyncrl.sim.clock.run_virtual` a 1,000-step run takes seconds of wall
+time while the unmodified :class:`~asyncrl.controller.Controller` drives them.
+
+Modelling choices (docs/simulate.md explains them for users):
+
+* **The fleet** is one :class:`SimEngine` with ``rollout_slots`` concurrent
+  generation slots (an ``asyncio.Semaphore``). A group holds a slot for its
+  sampled latency; groups the controller dispatches beyond the free slots queue
+  in FIFO order. The controller's ``max_inflight_prompts`` is a separate,
+  earlier bound, so it may be larger (groups queue here) or smaller (slots idle).
+* **Latencies are tied to prompts**: the first attempt of prompt ``k`` takes
+  the ``k``-th draw of a seeded stream, whatever order groups are dispatched in.
+  Comparing policies on one config therefore compares them on the very same
+  workload (common random numbers), which keeps the differences in the table
+  due to the policy and not to sampling noise. Retries draw from a second
+  stream, and failure coin flips from a third, so enabling failures does not
+  change the latencies of the first attempts.
+* **Weight sync** happens in :meth:`SimEngine.update_weights`, which sleeps
+  ``weight_sync_s``. The train pump awaits it after the optimizer step and
+  before the trainer version advances, so it counts as trainer-busy time, and
+  the fleet keeps generating on the old weights meanwhile (as a non-colocated
+  engine does while weights stream in).
+* **Abort** wakes a group's latency wait at once and frees its slot; the
+  partial slot time counts as busy (the compute was spent, then wasted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Sequence
+from typing import Any
+
+from asyncrl.sim.latency import LatencyModel
+from asyncrl.types import (
+    GenerationError,
+    GenerationRequest,
+    GroupAborted,
+    GroupId,
+    GroupResult,
+    Prompt,
+    Rollout,
+)
+
+# How many latencies are drawn per refill of a stream: amortises the call overhead.
+_DRAW_BATCH = 4096
+
+
+def component_rng(seed: int, component: str) -> random.Random:
+    """An independent stream per component, from the run seed (string seeds are
+    hashed with SHA-512 by ``random``, so this is stable across processes)."""
+    return random.Random(f"asyncrl-sim:{seed}:{component}")
+
+
+class _Stream:
+    """A seeded stream of latencies or coin flips, addressable by index."""
+
+    __slots__ = ("_draw", "_rng", "values")
+
+    def __init__(self, rng: random.Random, draw: Any) -> None:
+        self._rng = rng
+        self._draw = draw
+        self.values: list[Any] = []
+
+    def at(self, index: int) -> Any:
+        values = self.values
+        while index >= len(values):
+            values.extend(self._draw(self._rng, _DRAW_BATCH))
+        return values[index]
+
+
+def _wake(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+class SimEngine:
+    """A fleet of ``rollout_slots`` generation slots with sampled latencies.
+
+    Implements :class:`asyncrl.engines.RolloutEngine`. Besides the protocol it
+    keeps the numbers the simulator reports: busy slot-seconds, attempts,
+    failures, aborts and (``record_intervals``) each slot occupancy interval.
+    """
+
+    def __init__(
+        self,
+        latency: LatencyModel,
+        *,
+        rollout_slots: int,
+        seed: int = 0,
+        failure_rate: float = 0.0,
+        weight_sync_s: float = 0.0,
+        record_intervals: bool = True,
+    ) -> None:
+        if rollout_slots < 1:
+            raise ValueError(f"rollout_slots must be >= 1, got {rollout_slots}")
+        if not 0.0 <= failure_rate < 1.0:
+            raise ValueError(f"failure_rate must be in [0, 1), got {failure_rate}")
+        self.latency = latency
+        self.rollout_slots = rollout_slots
+        self.failure_rate = failure_rate
+        self.weight_sync_s = weight_sync_s
+        self._version = 0
+        self._slots: asyncio.Semaphore | None = None
+        self._first = _Stream(component_rng(seed, "latency"), latency.draw)
+        self._retry = _Stream(component_rng(seed, "latency-retry"), latency.draw)
+        self._retries_drawn = 0
+        self._fail_rng = component_rng(seed, "failure")
+        self._fail_draw = self._fail_rng.random
+        # Group id -> (future the latency wait sleeps on, its timer), while in a slot.
+        self._running: dict[GroupId, tuple[asyncio.Future[None], asyncio.TimerHandle]] = {}
+        self._queued: set[GroupId] = set()
+        self._abort_queued: set[GroupId] = set()
+        self._results: dict[int, tuple[list[int], list[list[int]], list[list[float]], list[str], list[float]]] = {}
+        self.record_intervals = record_intervals
+        #: (start, end, outcome) per slot occupancy; outcome ok / failed / aborted.
+        #: ``aborts`` counts attempts stopped while they held a slot.
+        self.intervals: list[tuple[float, float, str]] = []
+        self.busy_slot_s = 0.0
+        self.attempts = 0
+        self.failures = 0
+        self.aborts = 0
+        self.syncs = 0
+        self._busy_now = 0
+        self.max_busy = 0
+
+    # ------------------------------------------------------------- protocol
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    async def generate(self, request: GenerationRequest) -> GroupResult:
+        gid = request.group_id
+        slots = self._slots
+        if slots is None:
+            # Created lazily so it binds to the loop that runs the simulation.
+            slots = self._slots = asyncio.Semaphore(self.rollout_slots)
+        if slots.locked():
+            self._queued.add(gid)
+            try:
+                await slots.acquire()
+            except BaseException:
+                self._abort_queued.discard(gid)
+                raise
+            finally:
+                self._queued.discard(gid)
+            if gid in self._abort_queued:
+                self._abort_queued.discard(gid)
+                slots.release()
+                raise GroupAborted(gid)
+        else:
+            # Fast path, same effect as acquire() on an unlocked semaphore.
+            await slots.acquire()
+        start_version = self._version
+        latency, fail = self._draw(request)
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        fut = loop.create_future()
+        timer = loop.call_at(t0 + latency, _wake, fut)
+        self._running[gid] = (fut, timer)
+        self.attempts += 1
+        self._busy_now += 1
+        if self._busy_now > self.max_busy:
+            self.max_busy = self._busy_now
+        outcome = "aborted"
+        try:
+            await fut
+            outcome = "failed" if fail else "ok"
+        finally:
+            timer.cancel()
+            del self._running[gid]
+            self._busy_now -= 1
+            t1 = loop.time()
+            self.busy_slot_s += t1 - t0
+            if outcome == "aborted":
+                self.aborts += 1
+            if self.record_intervals:
+                self.intervals.append((t0, t1, outcome))
+            slots.release()
+        if fail:
+            self.failures += 1
+            raise GenerationError(f"simulated failure of group {gid!r} (attempt {request.attempt})")
+        return self._result(gid, request.num_generations, start_version)
+
+    async def update_weights(self, weights: Any, version: int) -> None:
+        if self.weight_sync_s > 0:
+            await asyncio.sleep(self.weight_sync_s)
+        self.syncs += 1
+        self._version = version
+
+    async def abort(self, group_ids: Sequence[GroupId]) -> None:
+        for gid in group_ids:
+            running = self._running.get(gid)
+            if running is not None:
+                fut, timer = running
+                timer.cancel()
+                if not fut.done():
+                    fut.set_exception(GroupAborted(gid))
+            elif gid in self._queued:
+                self._abort_queued.add(gid)
+
+    async def invalidate_cache(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    # ------------------------------------------------------------- internals
+    def _draw(self, request: GenerationRequest) -> tuple[float, bool]:
+        """Latency and failure of this attempt (see the module docstring)."""
+        key = request.prompt.prompt_id
+        if request.attempt == 1 and isinstance(key, int) and key >= 0:
+            latency = self._first.at(key)
+        else:
+            latency = self._retry.at(self._retries_drawn)
+            self._retries_drawn += 1
+        fail = self.failure_rate > 0 and self._fail_draw() < self.failure_rate
+        return latency, fail
+
+    def first_attempt_latency(self, prompt_id: int) -> float:
+        """The latency the first attempt of prompt ``prompt_id`` takes (or would take)."""
+        return self._first.at(prompt_id)
+
+    def _result(self, gid: GroupId, n: int, start_version: int) -> GroupResult:
+        # Shared per-n lists: nothing downstream mutates them, and allocating
+        # fresh ones per group is measurable at 64k groups per run.
+        cached = self._results.get(n)
+        if cached is None:
+            cached = self._results[n] = (
+                [0],
+                [[0]] * n,
+                [[0.0]] * n,
+                [""] * n,
+                [0.0] * n,
+            )
+        prompt_ids, completion_ids, logprobs, texts, rewards = cached
+        return GroupResult(
+            group_id=gid,
+            prompt_ids=prompt_ids,
+            completion_ids=completion_ids,
+            behavior_logprobs=logprobs,
+            completion_texts=texts,
+            start_weight=start_version,
+            end_weight=self._version,
+            rewards=rewards,
+        )
+
+
+class SimTrainer:
+    """``train_per_group_s`` per group in every chunk, ``train_step_s`` per optimizer step.
+
+    Implements :class:`asyncrl.trainers.Trainer`. The weights it hands out are
+    just the version number (the engine only needs to know when they arrive).
+    """
+
+    def __init__(self, *, train_step_s: float, train_per_group_s: float = 0.0) -> None:
+        self.train_step_s = train_step_s
+        self.train_per_group_s = train_per_group_s
+        self.steps = 0
+        self.groups = 0
+        self.busy_s = 0.0
+
+    async def train_chunk(self, rollouts: Sequence[Rollout], *, step: int) -> dict[str, float]:
+        self.groups += len(rollouts)
+        cost = self.train_per_group_s * len(rollouts)
+        if cost > 0:
+            self.busy_s += cost
+            await asyncio.sleep(cost)
+        return {}
+
+    async def finish_step(self, *, step: int) -> dict[str, float]:
+        if self.train_step_s > 0:
+            self.busy_s += self.train_step_s
+            await asyncio.sleep(self.train_step_s)
+        self.steps += 1
+        return {}
+
+    async def get_weights(self) -> Any:
+        return self.steps
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"steps": self.steps, "groups": self.groups}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.steps = int(state["steps"])
+        self.groups = int(state["groups"])
+
+    async def close(self) -> None:
+        return None
+
+
+class SimSource:
+    """An endless stream of placeholder prompts, numbered 0, 1, 2, ..."""
+
+    def __init__(self) -> None:
+        self.position = 0
+
+    def next_prompt(self) -> Prompt | None:
+        index = self.position
+        self.position = index + 1
+        return Prompt(index, "")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"position": self.position}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.position = int(state["position"])
+
+
+class SimTask:
+    """Endless prompts; rewards come with each simulated group, so :meth:`reward`
+    is never asked (it exists for the protocol and returns 0)."""
+
+    name = "sim"
+    target_reward = 1.0
+
+    def prompt_source(self, seed: int) -> SimSource:
+        return SimSource()
+
+    def reward(self, prompt: Prompt, completion: str) -> float:
+        return 0.0

@@ -1,0 +1,55 @@
+"""Tasks: where prompts come from and how completions are scored.
+
+``build_task(cfg.task)`` turns a task config block into a :class:`Task`. Your own
+task only needs the :class:`Task` protocol (see docs/training.md).
+"""
+
+from __future__ import annotations
+
+from asyncrl.config import ArithmeticTaskConfig, ReverseTaskConfig, SortTaskConfig
+from asyncrl.errors import ConfigError
+from asyncrl.tasks.arithmetic import ArithmeticTask
+from asyncrl.tasks.base import PromptSource, Task
+from asyncrl.tasks.common import SeededPromptSource, match_reward
+from asyncrl.tasks.strings import ReverseTask, SortTask
+from asyncrl.tasks.tokenizer import CharTokenizer, Tokenizer
+
+_TASKS = {
+    ArithmeticTaskConfig: ArithmeticTask,
+    ReverseTaskConfig: ReverseTask,
+    SortTaskConfig: SortTask,
+}
+
+
+def build_task(cfg) -> Task:
+    """The built-in task for a ``task`` config block (a config model or a plain dict)."""
+    if isinstance(cfg, dict):
+        from pydantic import TypeAdapter, ValidationError
+
+        from asyncrl.config import TaskConfig
+
+        try:
+            cfg = TypeAdapter(TaskConfig).validate_python(cfg)
+        except ValidationError as exc:
+            raise ConfigError(f"invalid task block: {exc}") from None
+    try:
+        return _TASKS[type(cfg)](cfg)
+    except KeyError:
+        raise ConfigError(
+            f"build_task: no built-in task for {type(cfg).__name__}; "
+            f"use one of {sorted(c.__name__ for c in _TASKS)} or build your Task directly"
+        ) from None
+
+
+__all__ = [
+    "ArithmeticTask",
+    "CharTokenizer",
+    "PromptSource",
+    "ReverseTask",
+    "SeededPromptSource",
+    "SortTask",
+    "Task",
+    "Tokenizer",
+    "build_task",
+    "match_reward",
+]

@@ -1,0 +1,72 @@
+"""Pieces the built-in tasks share: a resumable seeded prompt stream and the reward."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import Any
+
+from asyncrl.types import Prompt
+
+#: A task's recipe for one prompt: (rng, position) -> (prompt text, expected answer).
+MakePrompt = Callable[[random.Random, int], tuple[str, str]]
+
+
+class SeededPromptSource:
+    """Prompt number ``i`` is a pure function of ``(seed, i)``.
+
+    Each prompt draws from its own ``random.Random`` seeded with the pair, so the
+    stream has no hidden state besides the position: restoring ``position``
+    continues the exact sequence a fresh run would have produced.
+    """
+
+    def __init__(self, make: MakePrompt, *, seed: int, task: str, limit: int | None = None) -> None:
+        self._make = make
+        self._task = task
+        self._limit = limit
+        self.seed = seed
+        self.position = 0
+
+    def next_prompt(self) -> Prompt | None:
+        if self._limit is not None and self.position >= self._limit:
+            return None
+        i = self.position
+        # A string seed is hashed with SHA-512 by `random`, so it is stable across
+        # processes (unlike hash()) and distinct seeds/positions do not collide.
+        text, answer = self._make(random.Random(f"{self._task}:{self.seed}:{i}"), i)
+        self.position += 1
+        return Prompt(prompt_id=i, text=text, answer=answer, meta={"task": self._task})
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"seed": self.seed, "position": self.position}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        # The checkpoint is authoritative: it also restores the seed it was made with.
+        self.seed = int(state["seed"])
+        self.position = int(state["position"])
+
+
+#: Weight of partial credit: a wrong answer earns at most this much.
+PARTIAL_CREDIT = 0.5
+
+
+def match_reward(completion: str, target: str) -> float:
+    """1.0 for an exact match (surrounding whitespace ignored), else partial credit.
+
+    Partial credit = ``PARTIAL_CREDIT * matches / max(len(completion), len(target))``
+    where ``matches`` counts positions ``i`` with ``completion[i] == target[i]``.
+    Dividing by the longer length makes extra characters cost as much as missing
+    ones, so the policy also learns to stop. Any wrong answer scores below
+    ``PARTIAL_CREDIT``, so a mean reward of 0.9 needs mostly exact answers.
+
+    >>> match_reward("12", "12"), match_reward("13", "12"), match_reward("1", "12")
+    (1.0, 0.25, 0.25)
+    """
+    completion = completion.strip()
+    if completion == target:
+        return 1.0
+    longest = max(len(completion), len(target))
+    if longest == 0:
+        return 0.0
+    matches = sum(a == b for a, b in zip(completion, target))
+    return PARTIAL_CREDIT * matches / longest

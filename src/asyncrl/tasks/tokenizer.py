@@ -1,0 +1,95 @@
+"""A character tokenizer for the built-in tasks, and the tokenizer interface.
+
+The engine and the trainer only ever talk to a tokenizer through the small
+:class:`Tokenizer` interface below. :class:`CharTokenizer` implements it for
+the built-in tasks (one token per character); :class:`asyncrl.policy.HFTokenizer`
+wraps a transformers tokenizer the same way, so a real model plugs in unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Protocol, runtime_checkable
+
+#: Every character a built-in task may use. A task usually builds its tokenizer
+#: from the subset it needs (see :meth:`CharTokenizer.for_text`): a smaller
+#: vocabulary means a randomly initialised policy hits useful characters more
+#: often, so RL from scratch gets a learning signal sooner.
+DEFAULT_CHARS = "0123456789abcdefghijklmnopqrstuvwxyz+-*=<> "
+
+PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    """What the engine and the trainer need from a tokenizer."""
+
+    #: Id used to pad batches; never sampled on purpose.
+    pad_id: int
+    #: Id that ends a completion.
+    eos_id: int
+    #: Id put in front of every prompt, or None when the model uses none.
+    bos_id: int | None
+    #: Number of ids the model's output layer must cover.
+    vocab_size: int
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``, without special tokens."""
+        ...
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Text of ``ids``; special tokens (pad, bos, eos) are left out."""
+        ...
+
+
+class CharTokenizer:
+    """One token per character; ids 0, 1, 2 are pad, bos and eos.
+
+    >>> tok = CharTokenizer("0123456789+=")
+    >>> tok.encode("3+5=")
+    [6, 13, 8, 14]
+    >>> tok.decode([11, tok.eos_id])
+    '8'
+    """
+
+    pad_id = 0
+    bos_id = 1
+    eos_id = 2
+
+    def __init__(self, chars: str = DEFAULT_CHARS) -> None:
+        if len(set(chars)) != len(chars):
+            raise ValueError(f"CharTokenizer: characters must be distinct, got {chars!r}")
+        self.chars = chars
+        self._id_of = {c: i + 3 for i, c in enumerate(chars)}
+        self.vocab_size = len(chars) + 3
+
+    @classmethod
+    def for_text(cls, *samples: str) -> CharTokenizer:
+        """The tokenizer whose vocabulary is exactly the characters of ``samples``
+        (in :data:`DEFAULT_CHARS` order, so the ids do not depend on the samples' order)."""
+        used = set("".join(samples))
+        unknown = used - set(DEFAULT_CHARS)
+        if unknown:
+            raise ValueError(
+                f"characters {''.join(sorted(unknown))!r} are not in the built-in character set "
+                f"{DEFAULT_CHARS!r}; use only those"
+            )
+        return cls("".join(c for c in DEFAULT_CHARS if c in used))
+
+    def encode(self, text: str) -> list[int]:
+        try:
+            return [self._id_of[c] for c in text]
+        except KeyError as exc:
+            raise ValueError(
+                f"character {exc.args[0]!r} of {text!r} is not in this tokenizer's "
+                f"vocabulary {self.chars!r}"
+            ) from None
+
+    def decode(self, ids: Iterable[int]) -> str:
+        # Special and out-of-range ids decode to nothing: a policy can sample any
+        # id its output layer has, and the reward then simply sees fewer characters.
+        n = len(self.chars)
+        return "".join(self.chars[i - 3] for i in ids if 3 <= i < n + 3)
+
+    def __repr__(self) -> str:
+        return f"CharTokenizer({self.chars!r})"

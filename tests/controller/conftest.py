@@ -1,0 +1,39 @@
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from asyncrl.config import AsyncRLConfig, GRPOConfig
+from asyncrl.controller import Controller
+from tests.fakes import FakeEngine, FakeTask, FakeTrainer
+
+
+def make_controller(
+    sampler: dict[str, Any],
+    *,
+    engines: list[FakeEngine] | None = None,
+    trainer: FakeTrainer | None = None,
+    task: FakeTask | None = None,
+    steps: int = 30,
+    per_step: int = 4,
+    capacity: int = 12,
+    min_chunk: int = 2,
+    inflight: int = 8,
+    **async_kw: Any,
+) -> Controller:
+    return Controller(
+        task=task or FakeTask(),
+        engines=engines or [FakeEngine()],
+        trainer=trainer or FakeTrainer(),
+        grpo=GRPOConfig(num_prompts_per_step=per_step, num_generations_per_prompt=2,
+                        max_num_steps=steps),
+        async_rl=AsyncRLConfig(sampler=sampler, max_buffered_rollouts=capacity,
+                               min_groups_for_streaming_train=min_chunk,
+                               max_inflight_prompts=inflight, **async_kw),
+    )
+
+
+@pytest.fixture
+def controller_factory():
+    return make_controller
