@@ -118,8 +118,13 @@ class PolicyConfig(Block):
     generation: GenerationConfig = Field(default_factory=GenerationConfig)
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
     device: str = "cpu"
-    #: Torch intra-op threads for the trainer and the engine each (None: leave torch's default).
-    num_threads: PosInt | None = None
+    #: Torch intra-op threads for the trainer and the engine each (None: leave torch's
+    #: default). 1 suits the small default model: its matrices are too small to gain
+    #: from more, and engine and trainer already run in two threads of their own.
+    num_threads: PosInt | None = 1
+    #: Largest number of sequences the trainer runs through one forward/backward
+    #: (a chunk is split into micro-batches of this size; bounds its memory).
+    train_micro_batch_sequences: PosInt = 64
 
 
 # --------------------------------------------------------------------- loss

@@ -163,10 +163,14 @@ class RolloutBuffer:
     ) -> Slot:
         """Reserve a slot for a group about to be dispatched; waits while full."""
         self._check_new(group_id, start_weight)
-        while len(self._slots) >= self._capacity:
-            await self._space.wait()
+        await self.wait_for_space()
         self._check_new(group_id, start_weight)
         return self._insert(group_id, start_weight, target_step)
+
+    async def wait_for_space(self) -> None:
+        """Wait until at least one slot is free (returns at once if one is)."""
+        while len(self._slots) >= self._capacity:
+            await self._space.wait()
 
     def reserve_nowait(
         self, group_id: GroupId, *, start_weight: int, target_step: int | None = None

@@ -145,7 +145,10 @@ class Controller:
         self.buffer.add_remove_listener(self._removed.extend)
         self._failed_groups = 0
         self._rollout_done = False
-        self._rollout_parked = False  # the rollout pump waits in admit or for buffer space
+        # Dispatchers (the rollout pump and replacements of failed groups) that are
+        # running, and how many of them wait in admit or for buffer space.
+        self._dispatchers = 0
+        self._parked = 0
         self._awaiting_slot: dict[object, tuple[Prompt, int | None]] = {}
         # The current dispatch batch: (stamp, groups still to dispatch), for checkpoints.
         self._open_batch: tuple[int | None, int] | None = None
@@ -232,22 +235,26 @@ class Controller:
         n = self.grpo.num_prompts_per_step
         async with TaskGroup() as gens:
             self._gens = gens
-            # Resumed in-flight groups go first, with their original stamps and
-            # attempt counts, and do not pass through admit again.
-            for rec in self._resume_inflight:
-                await self._dispatch(rec.prompt, rec.target_step, attempts=rec.attempts,
-                                     group_id=rec.group_id)
-            self._resume_inflight = []
-            if self._open_batch is not None:
-                stamp, left = self._open_batch
-                await self._dispatch_batch(stamp, left)
-            while not self.source.dry:
-                self._rollout_parked = True
-                try:
-                    stamp = await self.sampler.admit(trainer_version=self.version)
-                finally:
-                    self._rollout_parked = False
-                await self._dispatch_batch(stamp, n)
+            self._dispatchers += 1
+            try:
+                # Resumed in-flight groups go first, with their original stamps and
+                # attempt counts, and do not pass through admit again.
+                for rec in self._resume_inflight:
+                    await self._dispatch(rec.prompt, rec.target_step, attempts=rec.attempts,
+                                         group_id=rec.group_id)
+                self._resume_inflight = []
+                if self._open_batch is not None:
+                    stamp, left = self._open_batch
+                    await self._dispatch_batch(stamp, left)
+                while not self.source.dry:
+                    self._parked += 1
+                    try:
+                        stamp = await self.sampler.admit(trainer_version=self.version)
+                    finally:
+                        self._parked -= 1
+                    await self._dispatch_batch(stamp, n)
+            finally:
+                self._dispatchers -= 1
             self._rollout_done = True
             self.buffer.notify()  # the train pump may now conclude that nothing more comes
 
@@ -281,13 +288,16 @@ class Controller:
             if group_id is None:
                 group_id = self._next_group
                 self._next_group += 1
-            start = self.version.value
             if self.buffer.is_full():
-                self._rollout_parked = True
-            await self.buffer.reserve(group_id, start_weight=start, target_step=stamp)
-            self._rollout_parked = False
+                self._parked += 1
+                try:
+                    await self.buffer.wait_for_space()
+                finally:
+                    self._parked -= 1
+            # The weight version is read when the slot is granted: generation starts now.
+            start = self.version.value
+            self.buffer.reserve_nowait(group_id, start_weight=start, target_step=stamp)
         except BaseException:
-            self._rollout_parked = False
             self._slots_free.release()
             raise
         del self._awaiting_slot[token]
@@ -403,7 +413,11 @@ class Controller:
         self._slots_free.release()
         replacement = self.source.pop()
         if replacement is not None:
-            await self._dispatch(replacement, rec.target_step)
+            self._dispatchers += 1
+            try:
+                await self._dispatch(replacement, rec.target_step)
+            finally:
+                self._dispatchers -= 1
         else:
             self.buffer.notify()
 
@@ -507,15 +521,16 @@ class Controller:
 
     async def _starved(self) -> bool:
         """True when no new group can become ready before this step ends."""
-        if self._inflight or not (self._rollout_parked or self._rollout_done):
+        if self._inflight or self._parked < self._dispatchers:
             return False
         # The rollout pump may have just become runnable (a wake-up not yet
         # delivered); give it one turn before concluding it is parked.
         await asyncio.sleep(0)
-        return not self._inflight and (self._rollout_parked or self._rollout_done)
+        return not self._inflight and self._parked == self._dispatchers
 
     def _nothing_more_can_come(self) -> bool:
-        return self._rollout_done and not self._inflight and not self._resume_inflight
+        return (self._rollout_done and self._dispatchers == 0 and not self._inflight
+                and not self._resume_inflight)
 
     async def _evict(self, v: int) -> int:
         self._removed.clear()

@@ -1,0 +1,419 @@
+"""Run the real Controller against simulated backends under virtual time.
+
+:func:`simulate` is one run; :func:`compare` runs several built-in policies on
+the same workload; :func:`physical_bound` is the step time no policy can beat.
+docs/simulate.md derives the bound and explains every column of the result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import math
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from asyncrl.buffer import RolloutBuffer
+from asyncrl.config import RunConfig, SimulateConfig
+from asyncrl.controller import Controller
+from asyncrl.errors import ConfigError
+from asyncrl.metrics import MemorySink
+from asyncrl.sampling import WINDOW_FIELD, create_sampler, parse_sampler_config
+from asyncrl.sampling.config import CustomSamplerConfig
+from asyncrl.sim.backends import SimEngine, SimTask, SimTrainer
+from asyncrl.sim.clock import run_virtual
+from asyncrl.sim.latency import LatencyModel, make_latency_model
+
+#: The columns of a result row, in table order (``asyncrl simulate --json`` prints exactly these).
+ROW_KEYS = (
+    "sampler",
+    "steps",
+    "virtual_time_s",
+    "steps_per_hour",
+    "efficiency",
+    "trainer_idle_frac",
+    "generator_util",
+    "staleness_mean",
+    "staleness_p95",
+    "staleness_max",
+    "waste_frac",
+)
+
+#: The built-in policies ``compare`` knows, in the order the docs discuss them.
+BUILTIN_POLICIES = tuple(WINDOW_FIELD)
+
+#: Window used for compared policies when the config's own sampler is custom.
+DEFAULT_COMPARE_WINDOW = 1
+
+NO_SIMULATE_BLOCK = (
+    "the config has no 'simulate' block, so there is nothing to simulate. Add one, e.g.\n"
+    "simulate:\n"
+    "  steps: 1000\n"
+    "  rollout_slots: 64\n"
+    "  generation_latency_s: {distribution: lognormal, median: 30, sigma: 0.6}\n"
+    "  train_step_s: 20\n"
+    "  weight_sync_s: 2\n"
+    "or start from one of examples/sim/*.yaml (a key.path override such as "
+    "simulate.steps=200 also creates the block with defaults)"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Bound:
+    """The fastest possible step for a workload (see :func:`physical_bound`)."""
+
+    trainer_step_s: float
+    generation_step_s: float
+
+    @property
+    def step_s(self) -> float:
+        return max(self.trainer_step_s, self.generation_step_s)
+
+    @property
+    def limited_by(self) -> str:
+        return "trainer" if self.trainer_step_s >= self.generation_step_s else "generation"
+
+    @property
+    def steps_per_hour(self) -> float:
+        return 3600.0 / self.step_s if self.step_s > 0 else math.inf
+
+    def describe(self) -> str:
+        return (
+            f"physical bound: {self.step_s:.3g}s/step ({self.steps_per_hour:,.0f} steps/h), "
+            f"{self.limited_by}-bound (trainer {self.trainer_step_s:.3g}s/step, "
+            f"generation {self.generation_step_s:.3g}s/step)"
+        )
+
+
+def physical_bound(cfg: RunConfig, latency: LatencyModel | None = None, *,
+                   base_dir: str | Path | None = None) -> Bound:
+    """No step can be faster than the trainer, nor than the fleet generating its groups.
+
+    * trainer: ``train_step_s + weight_sync_s + train_per_group_s * n``: the
+      train pump does all of it, one step after the other;
+    * generation: ``n * E[latency] / (1 - failure_rate) / rollout_slots``: a step
+      consumes ``n`` groups, each occupying a slot for its latency, and a failed
+      attempt costs a whole latency too (``1 / (1 - p)`` attempts per group on
+      average); ``rollout_slots`` of them run at once at best.
+    """
+    sim = _sim_block(cfg)
+    model = latency if latency is not None else make_latency_model(
+        sim.generation_latency_s, base_dir=base_dir)
+    n = cfg.grpo.num_prompts_per_step
+    trainer = sim.train_step_s + sim.weight_sync_s + sim.train_per_group_s * n
+    generation = n * model.mean / (1.0 - sim.failure_rate) / sim.rollout_slots
+    return Bound(trainer, generation)
+
+
+@dataclasses.dataclass
+class SimResult:
+    """One simulated run: the row, plus what the plots and checks need."""
+
+    sampler: str
+    window: int | None
+    steps: int
+    virtual_time_s: float
+    steps_per_hour: float
+    efficiency: float
+    trainer_idle_frac: float
+    generator_util: float
+    staleness_mean: float
+    staleness_p95: int
+    staleness_max: int
+    waste_frac: float
+    bound: Bound
+    ledger: dict[str, Any]
+    stop_reason: str
+    wall_s: float
+    note: str = ""
+    records: list[dict[str, Any]] = dataclasses.field(default_factory=list, repr=False)
+    staleness_hist: dict[str, int] = dataclasses.field(default_factory=dict, repr=False)
+    #: Trainer intervals from the controller's timeline plus the engine's slot
+    #: occupancy, as dicts for :func:`asyncrl.metrics.plots.plot_timeline`.
+    timeline: list[dict[str, Any]] = dataclasses.field(default_factory=list, repr=False)
+    engine: SimEngine | None = dataclasses.field(default=None, repr=False)
+    trainer: SimTrainer | None = dataclasses.field(default=None, repr=False)
+
+    def row(self) -> dict[str, Any]:
+        """The table row: exactly :data:`ROW_KEYS`, JSON-ready (NaN becomes None)."""
+        out: dict[str, Any] = {}
+        for key in ROW_KEYS:
+            value = getattr(self, key)
+            if isinstance(value, float) and not math.isfinite(value):
+                value = None
+            out[key] = value
+        return out
+
+    @property
+    def step_time_s(self) -> float:
+        return self.virtual_time_s / self.steps if self.steps else math.nan
+
+    def timeline_until(self, steps: int = 20) -> float | None:
+        """Virtual time at which step ``steps`` ended (None: the whole run)."""
+        if len(self.records) <= steps:
+            return None
+        return float(self.records[steps - 1]["wall_time_s"])
+
+
+def _sim_block(cfg: RunConfig) -> SimulateConfig:
+    if cfg.simulate is None:
+        raise ConfigError(NO_SIMULATE_BLOCK)
+    return cfg.simulate
+
+
+def sampler_label(sampler_cfg: Any) -> str:
+    if isinstance(sampler_cfg, CustomSamplerConfig):
+        return sampler_cfg.target
+    return str(sampler_cfg.name)
+
+
+def sampler_window(sampler_cfg: Any) -> int | None:
+    field = WINDOW_FIELD.get(getattr(sampler_cfg, "name", ""))
+    return None if field is None else int(getattr(sampler_cfg, field))
+
+
+def simulate(
+    cfg: RunConfig,
+    *,
+    sampler_override: Any = None,
+    steps: int | None = None,
+    base_dir: str | Path | None = None,
+    record_intervals: bool = True,
+    note: str = "",
+) -> SimResult:
+    """Run ``cfg``'s setup for ``steps`` (default ``simulate.steps``) steps under virtual time.
+
+    ``sampler_override`` (a sampler config model or dict) replaces
+    ``async_rl.sampler``; everything else is the config as written, so the
+    Controller's setup validation applies (a :class:`~asyncrl.errors.SetupError`
+    propagates). ``base_dir`` is where a relative empirical latency path is
+    looked up first (the CLI passes the config file's directory).
+    """
+    sim = _sim_block(cfg)
+    latency = make_latency_model(sim.generation_latency_s, base_dir=base_dir)
+    num_steps = steps if steps is not None else sim.steps
+    if num_steps < 1:
+        raise ConfigError(f"steps must be >= 1, got {num_steps}")
+    grpo = cfg.grpo.model_copy(update={"max_num_steps": num_steps})
+    async_rl = cfg.async_rl
+    if sampler_override is not None:
+        async_rl = async_rl.model_copy(
+            update={"sampler": parse_sampler_config(sampler_override)})
+    engine = SimEngine(
+        latency,
+        rollout_slots=sim.rollout_slots,
+        seed=cfg.seed,
+        failure_rate=sim.failure_rate,
+        weight_sync_s=sim.weight_sync_s,
+        record_intervals=record_intervals,
+    )
+    trainer = SimTrainer(train_step_s=sim.train_step_s, train_per_group_s=sim.train_per_group_s)
+    sink = MemorySink()
+    holder: dict[str, Controller] = {}
+
+    async def _run() -> None:
+        # Built inside the loop so every asyncio primitive binds to the virtual one.
+        controller = holder["c"] = Controller(
+            task=SimTask(),
+            engines=[engine],
+            trainer=trainer,
+            grpo=grpo,
+            async_rl=async_rl,
+            seed=cfg.seed,
+            deterministic=cfg.deterministic,
+            sinks=[sink],
+        )
+        await controller.run()
+
+    t0 = time.perf_counter()
+    run_virtual(_run())
+    wall = time.perf_counter() - t0
+    controller = holder["c"]
+    return _result(controller, engine, trainer, sink, sim, grpo.num_prompts_per_step,
+                   physical_bound(cfg, latency), wall, note,
+                   sampler_label(async_rl.sampler), sampler_window(async_rl.sampler))
+
+
+def _result(
+    controller: Controller,
+    engine: SimEngine,
+    trainer: SimTrainer,
+    sink: MemorySink,
+    sim: SimulateConfig,
+    n: int,
+    bound: Bound,
+    wall: float,
+    note: str,
+    label: str,
+    window: int | None,
+) -> SimResult:
+    summary = sink.summary or controller.summary()
+    steps = int(summary["steps"])
+    elapsed = float(summary["wall_time_s"])
+    ledger = dict(summary["ledger"])
+    hist = {str(k): int(v) for k, v in summary["staleness_hist"].items()}
+    dispatched = ledger["dispatched"]
+    step_time = elapsed / steps if steps else math.nan
+    timeline = [
+        {"kind": i.kind, "lane": i.lane, "start": i.start, "end": i.end, "label": i.label}
+        for i in controller.timeline.intervals
+        if i.kind != "gen"
+    ]
+    timeline.extend(
+        {"kind": "gen", "lane": 0, "start": a, "end": b, "label": outcome}
+        for a, b, outcome in engine.intervals
+    )
+    return SimResult(
+        sampler=label,
+        window=window,
+        steps=steps,
+        virtual_time_s=elapsed,
+        steps_per_hour=3600.0 * steps / elapsed if elapsed > 0 else math.inf,
+        efficiency=bound.step_s / step_time if steps and step_time > 0 else math.nan,
+        trainer_idle_frac=float(summary["trainer_idle_s"]) / elapsed if elapsed > 0 else 0.0,
+        generator_util=engine.busy_slot_s / (sim.rollout_slots * elapsed) if elapsed > 0 else 0.0,
+        staleness_mean=float(summary["staleness_mean"]),
+        staleness_p95=_percentile(hist, 0.95),
+        staleness_max=int(summary["staleness_max"]),
+        waste_frac=(ledger["evicted"] + ledger["aborted"]) / dispatched if dispatched else 0.0,
+        bound=bound,
+        ledger=ledger,
+        stop_reason=str(summary["stop_reason"]),
+        wall_s=wall,
+        note=note,
+        records=sink.records,
+        staleness_hist=hist,
+        timeline=timeline,
+        engine=engine,
+        trainer=trainer,
+    )
+
+
+def _percentile(hist: dict[str, int], q: float) -> int:
+    """Nearest-rank percentile of an integer histogram (0 when empty)."""
+    total = sum(hist.values())
+    if not total:
+        return 0
+    rank = math.ceil(q * total)
+    seen = 0
+    for key in sorted(hist, key=int):
+        seen += hist[key]
+        if seen >= rank:
+            return int(key)
+    return max(int(k) for k in hist)
+
+
+# ----------------------------------------------------------------- compare
+def compare_window(cfg: RunConfig) -> int:
+    """The window every compared policy gets: the config's sampler's own
+    (lookahead for in_order, staleness for the others), or 1 for a custom one."""
+    window = sampler_window(cfg.async_rl.sampler)
+    return DEFAULT_COMPARE_WINDOW if window is None else window
+
+
+def policy_config(cfg: RunConfig, name: str) -> tuple[Any, str]:
+    """The sampler config ``name`` runs with in a comparison, and a note.
+
+    The config's own sampler is used as written (with all its knobs); other
+    built-ins get :func:`compare_window`.
+    """
+    if name not in WINDOW_FIELD:
+        raise ConfigError(
+            f"--compare: unknown policy {name!r}; choose from {', '.join(BUILTIN_POLICIES)} "
+            "(custom samplers run without --compare)"
+        )
+    own = cfg.async_rl.sampler
+    if getattr(own, "name", None) == name:
+        return own, ""
+    window = compare_window(cfg)
+    note = "" if sampler_window(own) is not None else f"window {window} (config sampler is custom)"
+    return parse_sampler_config({"name": name, WINDOW_FIELD[name]: window}), note
+
+
+def fit_capacity(cfg: RunConfig, sampler_cfg: Any) -> tuple[RunConfig, str]:
+    """Raise ``max_buffered_rollouts`` to what ``sampler_cfg`` needs, if it is short.
+
+    A comparison is about the policies, so a policy whose required capacity
+    the config does not meet runs with exactly the capacity it needs (the
+    Controller would otherwise refuse it) and its row says so.
+    """
+    n = cfg.grpo.num_prompts_per_step
+    have = cfg.async_rl.max_buffered_rollouts
+    need = create_sampler(RolloutBuffer(max(have, 1)), sampler_cfg).required_buffer_capacity(n)
+    if need is None or need <= have:
+        return cfg, ""
+    raised = cfg.model_copy(update={
+        "async_rl": cfg.async_rl.model_copy(update={"max_buffered_rollouts": need}),
+    })
+    return raised, f"max_buffered_rollouts raised {have}->{need} (policy needs {need})"
+
+
+def compare(
+    cfg: RunConfig,
+    names: Sequence[str],
+    *,
+    steps: int | None = None,
+    base_dir: str | Path | None = None,
+    record_intervals: bool = True,
+    on_done: Callable[[SimResult], None] | None = None,
+) -> list[SimResult]:
+    """Run each named built-in policy on ``cfg``'s workload (same seed, same latencies)."""
+    _sim_block(cfg)
+    results = []
+    for name in names:
+        sampler_cfg, note = policy_config(cfg, name)
+        run_cfg, cap_note = fit_capacity(cfg, sampler_cfg)
+        result = simulate(
+            run_cfg,
+            sampler_override=sampler_cfg,
+            steps=steps,
+            base_dir=base_dir,
+            record_intervals=record_intervals,
+            note="; ".join(x for x in (note, cap_note) if x),
+        )
+        results.append(result)
+        if on_done is not None:
+            on_done(result)
+    return results
+
+
+# ---------------------------------------------------- serial reference (sync)
+def serial_reference_s(result: SimResult, cfg: RunConfig) -> float:
+    """Virtual time an ideal synchronous run needs for the latencies ``result`` drew.
+
+    For on-policy in_order (lookahead 0) each step is: dispatch the step's ``n``
+    groups at once, wait for the last of them, train, sync. With ``c`` =
+    min(rollout_slots, max_inflight_prompts) groups running at a time, the
+    groups go to the first free slot in dispatch order (a FIFO queue with ``c``
+    servers), so the generation phase lasts that queue's makespan (the largest
+    latency when ``c >= n``). Computed from the very latencies the engine drew,
+    so a controller that adds no idle time matches it to the microsecond. Exact
+    only without failures (retries add backoff the reference does not model).
+    """
+    sim = _sim_block(cfg)
+    engine = result.engine
+    if engine is None:
+        raise ValueError("the result does not carry its engine")
+    n = cfg.grpo.num_prompts_per_step
+    c = min(sim.rollout_slots, cfg.async_rl.max_inflight_prompts)
+    per_step = sim.train_step_s + sim.weight_sync_s + sim.train_per_group_s * n
+    total = 0.0
+    for step in range(result.steps):
+        lats = [engine.first_attempt_latency(step * n + i) for i in range(n)]
+        total += _fifo_makespan(lats, c) + per_step
+    return total
+
+
+def _fifo_makespan(latencies: Sequence[float], servers: int) -> float:
+    if len(latencies) <= servers:
+        return max(latencies, default=0.0)
+    free = [0.0] * servers
+    end = 0.0
+    for lat in latencies:
+        start = heapq.heappop(free)
+        finish = start + lat
+        end = max(end, finish)
+        heapq.heappush(free, finish)
+    return end
