@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
+    initialize,
     invariant,
     precondition,
     rule,
@@ -86,6 +87,27 @@ class _SamplerMachine(RuleBasedStateMachine):
         return self.version.value
 
     # --------------------------------------------------------------- rules
+    @initialize(data=st.data())
+    def start_mid_run(self, data: st.DataObject) -> None:
+        """Start from a resumed-looking state: some version, dispatch index and full-ish buffer."""
+        v0 = data.draw(st.integers(0, 5), label="v0")
+        self.version.set(v0)
+        d0 = data.draw(st.integers(0, v0 + self.ref.window + 1), label="d0")
+        self.sampler.set_dispatch_index(d0)
+        self.ref.dispatch_index = d0
+        for _ in range(data.draw(st.integers(0, CAPACITY), label="slots")):
+            gid = f"g{self.next_id}"
+            self.next_id += 1
+            weight = data.draw(st.integers(max(0, v0 - 3), v0), label="start_weight")
+            target = None
+            if self.ref.policy == "in_order":
+                target = data.draw(st.integers(max(0, v0 - 1), v0 + 2), label="target_step")
+            self.buf.reserve_nowait(gid, start_weight=weight, target_step=target)
+            self.ref.reserve(gid, weight, target)
+            if data.draw(st.booleans(), label="ready"):
+                self.buf.commit(gid, payload=gid, end_weight=weight)
+                self.ref.commit(gid, payload=gid, end_weight=weight)
+
     @rule()
     def admit(self) -> None:
         task = self.probe(self.sampler.admit(trainer_version=self.version))
@@ -96,9 +118,9 @@ class _SamplerMachine(RuleBasedStateMachine):
             assert not task.done(), f"admit passed at d={self.ref.dispatch_index}, v={self.v}"
             self.cancel(task)
 
-    @rule(data=st.data())
-    def reserve(self, data: st.DataObject) -> None:
-        gid = f"g{self.next_id}"
+    @rule(data=st.data(), size=st.integers(1, 4))
+    def reserve_batch(self, data: st.DataObject, size: int) -> None:
+        """Reserve a dispatch batch: ``size`` groups sharing a start weight (and stamp)."""
         # Weights from below the window up to the current version.
         weight = data.draw(st.integers(max(0, self.v - 4), self.v), label="start_weight")
         target = None
@@ -106,22 +128,27 @@ class _SamplerMachine(RuleBasedStateMachine):
             target = data.draw(
                 st.integers(max(0, self.v - 2), self.v + self.ref.window + 1), label="target_step"
             )
-        task = self.probe(self.buf.reserve(gid, start_weight=weight, target_step=target))
-        if self.ref.is_full():
-            assert not task.done(), "reserve must wait while the buffer is full"
-            self.cancel(task)
-            return
-        assert task.done() and task.result().group_id == gid
-        self.ref.reserve(gid, weight, target)
-        self.next_id += 1
+        for _ in range(size):
+            gid = f"g{self.next_id}"
+            task = self.probe(self.buf.reserve(gid, start_weight=weight, target_step=target))
+            if self.ref.is_full():
+                assert not task.done(), "reserve must wait while the buffer is full"
+                self.cancel(task)
+                return
+            assert task.done() and task.result().group_id == gid
+            self.ref.reserve(gid, weight, target)
+            self.next_id += 1
 
     @precondition(lambda self: self.unready())
     @rule(data=st.data())
     def commit(self, data: st.DataObject) -> None:
-        gid = data.draw(st.sampled_from(self.unready()), label="commit")
-        end = self.ref.find(gid).start_weight + data.draw(st.integers(0, 2), label="lag")
-        self.buf.commit(gid, payload=gid, end_weight=end)
-        self.ref.commit(gid, payload=gid, end_weight=end)
+        """Commit a few in-flight groups, in any order (generation times differ)."""
+        pending = self.unready()
+        count = data.draw(st.integers(1, len(pending)), label="count")
+        for gid in data.draw(st.permutations(pending), label="order")[:count]:
+            end = self.ref.find(gid).start_weight + data.draw(st.integers(0, 2), label="lag")
+            self.buf.commit(gid, payload=gid, end_weight=end)
+            self.ref.commit(gid, payload=gid, end_weight=end)
 
     @precondition(lambda self: self.unready())
     @rule(data=st.data())

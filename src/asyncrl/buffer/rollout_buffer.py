@@ -49,12 +49,19 @@ class Slot:
 
 
 class _ReadyIndex:
-    """Ready slots bucketed by an integer key, each bucket in dispatch order."""
+    """Ready slots bucketed by an integer key, each bucket in dispatch order.
 
-    __slots__ = ("_buckets",)
+    ``monotone`` says the key never decreased along dispatch order (true for
+    start weights, since the trainer version only grows): then dispatch order
+    across buckets is simply key order, and a range query walks buckets lazily
+    instead of merging them.
+    """
+
+    __slots__ = ("_buckets", "monotone")
 
     def __init__(self) -> None:
         self._buckets: SortedDict = SortedDict()  # key -> SortedDict(seq -> Slot)
+        self.monotone = True
 
     def add(self, key: int, slot: Slot) -> None:
         bucket = self._buckets.get(key)
@@ -79,18 +86,14 @@ class _ReadyIndex:
         Dispatch order across buckets, or, with ``key_desc``, highest key first
         and dispatch order inside a key.
         """
-        keys = list(self.keys_in(lo, hi, reverse=key_desc))
-        if not keys:
-            return []
-        if key_desc or len(keys) == 1:
+        buckets = self._buckets
+        if key_desc or self.monotone:
             stream: Iterable[Slot] = itertools.chain.from_iterable(
-                self._buckets[k].values() for k in keys
+                buckets[k].values() for k in self.keys_in(lo, hi, reverse=key_desc)
             )
         else:
-            stream = (
-                slot
-                for _, slot in heapq.merge(*(self._buckets[k].items() for k in keys))
-            )
+            keys = list(self.keys_in(lo, hi))
+            stream = (slot for _, slot in heapq.merge(*(buckets[k].items() for k in keys)))
         return list(itertools.islice(stream, limit))
 
     def count(self, key: int) -> int:
@@ -121,6 +124,8 @@ class RolloutBuffer:
         self._ready_by_target = _ReadyIndex()
         # start_weight -> number of slots (ready or not) holding it
         self._all_weights: SortedDict = SortedDict()
+        self._last_weight = 0
+        self._last_target: int | None = None
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -343,6 +348,7 @@ class RolloutBuffer:
             )
             self._slots[slot.group_id] = slot
             self._all_weights[slot.start_weight] = self._all_weights.get(slot.start_weight, 0) + 1
+            self._note_order(slot)
             if s.get("ready"):
                 slot.ready, slot.payload, slot.end_weight = True, s.get("payload"), s.get("end_weight")
                 self._ready_count += 1
@@ -366,8 +372,24 @@ class RolloutBuffer:
         slot = Slot(group_id, start_weight, self._next_seq, target_step)
         self._next_seq += 1
         self._slots[group_id] = slot
+        self._note_order(slot)
         self._all_weights[start_weight] = self._all_weights.get(start_weight, 0) + 1
         return slot
+
+    def _note_order(self, slot: Slot) -> None:
+        """Track whether keys stayed monotone in dispatch order (see _ReadyIndex)."""
+        if len(self._slots) == 1:
+            # An empty buffer has no order to violate: start afresh.
+            self._ready_by_weight.monotone = self._ready_by_target.monotone = True
+            self._last_weight, self._last_target = slot.start_weight, slot.target_step
+            return
+        if slot.start_weight < self._last_weight:
+            self._ready_by_weight.monotone = False
+        self._last_weight = slot.start_weight
+        if slot.target_step is not None:
+            if self._last_target is not None and slot.target_step < self._last_target:
+                self._ready_by_target.monotone = False
+            self._last_target = slot.target_step
 
     def _drop(self, slot: Slot) -> Slot:
         del self._slots[slot.group_id]

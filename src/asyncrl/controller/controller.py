@@ -170,13 +170,16 @@ class Controller:
         self.stop_reason = "not started"
         self.stop_message = ""
         self._running = False
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     # ================================================================ the run
     def _now(self) -> float:
-        return asyncio.get_running_loop().time()
+        loop = self._loop
+        return loop.time() if loop is not None else asyncio.get_running_loop().time()
 
     async def run(self) -> RunResult:
         """Run until ``grpo.max_num_steps`` (or the prompt source runs dry)."""
+        self._loop = asyncio.get_running_loop()
         self._t0 = self._now()
         self._busy_mark = self._t0
         self._running = True

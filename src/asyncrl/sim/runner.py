@@ -228,7 +228,7 @@ def simulate(
         await controller.run()
 
     t0 = time.perf_counter()
-    run_virtual(_run())
+    run_virtual(_run(), loop="jump")
     wall = time.perf_counter() - t0
     controller = holder["c"]
     return _result(controller, engine, trainer, sink, sim, grpo.num_prompts_per_step,
