@@ -82,3 +82,53 @@ class GroupAborted(Exception):
 
 class GenerationError(Exception):
     """A generation attempt failed; the controller retries it with backoff."""
+
+
+# ---------------------------------------------------------------- persistence
+# Checkpoints store plain JSON-able dicts (never pickles), so a checkpoint can
+# be inspected by hand and loading one cannot execute code.
+def prompt_to_dict(prompt: Prompt) -> dict[str, Any]:
+    return {"prompt_id": prompt.prompt_id, "text": prompt.text, "answer": prompt.answer,
+            "meta": dict(prompt.meta)}
+
+
+def prompt_from_dict(data: dict[str, Any]) -> Prompt:
+    return Prompt(int(data["prompt_id"]), str(data["text"]), data.get("answer"),
+                  dict(data.get("meta") or {}))
+
+
+def rollout_to_dict(rollout: Rollout) -> dict[str, Any]:
+    r = rollout.result
+    return {
+        "group_id": rollout.group_id,
+        "prompt": prompt_to_dict(rollout.prompt),
+        "rewards": list(rollout.rewards),
+        "target_step": rollout.target_step,
+        "attempts": rollout.attempts,
+        "result": {
+            "prompt_ids": list(r.prompt_ids),
+            "completion_ids": [list(c) for c in r.completion_ids],
+            "behavior_logprobs": [list(c) for c in r.behavior_logprobs],
+            "completion_texts": list(r.completion_texts),
+            "start_weight": r.start_weight,
+            "end_weight": r.end_weight,
+            "rewards": None if r.rewards is None else list(r.rewards),
+        },
+    }
+
+
+def rollout_from_dict(data: dict[str, Any]) -> Rollout:
+    r = data["result"]
+    result = GroupResult(
+        group_id=data["group_id"],
+        prompt_ids=[int(t) for t in r["prompt_ids"]],
+        completion_ids=[[int(t) for t in c] for c in r["completion_ids"]],
+        behavior_logprobs=[[float(x) for x in c] for c in r["behavior_logprobs"]],
+        completion_texts=list(r["completion_texts"]),
+        start_weight=int(r["start_weight"]),
+        end_weight=int(r["end_weight"]),
+        rewards=None if r.get("rewards") is None else [float(x) for x in r["rewards"]],
+    )
+    return Rollout(data["group_id"], prompt_from_dict(data["prompt"]), result,
+                   [float(x) for x in data["rewards"]], data.get("target_step"),
+                   int(data.get("attempts", 1)))

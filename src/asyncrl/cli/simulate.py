@@ -1,10 +1,159 @@
-"""``asyncrl simulate`` (placeholder until the simulator lands)."""
+"""``asyncrl simulate``: predict throughput, staleness and waste under virtual time.
+
+The real Controller and samplers run against simulated backends (see
+docs/simulate.md); only the engines and the trainer are replaced by latency
+models, so the numbers include every wait the real pumps would have.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from asyncrl.config import load_config
+from asyncrl.errors import ConfigError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("simulate", help="predict throughput, staleness and waste under virtual time")
-    p.set_defaults(func=lambda args: 1)
+    p = sub.add_parser(
+        "simulate",
+        help="predict throughput, staleness and waste under virtual time",
+        description=(
+            "Run the real controller and sampler against simulated engines and trainer "
+            "(the config's simulate block) under virtual time, and report throughput, "
+            "staleness and waste. See docs/simulate.md."
+        ),
+    )
+    p.add_argument("--config", required=True, metavar="FILE", help="YAML run config with a simulate block")
+    p.add_argument("--run-dir", metavar="DIR",
+                   help="where results.json and the plots go (default runs/sim-<timestamp>)")
+    p.add_argument("--compare", metavar="POLICIES",
+                   help="comma-separated built-in policies to run on the same workload, e.g. "
+                        "in_order,weight_fifo,windowed,ready_first (each with the config "
+                        "sampler's window)")
+    p.add_argument("--steps", type=int, metavar="N", help="training steps (default simulate.steps)")
+    p.add_argument("--json", action="store_true",
+                   help="print only a JSON list with one object per policy")
+    p.add_argument("--no-plots", action="store_true", help="write results.json only")
+    p.add_argument("overrides", nargs="*", metavar="key.path=value",
+                   help="config overrides, e.g. simulate.rollout_slots=128")
+    p.set_defaults(func=run)
+
+
+def parse_compare(text: str | None) -> list[str] | None:
+    from asyncrl.sim.runner import BUILTIN_POLICIES
+
+    if text is None:
+        return None
+    names: list[str] = []
+    for raw in text.split(","):
+        name = raw.strip()
+        if not name:
+            continue
+        if name not in BUILTIN_POLICIES:
+            raise ConfigError(
+                f"--compare: unknown policy {name!r}; choose from {','.join(BUILTIN_POLICIES)}"
+            )
+        if name not in names:
+            names.append(name)
+    if not names:
+        raise ConfigError(f"--compare needs at least one policy, e.g. {','.join(BUILTIN_POLICIES)}")
+    return names
+
+
+def default_run_dir() -> Path:
+    base = Path("runs") / f"sim-{time.strftime('%Y%m%d-%H%M%S')}"
+    path, k = base, 1
+    while path.exists():
+        path, k = base.with_name(f"{base.name}-{k}"), k + 1
+    return path
+
+
+@contextlib.contextmanager
+def _progress(enabled: bool, total_runs: int, steps: int) -> Iterator[Any]:
+    """A rich progress display on stderr: one bar for the policies, one for the steps.
+
+    Yields ``(on_start, on_step)`` callbacks, or no-ops when disabled.
+    """
+    if not enabled:
+        yield (None, None)
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    progress = Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=Console(stderr=True), transient=True,
+    )
+    with progress:
+        runs = progress.add_task("policies", total=total_runs)
+        step_task = progress.add_task("steps", total=steps)
+        started = [0]
+
+        def on_start(name: str) -> None:
+            if started[0]:
+                progress.advance(runs)
+            started[0] += 1
+            progress.update(step_task, description=f"{name} steps", completed=0)
+
+        def on_step(done: int) -> None:
+            progress.update(step_task, completed=done)
+
+        yield (on_start, on_step)
+
+
+def run(args: argparse.Namespace) -> int:
+    from asyncrl.sim.report import rich_table, write_run_dir
+    from asyncrl.sim.runner import NO_SIMULATE_BLOCK, compare, simulate
+
+    cfg = load_config(args.config, list(args.overrides or []))
+    if cfg.simulate is None:
+        raise ConfigError(f"{args.config}: {NO_SIMULATE_BLOCK}")
+    if args.steps is not None and args.steps < 1:
+        raise ConfigError(f"--steps must be >= 1, got {args.steps}")
+    names = parse_compare(args.compare)
+    steps = args.steps if args.steps is not None else cfg.simulate.steps
+    base_dir = Path(args.config).resolve().parent
+    show_progress = not args.json and sys.stderr.isatty()
+
+    with _progress(show_progress, len(names) if names else 1, steps) as (on_start, on_step):
+        if names is None:
+            if on_start is not None:
+                on_start(getattr(cfg.async_rl.sampler, "name", "policy"))
+            results = [simulate(cfg, steps=steps, base_dir=base_dir, on_step=on_step)]
+        else:
+            results = compare(cfg, names, steps=steps, base_dir=base_dir,
+                              on_start=on_start, on_step=on_step)
+
+    run_dir = Path(args.run_dir) if args.run_dir else default_run_dir()
+    write_run_dir(results, run_dir, cfg, config_path=str(args.config), plots=not args.no_plots)
+
+    if args.json:
+        print(json.dumps([r.row() for r in results], indent=2, allow_nan=False))
+        return 0
+
+    from rich.console import Console
+
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    sim = cfg.simulate
+    title = (
+        f"asyncrl simulate: {steps} steps x {cfg.grpo.num_prompts_per_step} groups, "
+        f"{sim.rollout_slots} rollout slots, {_latency_text(results)}"
+    )
+    console.print(rich_table(results, title=title))
+    console.print(results[0].bound.describe())
+    console.print("efficiency = bound step time / achieved step time; "
+                  "waste = (evicted + aborted) / dispatched groups")
+    console.print(f"wrote {run_dir}/ (results.json, timelines, comparison.png)")
+    return 0
+
+
+def _latency_text(results: list[Any]) -> str:
+    engine = results[0].engine if results else None
+    return engine.latency.describe() if engine is not None else ""

@@ -1,10 +1,57 @@
-"""``asyncrl train``."""
+"""``asyncrl train``: run async GRPO from a YAML config."""
 
 from __future__ import annotations
 
 import argparse
+import math
+
+from rich.console import Console
+
+from asyncrl.config import load_config
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("train")
-    p.set_defaults(func=lambda args: 1)
+    p = sub.add_parser("train", help="run async GRPO training")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--config", help="YAML config file")
+    src.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its newest checkpoint")
+    p.add_argument("--run-dir", help="where to write the run (default: runs/train-<timestamp>)")
+    p.add_argument("overrides", nargs="*", metavar="key.path=value",
+                   help="config overrides, e.g. grpo.max_num_steps=50")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    console = Console()
+    if args.resume:
+        from asyncrl.checkpoint import resume_run
+
+        summary = resume_run(args.resume, args.overrides)
+    else:
+        from asyncrl.runner import train
+
+        cfg = load_config(args.config, args.overrides)
+        summary = train(cfg, args.run_dir)
+    print_summary(console, summary)
+    return 0
+
+
+def print_summary(console: Console, summary: dict) -> None:
+    ledger = summary["ledger"]
+    last10 = summary.get("reward_last10_mean", math.nan)
+    target = summary.get("target_reward")
+    console.rule("run finished")
+    console.print(f"stop reason     {summary['stop_reason']}  {summary.get('stop_message', '')}")
+    console.print(f"steps           {summary['steps']}   wall time {summary['wall_time_s']:.1f}s")
+    reached = "[green]reached[/green]" if summary.get("reached_target") else "not reached"
+    console.print(f"reward (last 10 steps) {last10:.3f}   target {target}: {reached}")
+    console.print(f"staleness       mean {summary['staleness_mean']:.2f}  max {summary['staleness_max']}")
+    console.print(
+        "ledger          " + "  ".join(f"{k} {ledger[k]}" for k in
+                                       ("dispatched", "trained", "evicted", "aborted", "failed",
+                                        "pending"))
+        + ("  [green]balanced[/green]" if ledger["balanced"] else "  [red]UNBALANCED[/red]")
+    )
+    console.print(f"run directory   {summary['run_dir']}")
+    for plot in summary.get("plots", []):
+        console.print(f"plot            {plot}")

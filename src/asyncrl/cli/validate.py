@@ -1,10 +1,56 @@
-"""``asyncrl validate``."""
+"""``asyncrl validate``: check a config and print what it implies."""
 
 from __future__ import annotations
 
 import argparse
+import json
+
+from rich.console import Console
+from rich.table import Table
+
+from asyncrl.buffer import RolloutBuffer
+from asyncrl.config import dump_config, load_config
+from asyncrl.controller.validation import derived_facts, validate_setup
+from asyncrl.sampling import create_sampler
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("validate")
-    p.set_defaults(func=lambda args: 1)
+    p = sub.add_parser("validate", help="validate a config and print its derived facts")
+    p.add_argument("--config", required=True, help="YAML config file")
+    p.add_argument("--json", action="store_true", help="print the facts as JSON only")
+    p.add_argument("overrides", nargs="*", metavar="key.path=value")
+    p.set_defaults(func=run)
+
+
+def facts_for(cfg) -> dict:
+    sampler = create_sampler(RolloutBuffer(cfg.async_rl.max_buffered_rollouts), cfg.async_rl.sampler)
+    validate_setup(sampler, cfg.grpo, cfg.async_rl)
+    facts = derived_facts(sampler, cfg.grpo)
+    facts["max_buffered_rollouts"] = cfg.async_rl.max_buffered_rollouts
+    return facts
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config, args.overrides)
+    facts = facts_for(cfg)
+    if args.json:
+        print(json.dumps(facts))
+        return 0
+    console = Console()
+    console.rule("resolved config")
+    console.print(dump_config(cfg), markup=False, highlight=False)
+    table = Table(title="derived facts")
+    table.add_column("fact")
+    table.add_column("value")
+    bound = facts["max_staleness"]
+    table.add_row("sampler", str(facts["sampler"]))
+    table.add_row("on-policy", "yes" if facts["is_on_policy"] else "no")
+    req = facts["required_buffer_capacity"]
+    table.add_row("required buffer capacity",
+                  f"{req} (have {facts['max_buffered_rollouts']})" if req is not None
+                  else f"none (have {facts['max_buffered_rollouts']})")
+    table.add_row("max staleness of a trained group",
+                  f"{bound} versions" if bound is not None else "unbounded (long generations can lag)")
+    console.print(table)
+    console.print("[green]config is valid[/green]")
+    return 0

@@ -38,7 +38,17 @@ from asyncrl.metrics import MetricsSink, Timeline
 from asyncrl.sampling import PromptGroupSampler, create_sampler
 from asyncrl.tasks.base import PromptSource, Task
 from asyncrl.trainers.base import Trainer
-from asyncrl.types import GenerationRequest, GroupAborted, GroupId, Prompt, Rollout
+from asyncrl.types import (
+    GenerationRequest,
+    GroupAborted,
+    GroupId,
+    Prompt,
+    Rollout,
+    prompt_from_dict,
+    prompt_to_dict,
+    rollout_from_dict,
+    rollout_to_dict,
+)
 from asyncrl.version import TrainerVersion
 
 log = logging.getLogger("asyncrl.controller")
@@ -150,9 +160,12 @@ class Controller:
         self._dispatchers = 0
         self._parked = 0
         self._awaiting_slot: dict[object, tuple[Prompt, int | None]] = {}
+        self._inflight_weights: collections.Counter[int] = collections.Counter()
         # The current dispatch batch: (stamp, groups still to dispatch), for checkpoints.
         self._open_batch: tuple[int | None, int] | None = None
         self._resume_inflight: list[_InFlight] = []
+        self._resume_awaiting: list[tuple[Prompt, int | None]] = []
+        self._elapsed_before = 0.0  # wall time of the runs this one resumes
         # Deterministic mode: finished groups commit in dispatch order.
         self._commit_order: collections.OrderedDict[GroupId, Any] = collections.OrderedDict()
 
@@ -180,7 +193,7 @@ class Controller:
     async def run(self) -> RunResult:
         """Run until ``grpo.max_num_steps`` (or the prompt source runs dry)."""
         self._loop = asyncio.get_running_loop()
-        self._t0 = self._now()
+        self._t0 = self._now() - self._elapsed_before
         self._busy_mark = self._t0
         self._running = True
         self.stop_reason = "running"
@@ -242,10 +255,16 @@ class Controller:
             try:
                 # Resumed in-flight groups go first, with their original stamps and
                 # attempt counts, and do not pass through admit again.
-                for rec in self._resume_inflight:
+                # Each stays listed in _resume_* until it is tracked elsewhere, so a
+                # checkpoint taken meanwhile records it exactly once.
+                while self._resume_inflight:
+                    rec = self._resume_inflight[0]
                     await self._dispatch(rec.prompt, rec.target_step, attempts=rec.attempts,
                                          group_id=rec.group_id)
-                self._resume_inflight = []
+                    self._resume_inflight.pop(0)
+                while self._resume_awaiting:
+                    prompt, stamp = self._resume_awaiting.pop(0)
+                    await self._dispatch(prompt, stamp)
                 if self._open_batch is not None:
                     stamp, left = self._open_batch
                     await self._dispatch_batch(stamp, left)
@@ -263,10 +282,12 @@ class Controller:
 
     async def _dispatch_batch(self, stamp: int | None, count: int) -> None:
         for left in range(count, 0, -1):
-            self._open_batch = (stamp, left)
             prompt = self.source.pop()
             if prompt is None:
                 break
+            # Prompts of this batch still in the source; the popped one is tracked
+            # by _awaiting_slot until it has a slot.
+            self._open_batch = (stamp, left - 1)
             await self._dispatch(prompt, stamp)
         self._open_batch = None
 
@@ -285,7 +306,8 @@ class Controller:
         loses nothing.
         """
         token = object()
-        self._awaiting_slot[token] = (prompt, stamp)
+        if group_id is None:  # a resumed in-flight group is tracked by _resume_inflight
+            self._awaiting_slot[token] = (prompt, stamp)
         await self._slots_free.acquire()
         try:
             if group_id is None:
@@ -303,7 +325,7 @@ class Controller:
         except BaseException:
             self._slots_free.release()
             raise
-        del self._awaiting_slot[token]
+        self._awaiting_slot.pop(token, None)
         now = self._now()
         if group_id in self.ledger:
             self.ledger[group_id].start_weight = start  # a resumed in-flight group
@@ -313,6 +335,7 @@ class Controller:
         rec = _InFlight(group_id, prompt, stamp, start, attempts=attempts)
         self._mark_busy()
         self._inflight[group_id] = rec
+        self._inflight_weights[start] += 1
         if self.deterministic:
             self._commit_order[group_id] = None
         self._max_inflight_seen = max(self._max_inflight_seen, len(self._inflight))
@@ -367,7 +390,7 @@ class Controller:
                     self._commit(rollout)
                 return
         finally:
-            if self._inflight.pop(rec.group_id, None) is not None:
+            if self._untrack(rec):
                 self._mark_busy()
                 self._slots_free.release()
                 if self.deterministic and rec.aborted:
@@ -411,7 +434,7 @@ class Controller:
         log.warning("group %s failed for good after %d attempts (%s); replacing its prompt",
                     rec.group_id, rec.attempts, exc)
         # Free our in-flight permit before dispatching the replacement.
-        self._inflight.pop(rec.group_id, None)
+        self._untrack(rec)
         self._mark_busy()
         self._slots_free.release()
         replacement = self.source.pop()
@@ -533,7 +556,7 @@ class Controller:
 
     def _nothing_more_can_come(self) -> bool:
         return (self._rollout_done and self._dispatchers == 0 and not self._inflight
-                and not self._resume_inflight)
+                and not self._resume_inflight and not self._resume_awaiting)
 
     async def _evict(self, v: int) -> int:
         self._removed.clear()
@@ -563,15 +586,28 @@ class Controller:
                     )
         return len(extra)
 
+    def _untrack(self, rec: _InFlight) -> bool:
+        if self._inflight.pop(rec.group_id, None) is None:
+            return False
+        left = self._inflight_weights[rec.start_weight] - 1
+        if left:
+            self._inflight_weights[rec.start_weight] = left
+        else:
+            del self._inflight_weights[rec.start_weight]
+        return True
+
     async def _abort_hopeless(self, v: int) -> int:
-        hopeless = [
-            rec
-            for rec in self._inflight.values()
-            if not rec.aborted
-            and self.sampler.should_abort_inflight(
-                start_weight_version=rec.start_weight, current_train_weight=v
-            )
-        ]
+        # Ask the sampler once per distinct start weight, not once per group: the
+        # per-step cost must not grow with the number of groups in flight.
+        doomed = {
+            w
+            for w in self._inflight_weights
+            if self.sampler.should_abort_inflight(start_weight_version=w, current_train_weight=v)
+        }
+        if not doomed:
+            return 0
+        hopeless = [r for r in self._inflight.values()
+                    if r.start_weight in doomed and not r.aborted]
         if not hopeless:
             return 0
         now = self._now()
@@ -604,6 +640,95 @@ class Controller:
                     f"{getattr(self.sampler, 'dispatch_index', '?')}). Check that the engines "
                     "are alive, or raise stall_timeout_s for slow generation"
                 ) from None
+
+    # ========================================================= checkpointing
+    def state_dict(self) -> dict[str, Any]:
+        """Everything but the trainer's own state needed to resume with nothing lost.
+
+        Meant to be called between steps (``on_step_end``). Ready groups keep
+        their payloads and stamps; in-flight groups (including those backing
+        off before a retry) keep their prompt, stamp and attempt count; prompts
+        taken from the source but not yet given a slot are kept too. Every value
+        is plain JSON-able data.
+        """
+        ready, inflight = [], []
+        for slot in self.buffer.slots():
+            if slot.ready:
+                ready.append({"group_id": slot.group_id, "start_weight": slot.start_weight,
+                              "end_weight": slot.end_weight, "target_step": slot.target_step,
+                              "dispatch_seq": slot.dispatch_seq,
+                              "payload": rollout_to_dict(slot.payload)})
+            else:
+                rec = self.ledger[slot.group_id]
+                pending = self._inflight.get(slot.group_id)
+                prompt = pending.prompt if pending is not None else self._finished_prompt(slot)
+                inflight.append({"group_id": slot.group_id, "prompt": prompt_to_dict(prompt),
+                                 "target_step": slot.target_step, "attempts": rec.attempts})
+        inflight += [{"group_id": r.group_id, "prompt": prompt_to_dict(r.prompt),
+                      "target_step": r.target_step, "attempts": r.attempts}
+                     for r in self._resume_inflight]
+        awaiting = [{"prompt": prompt_to_dict(p), "target_step": stamp}
+                    for p, stamp in (*self._resume_awaiting, *self._awaiting_slot.values())]
+        return {
+            "format": 1,
+            "trainer_version": self.version.value,
+            "steps_done": self._steps_done,
+            "next_group": self._next_group,
+            "next_seq": self.buffer.state_dict()["next_seq"],
+            "sampler": self.sampler.state_dict(),
+            "ready": ready,
+            "inflight": inflight,
+            "awaiting_slot": awaiting,
+            "open_batch": list(self._open_batch) if self._open_batch is not None else None,
+            "source": self.source.source.state_dict(),
+            "source_held": [prompt_to_dict(p) for p in self.source.held],
+            "source_exhausted": self.source.exhausted,
+            "ledger": self.ledger.state_dict(),
+            "failed_groups": self._failed_groups,
+            "staleness_hist": {str(k): n for k, n in self._staleness_hist.items()},
+            "trainer_idle_s": self._trainer_idle_total,
+            "elapsed_s": (self._now() - self._t0) if self._running else self._elapsed_before,
+        }
+
+    def _finished_prompt(self, slot: Slot) -> Prompt:
+        """Prompt of a reserved group whose generation finished but which waits
+        to commit in dispatch order (deterministic mode)."""
+        rollout = self._commit_order.get(slot.group_id)
+        if rollout is None:
+            raise RuntimeError(f"in-flight group {slot.group_id!r} has no record; this is a bug")
+        return rollout.prompt
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a :meth:`state_dict` before :meth:`run` (resume)."""
+        if self._running:
+            raise RuntimeError("load_state_dict must be called before run()")
+        self.version = TrainerVersion(int(state["trainer_version"]))
+        self._steps_done = int(state["steps_done"])
+        self._next_group = int(state["next_group"])
+        self.sampler.load_state_dict(state["sampler"])
+        self.buffer.load_state_dict({
+            "next_seq": int(state["next_seq"]),
+            "slots": [{**r, "ready": True, "payload": rollout_from_dict(r["payload"])}
+                      for r in state["ready"]],
+        })
+        self.ledger.load_state_dict(state["ledger"])
+        self._resume_inflight = [
+            _InFlight(r["group_id"], prompt_from_dict(r["prompt"]), r["target_step"],
+                      start_weight=self.version.value, attempts=int(r["attempts"]))
+            for r in state["inflight"]
+        ]
+        self._resume_awaiting = [(prompt_from_dict(a["prompt"]), a["target_step"])
+                                 for a in state["awaiting_slot"]]
+        ob = state.get("open_batch")
+        self._open_batch = (ob[0], int(ob[1])) if ob else None
+        self.source.source.load_state_dict(state["source"])
+        self.source.held = collections.deque(prompt_from_dict(p) for p in state["source_held"])
+        self.source.exhausted = bool(state.get("source_exhausted", False))
+        self._failed_groups = int(state.get("failed_groups", 0))
+        self._staleness_hist = collections.Counter(
+            {int(k): int(n) for k, n in state.get("staleness_hist", {}).items()})
+        self._trainer_idle_total = float(state.get("trainer_idle_s", 0.0))
+        self._elapsed_before = float(state.get("elapsed_s", 0.0))
 
     # =============================================================== metrics
     def _mark_busy(self) -> None:

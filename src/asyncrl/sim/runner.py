@@ -182,6 +182,7 @@ def simulate(
     base_dir: str | Path | None = None,
     record_intervals: bool = True,
     note: str = "",
+    on_step: Callable[[int], None] | None = None,
 ) -> SimResult:
     """Run ``cfg``'s setup for ``steps`` (default ``simulate.steps``) steps under virtual time.
 
@@ -189,7 +190,8 @@ def simulate(
     ``async_rl.sampler``; everything else is the config as written, so the
     Controller's setup validation applies (a :class:`~asyncrl.errors.SetupError`
     propagates). ``base_dir`` is where a relative empirical latency path is
-    looked up first (the CLI passes the config file's directory).
+    looked up first (the CLI passes the config file's directory). ``on_step``
+    is called with the number of finished steps after each one (progress bars).
     """
     sim = _sim_block(cfg)
     latency = make_latency_model(sim.generation_latency_s, base_dir=base_dir)
@@ -213,6 +215,10 @@ def simulate(
     sink = MemorySink()
     holder: dict[str, Controller] = {}
 
+    async def _step_hook(_controller: Controller, version: int) -> None:
+        if on_step is not None:
+            on_step(version)
+
     async def _run() -> None:
         # Built inside the loop so every asyncio primitive binds to the virtual one.
         controller = holder["c"] = Controller(
@@ -224,6 +230,7 @@ def simulate(
             seed=cfg.seed,
             deterministic=cfg.deterministic,
             sinks=[sink],
+            on_step_end=_step_hook if on_step is not None else None,
         )
         await controller.run()
 
@@ -357,6 +364,8 @@ def compare(
     steps: int | None = None,
     base_dir: str | Path | None = None,
     record_intervals: bool = True,
+    on_start: Callable[[str], None] | None = None,
+    on_step: Callable[[int], None] | None = None,
     on_done: Callable[[SimResult], None] | None = None,
 ) -> list[SimResult]:
     """Run each named built-in policy on ``cfg``'s workload (same seed, same latencies)."""
@@ -365,6 +374,8 @@ def compare(
     for name in names:
         sampler_cfg, note = policy_config(cfg, name)
         run_cfg, cap_note = fit_capacity(cfg, sampler_cfg)
+        if on_start is not None:
+            on_start(name)
         result = simulate(
             run_cfg,
             sampler_override=sampler_cfg,
@@ -372,6 +383,7 @@ def compare(
             base_dir=base_dir,
             record_intervals=record_intervals,
             note="; ".join(x for x in (note, cap_note) if x),
+            on_step=on_step,
         )
         results.append(result)
         if on_done is not None:

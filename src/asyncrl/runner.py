@@ -1,0 +1,134 @@
+"""``train``: build the backends a config names, run the controller, write the run dir.
+
+The run directory (DESIGN.md §6): ``config.yaml``, ``metrics.jsonl``,
+``summary.json``, ``timeline.json``, TensorBoard events under ``tb/`` and PNG
+plots under ``plots/``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as _dt
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from asyncrl.config import RunConfig, dump_config
+from asyncrl.controller import Controller
+from asyncrl.engines.base import RolloutEngine
+from asyncrl.metrics import JsonlSink, MetricsSink, TensorBoardSink
+from asyncrl.metrics.report import write_plots
+from asyncrl.tasks import Task, build_task
+from asyncrl.trainers.base import Trainer
+
+log = logging.getLogger("asyncrl.runner")
+
+
+def new_run_dir(prefix: str = "train", base: str | Path = "runs") -> Path:
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    path = Path(base) / f"{prefix}-{stamp}"
+    n = 1
+    while path.exists():
+        n += 1
+        path = Path(base) / f"{prefix}-{stamp}-{n}"
+    return path
+
+
+def build_backends(cfg: RunConfig, task: Task) -> tuple[list[RolloutEngine], Trainer]:
+    """The engines and trainer for ``cfg.cluster.backend``."""
+    if cfg.cluster.backend == "ray":
+        from asyncrl.cluster import build_ray_backends
+
+        return build_ray_backends(cfg, task)
+    from asyncrl.policy import build_local_backends
+
+    engine, trainer = build_local_backends(cfg, task)
+    return [engine], trainer
+
+
+def _want_progress(mode: str) -> bool:
+    if mode == "always":
+        return True
+    if mode == "never":
+        return False
+    return sys.stderr.isatty()
+
+
+def train(
+    cfg: RunConfig,
+    run_dir: str | Path | None = None,
+    *,
+    task: Task | None = None,
+    backends: tuple[Sequence[RolloutEngine], Trainer] | None = None,
+    extra_sinks: Sequence[MetricsSink] = (),
+) -> dict[str, Any]:
+    """Run async GRPO as configured; returns the summary written to ``summary.json``.
+
+    ``task`` and ``backends`` let library users plug in their own task, engines
+    or trainer (built-ins are built from ``cfg`` otherwise).
+    """
+    run_dir = Path(run_dir) if run_dir is not None else new_run_dir()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(dump_config(cfg))
+    task = task if task is not None else build_task(cfg.task)
+    engines, trainer = backends if backends is not None else build_backends(cfg, task)
+
+    sinks: list[MetricsSink] = [JsonlSink(run_dir / "metrics.jsonl")]
+    if cfg.logging.tensorboard:
+        sinks.append(TensorBoardSink(run_dir / "tb"))
+    if _want_progress(cfg.logging.progress):
+        from asyncrl.metrics.progress import ProgressSink
+
+        sinks.append(ProgressSink(cfg.grpo.max_num_steps))
+    sinks.extend(extra_sinks)
+
+    controller = Controller(
+        task=task, engines=engines, trainer=trainer, grpo=cfg.grpo, async_rl=cfg.async_rl,
+        seed=cfg.seed, deterministic=cfg.deterministic, sinks=sinks,
+    )
+
+    async def main() -> None:
+        try:
+            await controller.run()
+        finally:
+            for backend in (*engines, trainer):
+                try:
+                    await backend.close()
+                except Exception as exc:  # a failing close must not hide the run's outcome
+                    log.warning("closing %s failed: %r", type(backend).__name__, exc)
+
+    interrupted = False
+    try:
+        asyncio.run(main())
+    except KeyboardInterrupt:
+        interrupted = True
+        raise
+    finally:
+        summary = finish_run_dir(run_dir, controller, task, cfg, interrupted=interrupted)
+    return summary
+
+
+def finish_run_dir(run_dir: Path, controller: Controller, task: Task, cfg: RunConfig, *,
+                   interrupted: bool = False) -> dict[str, Any]:
+    """Write summary.json, timeline.json and the plots (also after an error)."""
+    summary = controller.summary()
+    if interrupted:
+        summary["stop_reason"] = "interrupted"
+    target = getattr(task, "target_reward", None)
+    summary["target_reward"] = target
+    last10 = summary.get("reward_last10_mean")
+    summary["reached_target"] = bool(
+        target is not None and last10 is not None and last10 == last10 and last10 >= target
+    )
+    summary["run_dir"] = str(run_dir)
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    (run_dir / "timeline.json").write_text(json.dumps(controller.timeline.to_list()))
+    if cfg.logging.plots and controller.steps_done:
+        try:
+            summary["plots"] = [str(p) for p in write_plots(run_dir)]
+        except Exception as exc:  # plots are a convenience: never lose the summary over them
+            log.warning("could not draw plots: %r", exc)
+    return summary

@@ -1,0 +1,167 @@
+"""Presenting simulation results: the table, results.json and the plots of a run dir."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from asyncrl.config import RunConfig, dump_config
+from asyncrl.sim.runner import ROW_KEYS, Bound, SimResult
+
+#: Steps shown in a pump timeline plot: enough to see the pipeline's rhythm,
+#: few enough that single groups stay visible.
+TIMELINE_STEPS = 20
+
+
+def fmt_duration(seconds: float | None) -> str:
+    if seconds is None or not math.isfinite(seconds):
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.1f}s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.1f}min"
+    return f"{seconds / 3600:.1f}h"
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None or not math.isfinite(x) else f"{100 * x:.1f}%"
+
+
+def _num(x: float | None, digits: int = 2) -> str:
+    return "-" if x is None or not math.isfinite(x) else f"{x:.{digits}f}"
+
+
+TABLE_COLUMNS = (
+    "policy", "window", "virtual time", "steps/h", "efficiency", "trainer idle",
+    "gen util", "stale mean", "p95", "max", "waste", "note",
+)
+
+
+def table_cells(result: SimResult) -> list[str]:
+    """One table row as strings, in :data:`TABLE_COLUMNS` order."""
+    return [
+        result.sampler,
+        "-" if result.window is None else str(result.window),
+        fmt_duration(result.virtual_time_s),
+        f"{result.steps_per_hour:,.1f}",
+        _pct(result.efficiency),
+        _pct(result.trainer_idle_frac),
+        _pct(result.generator_util),
+        _num(result.staleness_mean),
+        str(result.staleness_p95),
+        str(result.staleness_max),
+        _pct(result.waste_frac),
+        result.note,
+    ]
+
+
+def rich_table(results: Sequence[SimResult], *, title: str = "") -> Any:
+    from rich.table import Table
+
+    table = Table(title=title or None, title_justify="left")
+    for name in TABLE_COLUMNS:
+        numeric = name not in ("policy", "note")
+        table.add_column(name, justify="right" if numeric else "left",
+                         overflow="fold", no_wrap=numeric)
+    for result in results:
+        table.add_row(*table_cells(result))
+    return table
+
+
+def plain_table(results: Sequence[SimResult]) -> str:
+    """The same table as fixed-width text (benchmarks, logs)."""
+    rows = [list(TABLE_COLUMNS)] + [table_cells(r) for r in results]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(TABLE_COLUMNS))]
+    lines = []
+    for row in rows:
+        cells = [c.ljust(w) if i in (0, len(row) - 1) else c.rjust(w)
+                 for i, (c, w) in enumerate(zip(row, widths))]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)
+
+
+def bound_dict(bound: Bound) -> dict[str, Any]:
+    return {
+        "step_s": bound.step_s,
+        "steps_per_hour": bound.steps_per_hour,
+        "limited_by": bound.limited_by,
+        "trainer_step_s": bound.trainer_step_s,
+        "generation_step_s": bound.generation_step_s,
+    }
+
+
+def result_record(result: SimResult) -> dict[str, Any]:
+    """What results.json keeps per policy: the row plus its context."""
+    engine = result.engine
+    return {
+        **result.row(),
+        "window": result.window,
+        "note": result.note,
+        "step_time_s": _finite(result.step_time_s),
+        "stop_reason": result.stop_reason,
+        "ledger": result.ledger,
+        "staleness_hist": result.staleness_hist,
+        "engine": None if engine is None else {
+            "attempts": engine.attempts,
+            "failures": engine.failures,
+            "aborts": engine.aborts,
+            "busy_slot_s": engine.busy_slot_s,
+        },
+        "wall_s": result.wall_s,
+    }
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+def _safe_name(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "policy"
+
+
+def write_run_dir(
+    results: Sequence[SimResult],
+    run_dir: str | Path,
+    cfg: RunConfig,
+    *,
+    config_path: str | None = None,
+    plots: bool = True,
+) -> list[Path]:
+    """results.json, config.yaml and (``plots``) per-policy timelines and
+    staleness histograms plus the comparison bars. Returns the files written."""
+    out = Path(run_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    (out / "config.yaml").write_text(dump_config(cfg))
+    written.append(out / "config.yaml")
+    if plots and results:
+        from asyncrl.metrics.plots import plot_comparison, plot_staleness_hist, plot_timeline
+
+        slots = cfg.simulate.rollout_slots if cfg.simulate else None
+        for result in results:
+            name = _safe_name(result.sampler)
+            until = result.timeline_until(TIMELINE_STEPS)
+            shown = min(result.steps, TIMELINE_STEPS)
+            written.append(plot_timeline(
+                result.timeline, out / f"timeline_{name}.png", lanes=slots, max_time=until,
+                title=f"{result.sampler}: first {shown} steps (trainer below, generation slots above)",
+            ))
+            if result.staleness_hist:
+                written.append(plot_staleness_hist(
+                    result.staleness_hist, out / f"staleness_{name}.png",
+                    title=f"{result.sampler}: staleness of trained groups"))
+        written.append(plot_comparison([r.row() for r in results], out / "comparison.png"))
+    payload = {
+        "config": config_path,
+        "bound": bound_dict(results[0].bound) if results else None,
+        "columns": list(ROW_KEYS),
+        "results": [result_record(r) for r in results],
+        "files": [p.name for p in written] + ["results.json"],
+    }
+    (out / "results.json").write_text(json.dumps(payload, indent=2, allow_nan=False) + "\n")
+    written.append(out / "results.json")
+    return written
