@@ -271,6 +271,12 @@ def parse_override(text: str) -> tuple[str, Any]:
         value = yaml.safe_load(raw) if raw.strip() else None
     except yaml.YAMLError as exc:
         raise ConfigError(f"override {text!r}: the value is not valid YAML ({exc})") from None
+    if isinstance(value, str):
+        # YAML 1.1 reads "1e-3" as a string; on a command line it is a number.
+        try:
+            value = float(value)
+        except ValueError:
+            pass
     return key, value
 
 

@@ -1,0 +1,68 @@
+"""``asyncrl validate`` and ``asyncrl plot`` through the real entry point."""
+
+from __future__ import annotations
+
+import json
+
+from asyncrl.cli import main
+
+
+def write(tmp_path, text: str):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_validate_prints_derived_facts(tmp_path, capsys) -> None:
+    cfg = write(tmp_path, "grpo: {num_prompts_per_step: 4}\n"
+                          "async_rl: {sampler: {name: in_order, max_lookahead_versions: 2},"
+                          " max_buffered_rollouts: 12, min_groups_for_streaming_train: 4}\n")
+    assert main(["validate", "--config", cfg, "--json"]) == 0
+    facts = json.loads(capsys.readouterr().out)
+    assert facts == {"sampler": "InOrderSampler", "is_on_policy": False,
+                     "required_buffer_capacity": 12, "max_staleness": 2,
+                     "max_buffered_rollouts": 12}
+    assert main(["validate", "--config", cfg]) == 0
+    out = capsys.readouterr().out
+    assert "required buffer capacity" in out and "config is valid" in out
+
+
+def test_validate_reports_a_deadlocking_config_without_a_traceback(tmp_path, capsys) -> None:
+    cfg = write(tmp_path, "grpo: {num_prompts_per_step: 8}\n"
+                          "async_rl: {sampler: {name: weight_fifo, max_staleness_versions: 1},"
+                          " max_buffered_rollouts: 8}\n")
+    assert main(["validate", "--config", cfg]) == 2
+    err = capsys.readouterr().err
+    assert "max_buffered_rollouts=8" in err and ">= 16" in err and "Traceback" not in err
+
+
+def test_validate_with_overrides_and_unknown_keys(tmp_path, capsys) -> None:
+    cfg = write(tmp_path, "seed: 1\n")
+    assert main(["validate", "--config", cfg, "--json", "async_rl.sampler.name=windowed"]) == 0
+    assert json.loads(capsys.readouterr().out)["required_buffer_capacity"] is None
+    assert main(["validate", "--config", cfg, "grpo.max_steps=3"]) == 2
+    assert "did you mean 'max_num_steps'" in capsys.readouterr().err
+
+
+def test_plot_needs_a_run_directory(tmp_path, capsys) -> None:
+    assert main(["plot", str(tmp_path)]) == 2
+    assert "has no metrics.jsonl" in capsys.readouterr().err
+
+
+def test_plot_redraws_from_metrics(tmp_path, capsys) -> None:
+    records = [
+        {"step": i, "wall_time_s": float(i), "reward_mean": i / 10,
+         "staleness_hist": {"0": 2, "1": i}}
+        for i in range(5)
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (tmp_path / "timeline.json").write_text(json.dumps([
+        {"kind": "gen", "lane": 0, "start": 0.0, "end": 1.0, "label": "ok"},
+        {"kind": "train", "lane": 0, "start": 1.0, "end": 1.5, "label": "0"},
+    ]))
+    assert main(["plot", str(tmp_path)]) == 0
+    paths = capsys.readouterr().out.split()
+    assert len(paths) == 4
+    for path in paths:
+        with open(path, "rb") as fh:
+            assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
