@@ -138,6 +138,9 @@ class LossConfig(Block):
     is_cap: PosFloat = 2.0
     #: Divide advantages by the group's reward std (GRPO); False: mean-centering only.
     scale_advantages: bool = True
+    #: Weight of an entropy bonus (mean token entropy subtracted from the loss);
+    #: keeps a policy trained from scratch exploring instead of collapsing early.
+    entropy_coef: NonNegFloat = 0.0
 
 
 # ------------------------------------------------------------------ cluster
@@ -155,6 +158,11 @@ class ClusterConfig(Block):
     trainer: ActorResources = Field(default_factory=ActorResources)
     #: Restarts allowed per rollout worker before the run continues without it.
     max_worker_restarts: NonNegInt = 2
+    #: How long to wait for an actor to start (placement and model build) before
+    #: failing: a request the cluster cannot satisfy would otherwise wait forever.
+    actor_startup_timeout_s: PosFloat = 600.0
+    #: Extra keyword arguments for ray.init (runtime_env, namespace, num_cpus, ...).
+    ray_init: dict[str, Any] = Field(default_factory=dict)
 
 
 # --------------------------------------------------------------- checkpoint

@@ -62,6 +62,27 @@ class CheckpointError(AsyncRLError, ValueError):
     """A checkpoint is missing, corrupted or incompatible with the config."""
 
 
+class EngineUnavailable(AsyncRLError, RuntimeError):
+    """A rollout engine lost a generation attempt through no fault of the prompt
+    group: the worker process running it died (Ray backend). The controller
+    retries the group at once on another engine and does not count the lost
+    attempt against ``async_rl.rollout_failure.max_attempts``. An engine raises
+    it only for a real loss, never twice in a row without waiting for a change."""
+
+
+class BackendLost(AsyncRLError, RuntimeError):
+    """A backend the run cannot go on without is gone; the run fails. Resume
+    from the last checkpoint."""
+
+
+class TrainerLost(BackendLost):
+    """The trainer actor died: its weights and optimizer state are gone."""
+
+
+class RolloutWorkersLost(BackendLost):
+    """Every rollout worker died and none has a restart left."""
+
+
 class MissingDependency(AsyncRLError, ImportError):
     """An optional dependency is needed for the requested feature."""
 

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from asyncrl.checkpoint import CheckpointHook, LoadedCheckpoint
 from asyncrl.config import RunConfig, dump_config
 from asyncrl.controller import Controller
 from asyncrl.engines.base import RolloutEngine
@@ -64,11 +65,13 @@ def train(
     task: Task | None = None,
     backends: tuple[Sequence[RolloutEngine], Trainer] | None = None,
     extra_sinks: Sequence[MetricsSink] = (),
+    resume: LoadedCheckpoint | None = None,
 ) -> dict[str, Any]:
     """Run async GRPO as configured; returns the summary written to ``summary.json``.
 
     ``task`` and ``backends`` let library users plug in their own task, engines
-    or trainer (built-ins are built from ``cfg`` otherwise).
+    or trainer (built-ins are built from ``cfg`` otherwise). ``resume`` continues
+    from a loaded checkpoint in the same run directory.
     """
     run_dir = Path(run_dir) if run_dir is not None else new_run_dir()
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -76,22 +79,35 @@ def train(
     task = task if task is not None else build_task(cfg.task)
     engines, trainer = backends if backends is not None else build_backends(cfg, task)
 
-    sinks: list[MetricsSink] = [JsonlSink(run_dir / "metrics.jsonl")]
+    start = resume.step if resume is not None else 0
+    if resume is not None:
+        # Steps after the checkpoint were logged by the run that died; they are
+        # trained again now, so their old records go.
+        truncate_metrics(run_dir / "metrics.jsonl", before_step=start)
+    sinks: list[MetricsSink] = [JsonlSink(run_dir / "metrics.jsonl", append=resume is not None)]
     if cfg.logging.tensorboard:
-        sinks.append(TensorBoardSink(run_dir / "tb"))
+        sinks.append(TensorBoardSink(run_dir / "tb", purge_step=start if resume else None))
     if _want_progress(cfg.logging.progress):
         from asyncrl.metrics.progress import ProgressSink
 
-        sinks.append(ProgressSink(cfg.grpo.max_num_steps))
+        sinks.append(ProgressSink(cfg.grpo.max_num_steps, start_step=start))
     sinks.extend(extra_sinks)
 
     controller = Controller(
         task=task, engines=engines, trainer=trainer, grpo=cfg.grpo, async_rl=cfg.async_rl,
         seed=cfg.seed, deterministic=cfg.deterministic, sinks=sinks,
+        on_step_end=CheckpointHook(run_dir, cfg) if cfg.checkpoint.every_steps else None,
     )
+    if resume is not None:
+        trainer.load_state_dict(resume.trainer_state)
+        controller.load_state_dict(resume.controller_state)
 
     async def main() -> None:
         try:
+            if resume is not None:
+                # The engines start from the checkpoint's weights, at its version.
+                weights = await trainer.get_weights()
+                await asyncio.gather(*(e.update_weights(weights, start) for e in engines))
             await controller.run()
         finally:
             for backend in (*engines, trainer):
@@ -109,6 +125,14 @@ def train(
     finally:
         summary = finish_run_dir(run_dir, controller, task, cfg, interrupted=interrupted)
     return summary
+
+
+def truncate_metrics(path: Path, *, before_step: int) -> None:
+    if not path.is_file():
+        return
+    kept = [line for line in path.read_text().splitlines()
+            if line.strip() and json.loads(line).get("step", 0) < before_step]
+    path.write_text("".join(line + "\n" for line in kept))
 
 
 def finish_run_dir(run_dir: Path, controller: Controller, task: Task, cfg: RunConfig, *,

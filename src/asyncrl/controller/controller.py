@@ -33,7 +33,13 @@ from asyncrl.config import AsyncRLConfig, GRPOConfig
 from asyncrl.controller.ledger import Ledger
 from asyncrl.controller.validation import validate_setup
 from asyncrl.engines.base import RolloutEngine
-from asyncrl.errors import LedgerImbalance, RolloutStall, TooManyFailedGroups
+from asyncrl.errors import (
+    BackendLost,
+    EngineUnavailable,
+    LedgerImbalance,
+    RolloutStall,
+    TooManyFailedGroups,
+)
 from asyncrl.metrics import MetricsSink, Timeline
 from asyncrl.sampling import PromptGroupSampler, create_sampler
 from asyncrl.tasks.base import PromptSource, Task
@@ -63,6 +69,8 @@ class _InFlight:
     target_step: int | None
     start_weight: int
     attempts: int = 0
+    #: Attempts lost with a dead engine worker: not charged to the failure budget.
+    lost: int = 0
     task: asyncio.Task[None] | None = None
     engine: int | None = None
     aborted: bool = False
@@ -348,7 +356,7 @@ class Controller:
             while True:
                 rec.attempts += 1
                 self.ledger.set_attempts(rec.group_id, rec.attempts)
-                engine_idx = min(range(len(self.engines)), key=self._engine_load.__getitem__)
+                engine_idx = self._pick_engine()
                 rec.engine = engine_idx
                 self._engine_load[engine_idx] += 1
                 rec.gen_start = self._now()
@@ -365,12 +373,23 @@ class Controller:
                     if rec.aborted:
                         return
                     raise
+                except BackendLost:
+                    raise  # no engine is left to retry on: the run fails
+                except EngineUnavailable as exc:
+                    # The engine's worker died, not the group: retry at once on
+                    # another engine, without charging the group's failure budget.
+                    self.timeline.add("gen", engine_idx, rec.gen_start, self._now(), "lost")
+                    rec.lost += 1
+                    log.warning("group %s attempt %d lost with engine %d (%s); retrying",
+                                rec.group_id, rec.attempts, engine_idx, exc)
+                    continue
                 except Exception as exc:
                     self.timeline.add("gen", engine_idx, rec.gen_start, self._now(), "failed")
-                    if rec.attempts >= rf.max_attempts:
+                    charged = rec.attempts - rec.lost
+                    if charged >= rf.max_attempts:
                         await self._give_up(rec, exc)
                         return
-                    delay = min(rf.backoff_s * 2 ** (rec.attempts - 1), rf.max_backoff_s)
+                    delay = min(rf.backoff_s * 2 ** (charged - 1), rf.max_backoff_s)
                     log.warning("group %s attempt %d failed (%s); retrying in %.2fs",
                                 rec.group_id, rec.attempts, exc, delay)
                     await asyncio.sleep(delay)  # exponential backoff, not a poll
@@ -396,6 +415,12 @@ class Controller:
                 if self.deterministic and rec.aborted:
                     self._commit_order.pop(rec.group_id, None)
                     self._flush_in_order()
+
+    def _pick_engine(self) -> int:
+        """The least-loaded engine, skipping engines that report ``healthy = False``
+        (a Ray worker being restarted or gone) while any other is healthy."""
+        healthy = [i for i, e in enumerate(self.engines) if getattr(e, "healthy", True)]
+        return min(healthy or range(len(self.engines)), key=self._engine_load.__getitem__)
 
     def _commit(self, rollout: Rollout) -> None:
         gid = rollout.group_id

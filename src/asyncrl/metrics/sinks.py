@@ -65,10 +65,11 @@ class TensorBoardSink:
     """TensorBoard event files: every numeric field as a scalar, the staleness
     histogram as a histogram."""
 
-    def __init__(self, logdir: str | Path) -> None:
+    def __init__(self, logdir: str | Path, *, purge_step: int | None = None) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        self._writer = SummaryWriter(log_dir=str(logdir))
+        # purge_step: a resumed run hides the events a killed run wrote after its checkpoint.
+        self._writer = SummaryWriter(log_dir=str(logdir), purge_step=purge_step)
 
     def write(self, record: dict[str, Any]) -> None:
         step = int(record.get("step", 0))

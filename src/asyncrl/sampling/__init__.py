@@ -1,5 +1,6 @@
 """Staleness samplers: the pluggable contract between the two pumps."""
 
+from asyncrl.errors import SamplerConfigError
 from asyncrl.sampling.base import BaseSampler, PromptGroupSampler
 from asyncrl.sampling.config import (
     SAMPLER_NAMES,
@@ -20,7 +21,6 @@ from asyncrl.sampling.policies import (
     WeightFifoSampler,
     WindowedSampler,
 )
-from asyncrl.errors import SamplerConfigError
 
 __all__ = [
     "SAMPLER_NAMES",

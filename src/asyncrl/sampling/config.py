@@ -126,9 +126,20 @@ def _load_custom(buffer: RolloutBuffer, cfg: CustomSamplerConfig) -> PromptGroup
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
+        if exc.name and exc.name != module_name and not module_name.startswith(exc.name + "."):
+            # The module exists but one of its own imports does not.
+            raise SamplerConfigError(
+                f"async_rl.sampler.target {target!r}: module {module_name!r} was found but "
+                f"importing it failed ({exc}); install {exc.name!r} or fix that import"
+            ) from exc
         raise SamplerConfigError(
             f"async_rl.sampler.target {target!r}: module {module_name!r} cannot be imported "
             f"({exc}); make sure it is installed or on PYTHONPATH"
+        ) from exc
+    except Exception as exc:
+        raise SamplerConfigError(
+            f"async_rl.sampler.target {target!r}: importing module {module_name!r} raised "
+            f"{type(exc).__name__}: {exc}; fix the module (the cause is chained below)"
         ) from exc
     obj: Any = module
     for part in class_name.split("."):
@@ -179,13 +190,25 @@ def _check_signature(obj: Any, target: str, kwargs: dict[str, Any]) -> None:
             "RolloutBuffer as its first positional argument; define __init__(self, buffer, ...) "
             "(subclass asyncrl.sampling.BaseSampler to get this for free)"
         )
+    # Config keys the constructor has no parameter for are the user's to fix in
+    # the config; any other binding failure is the constructor's shape.
+    if not any(p.kind is p.VAR_KEYWORD for p in params):
+        named = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+        unknown = sorted(k for k in kwargs if k not in named)
+        if unknown:
+            raise SamplerConfigError(
+                f"async_rl.sampler.target {target!r}: constructor {sig} does not accept the "
+                f"config keys {unknown}; remove them from async_rl.sampler or add them to the "
+                "constructor"
+            )
     try:
         sig.bind(object(), **kwargs)
     except TypeError as exc:
         raise SamplerConfigError(
-            f"async_rl.sampler.target {target!r}: constructor {sig} does not accept the config "
-            f"keys {sorted(kwargs)} ({exc}); remove them from async_rl.sampler or add them to "
-            "the constructor"
+            f"async_rl.sampler.target {target!r}: constructor {sig} cannot be called as "
+            f"Sampler(buffer, **{kwargs!r}) ({exc}); take the RolloutBuffer as the first "
+            "argument and give every other parameter a default or a config key (subclass "
+            "asyncrl.sampling.BaseSampler to get this for free)"
         ) from None
 
 

@@ -280,11 +280,14 @@ class GRPOTrainer:
             kl = k3_kl(logp, ref_logp)
             loss = loss + self.loss_cfg.kl_coef * kl
             kl_sum = float(kl.detach().sum())
+        p_all = logp_all[completion]
+        entropy = -(p_all.exp() * p_all).sum(-1)
+        if self.loss_cfg.entropy_coef > 0:
+            loss = loss - self.loss_cfg.entropy_coef * entropy
         loss.sum().backward()
 
         with torch.no_grad():
-            p_all = logp_all.detach()[completion]
-            entropy = -(p_all.exp() * p_all).sum(-1)
+            entropy = entropy.detach()
             mismatch = (logp.detach() - behavior_t).abs()
             truncated = weights > self.loss_cfg.is_cap
             if self.loss_cfg.off_policy_correction == "none":

@@ -1,0 +1,29 @@
+"""Checkpoints with nothing lost, and resume."""
+
+from asyncrl.checkpoint.resume import (
+    IMMUTABLE,
+    CheckpointHook,
+    config_differences,
+    prepare_resume,
+    resume_run,
+)
+from asyncrl.checkpoint.store import (
+    LoadedCheckpoint,
+    list_checkpoints,
+    load_latest,
+    verify,
+    write_checkpoint,
+)
+
+__all__ = [
+    "IMMUTABLE",
+    "CheckpointHook",
+    "LoadedCheckpoint",
+    "config_differences",
+    "list_checkpoints",
+    "load_latest",
+    "prepare_resume",
+    "resume_run",
+    "verify",
+    "write_checkpoint",
+]

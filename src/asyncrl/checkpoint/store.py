@@ -1,0 +1,185 @@
+"""Checkpoint directories: atomic writes, a manifest with checksums, pruning.
+
+Layout of ``RUN_DIR/checkpoints/step-000010/``::
+
+    manifest.json    format, step, and for every other file its size and sha256
+    controller.json  Controller.state_dict(): sampler, ready groups with payloads,
+                     in-flight prompts with stamps and attempts, source position,
+                     ledger, counters (plain JSON, never a pickle)
+    trainer.pt       Trainer.state_dict() (model, optimizer, RNG) via torch.save,
+                     read back with torch.load(weights_only=True)
+    config.yaml      the resolved config the run used
+
+A checkpoint is written under a temporary name and renamed into place, so a
+crash mid-write leaves the previous checkpoint valid.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from asyncrl.errors import CheckpointError
+
+log = logging.getLogger("asyncrl.checkpoint")
+
+FORMAT = 1
+MANIFEST = "manifest.json"
+PREFIX = "step-"
+
+
+def checkpoint_root(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # pragma: no cover - platforms without directory fds
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_checkpoint(
+    run_dir: str | Path,
+    step: int,
+    *,
+    controller_state: dict[str, Any],
+    trainer_state: dict[str, Any],
+    config_yaml: str,
+    keep_last: int,
+) -> Path:
+    """Write checkpoint ``step`` atomically and prune all but the newest ``keep_last``."""
+    import torch
+
+    root = checkpoint_root(run_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"{PREFIX}{step:06d}"
+    tmp = Path(tempfile.mkdtemp(prefix=f".{PREFIX}{step:06d}.", dir=root))
+    try:
+        (tmp / "controller.json").write_text(json.dumps(controller_state))
+        torch.save(trainer_state, tmp / "trainer.pt")
+        (tmp / "config.yaml").write_text(config_yaml)
+        files = {}
+        for path in sorted(tmp.iterdir()):
+            with path.open("rb") as fh:
+                os.fsync(fh.fileno())
+            files[path.name] = {"size": path.stat().st_size, "sha256": _sha256(path)}
+        manifest = {"format": FORMAT, "step": step, "files": files}
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
+        with (tmp / MANIFEST).open("rb") as fh:
+            os.fsync(fh.fileno())
+        if final.exists():  # re-written after a resume: replace the old one
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _fsync_dir(root)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    prune(run_dir, keep_last)
+    return final
+
+
+def list_checkpoints(run_dir: str | Path) -> list[Path]:
+    """Checkpoint directories, newest first (temporary ones excluded)."""
+    root = checkpoint_root(run_dir)
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX)]
+    return sorted(found, key=lambda p: p.name, reverse=True)
+
+
+def prune(run_dir: str | Path, keep_last: int) -> None:
+    for old in list_checkpoints(run_dir)[keep_last:]:
+        shutil.rmtree(old, ignore_errors=True)
+    root = checkpoint_root(run_dir)
+    for stale in root.glob(f".{PREFIX}*"):  # leftovers of a crash mid-write
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+def verify(path: Path) -> str | None:
+    """None if the checkpoint at ``path`` is intact, else what is wrong with it."""
+    manifest_path = path / MANIFEST
+    if not manifest_path.is_file():
+        return "no manifest.json (the write did not finish)"
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        files = manifest["files"]
+    except (ValueError, KeyError, TypeError) as exc:
+        return f"unreadable manifest ({exc})"
+    if manifest.get("format") != FORMAT:
+        return f"format {manifest.get('format')!r}, this asyncrl reads format {FORMAT}"
+    for name in ("controller.json", "trainer.pt", "config.yaml"):
+        if name not in files:
+            return f"manifest lists no {name}"
+    for name, meta in files.items():
+        file = path / name
+        if not file.is_file():
+            return f"{name} is missing"
+        if file.stat().st_size != meta["size"]:
+            return f"{name} has {file.stat().st_size} bytes, the manifest says {meta['size']}"
+        if _sha256(file) != meta["sha256"]:
+            return f"{name} does not match its checksum"
+    return None
+
+
+@dataclass
+class LoadedCheckpoint:
+    path: Path
+    step: int
+    controller_state: dict[str, Any]
+    trainer_state: dict[str, Any]
+    config_yaml: str
+    skipped: list[str]
+
+
+def load_latest(run_dir: str | Path) -> LoadedCheckpoint:
+    """The newest intact checkpoint; corrupted newer ones are skipped and reported."""
+    import torch
+
+    skipped: list[str] = []
+    candidates = list_checkpoints(run_dir)
+    if not candidates:
+        raise CheckpointError(
+            f"{run_dir} has no checkpoints; a run writes them when checkpoint.every_steps > 0 "
+            "(start it with e.g. checkpoint.every_steps=10)"
+        )
+    for path in candidates:
+        problem = verify(path)
+        if problem is None:
+            try:
+                controller_state = json.loads((path / "controller.json").read_text())
+                trainer_state = torch.load(path / "trainer.pt", weights_only=True,
+                                           map_location="cpu")
+            except Exception as exc:  # checksum matched but content is unreadable
+                problem = f"cannot be read ({exc})"
+            else:
+                for note in skipped:
+                    log.warning("%s", note)
+                return LoadedCheckpoint(path, int(controller_state["trainer_version"]),
+                                        controller_state, trainer_state,
+                                        (path / "config.yaml").read_text(), skipped)
+        skipped.append(f"checkpoint {path.name} is invalid: {problem}; falling back to an older one")
+    raise CheckpointError(
+        f"no valid checkpoint in {checkpoint_root(run_dir)}: "
+        + "; ".join(skipped)
+        + ". Start a new run, or restore a checkpoint directory from a backup"
+    )

@@ -1,0 +1,127 @@
+"""What runs inside the Ray actors: the in-process engine and trainer, unchanged.
+
+Both are *async actors* (their methods are coroutines), so the actor runs one
+asyncio loop and the wrapped ``LocalEngine`` / ``GRPOTrainer`` work exactly as
+they do in-process: concurrent ``generate`` calls share the engine's batches,
+heavy work runs in the backends' own worker threads.
+
+These classes are plain Python; :mod:`asyncrl.cluster.backend` turns them into
+actor classes with ``ray.remote`` when a run starts, so importing this module
+does not import Ray.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from asyncrl.config import RunConfig
+    from asyncrl.tasks.base import Task
+    from asyncrl.types import GenerationRequest, GroupId, GroupResult, Rollout
+
+
+def worker_seed(seed: int, index: int, incarnation: int) -> int:
+    """The sampling seed of one incarnation of one rollout worker: workers must not
+    draw the same random stream, and a restarted worker must not replay the
+    draws of the one it replaces."""
+    digest = hashlib.blake2b(f"{seed}:{index}:{incarnation}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & 0x7FFF_FFFF
+
+
+def _node_info() -> dict[str, Any]:
+    import ray
+
+    return {"pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id()}
+
+
+class EngineWorker:
+    """A rollout worker: a :class:`~asyncrl.engines.local.LocalEngine` in an actor.
+
+    It starts from ``weights`` at ``version`` (the trainer's newest weights, so a
+    restarted worker resumes exactly where the run is) and records every version
+    it loads, in order, for the driver to check.
+    """
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        task: Task,
+        index: int,
+        incarnation: int,
+        weights: dict[str, Any],
+        version: int,
+    ) -> None:
+        from asyncrl.engines.local import LocalEngine
+        from asyncrl.policy import build_policy
+
+        model, tokenizer = build_policy(cfg.policy, task, seed=cfg.seed)
+        model.load_state_dict(weights)
+        self.engine = LocalEngine(
+            model,
+            tokenizer,
+            cfg.policy.generation,
+            weight_version=version,
+            seed=worker_seed(cfg.seed, index, incarnation),
+            num_threads=cfg.policy.num_threads,
+        )
+        self.loaded = [version]
+
+    def ready(self) -> dict[str, Any]:
+        return {**_node_info(), "version": self.engine.weight_version}
+
+    async def generate(self, request: GenerationRequest) -> GroupResult:
+        return await self.engine.generate(request)
+
+    async def update_weights(self, weights: dict[str, Any], version: int) -> int:
+        await self.engine.update_weights(weights, version)
+        self.loaded.append(version)
+        return self.engine.weight_version
+
+    async def abort(self, group_ids: Sequence[GroupId]) -> None:
+        await self.engine.abort(group_ids)
+
+    async def invalidate_cache(self) -> None:
+        await self.engine.invalidate_cache()
+
+    def loaded_versions(self) -> list[int]:
+        return list(self.loaded)
+
+    async def close(self) -> None:
+        await self.engine.close()
+
+
+class TrainerWorker:
+    """The trainer actor: a :class:`~asyncrl.trainers.grpo.GRPOTrainer`."""
+
+    def __init__(self, cfg: RunConfig, task: Task) -> None:
+        from asyncrl.trainers.grpo import GRPOTrainer
+
+        self.trainer = GRPOTrainer.from_config(cfg, task)
+
+    def ready(self) -> dict[str, Any]:
+        return {**_node_info(), "version": self.trainer.version}
+
+    async def train_chunk(self, rollouts: list[Rollout], step: int) -> dict[str, float]:
+        return await self.trainer.train_chunk(rollouts, step=step)
+
+    async def finish_step(self, step: int) -> dict[str, float]:
+        return await self.trainer.finish_step(step=step)
+
+    async def get_weights(self) -> tuple[int, dict[str, Any]]:
+        # Called with num_returns=2: the driver awaits only the small version
+        # object and hands the weights on as an ObjectRef, never fetching them.
+        weights = await self.trainer.get_weights()
+        return self.trainer.version, weights
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.trainer.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> int:
+        self.trainer.load_state_dict(state)
+        return self.trainer.version
+
+    async def close(self) -> None:
+        await self.trainer.close()

@@ -1,0 +1,135 @@
+"""``build_ray_backends``: connect to Ray, start the actors, return their proxies."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import TYPE_CHECKING, Any
+
+from asyncrl.cluster.actors import EngineWorker, TrainerWorker
+from asyncrl.cluster.proxies import RayEngine, RayTrainer, WorkerPool, kill_actor, ray
+from asyncrl.config import ActorResources, ClusterConfig
+from asyncrl.errors import AsyncRLError, ConfigError
+
+if TYPE_CHECKING:
+    from asyncrl.config import RunConfig
+    from asyncrl.tasks.base import Task
+
+log = logging.getLogger("asyncrl.cluster")
+
+
+class ActorStartError(AsyncRLError, RuntimeError):
+    """An actor could not be placed or failed while building its backend."""
+
+
+def connect(cluster: ClusterConfig) -> None:
+    """Join the Ray instance at ``cluster.address``, or start a local one when
+    it is None; a driver already connected (``ray.init`` called by the user)
+    is kept as it is."""
+    if ray.is_initialized():
+        return
+    kwargs = dict(cluster.ray_init)
+    if cluster.address is None:
+        # The dashboard is slow to start and needs extra packages; ask for it
+        # through cluster.ray_init when wanted.
+        kwargs.setdefault("include_dashboard", False)
+    ray.init(address=cluster.address, **kwargs)
+
+
+@functools.cache
+def _actor_classes() -> tuple[Any, Any]:
+    return ray.remote(EngineWorker), ray.remote(TrainerWorker)
+
+
+def _options(res: ActorResources) -> dict[str, Any]:
+    # Restarts are the proxies' job (they must reload the newest weights), so
+    # Ray itself never restarts an actor nor retries a call on a new one.
+    return {"num_cpus": res.num_cpus, "num_gpus": res.num_gpus,
+            "max_restarts": 0, "max_task_retries": 0}
+
+
+def _check_devices(cfg: RunConfig) -> None:
+    c = cfg.cluster
+    if cfg.policy.device.startswith("cuda"):
+        for name, res in (("rollout_worker", c.rollout_worker), ("trainer", c.trainer)):
+            if res.num_gpus <= 0:
+                raise ConfigError(
+                    f"policy.device={cfg.policy.device!r} but cluster.{name}.num_gpus="
+                    f"{res.num_gpus}: Ray hides every GPU from an actor that asks for none. "
+                    f"Set cluster.{name}.num_gpus (e.g. 1), or policy.device: cpu"
+                )
+    elif c.rollout_worker.num_gpus > 0 or c.trainer.num_gpus > 0:
+        log.warning("the actors reserve GPUs but policy.device=%r: the GPUs stay idle; "
+                    "set policy.device: cuda to use them", cfg.policy.device)
+
+
+def _wait_ready(refs: list[Any], what: list[str], cfg: RunConfig) -> list[dict[str, Any]]:
+    timeout = cfg.cluster.actor_startup_timeout_s
+    try:
+        return ray.get(refs, timeout=timeout)
+    except ray.exceptions.GetTimeoutError:
+        raise ActorStartError(
+            f"the {' and '.join(sorted(set(what)))} actors did not start within "
+            f"cluster.actor_startup_timeout_s={timeout}s. They ask for rollout_worker="
+            f"{cfg.cluster.rollout_worker.model_dump()} x {cfg.cluster.num_rollout_workers} "
+            f"and trainer={cfg.cluster.trainer.model_dump()}; the cluster has "
+            f"{ray.available_resources()} available of {ray.cluster_resources()}. Lower the "
+            "requests, add nodes, or raise the timeout if building the model is slow"
+        ) from None
+    except ray.exceptions.RayError as exc:
+        raise ActorStartError(f"an actor failed to start: {exc}") from exc
+
+
+def build_ray_backends(cfg: RunConfig, task: Task) -> tuple[list[RayEngine], RayTrainer]:
+    """Start one trainer actor and ``cluster.num_rollout_workers`` rollout workers
+    and return their driver-side proxies ``(engines, trainer)``.
+
+    The workers start from the trainer's initial weights (one object-store copy),
+    so they hold exactly the trainer's version 0 whatever the policy source.
+    """
+    _check_devices(cfg)
+    connect(cfg.cluster)
+    c = cfg.cluster
+    try:
+        # Once in the object store; every actor reads the same copy.
+        task_ref = ray.put(task)
+    except Exception as exc:
+        raise ConfigError(
+            f"the task {type(task).__name__} cannot be sent to the Ray actors: it does not "
+            f"pickle ({exc}). Keep unpicklable state (open files, locks, clients) out of the "
+            "task object, or create it lazily"
+        ) from exc
+    engine_cls, trainer_cls = _actor_classes()
+    actors: list[Any] = []
+    try:
+        trainer_actor = trainer_cls.options(**_options(c.trainer)).remote(cfg, task_ref)
+        actors.append(trainer_actor)
+        version_ref, weights_ref = trainer_actor.get_weights.options(num_returns=2).remote()
+
+        def spawn(index: int, incarnation: int, weights: Any, version: Any) -> Any:
+            return engine_cls.options(**_options(c.rollout_worker)).remote(
+                cfg, task_ref, index, incarnation, weights, version
+            )
+
+        # The workers are created right away: they start their processes while the
+        # trainer builds its model, and Ray hands them the weights once they exist.
+        workers = [spawn(i, 0, weights_ref, version_ref) for i in range(c.num_rollout_workers)]
+        actors.extend(workers)
+        infos = _wait_ready(
+            [a.ready.remote() for a in actors],
+            ["trainer", *["rollout worker"] * len(workers)],
+            cfg,
+        )
+        trainer = RayTrainer(trainer_actor, infos[0])
+        pool = WorkerPool(weights_ref, trainer.version)
+        engines = [
+            RayEngine(pool, i, spawn, actor, info, max_restarts=c.max_worker_restarts,
+                      startup_timeout_s=c.actor_startup_timeout_s)
+            for i, (actor, info) in enumerate(zip(workers, infos[1:]))
+        ]
+    except BaseException:
+        for actor in actors:
+            kill_actor(actor)
+        raise
+    log.info("Ray backend: trainer on node %s, %d rollout workers", trainer.node_id, len(engines))
+    return engines, trainer

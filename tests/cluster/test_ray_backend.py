@@ -1,0 +1,150 @@
+"""The Ray backend end to end: real actors on a local Ray instance, real worker deaths.
+
+Every test runs ``asyncrl.runner.train`` on a tiny config; the actors' start-up
+(a Python process importing torch and transformers each) is most of the time.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asyncrl.cluster import build_ray_backends
+from asyncrl.errors import RolloutWorkersLost, TrainerLost
+from asyncrl.runner import train
+from asyncrl.tasks import build_task
+from tests.cluster.conftest import Probe, tiny_config
+
+pytestmark = pytest.mark.ray
+ray = pytest.importorskip("ray", reason="the Ray backend needs the optional 'ray' package")
+
+
+def _start(cfg: Any, **probe: Any) -> tuple[Any, list[Any], Any, Probe]:
+    task = build_task(cfg.task)
+    engines, trainer = build_ray_backends(cfg, task)
+    return task, engines, trainer, Probe(engines, trainer, **probe)
+
+
+def _assert_complete(summary: dict[str, Any], steps: int) -> None:
+    ledger = summary["ledger"]
+    assert summary["stop_reason"] == "max_num_steps", summary["stop_message"]
+    assert summary["steps"] == steps
+    assert ledger["balanced"], ledger
+    assert ledger["failed"] == 0 and ledger["aborted"] == 0
+    assert ledger["trained"] == 4 * steps
+    # in_order with max_lookahead_versions=1 trains nothing staler than one version.
+    assert summary["staleness_max"] <= 1
+
+
+def _assert_lost_groups_retried(probe: Probe, victim: Any) -> None:
+    assert victim.lost_groups, "the killed worker had a group in flight"
+    done = {gid: (idx, attempt) for idx, gid, attempt, *_ in probe.results}
+    for gid in victim.lost_groups:
+        assert gid in done, f"group {gid} lost with the worker was never generated again"
+        assert done[gid][1] >= 2, "a retry is a new attempt of the same group"
+
+
+def _assert_versions_in_order(engine: Any) -> None:
+    for incarnation in engine.versions:
+        assert incarnation == sorted(set(incarnation)), engine.versions
+    flat = [v for incarnation in engine.versions for v in incarnation]
+    assert flat == sorted(flat), f"a worker went back to older weights: {engine.versions}"
+
+
+def test_two_workers_run_balanced_with_ordered_weight_versions(ray_local, tmp_path: Path):
+    steps = 6
+    cfg = tiny_config(steps=steps)
+    task, engines, trainer, probe = _start(cfg)
+    summary = train(cfg, tmp_path, task=task, backends=(engines, trainer))
+
+    _assert_complete(summary, steps)
+    # Same run directory as the local backend.
+    for name in ("config.yaml", "metrics.jsonl", "summary.json", "timeline.json"):
+        assert (tmp_path / name).is_file(), name
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(steps))
+    assert all(r["staleness_max"] <= 1 for r in records)
+
+    # Both workers took groups: the controller balanced the load over them.
+    assert {idx for idx, *_ in probe.results} == {0, 1}
+    # A worker never generates with weights newer than the trainer's, and a group
+    # that spans a weight update ends on newer weights than it started on.
+    for _, gid, _, start, end, trainer_version in probe.results:
+        assert start <= end <= trainer_version, (gid, start, end, trainer_version)
+    # Weights travel as one object-store ref per version, never through the driver.
+    assert len(probe.weight_refs) == steps
+    assert all(isinstance(ref, ray.ObjectRef) for ref in probe.weight_refs)
+    # Each worker loaded every version, in order, as it recorded them itself.
+    for engine in engines:
+        assert probe.worker_log[engine.index] == list(range(steps + 1))
+        assert engine.versions == [list(range(steps + 1))]
+        assert engine.restarts == 0
+
+
+def test_worker_removed_by_ray_kill_its_groups_retry_on_the_other(ray_local, tmp_path: Path):
+    steps = 6
+    cfg = tiny_config(steps=steps, max_worker_restarts=0)
+    task, engines, trainer, probe = _start(cfg, kill=(0, "ray.kill"))
+    summary = train(cfg, tmp_path, task=task, backends=(engines, trainer))
+
+    _assert_complete(summary, steps)
+    victim, survivor = engines
+    assert probe.killed_pid is not None
+    # No restart left: the run finished on the other worker alone.
+    assert victim.state == "lost" and not victim.healthy and victim.restarts == 0
+    _assert_lost_groups_retried(probe, victim)
+    retried_on = {idx for idx, gid, *_ in probe.results if gid in victim.lost_groups}
+    assert retried_on == {survivor.index}
+    assert survivor.versions == [list(range(steps + 1))]
+
+
+def test_sigkilled_worker_is_restarted_with_the_current_weights(ray_local, tmp_path: Path):
+    steps = 5
+    # One worker: its lost groups can only finish on its restarted incarnation.
+    cfg = tiny_config(steps=steps, num_rollout_workers=1, max_worker_restarts=1)
+    task, engines, trainer, probe = _start(cfg, kill=(0, "sigkill"), kill_at_version=2)
+    summary = train(cfg, tmp_path, task=task, backends=(engines, trainer))
+
+    _assert_complete(summary, steps)
+    (engine,) = engines
+    assert engine.restarts == 1 and engine.healthy
+    assert engine.pid != probe.killed_pid
+    _assert_lost_groups_retried(probe, engine)
+    # The new incarnation started from the version the run had reached, not from 0.
+    first, second = engine.versions
+    assert first[-1] >= 2 and second[0] >= first[-1]
+    assert second[-1] == steps
+    _assert_versions_in_order(engine)
+    assert probe.worker_log[0] == second
+
+
+def test_losing_the_last_worker_fails_the_run_clearly(ray_local, tmp_path: Path):
+    cfg = tiny_config(steps=5, num_rollout_workers=1, max_worker_restarts=0)
+    task, engines, trainer, _ = _start(cfg, kill=(0, "ray.kill"))
+    with pytest.raises(RolloutWorkersLost, match="no restart left.*resume"):
+        train(cfg, tmp_path, task=task, backends=(engines, trainer))
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["stop_reason"] == "error"
+
+
+def test_trainer_death_fails_the_run_with_a_resume_hint(ray_local, tmp_path: Path):
+    import os
+    import signal
+
+    cfg = tiny_config(steps=5, num_rollout_workers=1)
+    task, engines, trainer, _ = _start(cfg)
+    train_chunk = trainer.train_chunk
+
+    async def dying_train_chunk(rollouts: Any, *, step: int) -> Any:
+        if step == 1:
+            os.kill(trainer.pid, signal.SIGKILL)
+        return await train_chunk(rollouts, step=step)
+
+    trainer.train_chunk = dying_train_chunk
+    with pytest.raises(TrainerLost, match="trainer actor .* died.*[Rr]esume from the last checkpoint"):
+        train(cfg, tmp_path, task=task, backends=(engines, trainer))
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["steps"] == 1 and summary["stop_reason"] == "error"

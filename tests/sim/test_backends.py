@@ -1,0 +1,195 @@
+"""The simulated engine, trainer and task on their own, under virtual time."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from asyncrl.engines.base import RolloutEngine
+from asyncrl.sim.backends import SimEngine, SimTask, SimTrainer
+from asyncrl.sim.clock import run_virtual
+from asyncrl.sim.latency import Constant, Lognormal
+from asyncrl.tasks.base import Task
+from asyncrl.trainers.base import Trainer
+from asyncrl.types import GenerationError, GenerationRequest, GroupAborted, Prompt
+
+
+def request(i: int, attempt: int = 1) -> GenerationRequest:
+    return GenerationRequest(group_id=f"g{i}", prompt=Prompt(i, ""), num_generations=4,
+                             attempt=attempt)
+
+
+def test_backends_satisfy_the_protocols() -> None:
+    assert isinstance(SimEngine(Constant(1.0), rollout_slots=1), RolloutEngine)
+    assert isinstance(SimTrainer(train_step_s=1.0), Trainer)
+    assert isinstance(SimTask(), Task)
+
+
+def test_groups_beyond_the_slots_queue_in_dispatch_order() -> None:
+    engine = SimEngine(Constant(5.0), rollout_slots=3)
+
+    async def main() -> list[tuple[str, float]]:
+        loop = asyncio.get_running_loop()
+        done: list[tuple[str, float]] = []
+
+        async def one(i: int) -> None:
+            result = await engine.generate(request(i))
+            done.append((result.group_id, loop.time()))
+
+        await asyncio.gather(*(one(i) for i in range(8)))
+        return done
+
+    done = run_virtual(main(), loop="jump")
+    assert [t for _, t in done] == [5.0] * 3 + [10.0] * 3 + [15.0] * 2
+    assert [g for g, _ in done] == [f"g{i}" for i in range(8)]
+    assert engine.max_busy == 3
+    assert engine.busy_slot_s == pytest.approx(40.0)
+    assert engine.attempts == 8
+
+
+def test_result_carries_rewards_and_weight_versions() -> None:
+    engine = SimEngine(Constant(5.0), rollout_slots=1, weight_sync_s=1.0)
+
+    async def main():
+        gen = asyncio.ensure_future(engine.generate(request(0)))
+        await asyncio.sleep(2.0)
+        await engine.update_weights(None, 1)  # finishes at t=3, inside the generation
+        return await gen
+
+    result = run_virtual(main(), loop="jump")
+    assert result.start_weight == 0 and result.end_weight == 1
+    assert result.rewards is not None and len(result.rewards) == 4
+    assert len(result.completion_ids) == len(result.behavior_logprobs) == 4
+
+
+def test_weight_sync_takes_its_time_and_switches_the_version_at_the_end() -> None:
+    engine = SimEngine(Constant(1.0), rollout_slots=1, weight_sync_s=2.5)
+
+    async def main() -> tuple[int, float, int]:
+        loop = asyncio.get_running_loop()
+        task = asyncio.ensure_future(engine.update_weights(None, 7))
+        await asyncio.sleep(1.0)
+        during = engine.weight_version
+        await task
+        return during, loop.time(), engine.weight_version
+
+    assert run_virtual(main(), loop="jump") == (0, 2.5, 7)
+
+
+def test_abort_stops_the_wait_and_frees_the_slot() -> None:
+    engine = SimEngine(Constant(100.0), rollout_slots=1)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        first = asyncio.ensure_future(engine.generate(request(0)))
+        second = asyncio.ensure_future(engine.generate(request(1)))
+        await asyncio.sleep(10.0)
+        await engine.abort(["g0"])
+        with pytest.raises(GroupAborted):
+            await first
+        aborted_at = loop.time()
+        await second
+        return aborted_at, loop.time()
+
+    aborted_at, second_done = run_virtual(main(), loop="jump")
+    assert aborted_at == 10.0
+    assert second_done == 110.0  # the queued group got the slot at the abort
+    assert engine.aborts == 1
+    assert engine.busy_slot_s == pytest.approx(110.0)
+    assert [i[2] for i in engine.intervals] == ["aborted", "ok"]
+
+
+def test_abort_of_a_queued_group_never_takes_a_slot() -> None:
+    engine = SimEngine(Constant(10.0), rollout_slots=1)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        first = asyncio.ensure_future(engine.generate(request(0)))
+        queued = asyncio.ensure_future(engine.generate(request(1)))
+        await asyncio.sleep(1.0)
+        await engine.abort(["g1"])
+        await first
+        with pytest.raises(GroupAborted):
+            await queued
+        return loop.time()
+
+    assert run_virtual(main(), loop="jump") == 10.0
+    assert engine.attempts == 1 and engine.busy_slot_s == pytest.approx(10.0)
+
+
+def test_cancelling_a_generation_frees_its_slot() -> None:
+    engine = SimEngine(Constant(50.0), rollout_slots=1)
+
+    async def main() -> float:
+        loop = asyncio.get_running_loop()
+        first = asyncio.ensure_future(engine.generate(request(0)))
+        await asyncio.sleep(5.0)
+        first.cancel()
+        await engine.generate(request(1))
+        return loop.time()
+
+    assert run_virtual(main(), loop="jump") == 55.0
+
+
+def test_failures_happen_after_the_latency_at_the_configured_rate() -> None:
+    engine = SimEngine(Constant(2.0), rollout_slots=1000, failure_rate=0.3, seed=4)
+
+    async def main() -> tuple[int, set[float]]:
+        loop = asyncio.get_running_loop()
+        failed, when = 0, set()
+
+        async def one(i: int) -> None:
+            nonlocal failed
+            try:
+                await engine.generate(request(i))
+            except GenerationError:
+                failed += 1
+                when.add(loop.time())
+
+        await asyncio.gather(*(one(i) for i in range(1000)))
+        return failed, when
+
+    failed, when = run_virtual(main(), loop="jump")
+    assert failed == engine.failures
+    assert 0.25 < failed / 1000 < 0.35
+    assert when == {2.0}
+
+
+def test_first_attempt_latency_belongs_to_the_prompt_whatever_the_order() -> None:
+    model = Lognormal(10.0, 1.0)
+    a = SimEngine(model, rollout_slots=8, seed=9)
+    b = SimEngine(model, rollout_slots=8, seed=9)
+    assert [a.first_attempt_latency(i) for i in range(5)] == [
+        b.first_attempt_latency(i) for i in reversed(range(5))][::-1]
+    assert a._draw(request(3))[0] == b.first_attempt_latency(3)
+    # a retry draws from its own stream, so it does not shift the first attempts
+    assert a._draw(request(3, attempt=2))[0] != a.first_attempt_latency(3)
+    c = SimEngine(model, rollout_slots=8, seed=10)
+    assert c.first_attempt_latency(0) != a.first_attempt_latency(0)
+
+
+def test_trainer_takes_step_and_streaming_time() -> None:
+    trainer = SimTrainer(train_step_s=4.0, train_per_group_s=0.5)
+
+    async def main() -> float:
+        loop = asyncio.get_running_loop()
+        await trainer.train_chunk([None] * 6, step=0)  # type: ignore[list-item]
+        await trainer.finish_step(step=0)
+        assert await trainer.get_weights() == 1
+        return loop.time()
+
+    assert run_virtual(main(), loop="jump") == 7.0
+    assert trainer.busy_s == 7.0
+    state = trainer.state_dict()
+    fresh = SimTrainer(train_step_s=1.0)
+    fresh.load_state_dict(state)
+    assert fresh.steps == 1 and fresh.groups == 6
+
+
+def test_task_prompts_are_an_endless_numbered_stream() -> None:
+    source = SimTask().prompt_source(0)
+    ids = [source.next_prompt().prompt_id for _ in range(5)]
+    assert ids == [0, 1, 2, 3, 4]
+    source.load_state_dict({"position": 100})
+    assert source.next_prompt().prompt_id == 100

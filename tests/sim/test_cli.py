@@ -1,0 +1,138 @@
+"""``asyncrl simulate`` end to end through the CLI entry point."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from asyncrl.cli import main
+from asyncrl.sim.runner import ROW_KEYS
+
+CONFIG = {
+    "seed": 7,
+    "grpo": {"num_prompts_per_step": 6, "num_generations_per_prompt": 2},
+    "async_rl": {
+        "sampler": {"name": "in_order", "max_lookahead_versions": 1},
+        "max_buffered_rollouts": 12,
+        "min_groups_for_streaming_train": 3,
+        "max_inflight_prompts": 12,
+    },
+    "simulate": {
+        "steps": 12,
+        "rollout_slots": 6,
+        "generation_latency_s": {"distribution": "lognormal", "median": 5.0, "sigma": 0.8},
+        "train_step_s": 4.0,
+        "weight_sync_s": 0.5,
+    },
+}
+
+
+@pytest.fixture
+def config_file(tmp_path: Path) -> Path:
+    path = tmp_path / "sim.yaml"
+    path.write_text(yaml.safe_dump(CONFIG))
+    return path
+
+
+def run_json(capsys, *argv: str) -> list[dict]:
+    capsys.readouterr()
+    assert main(["simulate", *argv, "--json", "--no-plots"]) == 0
+    out = capsys.readouterr().out
+    return json.loads(out)
+
+
+def test_json_output_is_a_list_with_exactly_the_row_keys(config_file, tmp_path, capsys) -> None:
+    rows = run_json(capsys, "--config", str(config_file), "--run-dir", str(tmp_path / "r"))
+    assert len(rows) == 1
+    assert list(rows[0]) == list(ROW_KEYS)
+    assert rows[0]["sampler"] == "in_order" and rows[0]["steps"] == 12
+
+
+def test_same_config_and_seed_give_identical_json(config_file, tmp_path, capsys) -> None:
+    argv = ["--config", str(config_file), "--compare", "windowed,ready_first"]
+    first = run_json(capsys, *argv, "--run-dir", str(tmp_path / "a"))
+    second = run_json(capsys, *argv, "--run-dir", str(tmp_path / "b"))
+    assert first == second
+    other = run_json(capsys, *argv, "--run-dir", str(tmp_path / "c"), "seed=8")
+    assert other != first
+
+
+def test_compare_gives_one_row_per_policy_in_order(config_file, tmp_path, capsys) -> None:
+    rows = run_json(capsys, "--config", str(config_file), "--run-dir", str(tmp_path / "r"),
+                    "--compare", "in_order,weight_fifo,windowed,ready_first", "--steps", "5")
+    assert [r["sampler"] for r in rows] == ["in_order", "weight_fifo", "windowed", "ready_first"]
+    assert all(list(r) == list(ROW_KEYS) and r["steps"] == 5 for r in rows)
+    saved = json.loads((tmp_path / "r" / "results.json").read_text())
+    assert [r["sampler"] for r in saved["results"]] == [r["sampler"] for r in rows]
+    assert saved["bound"]["limited_by"] in ("trainer", "generation")
+
+
+def test_overrides_apply(config_file, tmp_path, capsys) -> None:
+    rows = run_json(capsys, "--config", str(config_file), "--run-dir", str(tmp_path / "r"),
+                    "simulate.steps=4", "simulate.train_step_s=100")
+    assert rows[0]["steps"] == 4
+    assert rows[0]["virtual_time_s"] > 4 * 100
+
+
+def test_table_plots_and_run_dir(config_file, tmp_path, capsys) -> None:
+    run_dir = tmp_path / "run"
+    assert main(["simulate", "--config", str(config_file), "--run-dir", str(run_dir),
+                 "--compare", "in_order,windowed", "--steps", "6"]) == 0
+    out = capsys.readouterr().out
+    assert "in_order" in out and "windowed" in out
+    assert "physical bound:" in out
+    for name in ("results.json", "config.yaml", "comparison.png", "timeline_in_order.png",
+                 "timeline_windowed.png", "staleness_in_order.png"):
+        assert (run_dir / name).is_file(), name
+
+
+def test_config_without_simulate_block_is_an_error(tmp_path, capsys) -> None:
+    path = tmp_path / "train.yaml"
+    path.write_text(yaml.safe_dump({k: v for k, v in CONFIG.items() if k != "simulate"}))
+    assert main(["simulate", "--config", str(path), "--run-dir", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "no 'simulate' block" in err and "generation_latency_s" in err
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--compare", "in_order,fifo"], "unknown policy 'fifo'"),
+    (["--steps", "0"], "--steps must be >= 1"),
+    (["simulate.rollout_slots=0"], "rollout_slots"),
+    (["async_rl.max_buffered_rollouts=6"], "max_buffered_rollouts=6"),
+])
+def test_bad_arguments_explain_themselves(config_file, tmp_path, capsys, extra, message) -> None:
+    assert main(["simulate", "--config", str(config_file), "--run-dir", str(tmp_path / "r"),
+                 "--no-plots", *extra]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_empirical_latencies_beside_the_config(tmp_path, capsys) -> None:
+    (tmp_path / "observed.txt").write_text("4.0\n6.0\n")
+    cfg = {**CONFIG, "simulate": {**CONFIG["simulate"],
+                                  "generation_latency_s": {"distribution": "empirical",
+                                                           "path": "observed.txt"}}}
+    path = tmp_path / "emp.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    rows = run_json(capsys, "--config", str(path), "--run-dir", str(tmp_path / "r"))
+    assert rows[0]["steps"] == 12
+    (tmp_path / "observed.txt").write_text("4.0\nslow\n")
+    assert main(["simulate", "--config", str(path), "--run-dir", str(tmp_path / "r2")]) == 2
+    assert "line 2" in capsys.readouterr().err
+
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "sim"
+
+
+def test_the_four_examples_exist() -> None:
+    names = {p.stem for p in EXAMPLES.glob("*.yaml")}
+    assert {"balanced", "generation_bound", "training_bound", "long_tail"} <= names
+
+
+@pytest.mark.parametrize("example", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.stem)
+def test_examples_load_and_run_briefly(example, tmp_path, capsys) -> None:
+    rows = run_json(capsys, "--config", str(example), "--run-dir", str(tmp_path / "r"),
+                    "--steps", "3")
+    assert rows[0]["steps"] == 3
