@@ -150,6 +150,10 @@ def finish_run_dir(run_dir: Path, controller: Controller, task: Task, cfg: RunCo
     summary["run_dir"] = str(run_dir)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     (run_dir / "timeline.json").write_text(json.dumps(controller.timeline.to_list()))
+    # One line per prompt group: its whole life (the ledger), for audits.
+    with (run_dir / "ledger.jsonl").open("w") as fh:
+        for rec in controller.ledger.records():
+            fh.write(json.dumps(rec.to_dict(), default=str) + "\n")
     if cfg.logging.plots and controller.steps_done:
         try:
             summary["plots"] = [str(p) for p in write_plots(run_dir)]
