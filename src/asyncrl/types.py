@@ -33,6 +33,9 @@ class GenerationRequest:
     attempt: int = 1
     #: Sampling seed for this group (set in deterministic mode, else None).
     seed: int | None = None
+    #: Deterministic mode: generate with exactly this weight version (an engine
+    #: keeps the few recent versions that can be named). None: current weights.
+    weight_version: int | None = None
 
 
 @dataclass(slots=True)

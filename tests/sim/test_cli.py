@@ -136,3 +136,15 @@ def test_examples_load_and_run_briefly(example, tmp_path, capsys) -> None:
     rows = run_json(capsys, "--config", str(example), "--run-dir", str(tmp_path / "r"),
                     "--steps", "3")
     assert rows[0]["steps"] == 3
+
+
+def test_progress_display_follows_policies_and_steps(capsys) -> None:
+    from asyncrl.cli.simulate import _progress
+
+    with _progress(True, 2, 5) as (on_start, on_step):
+        for name in ("in_order", "windowed"):
+            on_start(name)
+            for step in range(1, 6):
+                on_step(step)
+    with _progress(False, 2, 5) as callbacks:
+        assert callbacks == (None, None)

@@ -35,6 +35,7 @@ from asyncrl.controller.validation import validate_setup
 from asyncrl.engines.base import RolloutEngine
 from asyncrl.errors import (
     BackendLost,
+    ConfigError,
     EngineUnavailable,
     LedgerImbalance,
     RolloutStall,
@@ -149,6 +150,8 @@ class Controller:
         self.buffer = RolloutBuffer(async_rl.max_buffered_rollouts)
         self.sampler: PromptGroupSampler = create_sampler(self.buffer, async_rl.sampler)
         validate_setup(self.sampler, grpo, async_rl)
+        if deterministic:
+            _check_deterministic(self.sampler)
         self.version = TrainerVersion(0)
         self.ledger = Ledger()
         self.timeline = Timeline()
@@ -167,12 +170,13 @@ class Controller:
         # running, and how many of them wait in admit or for buffer space.
         self._dispatchers = 0
         self._parked = 0
-        self._awaiting_slot: dict[object, tuple[Prompt, int | None]] = {}
+        self._awaiting_slot: dict[object, tuple[Prompt, int | None, int | None]] = {}
         self._inflight_weights: collections.Counter[int] = collections.Counter()
-        # The current dispatch batch: (stamp, groups still to dispatch), for checkpoints.
-        self._open_batch: tuple[int | None, int] | None = None
+        # The current dispatch batch: (stamp, prompts still in the source, pinned
+        # weight version), for checkpoints.
+        self._open_batch: tuple[int | None, int, int | None] | None = None
         self._resume_inflight: list[_InFlight] = []
-        self._resume_awaiting: list[tuple[Prompt, int | None]] = []
+        self._resume_awaiting: list[tuple[Prompt, int | None, int | None]] = []
         self._elapsed_before = 0.0  # wall time of the runs this one resumes
         # Deterministic mode: finished groups commit in dispatch order.
         self._commit_order: collections.OrderedDict[GroupId, Any] = collections.OrderedDict()
@@ -268,35 +272,47 @@ class Controller:
                 while self._resume_inflight:
                     rec = self._resume_inflight[0]
                     await self._dispatch(rec.prompt, rec.target_step, attempts=rec.attempts,
-                                         group_id=rec.group_id)
+                                         group_id=rec.group_id, pin=self._pin_of(rec))
                     self._resume_inflight.pop(0)
                 while self._resume_awaiting:
-                    prompt, stamp = self._resume_awaiting.pop(0)
-                    await self._dispatch(prompt, stamp)
+                    prompt, stamp, pin = self._resume_awaiting.pop(0)
+                    await self._dispatch(prompt, stamp, pin=pin)
                 if self._open_batch is not None:
-                    stamp, left = self._open_batch
-                    await self._dispatch_batch(stamp, left)
+                    stamp, left, pin = self._open_batch
+                    await self._dispatch_batch(stamp, left, pin)
                 while not self.source.dry:
                     self._parked += 1
                     try:
                         stamp = await self.sampler.admit(trainer_version=self.version)
                     finally:
                         self._parked -= 1
-                    await self._dispatch_batch(stamp, n)
+                    await self._dispatch_batch(stamp, n, self._batch_pin())
             finally:
                 self._dispatchers -= 1
             self._rollout_done = True
             self.buffer.notify()  # the train pump may now conclude that nothing more comes
 
-    async def _dispatch_batch(self, stamp: int | None, count: int) -> None:
+    def _batch_pin(self) -> int | None:
+        """Deterministic mode: the weight version the batch just admitted is
+        generated with. Batch ``d`` may go once ``v >= d - s``, so version
+        ``max(0, d - s)`` is always available and does not depend on timing."""
+        if not self.deterministic:
+            return None
+        d = self.sampler.dispatch_index - 1  # type: ignore[attr-defined]
+        return max(0, d - self.sampler.window)  # type: ignore[attr-defined]
+
+    def _pin_of(self, rec: _InFlight) -> int | None:
+        return rec.start_weight if self.deterministic else None
+
+    async def _dispatch_batch(self, stamp: int | None, count: int, pin: int | None) -> None:
         for left in range(count, 0, -1):
             prompt = self.source.pop()
             if prompt is None:
                 break
             # Prompts of this batch still in the source; the popped one is tracked
             # by _awaiting_slot until it has a slot.
-            self._open_batch = (stamp, left - 1)
-            await self._dispatch(prompt, stamp)
+            self._open_batch = (stamp, left - 1, pin)
+            await self._dispatch(prompt, stamp, pin=pin)
         self._open_batch = None
 
     async def _dispatch(
@@ -306,6 +322,7 @@ class Controller:
         *,
         attempts: int = 0,
         group_id: GroupId | None = None,
+        pin: int | None = None,
     ) -> None:
         """Reserve a slot for ``prompt`` and start generating it.
 
@@ -315,7 +332,7 @@ class Controller:
         """
         token = object()
         if group_id is None:  # a resumed in-flight group is tracked by _resume_inflight
-            self._awaiting_slot[token] = (prompt, stamp)
+            self._awaiting_slot[token] = (prompt, stamp, pin)
         await self._slots_free.acquire()
         try:
             if group_id is None:
@@ -327,8 +344,9 @@ class Controller:
                     await self.buffer.wait_for_space()
                 finally:
                     self._parked -= 1
-            # The weight version is read when the slot is granted: generation starts now.
-            start = self.version.value
+            # The weight version is read when the slot is granted: generation starts
+            # now (deterministic mode pins it instead, see _batch_pin).
+            start = self.version.value if pin is None else pin
             self.buffer.reserve_nowait(group_id, start_weight=start, target_step=stamp)
         except BaseException:
             self._slots_free.release()
@@ -366,6 +384,7 @@ class Controller:
                     num_generations=self.grpo.num_generations_per_prompt,
                     attempt=rec.attempts,
                     seed=self._group_seed(rec.group_id) if self.deterministic else None,
+                    weight_version=self._pin_of(rec),
                 )
                 try:
                     result = await self.engines[engine_idx].generate(request)
@@ -466,7 +485,7 @@ class Controller:
         if replacement is not None:
             self._dispatchers += 1
             try:
-                await self._dispatch(replacement, rec.target_step)
+                await self._dispatch(replacement, rec.target_step, pin=self._pin_of(rec))
             finally:
                 self._dispatchers -= 1
         else:
@@ -688,12 +707,14 @@ class Controller:
                 pending = self._inflight.get(slot.group_id)
                 prompt = pending.prompt if pending is not None else self._finished_prompt(slot)
                 inflight.append({"group_id": slot.group_id, "prompt": prompt_to_dict(prompt),
-                                 "target_step": slot.target_step, "attempts": rec.attempts})
+                                 "target_step": slot.target_step, "attempts": rec.attempts,
+                                 "start_weight": slot.start_weight})
         inflight += [{"group_id": r.group_id, "prompt": prompt_to_dict(r.prompt),
-                      "target_step": r.target_step, "attempts": r.attempts}
+                      "target_step": r.target_step, "attempts": r.attempts,
+                      "start_weight": r.start_weight}
                      for r in self._resume_inflight]
-        awaiting = [{"prompt": prompt_to_dict(p), "target_step": stamp}
-                    for p, stamp in (*self._resume_awaiting, *self._awaiting_slot.values())]
+        awaiting = [{"prompt": prompt_to_dict(p), "target_step": stamp, "pin": pin}
+                    for p, stamp, pin in (*self._resume_awaiting, *self._awaiting_slot.values())]
         return {
             "format": 1,
             "trainer_version": self.version.value,
@@ -739,13 +760,14 @@ class Controller:
         self.ledger.load_state_dict(state["ledger"])
         self._resume_inflight = [
             _InFlight(r["group_id"], prompt_from_dict(r["prompt"]), r["target_step"],
-                      start_weight=self.version.value, attempts=int(r["attempts"]))
+                      start_weight=int(r.get("start_weight", self.version.value)),
+                      attempts=int(r["attempts"]))
             for r in state["inflight"]
         ]
-        self._resume_awaiting = [(prompt_from_dict(a["prompt"]), a["target_step"])
+        self._resume_awaiting = [(prompt_from_dict(a["prompt"]), a["target_step"], a.get("pin"))
                                  for a in state["awaiting_slot"]]
         ob = state.get("open_batch")
-        self._open_batch = (ob[0], int(ob[1])) if ob else None
+        self._open_batch = (ob[0], int(ob[1]), ob[2] if len(ob) > 2 else None) if ob else None
         self.source.source.load_state_dict(state["source"])
         self.source.held = collections.deque(prompt_from_dict(p) for p in state["source_held"])
         self.source.exhausted = bool(state.get("source_exhausted", False))
@@ -851,6 +873,18 @@ class Controller:
             "max_inflight_seen": self._max_inflight_seen,
             "max_buffer_seen": self._max_buffer_seen,
         }
+
+
+def _check_deterministic(sampler: PromptGroupSampler) -> None:
+    from asyncrl.sampling import InOrderSampler, ReadyFirstSampler, WeightFifoSampler
+
+    if not isinstance(sampler, (InOrderSampler, WeightFifoSampler, ReadyFirstSampler)):
+        raise ConfigError(
+            f"deterministic: true needs a gated built-in sampler (in_order, weight_fifo or "
+            f"ready_first), not {type(sampler).__name__}: only with an admission gate does "
+            "the weight version each batch is generated with not depend on timing. Use one of "
+            "those, or set deterministic: false"
+        )
 
 
 def _mean(values: Sequence[float]) -> float:

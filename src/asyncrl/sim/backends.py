@@ -165,18 +165,21 @@ class SimEngine:
         self._busy_now += 1
         if self._busy_now > self.max_busy:
             self.max_busy = self._busy_now
-        outcome = "aborted"
+        outcome = "failed" if fail else "ok"
         try:
             await fut
-            outcome = "failed" if fail else "ok"
-        finally:
+        except BaseException:
+            # Aborted (GroupAborted from abort()) or cancelled by the controller:
+            # the timer must not fire into a dead future.
             timer.cancel()
+            outcome = "aborted"
+            self.aborts += 1
+            raise
+        finally:
             del self._running[gid]
             self._busy_now -= 1
             t1 = loop.time()
             self.busy_slot_s += t1 - t0
-            if outcome == "aborted":
-                self.aborts += 1
             if self.record_intervals:
                 self.intervals.append((t0, t1, outcome))
             slots.release()
