@@ -27,10 +27,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.WARNING,
-        format="%(levelname)s %(name)s: %(message)s",
-    )
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if args.verbose:  # our own loggers only: third-party debug output is noise here
+        logging.getLogger("asyncrl").setLevel(logging.DEBUG)
     try:
         return int(args.func(args) or 0)
     except AsyncRLError as exc:
