@@ -6,6 +6,7 @@ closest valid key suggested (see :func:`load_config`).
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
@@ -281,10 +282,8 @@ def parse_override(text: str) -> tuple[str, Any]:
         raise ConfigError(f"override {text!r}: the value is not valid YAML ({exc})") from None
     if isinstance(value, str):
         # YAML 1.1 reads "1e-3" as a string; on a command line it is a number.
-        try:
+        with contextlib.suppress(ValueError):
             value = float(value)
-        except ValueError:
-            pass
     return key, value
 
 

@@ -15,7 +15,7 @@ class SamplerConfigError(ConfigError):
     """A sampler config (usually a ``custom`` target) cannot be turned into a sampler."""
 
 
-class BufferError_(AsyncRLError):  # noqa: N801 - avoid shadowing the builtin BufferError
+class BufferError_(AsyncRLError):
     """Base class of rollout-buffer misuse errors."""
 
 

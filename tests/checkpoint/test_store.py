@@ -74,7 +74,7 @@ def test_no_valid_checkpoint_is_a_clear_error(tmp_path) -> None:
         load_latest(tmp_path)
     broken = save(tmp_path, 2)
     (broken / "controller.json").write_text("{}")
-    with pytest.raises(CheckpointError, match="no valid checkpoint.*controller.json has 2 bytes"):
+    with pytest.raises(CheckpointError, match=r"no valid checkpoint.*controller\.json has 2 bytes"):
         load_latest(tmp_path)
 
 

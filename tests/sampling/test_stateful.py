@@ -31,7 +31,7 @@ from .helpers import VARIANTS, describe, make_twins, variant_id
 
 CAPACITY = 10
 SETTINGS = settings(
-    max_examples=40,
+    max_examples=30,
     stateful_step_count=35,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],

@@ -148,3 +148,15 @@ def test_progress_display_follows_policies_and_steps(capsys) -> None:
                 on_step(step)
     with _progress(False, 2, 5) as callbacks:
         assert callbacks == (None, None)
+
+
+def test_failures_are_counted_not_logged_one_by_one(config_file, tmp_path, capsys) -> None:
+    assert main(["simulate", "--config", str(config_file), "--run-dir", str(tmp_path / "r"),
+                 "--json", "--no-plots", "simulate.failure_rate=0.3",
+                 "async_rl.rollout_failure.max_failed_groups=1000"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)[0]["steps"] == 12
+    assert "retrying" not in captured.err
+    saved = json.loads((tmp_path / "r" / "results.json").read_text())["results"][0]
+    assert saved["engine"]["failures"] > 0
+    assert saved["ledger"]["balanced"]

@@ -154,7 +154,9 @@ class SimEngine:
         else:
             # Fast path, same effect as acquire() on an unlocked semaphore.
             await slots.acquire()
-        start_version = self._version
+        # Deterministic mode pins the weight version a group is generated with.
+        pinned = request.weight_version
+        start_version = self._version if pinned is None else pinned
         latency, fail = self._draw(request)
         loop = asyncio.get_running_loop()
         t0 = loop.time()
@@ -186,7 +188,8 @@ class SimEngine:
         if fail:
             self.failures += 1
             raise GenerationError(f"simulated failure of group {gid!r} (attempt {request.attempt})")
-        return self._result(gid, request.num_generations, start_version)
+        end_version = self._version if pinned is None else pinned
+        return self._result(gid, request.num_generations, start_version, end_version)
 
     async def update_weights(self, weights: Any, version: int) -> None:
         if self.weight_sync_s > 0:
@@ -227,7 +230,7 @@ class SimEngine:
         """The latency the first attempt of prompt ``prompt_id`` takes (or would take)."""
         return self._first.at(prompt_id)
 
-    def _result(self, gid: GroupId, n: int, start_version: int) -> GroupResult:
+    def _result(self, gid: GroupId, n: int, start_version: int, end_version: int) -> GroupResult:
         # Shared per-n lists: nothing downstream mutates them, and allocating
         # fresh ones per group is measurable at 64k groups per run.
         cached = self._results.get(n)
@@ -247,7 +250,7 @@ class SimEngine:
             behavior_logprobs=logprobs,
             completion_texts=texts,
             start_weight=start_version,
-            end_weight=self._version,
+            end_weight=end_version,
             rewards=rewards,
         )
 

@@ -32,9 +32,6 @@ T = TypeVar("T")
 
 LoopKind = Literal["looptime", "jump"]
 
-# asyncio clamps a select timeout to one day; a longer gap between timers is
-# crossed in several jumps, which is harmless.
-
 
 def _idle_timeout_error() -> type[BaseException]:
     try:
@@ -74,9 +71,11 @@ class _JumpSelector(selectors.DefaultSelector):
 class JumpClockLoop(asyncio.SelectorEventLoop):
     """An asyncio loop on virtual time that jumps to the next timer at once.
 
-    Real I/O (the loop's self-pipe, executor threads) is polled only when no
-    callback is ready and no timer is pending; a thread in an executor then
-    runs in real time while the virtual clock stands still.
+    Real I/O (the loop's self-pipe, executor threads) is looked at only when
+    no callback is ready and no timer is pending. Virtual time does not wait
+    for a thread in an executor: while timers are pending the clock jumps on;
+    once every task waits for the thread, the loop blocks until it is done,
+    with the clock standing still.
     """
 
     def __init__(self, start: float = 0.0) -> None:

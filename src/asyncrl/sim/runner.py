@@ -8,11 +8,13 @@ docs/simulate.md derives the bound and explains every column of the result.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import dataclasses
 import heapq
+import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -239,11 +241,31 @@ def simulate(
         await controller.run()
 
     t0 = time.perf_counter()
-    run_virtual(_run(), loop=clock)
+    with _quiet_group_warnings():
+        run_virtual(_run(), loop=clock)
     wall = time.perf_counter() - t0
     controller = holder["c"]
     return _result(controller, engine, trainer, sink, sim, physical_bound(cfg, latency), wall, note,
                    sampler_label(async_rl.sampler), sampler_window(async_rl.sampler))
+
+
+@contextlib.contextmanager
+def _quiet_group_warnings() -> Iterator[None]:
+    """Silence the controller's one-warning-per-failed-attempt while simulating.
+
+    With ``failure_rate`` set they are expected by the thousand, and the
+    result reports them as counts. Debug logging (``asyncrl -v``) keeps them.
+    """
+    logger = logging.getLogger("asyncrl.controller")
+    if logger.getEffectiveLevel() < logging.WARNING:
+        yield
+        return
+    old = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(old)
 
 
 def _result(
