@@ -16,10 +16,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from asyncrl.config import AsyncRLConfig, GRPOConfig  # noqa: E402
-from asyncrl.controller import Controller  # noqa: E402
-from asyncrl.version import TrainerVersion  # noqa: E402
-from tests.fakes import FakeEngine, FakeTask, FakeTrainer  # noqa: E402
+from tests.fakes import FakeEngine, FakeTask, FakeTrainer
+
+from asyncrl.config import AsyncRLConfig, GRPOConfig
+from asyncrl.controller import Controller
+from asyncrl.version import TrainerVersion
 
 ROUNDS = 2000
 PER_STEP = 4
