@@ -193,3 +193,12 @@ def test_task_prompts_are_an_endless_numbered_stream() -> None:
     assert ids == [0, 1, 2, 3, 4]
     source.load_state_dict({"position": 100})
     assert source.next_prompt().prompt_id == 100
+
+
+def test_first_attempt_failures_belong_to_the_prompt_too() -> None:
+    a = SimEngine(Constant(1.0), rollout_slots=8, seed=2, failure_rate=0.5)
+    b = SimEngine(Constant(1.0), rollout_slots=8, seed=2, failure_rate=0.5)
+    forward = [a._draw(request(i))[1] for i in range(40)]
+    backward = [b._draw(request(i))[1] for i in reversed(range(40))][::-1]
+    assert forward == backward
+    assert 5 < sum(forward) < 35

@@ -222,3 +222,15 @@ def test_jump_loop_turns_a_deadlock_into_an_error() -> None:
 
     with pytest.raises(asyncio.TimeoutError, match="deadlock"):
         run_virtual(stuck(), loop="jump")
+
+
+def test_simulate_restores_gc_and_logging_settings() -> None:
+    import gc
+    import logging
+
+    before = gc.get_threshold()
+    level = logging.getLogger("asyncrl.controller").level
+    simulate(sim_config(failure_rate=0.2,
+                        rollout_failure={"max_attempts": 5, "max_failed_groups": 100}), steps=3)
+    assert gc.get_threshold() == before
+    assert logging.getLogger("asyncrl.controller").level == level

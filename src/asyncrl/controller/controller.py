@@ -438,6 +438,8 @@ class Controller:
     def _pick_engine(self) -> int:
         """The least-loaded engine, skipping engines that report ``healthy = False``
         (a Ray worker being restarted or gone) while any other is healthy."""
+        if len(self.engines) == 1:
+            return 0
         healthy = [i for i, e in enumerate(self.engines) if getattr(e, "healthy", True)]
         return min(healthy or range(len(self.engines)), key=self._engine_load.__getitem__)
 

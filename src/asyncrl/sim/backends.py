@@ -15,9 +15,10 @@ Modelling choices (docs/simulate.md explains them for users):
   the ``k``-th draw of a seeded stream, whatever order groups are dispatched in.
   Comparing policies on one config therefore compares them on the very same
   workload (common random numbers), which keeps the differences in the table
-  due to the policy and not to sampling noise. Retries draw from a second
-  stream, and failure coin flips from a third, so enabling failures does not
-  change the latencies of the first attempts.
+  due to the policy and not to sampling noise. Whether a first attempt fails
+  is tied to its prompt the same way, from a separate stream, so enabling
+  failures does not change any latency. Retries draw latency and failure from
+  streams of their own, in the order they happen.
 * **Weight sync** happens in :meth:`SimEngine.update_weights`, which sleeps
   ``weight_sync_s``. The train pump awaits it after the optimizer step and
   before the trainer version advances, so it counts as trainer-busy time, and
@@ -72,6 +73,16 @@ class _Stream:
         return values[index]
 
 
+def _uniforms(rng: random.Random, k: int) -> list[float]:
+    uniform = rng.random
+    return [uniform() for _ in range(k)]
+
+
+# Per-n shared lists of a GroupResult: prompt ids, completion ids, log-probs,
+# texts, rewards.
+_ResultLists = tuple[list[int], list[list[int]], list[list[float]], list[str], list[float]]
+
+
 def _wake(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)
@@ -108,13 +119,13 @@ class SimEngine:
         self._first = _Stream(component_rng(seed, "latency"), latency.draw)
         self._retry = _Stream(component_rng(seed, "latency-retry"), latency.draw)
         self._retries_drawn = 0
-        self._fail_rng = component_rng(seed, "failure")
-        self._fail_draw = self._fail_rng.random
+        self._first_coin = _Stream(component_rng(seed, "failure"), _uniforms)
+        self._retry_coin = component_rng(seed, "failure-retry").random
         # Group id -> (future the latency wait sleeps on, its timer), while in a slot.
         self._running: dict[GroupId, tuple[asyncio.Future[None], asyncio.TimerHandle]] = {}
         self._queued: set[GroupId] = set()
         self._abort_queued: set[GroupId] = set()
-        self._results: dict[int, tuple[list[int], list[list[int]], list[list[float]], list[str], list[float]]] = {}
+        self._results: dict[int, _ResultLists] = {}
         self.record_intervals = record_intervals
         #: (start, end, outcome) per slot occupancy; outcome ok / failed / aborted.
         #: ``aborts`` counts attempts stopped while they held a slot.
@@ -218,12 +229,14 @@ class SimEngine:
     def _draw(self, request: GenerationRequest) -> tuple[float, bool]:
         """Latency and failure of this attempt (see the module docstring)."""
         key = request.prompt.prompt_id
+        p = self.failure_rate
         if request.attempt == 1 and isinstance(key, int) and key >= 0:
             latency = self._first.at(key)
+            fail = p > 0 and self._first_coin.at(key) < p
         else:
             latency = self._retry.at(self._retries_drawn)
             self._retries_drawn += 1
-        fail = self.failure_rate > 0 and self._fail_draw() < self.failure_rate
+            fail = p > 0 and self._retry_coin() < p
         return latency, fail
 
     def first_attempt_latency(self, prompt_id: int) -> float:
