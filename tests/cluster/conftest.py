@@ -77,11 +77,18 @@ class Probe:
         generate, close = engine.generate, engine.close
 
         async def probing_generate(request: Any) -> Any:
-            if self._should_kill(engine):
+            if self._should_kill(engine) and self.kill[1] == "sigkill":
+                # The group is sent, then the process dies within the same turn of
+                # the loop: far sooner than the worker could finish the group.
                 call = asyncio.ensure_future(generate(request))
-                await asyncio.sleep(0)  # one turn: the call reaches the worker's queue
+                await asyncio.sleep(0)
                 self._kill(engine)
                 result = await call
+            elif self._should_kill(engine):
+                # ray.kill acts asynchronously: a group sent just before it could
+                # still finish, one sent just after it never does.
+                self._kill(engine)
+                result = await generate(request)
             else:
                 result = await generate(request)
             self.results.append((engine.index, request.group_id, request.attempt,

@@ -74,14 +74,23 @@ class WorkerPool:
         self.weights = weights
         self.version = version
         self.changed = ChangeSignal()
+        self._offered: Any = weights
 
     def offer(self, weights: Any, version: int) -> Any:
-        """Record ``weights`` as the newest (once per version) and return the ref
-        every worker loads: plain weights are put in the object store once."""
-        if version > self.version:
-            if not isinstance(weights, ray.ObjectRef):
-                weights = ray.put(weights)
-            self.weights, self.version = weights, version
+        """Record ``weights`` as the newest and return the ref every worker loads.
+
+        The controller hands every engine the same object per version, so plain
+        weights (not yet an ObjectRef) are put in the object store only once.
+        """
+        if version < self.version:
+            raise ValueError(
+                f"weight version must not go back (the workers hold {self.version}, "
+                f"got {version})"
+            )
+        if weights is not self._offered:
+            self._offered = weights
+            self.weights = weights if isinstance(weights, ray.ObjectRef) else ray.put(weights)
+            self.version = version
         return self.weights
 
     def any_healthy(self) -> bool:
@@ -169,15 +178,9 @@ class RayEngine:
             self.inflight -= 1
 
     async def update_weights(self, weights: Any, version: int) -> None:
-        if version < self.pool.version:
-            raise ValueError(
-                f"weight version must not go back (the workers hold {self.pool.version}, "
-                f"got {version})"
-            )
         ref = self.pool.offer(weights, version)
         if self.state == ALIVE:
-            if version > self._version:
-                await self._load(self.actor, ref, version)
+            await self._load(self.actor, ref, version)
         elif self.state == LOST and not self.pool.any_left():
             raise self.pool.all_lost_error()
         # RESTARTING: the restart loads the newest weights before taking groups.
