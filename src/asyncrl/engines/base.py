@@ -28,8 +28,13 @@ class RolloutEngine(Protocol):
         """Called by the rollout pump once per attempt of a prompt group. Returns
         ``request.num_generations`` completions with behavior log-probs and the
         weight versions at start and end. Raises on failure (the controller
-        retries); raises :class:`~asyncrl.types.GroupAborted` or is cancelled
-        when the group is aborted."""
+        retries with backoff); raises :class:`~asyncrl.errors.EngineUnavailable`
+        when the attempt was lost with the engine's worker (retried at once
+        elsewhere, not charged to the group); raises
+        :class:`~asyncrl.types.GroupAborted` or is cancelled when the group is
+        aborted. An engine may also expose an optional ``healthy`` property:
+        the controller does not pick an unhealthy engine while another is
+        healthy."""
         ...
 
     async def update_weights(self, weights: Any, version: int) -> None:
