@@ -39,7 +39,9 @@ class RolloutEngine(Protocol):
 
     async def update_weights(self, weights: Any, version: int) -> None:
         """Called by the train pump after every optimizer step, before the trainer
-        version advances: once it returns, new generation uses ``version``."""
+        version advances: once it returns, new generation uses ``version``.
+        ``weights`` is what the trainer's ``get_weights`` returned (for the built-in
+        pair: a CPU state dict)."""
         ...
 
     async def abort(self, group_ids: Sequence[GroupId]) -> None:

@@ -101,7 +101,7 @@ class _Batch:
     after a cache invalidation, with the weights held then).
     """
 
-    def __init__(self, groups: list[_Group], pad_id: int) -> None:
+    def __init__(self, groups: list[_Group], pad_id: int, cache_epoch: int) -> None:
         #: Groups not yet finished (their rows may already be gone: aborted).
         self.groups = list(groups)
         self.rows = [(g, i) for g in groups for i in range(g.request.num_generations)]
@@ -114,6 +114,7 @@ class _Batch:
             self.ids[r, width - n :] = torch.tensor(g.prompt_ids)
             self.mask[r, width - n :] = 1
         self.cache: Any = None
+        self.cache_epoch = cache_epoch
 
     def keep(self, keep: list[int]) -> None:
         """Keep only the rows at ``keep`` (drop finished and aborted rows)."""
@@ -167,6 +168,8 @@ class LocalEngine:
         self._wakeup = asyncio.Event()
         self._scheduler: asyncio.Task | None = None
         self._closed = False
+        #: Bumped by invalidate_cache; a batch whose cache is older re-prefills.
+        self._cache_epoch = 0
 
     @classmethod
     def from_config(
@@ -237,8 +240,9 @@ class LocalEngine:
                 self._abort(group)
 
     async def invalidate_cache(self) -> None:
-        # Through the worker thread, so no tick is using a cache while it is dropped.
-        await asyncio.get_running_loop().run_in_executor(self._executor, self._drop_caches)
+        # Every active batch re-prefills (prompt + tokens so far) at its next step,
+        # with the weights held then. Nothing crosses threads but this counter.
+        self._cache_epoch += 1
 
     async def close(self) -> None:
         if self._closed:
@@ -267,6 +271,22 @@ class LocalEngine:
             group.future.set_exception(GroupAborted(f"group {group.request.group_id!r} aborted"))
 
     async def _schedule(self) -> None:
+        try:
+            await self._run_ticks()
+        except Exception as exc:
+            # A bug outside the model calls (e.g. a tokenizer failing to decode):
+            # fail every waiting group instead of leaving them hanging. The next
+            # generate() starts a fresh scheduler.
+            waiting = [*self._groups.values(), *(g for b in self._active for g in b.groups)]
+            for group in waiting:
+                self._forget(group)
+                if not group.future.done():
+                    group.future.set_exception(GenerationError(f"engine failed: {exc!r}"))
+            self._pending.clear()
+            self._active.clear()
+            self._scheduler = None
+
+    async def _run_ticks(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
             if not self._pending and not self._active:
@@ -310,18 +330,23 @@ class LocalEngine:
             if group.rng is None:
                 shared.append(group)
             else:
-                self._active.append(_Batch([group], self.tokenizer.pad_id))
+                self._active.append(_Batch([group], self.tokenizer.pad_id, self._cache_epoch))
         if shared:
-            self._active.append(_Batch(shared, self.tokenizer.pad_id))
+            self._active.append(_Batch(shared, self.tokenizer.pad_id, self._cache_epoch))
 
     def _finish(self, group: _Group) -> None:
         self._forget(group)
         if group.future.done():  # aborted or cancelled meanwhile
             return
         eos = self.tokenizer.eos_id
-        texts = [
-            self.tokenizer.decode(c[:-1] if c and c[-1] == eos else c) for c in group.completions
-        ]
+        try:
+            texts = [
+                self.tokenizer.decode(c[:-1] if c and c[-1] == eos else c)
+                for c in group.completions
+            ]
+        except Exception as exc:
+            group.future.set_exception(GenerationError(f"decoding a completion failed: {exc!r}"))
+            return
         group.future.set_result(
             GroupResult(
                 group_id=group.request.group_id,
@@ -339,10 +364,6 @@ class LocalEngine:
         self.model.load_state_dict(weights)
         self._version = version
 
-    def _drop_caches(self) -> None:
-        for batch in self._active:
-            batch.cache = None
-
     @torch.inference_mode()
     def _tick(self, batches: list[_Batch]) -> None:
         for batch in batches:
@@ -353,6 +374,8 @@ class LocalEngine:
         batch.keep([r for r, (g, _) in enumerate(batch.rows) if not g.aborted])
         if not batch.rows:
             return
+        if batch.cache_epoch != self._cache_epoch:
+            batch.cache, batch.cache_epoch = None, self._cache_epoch
         logits = self._next_logits(batch)
         logp = sampling_logprobs(logits, self.generation.temperature, self.generation.top_p)
         tokens = self._sample(batch, logp.exp())

@@ -11,7 +11,7 @@ import random
 
 from asyncrl.config import ArithmeticTaskConfig
 from asyncrl.errors import ConfigError
-from asyncrl.tasks.common import PARTIAL_CREDIT, SeededPromptSource
+from asyncrl.tasks.common import SeededPromptSource, match_reward
 from asyncrl.tasks.tokenizer import CharTokenizer
 from asyncrl.types import Prompt
 
@@ -20,7 +20,7 @@ OPERATORS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 
 class ArithmeticTask:
     """``a <op> b =`` with operands in ``[0, max_operand]``; the answer is the result
-    in decimal (with a leading ``-`` when negative). Reward: :func:`numeric_reward`."""
+    in decimal (with a leading ``-`` when negative). Reward: :func:`match_reward`."""
 
     name = "arithmetic"
     #: Counts as learned at a mean reward of 0.9: about nine exact answers in ten.
@@ -53,27 +53,4 @@ class ArithmeticTask:
         )
 
     def reward(self, prompt: Prompt, completion: str) -> float:
-        return numeric_reward(completion, prompt.answer)
-
-
-def numeric_reward(completion: str, target: str) -> float:
-    """1.0 for the exact answer, ``PARTIAL_CREDIT / (1 + |answer - target|)`` for
-    another integer, 0 for anything that is not an integer.
-
-    Why not per-character credit (as the string tasks use): it rewards the tens
-    digit alone, and since more than half the sums of two digits start with a 1,
-    a fresh policy learns to answer "1" to everything and its exploration
-    collapses there. Credit by numeric distance instead points every wrong
-    answer towards the right one: "7" for 4+4 earns 0.25, "1" earns 0.0625.
-
-    >>> numeric_reward("8", "8"), numeric_reward(" 7", "8"), numeric_reward("8+", "8")
-    (1.0, 0.25, 0.0)
-    """
-    completion = completion.strip()
-    if completion == target:
-        return 1.0
-    try:
-        value = int(completion)
-    except ValueError:
-        return 0.0
-    return PARTIAL_CREDIT / (1 + abs(value - int(target)))
+        return match_reward(completion, prompt.answer, self.cfg.partial_credit)

@@ -46,27 +46,25 @@ class SeededPromptSource:
         self.position = int(state["position"])
 
 
-#: Weight of partial credit: a wrong answer earns at most this much.
-PARTIAL_CREDIT = 0.5
-
-
-def match_reward(completion: str, target: str) -> float:
+def match_reward(completion: str, target: str, partial_credit: float = 0.5) -> float:
     """1.0 for an exact match (surrounding whitespace ignored), else partial credit.
 
-    Partial credit = ``PARTIAL_CREDIT * matches / max(len(completion), len(target))``
+    Partial credit = ``partial_credit * matches / max(len(completion), len(target))``
     where ``matches`` counts positions ``i`` with ``completion[i] == target[i]``.
     Dividing by the longer length makes extra characters cost as much as missing
-    ones, so the policy also learns to stop. Any wrong answer scores below
-    ``PARTIAL_CREDIT``, so a mean reward of 0.9 needs mostly exact answers.
+    ones, so the policy also learns to stop. With ``partial_credit < 1`` only the
+    exact answer earns 1; with 0 the reward is exact-match only.
 
     >>> match_reward("12", "12"), match_reward("13", "12"), match_reward("1", "12")
     (1.0, 0.25, 0.25)
+    >>> match_reward("13", "12", partial_credit=0.0)
+    0.0
     """
     completion = completion.strip()
     if completion == target:
         return 1.0
     longest = max(len(completion), len(target))
-    if longest == 0:
+    if longest == 0 or partial_credit == 0:
         return 0.0
     matches = sum(a == b for a, b in zip(completion, target))
-    return PARTIAL_CREDIT * matches / longest
+    return partial_credit * matches / longest

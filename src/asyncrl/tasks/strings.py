@@ -58,7 +58,7 @@ class _StringTask:
         )
 
     def reward(self, prompt: Prompt, completion: str) -> float:
-        return match_reward(completion, prompt.answer)
+        return match_reward(completion, prompt.answer, self.cfg.partial_credit)
 
 
 class ReverseTask(_StringTask):
