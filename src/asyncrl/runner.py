@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.checkpoint import CheckpointHook, LoadedCheckpoint
+from asyncrl.checkpoint.resume import ENGINE_SNAPSHOTS
 from asyncrl.config import RunConfig, dump_config
 from asyncrl.controller import Controller
 from asyncrl.engines.base import RolloutEngine
@@ -98,8 +99,11 @@ def train(
         seed=cfg.seed, deterministic=cfg.deterministic, sinks=sinks,
         on_step_end=CheckpointHook(run_dir, cfg) if cfg.checkpoint.every_steps else None,
     )
+    snapshots = None
     if resume is not None:
-        trainer.load_state_dict(resume.trainer_state)
+        trainer_state = dict(resume.trainer_state)
+        snapshots = trainer_state.pop(ENGINE_SNAPSHOTS, None)
+        trainer.load_state_dict(trainer_state)
         controller.load_state_dict(resume.controller_state)
 
     async def main() -> None:
@@ -108,6 +112,9 @@ def train(
                 # The engines start from the checkpoint's weights, at its version.
                 weights = await trainer.get_weights()
                 await asyncio.gather(*(e.update_weights(weights, start) for e in engines))
+                for engine in engines:
+                    if snapshots and hasattr(engine, "restore_retained"):
+                        engine.restore_retained(snapshots)
             await controller.run()
         finally:
             for backend in (*engines, trainer):

@@ -15,6 +15,9 @@ from asyncrl.errors import CheckpointError
 
 log = logging.getLogger("asyncrl.checkpoint")
 
+#: Key of the engine's retained weight versions inside trainer.pt (deterministic mode).
+ENGINE_SNAPSHOTS = "engine_weight_snapshots"
+
 #: Config paths that cannot change under a resumed run: they shape the ledger,
 #: the stamps already given, the buffer contents or the model's parameters.
 IMMUTABLE = (
@@ -47,6 +50,11 @@ class CheckpointHook:
         # only the file writing happens off the event loop.
         controller_state = controller.state_dict()
         trainer_state = controller.trainer.state_dict()
+        # Deterministic mode: in-flight groups are pinned to recent weight versions
+        # the trainer no longer holds; the engine's copies make the replay exact.
+        retained = getattr(controller.engines[0], "retained_weights", None)
+        if controller.deterministic and retained is not None:
+            trainer_state = {**trainer_state, ENGINE_SNAPSHOTS: retained()}
         path = await asyncio.to_thread(
             write_checkpoint, self.run_dir, version, controller_state=controller_state,
             trainer_state=trainer_state, config_yaml=self.config_yaml, keep_last=self.keep_last,

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import inspect
 from collections import deque
 from collections.abc import Sequence
@@ -144,6 +145,7 @@ class LocalEngine:
         weight_version: int = 0,
         seed: int = 0,
         num_threads: int | None = None,
+        retain_versions: int = 0,
     ) -> None:
         self.model = model.eval()
         self.tokenizer = tokenizer
@@ -170,6 +172,16 @@ class LocalEngine:
         self._closed = False
         #: Bumped by invalidate_cache; a batch whose cache is older re-prefills.
         self._cache_epoch = 0
+        #: Deterministic mode: weights of the last ``retain_versions`` versions, so a
+        #: request pinned to one of them (GenerationRequest.weight_version) is
+        #: generated with exactly those weights, whatever the engine holds now.
+        self.retain_versions = retain_versions
+        self._snapshots: dict[int, dict[str, torch.Tensor]] = {}
+        self._pinned_models: dict[int, torch.nn.Module] = {}
+        if retain_versions:
+            self._snapshots[weight_version] = {
+                k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()
+            }
 
     @classmethod
     def from_config(
@@ -190,6 +202,7 @@ class LocalEngine:
             cfg.policy.generation,
             seed=cfg.seed,
             num_threads=cfg.policy.num_threads,
+            retain_versions=_versions_to_retain(cfg),
         )
 
     # ------------------------------------------------------------ protocol
@@ -209,9 +222,17 @@ class LocalEngine:
             prompt_ids = [self.tokenizer.bos_id, *prompt_ids]
         if not prompt_ids:
             raise ValueError("empty prompt: a tokenizer without bos needs a non-empty prompt text")
-        group = _Group(
-            request, asyncio.get_running_loop().create_future(), prompt_ids, self._version
-        )
+        start = self._version
+        if request.weight_version is not None:
+            if request.weight_version not in self._snapshots:
+                raise GenerationError(
+                    f"group {request.group_id!r} is pinned to weight version "
+                    f"{request.weight_version}, which this engine no longer holds (it keeps "
+                    f"{sorted(self._snapshots)}); deterministic runs need "
+                    "LocalEngine(retain_versions=...) to cover the sampler's window"
+                )
+            start = request.weight_version
+        group = _Group(request, asyncio.get_running_loop().create_future(), prompt_ids, start)
         self._groups[request.group_id] = group
         self._pending.append(group)
         if self._scheduler is None:
@@ -363,6 +384,34 @@ class LocalEngine:
     def _load_weights(self, weights: Any, version: int) -> None:
         self.model.load_state_dict(weights)
         self._version = version
+        if self.retain_versions:
+            self._snapshots[version] = weights
+            for old in sorted(self._snapshots)[: -self.retain_versions]:
+                del self._snapshots[old]
+                self._pinned_models.pop(old, None)
+
+    def retained_weights(self) -> dict[int, dict[str, torch.Tensor]]:
+        """The weight versions kept for pinned requests (saved in checkpoints)."""
+        return dict(self._snapshots)
+
+    def restore_retained(self, snapshots: dict[int, dict[str, torch.Tensor]]) -> None:
+        """Called on resume, after ``update_weights``: the older pinned versions."""
+        for version, weights in snapshots.items():
+            self._snapshots.setdefault(int(version), weights)
+
+    def _model_for(self, batch: _Batch) -> torch.nn.Module:
+        pin = batch.groups[0].request.weight_version if batch.groups else None
+        if pin is None:
+            return self.model
+        # A pinned group always runs on its version's own copy, even when the
+        # engine holds that version: the main model and a copy with equal weights
+        # can differ in the last bits, and which one ran must not depend on timing.
+        model = self._pinned_models.get(pin)
+        if model is None:
+            model = copy.deepcopy(self.model)
+            model.load_state_dict(self._snapshots[pin])
+            self._pinned_models[pin] = model
+        return model
 
     @torch.inference_mode()
     def _tick(self, batches: list[_Batch]) -> None:
@@ -389,7 +438,8 @@ class LocalEngine:
             token = int(tokens[r])
             group.completions[i].append(token)
             group.logprobs[i].append(float(chosen[r]))
-            group.end_weight = self._version
+            pinned = group.request.weight_version is not None
+            group.end_weight = group.start_weight if pinned else self._version
             if token == eos or len(group.completions[i]) >= limit:
                 group.open_rows -= 1
             else:
@@ -405,7 +455,7 @@ class LocalEngine:
         else:  # feed the last sampled token; the cache holds the rest
             ids, pos = batch.ids[:, -1:], positions[:, -1:]
             extra = {self._cache_kw: batch.cache}
-        out = self.model(
+        out = self._model_for(batch)(
             input_ids=ids.to(self._device),
             attention_mask=batch.mask.to(self._device),
             position_ids=pos.to(self._device),
@@ -425,3 +475,15 @@ class LocalEngine:
             idx = torch.tensor(rows, dtype=torch.long)
             tokens[idx] = torch.multinomial(probs[idx], 1, generator=rng)[:, 0]
         return tokens
+
+
+def _versions_to_retain(cfg: RunConfig) -> int:
+    """Deterministic mode pins batch ``d`` to version ``max(0, d - s)``; a batch can
+    start generating a few versions after it was admitted, so keep a margin."""
+    if not cfg.deterministic:
+        return 0
+    sampler = cfg.async_rl.sampler
+    window = getattr(sampler, "max_lookahead_versions", None)
+    if window is None:
+        window = getattr(sampler, "max_staleness_versions", 1)
+    return 2 * int(window) + 4

@@ -87,6 +87,7 @@ class GRPOTrainer:
         num_threads: int | None = None,
         micro_batch_sequences: int = 64,
         ref_model: torch.nn.Module | None = None,
+        deterministic: bool = False,
     ) -> None:
         self.model = model.eval()  # no dropout, see asyncrl.policy
         self.pad_id = tokenizer.pad_id
@@ -110,6 +111,11 @@ class GRPOTrainer:
         self.version = 0
         self._step_tokens = 0
         self._step_loss_sum = 0.0
+        #: Deterministic mode: chunk boundaries depend on timing and float sums on
+        #: their order, so the step's groups are held and trained together, in
+        #: prompt order, when the step finishes.
+        self.deterministic = deterministic
+        self._held: list[Rollout] = []
 
         def init_thread() -> None:
             if num_threads is not None:
@@ -140,16 +146,27 @@ class GRPOTrainer:
             temperature=cfg.policy.generation.temperature,
             num_threads=cfg.policy.num_threads,
             micro_batch_sequences=cfg.policy.train_micro_batch_sequences,
+            deterministic=cfg.deterministic,
         )
 
     # ------------------------------------------------------------ protocol
     async def train_chunk(self, rollouts: Sequence[Rollout], *, step: int) -> dict[str, float]:
         self._check_step(step, "train_chunk")
+        if self.deterministic:
+            self._held.extend(rollouts)
+            return {}
         return await self._run(self.train_chunk_sync, list(rollouts))
 
     async def finish_step(self, *, step: int) -> dict[str, float]:
         self._check_step(step, "finish_step")
+        if self.deterministic:
+            held, self._held = sorted(self._held, key=lambda r: r.prompt.prompt_id), []
+            return await self._run(self._train_held, held)
         return await self._run(self.finish_step_sync)
+
+    def _train_held(self, rollouts: list[Rollout]) -> dict[str, float]:
+        metrics = self.train_chunk_sync(rollouts) if rollouts else {}
+        return {**metrics, **self.finish_step_sync()}
 
     async def get_weights(self) -> dict[str, torch.Tensor]:
         return await self._run(self.get_weights_sync)
