@@ -77,6 +77,10 @@ class BaseSampler:
 
     #: The policy's staleness/lookahead knob ``s``; 0 means on-policy.
     window: int = 0
+    #: Admission waits at the gate ``d <= v + window`` (False: never waits).
+    gated: bool = False
+    #: ``admit`` returns the batch's index as its ``target_step`` stamp.
+    stamps: bool = False
 
     def __init__(self, buffer: RolloutBuffer) -> None:
         if not isinstance(buffer, RolloutBuffer) and not hasattr(buffer, "remove"):
@@ -95,9 +99,12 @@ class BaseSampler:
         return self._dispatch_index
 
     async def admit(self, *, trainer_version: TrainerVersion) -> int | None:
-        """Default: ungated; count the batch and stamp nothing."""
-        self._dispatch_index += 1
-        return None
+        """Count the batch; wait at the gate when ``gated``; stamp when ``stamps``."""
+        if not self.gated:
+            self._dispatch_index += 1
+            return None
+        d = await self._admit_gated(trainer_version)
+        return d if self.stamps else None
 
     async def _admit_gated(self, trainer_version: TrainerVersion) -> int:
         """Admit batch ``d`` once ``d <= v + window``; return ``d``.

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from asyncrl.buffer import RolloutBuffer, Slot
 from asyncrl.sampling.base import BaseSampler
-from asyncrl.version import TrainerVersion
 
 
 def _window(name: str, value: int) -> int:
@@ -22,12 +21,12 @@ class InOrderSampler(BaseSampler):
     Generation may run ``s`` steps ahead; ``s = 0`` is synchronous on-policy GRPO.
     """
 
+    gated = True
+    stamps = True
+
     def __init__(self, buffer: RolloutBuffer, max_lookahead_versions: int = 1) -> None:
         super().__init__(buffer)
         self.window = _window("max_lookahead_versions", max_lookahead_versions)
-
-    async def admit(self, *, trainer_version: TrainerVersion) -> int | None:
-        return await self._admit_gated(trainer_version)
 
     async def select(
         self, *, current_train_weight: int, min_prompt_groups: int, max_prompt_groups: int
@@ -48,13 +47,11 @@ class WeightFifoSampler(BaseSampler):
     in order.
     """
 
+    gated = True
+
     def __init__(self, buffer: RolloutBuffer, max_staleness_versions: int = 1) -> None:
         super().__init__(buffer)
         self.window = _window("max_staleness_versions", max_staleness_versions)
-
-    async def admit(self, *, trainer_version: TrainerVersion) -> int | None:
-        await self._admit_gated(trainer_version)
-        return None
 
     async def select(
         self, *, current_train_weight: int, min_prompt_groups: int, max_prompt_groups: int
@@ -124,13 +121,11 @@ class ReadyFirstSampler(BaseSampler):
     step's batch is ever outstanding, so the policy is on-policy.
     """
 
+    gated = True
+
     def __init__(self, buffer: RolloutBuffer, max_staleness_versions: int = 1) -> None:
         super().__init__(buffer)
         self.window = _window("max_staleness_versions", max_staleness_versions)
-
-    async def admit(self, *, trainer_version: TrainerVersion) -> int | None:
-        await self._admit_gated(trainer_version)
-        return None
 
     async def select(
         self, *, current_train_weight: int, min_prompt_groups: int, max_prompt_groups: int
