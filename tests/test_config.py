@@ -118,3 +118,9 @@ def test_examples_are_valid() -> None:
     assert examples, "examples/ must ship YAML configs"
     for path in examples:
         load_config(path)
+
+
+def test_overriding_a_field_of_a_default_discriminated_block() -> None:
+    cfg = load_config(None, ["task.max_operand=5", "async_rl.sampler.max_lookahead_versions=2"])
+    assert cfg.task.name == "arithmetic" and cfg.task.max_operand == 5
+    assert cfg.async_rl.sampler.max_lookahead_versions == 2

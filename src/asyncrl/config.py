@@ -313,7 +313,26 @@ def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return tree
 
 
+#: Discriminated blocks and the tag a block gets when it names none, so that an
+#: override such as ``task.max_operand=3`` works on a config without a task block.
+_DEFAULT_TAGS = (
+    (("task",), "name", "arithmetic"),
+    (("async_rl", "sampler"), "name", "in_order"),
+    (("simulate", "generation_latency_s"), "distribution", "lognormal"),
+)
+
+
+def _fill_default_tags(tree: dict[str, Any]) -> None:
+    for path, key, default in _DEFAULT_TAGS:
+        node: Any = tree
+        for part in path:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict) and key not in node:
+            node[key] = default
+
+
 def config_from_dict(tree: dict[str, Any], *, source: str = "config") -> RunConfig:
+    _fill_default_tags(tree)
     try:
         return RunConfig.model_validate(tree)
     except ValidationError as exc:
