@@ -26,13 +26,16 @@ from __future__ import annotations
 
 import asyncio
 
-from asyncrl import TrainerVersion
 from asyncrl.buffer import RolloutBuffer, Slot
 from asyncrl.sampling import BaseSampler, PromptGroupSampler, create_sampler
 
 
 class FreshestOnlySampler(BaseSampler):
     """Train the newest in-window weight version first, one version per chunk."""
+
+    # The inherited admit waits on the TrainerVersion (no polling) until batch d
+    # satisfies d <= v + s. Nothing is stamped: select reads start weights only.
+    gated = True
 
     def __init__(self, buffer: RolloutBuffer, max_staleness_versions: int = 1) -> None:
         # BaseSampler keeps the buffer and the dispatch counter (set_dispatch_index,
@@ -46,12 +49,6 @@ class FreshestOnlySampler(BaseSampler):
             raise ValueError(f"max_staleness_versions must be >= 0, got {max_staleness_versions}")
         # ``window`` drives the inherited gate, is_on_policy and required_buffer_capacity.
         self.window = max_staleness_versions
-
-    async def admit(self, *, trainer_version: TrainerVersion) -> int | None:
-        # The inherited gate waits on the TrainerVersion (no polling) until batch d
-        # satisfies d <= v + s. Nothing is stamped: select reads start weights only.
-        await self._admit_gated(trainer_version)
-        return None
 
     async def select(
         self, *, current_train_weight: int, min_prompt_groups: int, max_prompt_groups: int
