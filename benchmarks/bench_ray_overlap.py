@@ -129,12 +129,12 @@ def parallel_capacity() -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--generations", type=int, default=8)
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--new-tokens", type=int, default=16)
+    parser.add_argument("--new-tokens", type=int, default=28)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
 
