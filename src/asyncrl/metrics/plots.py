@@ -69,6 +69,9 @@ def plot_timeline(intervals: Sequence[dict[str, Any]], out: Path, *, lanes: int 
     at a time), so the picture shows how many generations overlapped training.
     """
     plt = _plt()
+    # Times relative to the first event: the controller's clock has an arbitrary origin.
+    t0 = min((i["start"] for i in intervals), default=0.0)
+    intervals = [{**i, "start": i["start"] - t0, "end": i["end"] - t0} for i in intervals]
     gens = sorted((i for i in intervals if i["kind"] == "gen"), key=lambda i: i["start"])
     train = [i for i in intervals if i["kind"] in ("train", "sync")]
     if max_time is not None:

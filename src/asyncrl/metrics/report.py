@@ -36,5 +36,16 @@ def write_plots(run_dir: Path) -> list[Path]:
         paths.append(plot_staleness_hist(hist, out / "staleness_hist.png"))
     timeline = run_dir / "timeline.json"
     if timeline.is_file():
-        paths.append(plot_timeline(json.loads(timeline.read_text()), out / "pump_timeline.png"))
+        intervals = json.loads(timeline.read_text())
+        paths.append(plot_timeline(intervals, out / "pump_timeline.png",
+                                   **_first_steps_window(intervals, steps=20)))
     return paths
+
+
+def _first_steps_window(intervals: list[dict[str, Any]], steps: int) -> dict[str, Any]:
+    """Limit a long run's timeline to its first ``steps`` steps, so bars stay readable."""
+    syncs = sorted(i["end"] for i in intervals if i["kind"] == "sync")
+    if len(syncs) <= steps:
+        return {}
+    t0 = min(i["start"] for i in intervals)
+    return {"max_time": syncs[steps - 1] - t0, "title": f"pump timeline (first {steps} steps)"}
