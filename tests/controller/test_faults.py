@@ -10,6 +10,7 @@ from asyncrl.errors import TooManyFailedGroups
 from asyncrl.sim.clock import run_virtual
 from tests.controller.conftest import make_controller
 from tests.fakes import FakeEngine, FakeTask, FakeTrainer, lognormal_latency
+from tests.vtime import advance
 
 IN_ORDER = {"name": "in_order", "max_lookahead_versions": 1}
 
@@ -87,7 +88,7 @@ def test_cancellation_leaves_nothing_running_and_records_pending() -> None:
 
     async def main() -> set[asyncio.Task]:
         run = asyncio.ensure_future(ctl.run())
-        await asyncio.sleep(25.0)  # virtual seconds
+        await advance(25.0)
         run.cancel()
         with pytest.raises(asyncio.CancelledError):
             await run

@@ -11,6 +11,7 @@ import pytest
 from asyncrl.sim.clock import run_virtual
 from tests.controller.conftest import make_controller
 from tests.fakes import FakeEngine, FakeTrainer, lognormal_latency
+from tests.vtime import advance
 
 SAMPLERS = [
     {"name": "in_order", "max_lookahead_versions": 1},
@@ -46,7 +47,7 @@ def test_resume_from_a_step_checkpoint_loses_no_prompt(sampler: dict, kill_after
         run = asyncio.ensure_future(first.run())
         while first.steps_done < ckpt_step:  # no polling of wall time: virtual steps
             await first.buffer.wait_changed()
-        await asyncio.sleep(kill_after)  # virtual seconds after the checkpoint
+        await advance(kill_after)  # after the checkpoint
         run.cancel()
         with pytest.raises(asyncio.CancelledError):
             await run

@@ -13,6 +13,7 @@ from asyncrl.sim.latency import Constant, Lognormal
 from asyncrl.tasks.base import Task
 from asyncrl.trainers.base import Trainer
 from asyncrl.types import GenerationError, GenerationRequest, GroupAborted, Prompt
+from tests.vtime import advance
 
 
 def request(i: int, attempt: int = 1) -> GenerationRequest:
@@ -53,7 +54,7 @@ def test_result_carries_rewards_and_weight_versions() -> None:
 
     async def main():
         gen = asyncio.ensure_future(engine.generate(request(0)))
-        await asyncio.sleep(2.0)
+        await advance(2.0)
         await engine.update_weights(None, 1)  # finishes at t=3, inside the generation
         return await gen
 
@@ -69,7 +70,7 @@ def test_weight_sync_takes_its_time_and_switches_the_version_at_the_end() -> Non
     async def main() -> tuple[int, float, int]:
         loop = asyncio.get_running_loop()
         task = asyncio.ensure_future(engine.update_weights(None, 7))
-        await asyncio.sleep(1.0)
+        await advance(1.0)
         during = engine.weight_version
         await task
         return during, loop.time(), engine.weight_version
@@ -84,7 +85,7 @@ def test_abort_stops_the_wait_and_frees_the_slot() -> None:
         loop = asyncio.get_running_loop()
         first = asyncio.ensure_future(engine.generate(request(0)))
         second = asyncio.ensure_future(engine.generate(request(1)))
-        await asyncio.sleep(10.0)
+        await advance(10.0)
         await engine.abort(["g0"])
         with pytest.raises(GroupAborted):
             await first
@@ -107,7 +108,7 @@ def test_abort_of_a_queued_group_never_takes_a_slot() -> None:
         loop = asyncio.get_running_loop()
         first = asyncio.ensure_future(engine.generate(request(0)))
         queued = asyncio.ensure_future(engine.generate(request(1)))
-        await asyncio.sleep(1.0)
+        await advance(1.0)
         await engine.abort(["g1"])
         await first
         with pytest.raises(GroupAborted):
@@ -124,7 +125,7 @@ def test_cancelling_a_generation_frees_its_slot() -> None:
     async def main() -> float:
         loop = asyncio.get_running_loop()
         first = asyncio.ensure_future(engine.generate(request(0)))
-        await asyncio.sleep(5.0)
+        await advance(5.0)
         first.cancel()
         await engine.generate(request(1))
         return loop.time()

@@ -16,6 +16,7 @@ from asyncrl.sim.runner import (
     serial_reference_s,
     simulate,
 )
+from tests.vtime import advance
 
 from .helpers import sim_config
 
@@ -171,7 +172,7 @@ def test_jump_loop_agrees_with_looptime() -> None:
 
         async def worker(delays: list[float]) -> None:
             for d in delays:
-                await asyncio.sleep(d)
+                await advance(d)
                 seen.append(loop.time())
 
         await asyncio.gather(worker([0.5, 2.0, 3.25]), worker([1.0, 1.0, 10.0]),
@@ -200,7 +201,7 @@ def test_jump_loop_debug_mode_runs_the_stock_iteration() -> None:
         loop = asyncio.get_running_loop()
         times = []
         for d in (0.25, 1.5, 0.0, 4.0):
-            await asyncio.sleep(d)
+            await advance(d)
             times.append(loop.time())
         return times
 
@@ -217,7 +218,7 @@ def test_jump_loop_debug_mode_runs_the_stock_iteration() -> None:
 
 def test_jump_loop_turns_a_deadlock_into_an_error() -> None:
     async def stuck() -> None:
-        await asyncio.sleep(3)
+        await advance(3)
         await asyncio.get_running_loop().create_future()
 
     with pytest.raises(asyncio.TimeoutError, match="deadlock"):
