@@ -108,3 +108,18 @@ def test_config_differences_name_immutable_changes_only() -> None:
     assert len(diffs) == 2
     assert any(d.startswith("grpo.num_prompts_per_step: 8 -> 4") for d in diffs)
     assert any("max_lookahead_versions': 3" in d for d in diffs)
+
+
+def test_resume_with_a_changed_sampler_is_refused_with_the_difference_named(tmp_path) -> None:
+    from asyncrl.checkpoint import prepare_resume
+    from asyncrl.config import dump_config
+
+    cfg = RunConfig()
+    write_checkpoint(tmp_path, 4, controller_state={"trainer_version": 4},
+                     trainer_state={"version": 4}, config_yaml=dump_config(cfg), keep_last=2)
+    with pytest.raises(CheckpointError) as err:
+        prepare_resume(tmp_path, ["async_rl.sampler.name=windowed"])
+    assert "async_rl.sampler: {'name': 'in_order'" in str(err.value)
+    assert "'windowed'" in str(err.value)
+    resumed, ckpt = prepare_resume(tmp_path, ["grpo.max_num_steps=999"])
+    assert resumed.grpo.max_num_steps == 999 and ckpt.step == 4
