@@ -50,12 +50,30 @@ class TooManyFailedGroups(AsyncRLError, RuntimeError):
     """More prompt groups failed for good than ``async_rl.rollout_failure.max_failed_groups``."""
 
 
-class IncompleteStepError(AsyncRLError, RuntimeError):
-    """The prompt source ran out in the middle of a training step."""
-
-
 class LedgerImbalance(AsyncRLError, AssertionError):
     """The ledger does not balance at the end of a run: this is a bug in asyncrl."""
+
+
+class LedgerError(AsyncRLError, RuntimeError):
+    """A group moved between ledger states in a way that would lose or double-count it."""
+
+
+class ControllerBug(AsyncRLError, RuntimeError):
+    """An invariant of the controller broke (e.g. a sampler selected an unready
+    group). The message names the component at fault."""
+
+
+class GroupAborted(AsyncRLError):
+    """Raised by an engine's ``generate`` for a group the controller aborted."""
+
+
+class GenerationError(AsyncRLError):
+    """A generation attempt failed; the controller retries it with backoff."""
+
+
+class RewardError(GenerationError):
+    """Scoring a finished group failed (the reward raised or timed out). The
+    attempt is retried like a failed generation, then the group is ``failed``."""
 
 
 class CheckpointError(AsyncRLError, ValueError):
@@ -81,6 +99,10 @@ class TrainerLost(BackendLost):
 
 class RolloutWorkersLost(BackendLost):
     """Every rollout worker died and none has a restart left."""
+
+
+class ActorStartError(AsyncRLError, RuntimeError):
+    """A Ray actor could not be placed or failed while building its backend."""
 
 
 class MissingDependency(AsyncRLError, ImportError):

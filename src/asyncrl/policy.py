@@ -1,5 +1,9 @@
 """Build the policy: a transformers causal LM and the tokenizer the engine and trainer use.
 
+This module only builds models; :mod:`asyncrl.backends` turns them into engines
+and trainers (so engines and trainers never import each other or this module's
+callers).
+
 Two sources:
 
 * ``policy.model_name_or_path: null`` (the default) - a small Llama-architecture
@@ -16,8 +20,6 @@ only when a policy is built.
 
 from __future__ import annotations
 
-import copy
-import inspect
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,10 +31,7 @@ from asyncrl.errors import ConfigError, require
 from asyncrl.tasks.tokenizer import CharTokenizer, Tokenizer
 
 if TYPE_CHECKING:
-    from asyncrl.config import RunConfig
-    from asyncrl.engines.local import LocalEngine
     from asyncrl.tasks.base import Task
-    from asyncrl.trainers.grpo import GRPOTrainer
 
 
 class HFTokenizer:
@@ -131,30 +130,3 @@ def _prepare(model: torch.nn.Module, cfg: PolicyConfig) -> torch.nn.Module:
     # log-probs differ from the engine's for the same weights, which the
     # off-policy corrections would then mistake for staleness.
     return model.to(cfg.device).eval()
-
-
-def cache_keyword(model: torch.nn.Module) -> str:
-    """The forward() keyword that takes the KV cache: ``cache`` in recent
-    transformers, ``past_key_values`` before."""
-    params = inspect.signature(model.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
-
-
-def output_cache(output: Any) -> Any:
-    """The KV cache a forward() returned (the attribute was renamed like the keyword)."""
-    cache = getattr(output, "cache", None)
-    return cache if cache is not None else getattr(output, "past_key_values", None)
-
-
-def build_local_backends(cfg: RunConfig, task: Task) -> tuple[LocalEngine, GRPOTrainer]:
-    """The in-process engine and trainer for a run: one policy built once, the
-    engine getting its own copy (it generates in a background thread while the
-    trainer updates its weights)."""
-    from asyncrl.engines.local import LocalEngine
-    from asyncrl.trainers.grpo import GRPOTrainer
-
-    model, tokenizer = build_policy(cfg.policy, task, seed=cfg.seed)
-    engine_model = copy.deepcopy(model)
-    trainer = GRPOTrainer.from_config(cfg, task, model=model, tokenizer=tokenizer)
-    engine = LocalEngine.from_config(cfg, task, model=engine_model, tokenizer=tokenizer)
-    return engine, trainer

@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from asyncrl.checkpoint import CheckpointHook, LoadedCheckpoint
+from asyncrl.backends import build_backends
+from asyncrl.checkpoint import CheckpointHook, LoadedCheckpoint, prepare_resume
 from asyncrl.checkpoint.resume import ENGINE_SNAPSHOTS
 from asyncrl.config import RunConfig, dump_config
 from asyncrl.controller import Controller
@@ -37,18 +38,6 @@ def new_run_dir(prefix: str = "train", base: str | Path = "runs") -> Path:
         n += 1
         path = Path(base) / f"{prefix}-{stamp}-{n}"
     return path
-
-
-def build_backends(cfg: RunConfig, task: Task) -> tuple[list[RolloutEngine], Trainer]:
-    """The engines and trainer for ``cfg.cluster.backend``."""
-    if cfg.cluster.backend == "ray":
-        from asyncrl.cluster import build_ray_backends
-
-        return build_ray_backends(cfg, task)
-    from asyncrl.policy import build_local_backends
-
-    engine, trainer = build_local_backends(cfg, task)
-    return [engine], trainer
 
 
 def _want_progress(mode: str) -> bool:
@@ -167,3 +156,10 @@ def finish_run_dir(run_dir: Path, controller: Controller, task: Task, cfg: RunCo
         except Exception as exc:  # plots are a convenience: never lose the summary over them
             log.warning("could not draw plots: %r", exc)
     return summary
+
+
+def resume_run(run_dir: str | Path, overrides: list[str]) -> dict[str, Any]:
+    """``asyncrl train --resume RUN_DIR``: continue from the newest valid checkpoint."""
+    cfg, ckpt = prepare_resume(run_dir, overrides)
+    print(f"asyncrl: resuming {run_dir} from {ckpt.path.name} (trainer version {ckpt.step})")
+    return train(cfg, run_dir, resume=ckpt)

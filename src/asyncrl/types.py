@@ -6,6 +6,10 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
+# Re-exported: engines raise these (defined with every other error in errors.py).
+from asyncrl.errors import GenerationError as GenerationError
+from asyncrl.errors import GroupAborted as GroupAborted
+
 GroupId = Hashable
 
 
@@ -77,14 +81,6 @@ class Rollout:
     @property
     def end_weight(self) -> int:
         return self.result.end_weight
-
-
-class GroupAborted(Exception):
-    """Raised by an engine's ``generate`` for a group the controller aborted."""
-
-
-class GenerationError(Exception):
-    """A generation attempt failed; the controller retries it with backoff."""
 
 
 # ---------------------------------------------------------------- persistence

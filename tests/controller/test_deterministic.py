@@ -69,6 +69,6 @@ def test_deterministic_refuses_an_ungated_sampler() -> None:
     from tests.fakes import FakeTask
 
     base = make_controller({"name": "windowed", "max_staleness_versions": 1})
-    with pytest.raises(ConfigError, match="deterministic: true needs a gated built-in sampler"):
+    with pytest.raises(ConfigError, match="deterministic: true needs a sampler that pins"):
         Controller(task=FakeTask(), engines=[FakeEngine()], trainer=FakeTrainer(),
                    grpo=base.grpo, async_rl=base.cfg, deterministic=True)

@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+from asyncrl.backends import build_local_backends
 from asyncrl.config import (
     ArithmeticTaskConfig,
     GenerationConfig,
@@ -19,7 +20,7 @@ from asyncrl.config import (
     RunConfig,
 )
 from asyncrl.engines import LocalEngine
-from asyncrl.policy import build_local_backends, build_policy
+from asyncrl.policy import build_policy
 from asyncrl.tasks import ArithmeticTask
 from asyncrl.trainers import GRPOTrainer, Trainer
 from asyncrl.types import GenerationRequest, Rollout
@@ -260,8 +261,10 @@ async def test_build_local_backends_from_a_run_config():
     ):
         assert torch.equal(a, b), k
     # built separately they still start from the same weights (same seed)
-    e2 = LocalEngine.from_config(cfg, task)
-    t2 = GRPOTrainer.from_config(cfg, task)
+    e2 = LocalEngine.from_config(cfg, model=build_policy(cfg.policy, task, seed=cfg.seed)[0],
+                                 tokenizer=task.tokenizer)
+    t2 = GRPOTrainer.from_config(cfg, model=build_policy(cfg.policy, task, seed=cfg.seed)[0],
+                                 tokenizer=task.tokenizer)
     for (k, a), (_, b) in zip(e2.model.state_dict().items(), t2.model.state_dict().items()):
         assert torch.equal(a, b), k
     src = task.prompt_source(cfg.seed)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Callable, Hashable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,8 +31,7 @@ from asyncrl.errors import (
     GroupStateError,
     UnknownGroupError,
 )
-
-GroupId = Hashable
+from asyncrl.types import GroupId
 
 
 @dataclass(eq=False, slots=True)

@@ -5,7 +5,6 @@ from asyncrl.checkpoint.resume import (
     CheckpointHook,
     config_differences,
     prepare_resume,
-    resume_run,
 )
 from asyncrl.checkpoint.store import (
     LoadedCheckpoint,
@@ -23,7 +22,6 @@ __all__ = [
     "list_checkpoints",
     "load_latest",
     "prepare_resume",
-    "resume_run",
     "verify",
     "write_checkpoint",
 ]

@@ -1,4 +1,5 @@
-"""Checkpointing during a run, and ``asyncrl train --resume RUN_DIR``."""
+"""Checkpointing during a run, and preparing ``asyncrl train --resume RUN_DIR``
+(:func:`asyncrl.runner.resume_run` runs it)."""
 
 from __future__ import annotations
 
@@ -100,11 +101,3 @@ def prepare_resume(run_dir: str | Path, overrides: list[str]) -> tuple[RunConfig
             "may change on resume"
         )
     return cfg, ckpt
-
-
-def resume_run(run_dir: str | Path, overrides: list[str]) -> dict[str, Any]:
-    from asyncrl.runner import train
-
-    cfg, ckpt = prepare_resume(run_dir, overrides)
-    print(f"asyncrl: resuming {run_dir} from {ckpt.path.name} (trainer version {ckpt.step})")
-    return train(cfg, run_dir, resume=ckpt)

@@ -24,7 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     console = Console()
     if args.resume:
-        from asyncrl.checkpoint import resume_run
+        from asyncrl.runner import resume_run
 
         summary = resume_run(args.resume, args.overrides)
     else:

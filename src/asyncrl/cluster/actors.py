@@ -97,9 +97,11 @@ class TrainerWorker:
     """The trainer actor: a :class:`~asyncrl.trainers.grpo.GRPOTrainer`."""
 
     def __init__(self, cfg: RunConfig, task: Task) -> None:
+        from asyncrl.policy import build_policy
         from asyncrl.trainers.grpo import GRPOTrainer
 
-        self.trainer = GRPOTrainer.from_config(cfg, task)
+        model, tokenizer = build_policy(cfg.policy, task, seed=cfg.seed)
+        self.trainer = GRPOTrainer.from_config(cfg, model=model, tokenizer=tokenizer)
 
     def ready(self) -> dict[str, Any]:
         return {**_node_info(), "version": self.trainer.version}

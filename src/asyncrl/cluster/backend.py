@@ -9,17 +9,13 @@ from typing import TYPE_CHECKING, Any
 from asyncrl.cluster.actors import EngineWorker, TrainerWorker
 from asyncrl.cluster.proxies import RayEngine, RayTrainer, WorkerPool, kill_actor, ray
 from asyncrl.config import ActorResources, ClusterConfig
-from asyncrl.errors import AsyncRLError, ConfigError
+from asyncrl.errors import ActorStartError, ConfigError
 
 if TYPE_CHECKING:
     from asyncrl.config import RunConfig
     from asyncrl.tasks.base import Task
 
 log = logging.getLogger("asyncrl.cluster")
-
-
-class ActorStartError(AsyncRLError, RuntimeError):
-    """An actor could not be placed or failed while building its backend."""
 
 
 def connect(cluster: ClusterConfig) -> None:

@@ -31,11 +31,10 @@ from asyncrl._signal import ChangeSignal
 from asyncrl.buffer import RolloutBuffer, Slot
 from asyncrl.config import AsyncRLConfig, GRPOConfig
 from asyncrl.controller.ledger import Ledger
-from asyncrl.controller.validation import validate_setup
+from asyncrl.controller.validation import pinned_weight_version, validate_setup
 from asyncrl.engines.base import RolloutEngine
 from asyncrl.errors import (
     BackendLost,
-    ConfigError,
     EngineUnavailable,
     LedgerImbalance,
     RolloutStall,
@@ -149,9 +148,7 @@ class Controller:
 
         self.buffer = RolloutBuffer(async_rl.max_buffered_rollouts)
         self.sampler: PromptGroupSampler = create_sampler(self.buffer, async_rl.sampler)
-        validate_setup(self.sampler, grpo, async_rl)
-        if deterministic:
-            _check_deterministic(self.sampler)
+        validate_setup(self.sampler, grpo, async_rl, deterministic=deterministic)
         self.version = TrainerVersion(0)
         self.ledger = Ledger()
         self.timeline = Timeline()
@@ -299,7 +296,7 @@ class Controller:
         if not self.deterministic:
             return None
         d = self.sampler.dispatch_index - 1  # type: ignore[attr-defined]
-        return max(0, d - self.sampler.window)  # type: ignore[attr-defined]
+        return pinned_weight_version(self.sampler, d)
 
     def _pin_of(self, rec: _InFlight) -> int | None:
         return rec.start_weight if self.deterministic else None
@@ -875,18 +872,6 @@ class Controller:
             "max_inflight_seen": self._max_inflight_seen,
             "max_buffer_seen": self._max_buffer_seen,
         }
-
-
-def _check_deterministic(sampler: PromptGroupSampler) -> None:
-    from asyncrl.sampling import InOrderSampler, ReadyFirstSampler, WeightFifoSampler
-
-    if not isinstance(sampler, (InOrderSampler, WeightFifoSampler, ReadyFirstSampler)):
-        raise ConfigError(
-            f"deterministic: true needs a gated built-in sampler (in_order, weight_fifo or "
-            f"ready_first), not {type(sampler).__name__}: only with an admission gate does "
-            "the weight version each batch is generated with not depend on timing. Use one of "
-            "those, or set deterministic: false"
-        )
 
 
 def _mean(values: Sequence[float]) -> float:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from asyncrl.errors import LedgerError
 from asyncrl.types import GroupId
 
 LIVE = ("inflight", "ready")
@@ -62,10 +63,6 @@ class GroupRecord:
         for name in cls.__slots__:
             setattr(rec, name, data.get(name))
         return rec
-
-
-class LedgerError(RuntimeError):
-    """A group moved between states in a way that would lose or double-count it."""
 
 
 class Ledger:

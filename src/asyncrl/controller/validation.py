@@ -18,11 +18,32 @@ def derived_facts(sampler: PromptGroupSampler, grpo: GRPOConfig) -> dict[str, ob
     }
 
 
-def validate_setup(sampler: PromptGroupSampler, grpo: GRPOConfig, cfg: AsyncRLConfig) -> None:
-    """Raise :class:`SetupError` for a setup the pumps could deadlock on."""
+def pinned_weight_version(sampler: PromptGroupSampler, dispatch_index: int) -> int | None:
+    """The sampler's optional ``pinned_weight_version`` fact (None when it has none)."""
+    fact = getattr(sampler, "pinned_weight_version", None)
+    return fact(dispatch_index) if callable(fact) else None
+
+
+def validate_setup(
+    sampler: PromptGroupSampler,
+    grpo: GRPOConfig,
+    cfg: AsyncRLConfig,
+    *,
+    deterministic: bool = False,
+) -> None:
+    """Raise :class:`SetupError` for a setup the pumps could deadlock on, or
+    (with ``deterministic``) one whose generation weights depend on timing."""
+    name = type(sampler).__name__
+    if deterministic and pinned_weight_version(sampler, 0) is None:
+        raise SetupError(
+            f"deterministic: true needs a sampler that pins the weight version of each "
+            f"dispatch batch (its pinned_weight_version fact); {name} reports none, so which "
+            "weights generate a batch would depend on timing. Use in_order, weight_fifo or "
+            "ready_first (or a custom sampler that reports pinned_weight_version), or set "
+            "deterministic: false"
+        )
     cap = cfg.max_buffered_rollouts
     n = grpo.num_prompts_per_step
-    name = type(sampler).__name__
     required = sampler.required_buffer_capacity(n)
     if required is not None and cap < required:
         raise SetupError(

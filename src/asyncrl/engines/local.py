@@ -40,13 +40,24 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from asyncrl.config import GenerationConfig
-from asyncrl.policy import build_policy, cache_keyword, output_cache
-from asyncrl.tasks.tokenizer import Tokenizer
+from asyncrl.tasks.tokenizer import Tokenizer, encode_prompt
 from asyncrl.types import GenerationError, GenerationRequest, GroupAborted, GroupId, GroupResult
 
 if TYPE_CHECKING:
     from asyncrl.config import RunConfig
-    from asyncrl.tasks.base import Task
+
+
+def cache_keyword(model: torch.nn.Module) -> str:
+    """The forward() keyword that takes the KV cache: ``cache`` in recent
+    transformers, ``past_key_values`` before."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def output_cache(output: Any) -> Any:
+    """The KV cache a forward() returned (the attribute was renamed like the keyword)."""
+    cache = getattr(output, "cache", None)
+    return cache if cache is not None else getattr(output, "past_key_values", None)
 
 
 def sampling_logprobs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
@@ -185,17 +196,10 @@ class LocalEngine:
 
     @classmethod
     def from_config(
-        cls,
-        cfg: RunConfig,
-        task: Task,
-        *,
-        model: torch.nn.Module | None = None,
-        tokenizer: Tokenizer | None = None,
+        cls, cfg: RunConfig, *, model: torch.nn.Module, tokenizer: Tokenizer
     ) -> LocalEngine:
-        """The engine for a run. Without ``model`` it builds the policy from
-        ``cfg.policy`` (same seed, hence same weights, as the trainer's)."""
-        if model is None or tokenizer is None:
-            model, tokenizer = build_policy(cfg.policy, task, seed=cfg.seed)
+        """The engine for a run, over ``model`` (built by :func:`asyncrl.policy.build_policy`;
+        the engine owns it, so pass a copy of the trainer's)."""
         return cls(
             model,
             tokenizer,
@@ -217,11 +221,7 @@ class LocalEngine:
             raise ValueError(f"group {request.group_id!r} is already being generated")
         if request.num_generations < 1:
             raise ValueError(f"num_generations must be >= 1, got {request.num_generations}")
-        prompt_ids = self.tokenizer.encode(request.prompt.text)
-        if self.tokenizer.bos_id is not None:
-            prompt_ids = [self.tokenizer.bos_id, *prompt_ids]
-        if not prompt_ids:
-            raise ValueError("empty prompt: a tokenizer without bos needs a non-empty prompt text")
+        prompt_ids = encode_prompt(self.tokenizer, request.prompt.text)
         start = self._version
         if request.weight_version is not None:
             if request.weight_version not in self._snapshots:

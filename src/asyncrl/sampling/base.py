@@ -170,6 +170,19 @@ class BaseSampler:
         """Largest staleness a trained group can have, or None if unbounded."""
         return self.window
 
+    def pinned_weight_version(self, dispatch_index: int) -> int | None:
+        """Deterministic mode: the weight version batch ``dispatch_index`` is
+        generated with, or None when timing decides it (deterministic mode is
+        then refused).
+
+        A gated policy admits batch ``d`` once ``v >= d - window``, so version
+        ``max(0, d - window)`` exists when the batch goes, whatever the timing.
+        An ungated one admits ahead of any version: it cannot pin.
+        """
+        if not self.gated:
+            return None
+        return max(0, dispatch_index - self.window)
+
     # ----------------------------------------------------------- persistence
     def state_dict(self) -> dict[str, Any]:
         return {"policy": type(self).__name__, "dispatch_index": self._dispatch_index}

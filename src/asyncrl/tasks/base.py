@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from asyncrl.types import Prompt
@@ -41,4 +42,27 @@ class Task(Protocol):
     def reward(self, prompt: Prompt, completion: str) -> float:
         """Called by the rollout pump once per completion when a group finishes;
         returns a reward in [0, 1]."""
+        ...
+
+
+@runtime_checkable
+class Scorer(Protocol):
+    """Scores finished prompt groups off the event loop.
+
+    The controller awaits :meth:`score` once per generation attempt that
+    returned completions without rewards; a slow reward then delays only that
+    group, never admission or the train pump. The built-in
+    :class:`asyncrl.tasks.rewards.RewardPool` runs ``Task.reward`` in a worker
+    pool with a per-call timeout.
+    """
+
+    async def score(self, prompt: Prompt, completions: Sequence[str]) -> list[float]:
+        """Called by the rollout side when a group's generation finishes: one reward
+        per completion. Raises :class:`~asyncrl.errors.RewardError` when a reward
+        raises or times out; the controller then retries the attempt (and in the
+        end records the group ``failed``), the run goes on."""
+        ...
+
+    async def close(self) -> None:
+        """Called once when the run ends: stop the workers."""
         ...

@@ -93,3 +93,21 @@ class CharTokenizer:
 
     def __repr__(self) -> str:
         return f"CharTokenizer({self.chars!r})"
+
+
+def encode_prompt(tokenizer: Tokenizer, text: str) -> list[int]:
+    """The token ids an engine feeds for prompt ``text``: the text's ids, with
+    ``bos`` in front when the tokenizer has one and the text does not already
+    start with it (a chat template often writes it into the text itself).
+
+    Every engine tokenizes prompts through this one function, so the local and
+    the vLLM engine see exactly the same ids and the trainer recomputes
+    log-probs over the same sequence.
+    """
+    ids = tokenizer.encode(text)
+    bos = tokenizer.bos_id
+    if bos is not None and (not ids or ids[0] != bos):
+        ids = [bos, *ids]
+    if not ids:
+        raise ValueError("empty prompt: a tokenizer without bos needs a non-empty prompt text")
+    return ids

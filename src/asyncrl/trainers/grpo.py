@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from asyncrl.config import LossConfig, OptimizerConfig
-from asyncrl.policy import build_policy
 from asyncrl.tasks.tokenizer import Tokenizer
 from asyncrl.trainers.losses import (
     decoupled_loss,
@@ -45,7 +44,6 @@ from asyncrl.types import Rollout
 
 if TYPE_CHECKING:
     from asyncrl.config import RunConfig
-    from asyncrl.tasks.base import Task
 
 
 def token_losses(
@@ -127,17 +125,9 @@ class GRPOTrainer:
 
     @classmethod
     def from_config(
-        cls,
-        cfg: RunConfig,
-        task: Task,
-        *,
-        model: torch.nn.Module | None = None,
-        tokenizer: Tokenizer | None = None,
+        cls, cfg: RunConfig, *, model: torch.nn.Module, tokenizer: Tokenizer
     ) -> GRPOTrainer:
-        """The trainer for a run. Without ``model`` it builds the policy from
-        ``cfg.policy`` (same seed, hence same weights, as the engine's)."""
-        if model is None or tokenizer is None:
-            model, tokenizer = build_policy(cfg.policy, task, seed=cfg.seed)
+        """The trainer for a run, over ``model`` (built by :func:`asyncrl.policy.build_policy`)."""
         return cls(
             model,
             tokenizer,
