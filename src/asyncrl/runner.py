@@ -20,7 +20,7 @@ from asyncrl.backends import build_backends
 from asyncrl.checkpoint import CheckpointHook, LoadedCheckpoint, prepare_resume
 from asyncrl.checkpoint.resume import ENGINE_SNAPSHOTS
 from asyncrl.config import RunConfig, dump_config
-from asyncrl.controller import Controller
+from asyncrl.controller import Controller, JsonlHistory
 from asyncrl.engines.base import RolloutEngine
 from asyncrl.metrics import JsonlSink, MetricsSink, TensorBoardSink
 from asyncrl.metrics.report import write_plots
@@ -83,10 +83,16 @@ def train(
         sinks.append(ProgressSink(cfg.grpo.max_num_steps, start_step=start))
     sinks.extend(extra_sinks)
 
+    # One line per finished prompt group, appended as groups end (a resume cuts
+    # it back to the checkpoint); the groups still pending are added at the end.
+    history = JsonlHistory(run_dir / "ledger.jsonl")
+    if resume is None:
+        history.truncate(0)
     controller = Controller(
         task=task, engines=engines, trainer=trainer, grpo=cfg.grpo, async_rl=cfg.async_rl,
         seed=cfg.seed, deterministic=cfg.deterministic, sinks=sinks,
         on_step_end=CheckpointHook(run_dir, cfg) if cfg.checkpoint.every_steps else None,
+        ledger_history=history,
     )
     snapshots = None
     if resume is not None:
@@ -146,10 +152,13 @@ def finish_run_dir(run_dir: Path, controller: Controller, task: Task, cfg: RunCo
     summary["run_dir"] = str(run_dir)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     (run_dir / "timeline.json").write_text(json.dumps(controller.timeline.to_list()))
-    # One line per prompt group: its whole life (the ledger), for audits.
-    with (run_dir / "ledger.jsonl").open("w") as fh:
-        for rec in controller.ledger.records():
-            fh.write(json.dumps(rec.to_dict(), default=str) + "\n")
+    # ledger.jsonl already holds every finished group; add the pending ones, so
+    # the file has one line per prompt group ever dispatched.
+    history = controller.ledger.history
+    if isinstance(history, JsonlHistory):
+        for rec in controller.ledger.live_records():
+            history.append(rec)
+        history.close()
     if cfg.logging.plots and controller.steps_done:
         try:
             summary["plots"] = [str(p) for p in write_plots(run_dir)]

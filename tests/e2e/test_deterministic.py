@@ -16,6 +16,7 @@ pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
 #: Fields that measure time or momentary occupancy rather than what was trained.
 TIMING = {"wall_time_s", "step_time_s", "trainer_idle_s", "generator_util", "groups_per_s",
+          "weight_sync_s",
           "buffer_ready", "inflight"}
 STEPS = 16
 

@@ -33,7 +33,7 @@ import contextlib
 import copy
 import inspect
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -156,7 +156,7 @@ class LocalEngine:
         weight_version: int = 0,
         seed: int = 0,
         num_threads: int | None = None,
-        retain_versions: int = 0,
+        pin_versions: bool = False,
     ) -> None:
         self.model = model.eval()
         self.tokenizer = tokenizer
@@ -183,13 +183,14 @@ class LocalEngine:
         self._closed = False
         #: Bumped by invalidate_cache; a batch whose cache is older re-prefills.
         self._cache_epoch = 0
-        #: Deterministic mode: weights of the last ``retain_versions`` versions, so a
-        #: request pinned to one of them (GenerationRequest.weight_version) is
-        #: generated with exactly those weights, whatever the engine holds now.
-        self.retain_versions = retain_versions
+        #: Deterministic mode: a copy of every weight version loaded, until the
+        #: controller says it is no longer needed (retain_weight_versions), so a
+        #: request pinned to one (GenerationRequest.weight_version) is generated
+        #: with exactly those weights, whatever the engine holds now.
+        self.pin_versions = pin_versions
         self._snapshots: dict[int, dict[str, torch.Tensor]] = {}
         self._pinned_models: dict[int, torch.nn.Module] = {}
-        if retain_versions:
+        if pin_versions:
             self._snapshots[weight_version] = {
                 k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()
             }
@@ -206,7 +207,7 @@ class LocalEngine:
             cfg.policy.generation,
             seed=cfg.seed,
             num_threads=cfg.policy.num_threads,
-            retain_versions=_versions_to_retain(cfg),
+            pin_versions=cfg.deterministic,
         )
 
     # ------------------------------------------------------------ protocol
@@ -229,7 +230,7 @@ class LocalEngine:
                     f"group {request.group_id!r} is pinned to weight version "
                     f"{request.weight_version}, which this engine no longer holds (it keeps "
                     f"{sorted(self._snapshots)}); deterministic runs need "
-                    "LocalEngine(retain_versions=...) to cover the sampler's window"
+                    "LocalEngine(pin_versions=True), and the controller to retain the version"
                 )
             start = request.weight_version
         group = _Group(request, asyncio.get_running_loop().create_future(), prompt_ids, start)
@@ -384,11 +385,22 @@ class LocalEngine:
     def _load_weights(self, weights: Any, version: int) -> None:
         self.model.load_state_dict(weights)
         self._version = version
-        if self.retain_versions:
+        if self.pin_versions:
             self._snapshots[version] = weights
-            for old in sorted(self._snapshots)[: -self.retain_versions]:
-                del self._snapshots[old]
-                self._pinned_models.pop(old, None)
+
+    async def retain_weight_versions(self, versions: Collection[int]) -> None:
+        """Deterministic mode: keep only these weight versions (and the current one).
+
+        Called by the controller after every weight sync with the versions some
+        live or future dispatch batch is pinned to.
+        """
+        keep = {*versions, self._version}
+        await asyncio.get_running_loop().run_in_executor(self._executor, self._drop_versions, keep)
+
+    def _drop_versions(self, keep: set[int]) -> None:
+        for old in [v for v in self._snapshots if v not in keep]:
+            del self._snapshots[old]
+            self._pinned_models.pop(old, None)
 
     def retained_weights(self) -> dict[int, dict[str, torch.Tensor]]:
         """The weight versions kept for pinned requests (saved in checkpoints)."""
@@ -475,15 +487,3 @@ class LocalEngine:
             idx = torch.tensor(rows, dtype=torch.long)
             tokens[idx] = torch.multinomial(probs[idx], 1, generator=rng)[:, 0]
         return tokens
-
-
-def _versions_to_retain(cfg: RunConfig) -> int:
-    """Deterministic mode pins batch ``d`` to version ``max(0, d - s)``; a batch can
-    start generating a few versions after it was admitted, so keep a margin."""
-    if not cfg.deterministic:
-        return 0
-    sampler = cfg.async_rl.sampler
-    window = getattr(sampler, "max_lookahead_versions", None)
-    if window is None:
-        window = getattr(sampler, "max_staleness_versions", 1)
-    return 2 * int(window) + 4
