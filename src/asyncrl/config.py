@@ -50,8 +50,10 @@ class AsyncRLConfig(Block):
     max_inflight_prompts: PosInt = 16
     recompute_kv_cache_after_weight_updates: bool = False
     rollout_failure: RolloutFailureConfig = Field(default_factory=RolloutFailureConfig)
-    #: Raise RolloutStall when nothing commits and no step finishes for this long (None: off).
-    stall_timeout_s: PosFloat | None = None
+    #: Raise RolloutStall, naming the side that stalled, when no group commits and no
+    #: step finishes for this long (None: off). Generous by default: a real stall
+    #: (a hung engine, trainer or reward) must end the run, slow generation must not.
+    stall_timeout_s: PosFloat | None = 1800.0
 
 
 # --------------------------------------------------------------------- task

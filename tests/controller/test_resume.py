@@ -11,7 +11,7 @@ import pytest
 from asyncrl.sim.clock import run_virtual
 from tests.controller.conftest import make_controller
 from tests.fakes import FakeEngine, FakeTrainer, lognormal_latency
-from tests.vtime import advance
+from tests.vtime import advance, settle
 
 SAMPLERS = [
     {"name": "in_order", "max_lookahead_versions": 1},
@@ -87,9 +87,9 @@ def test_load_state_dict_after_run_started_is_refused() -> None:
 
     async def main() -> None:
         run = asyncio.ensure_future(ctl.run())
-        await asyncio.sleep(0)
+        await settle()
         with pytest.raises(RuntimeError, match="before run"):
             ctl.load_state_dict(ctl.state_dict())
         await run
 
-    run_virtual(main())
+    run_virtual(main(), loop="jump")

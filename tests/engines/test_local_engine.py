@@ -303,3 +303,20 @@ async def test_a_failing_tokenizer_fails_the_group_instead_of_hanging():
     res = await engine.generate(GenerationRequest("a", prompts(1)[0], 2))  # recovered
     assert len(res.completion_ids) == 2
     await engine.close()
+
+
+async def test_a_scheduler_that_dies_fails_its_groups_and_a_new_one_starts():
+    # Supervision: whatever ends the scheduler task (here a cancellation from
+    # outside), the groups waiting on it fail instead of waiting forever.
+    engine = make_engine(max_new_tokens=30)
+    bias_token(engine, engine.tokenizer.eos_id, -100.0)
+    started = signal_first_forward(engine)
+    waiting = asyncio.create_task(engine.generate(GenerationRequest("a", prompts(1)[0], 2)))
+    await started.wait()
+    engine._scheduler.cancel()
+    with pytest.raises(GenerationError, match="scheduler stopped: it was cancelled"):
+        await waiting
+    engine.generation = GenerationConfig(max_new_tokens=2)
+    res = await engine.generate(GenerationRequest("b", prompts(1)[0], 2))  # a fresh scheduler
+    assert len(res.completion_ids) == 2
+    await engine.close()

@@ -237,7 +237,8 @@ class LocalEngine:
         self._groups[request.group_id] = group
         self._pending.append(group)
         if self._scheduler is None:
-            self._scheduler = asyncio.create_task(self._schedule(), name="asyncrl-engine")
+            self._scheduler = asyncio.create_task(self._run_ticks(), name="asyncrl-engine")
+            self._scheduler.add_done_callback(self._scheduler_ended)
         self._wakeup.set()
         try:
             return await group.future
@@ -292,21 +293,27 @@ class LocalEngine:
         if not group.future.done():
             group.future.set_exception(GroupAborted(f"group {group.request.group_id!r} aborted"))
 
-    async def _schedule(self) -> None:
-        try:
-            await self._run_ticks()
-        except Exception as exc:
-            # A bug outside the model calls (e.g. a tokenizer failing to decode):
-            # fail every waiting group instead of leaving them hanging. The next
-            # generate() starts a fresh scheduler.
-            waiting = [*self._groups.values(), *(g for b in self._active for g in b.groups)]
-            for group in waiting:
-                self._forget(group)
-                if not group.future.done():
-                    group.future.set_exception(GenerationError(f"engine failed: {exc!r}"))
-            self._pending.clear()
-            self._active.clear()
+    def _scheduler_ended(self, task: asyncio.Task[None]) -> None:
+        """Supervision of the scheduler task: it ends only through :meth:`close`.
+
+        Ending any other way (a bug outside the model calls, e.g. a tokenizer
+        failing to decode, or a cancellation from outside) fails every waiting
+        group with a :class:`GenerationError` (the controller retries it, and
+        fails the run if it keeps happening) instead of leaving it waiting
+        forever; the next ``generate`` starts a fresh scheduler.
+        """
+        if self._scheduler is task:
             self._scheduler = None
+        if self._closed:
+            return
+        why = "it was cancelled" if task.cancelled() else f"{task.exception()!r}"
+        waiting = [*self._groups.values(), *(g for b in self._active for g in b.groups)]
+        for group in waiting:
+            self._forget(group)
+            if not group.future.done():
+                group.future.set_exception(GenerationError(f"engine scheduler stopped: {why}"))
+        self._pending.clear()
+        self._active.clear()
 
     async def _run_ticks(self) -> None:
         loop = asyncio.get_running_loop()
