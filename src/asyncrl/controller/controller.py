@@ -41,7 +41,7 @@ from asyncrl.controller.train_pump import TrainPump
 from asyncrl.controller.validation import validate_setup
 from asyncrl.controller.weight_sync import WeightSync
 from asyncrl.engines.base import RolloutEngine
-from asyncrl.errors import CheckpointError, LedgerImbalance, RolloutStall
+from asyncrl.errors import CheckpointError, LedgerImbalance, RolloutStall, UsageError
 from asyncrl.metrics import MetricsSink, Timeline
 from asyncrl.sampling import PromptGroupSampler, create_sampler
 from asyncrl.tasks.base import Scorer, Task
@@ -84,7 +84,7 @@ class Controller:
         ledger_history: LedgerHistory | None = None,
     ) -> None:
         if not engines:
-            raise ValueError("Controller needs at least one rollout engine")
+            raise UsageError("Controller needs at least one rollout engine (engines=[...])")
         self.task = task
         self.engines = list(engines)
         self.trainer = trainer
@@ -280,7 +280,7 @@ class Controller:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a :meth:`state_dict` before :meth:`run` (resume)."""
         if self._running:
-            raise RuntimeError("load_state_dict must be called before run()")
+            raise UsageError("load_state_dict must be called before run(): restore, then run")
         if state.get("format") != STATE_FORMAT:
             raise CheckpointError(
                 f"controller state format {state.get('format')!r}; this asyncrl reads format "
