@@ -88,6 +88,7 @@ class _Group:
         future: asyncio.Future,
         prompt_ids: list[int],
         start_weight: int,
+        generation: GenerationConfig,
     ) -> None:
         self.request = request
         self.future = future
@@ -102,6 +103,13 @@ class _Group:
         # Seeded groups draw from their own generator: their samples do not
         # depend on how many other rows were sampled before them.
         self.rng = None if request.seed is None else torch.Generator().manual_seed(request.seed)
+        # The request's sampling overrides, else the engine's configuration.
+        self.sampling = (
+            generation.temperature if request.temperature is None else request.temperature,
+            generation.top_p if request.top_p is None else request.top_p,
+        )
+        self.limit = (generation.max_new_tokens if request.max_new_tokens is None
+                      else request.max_new_tokens)
 
 
 class _Batch:
@@ -113,9 +121,14 @@ class _Batch:
     after a cache invalidation, with the weights held then).
     """
 
-    def __init__(self, groups: list[_Group], pad_id: int, cache_epoch: int) -> None:
+    def __init__(
+        self, groups: list[_Group], pad_id: int, cache_epoch: int,
+        sampling: tuple[float, float],
+    ) -> None:
         #: Groups not yet finished (their rows may already be gone: aborted).
         self.groups = list(groups)
+        #: (temperature, top_p) every row of the batch samples with.
+        self.sampling = sampling
         self.rows = [(g, i) for g in groups for i in range(g.request.num_generations)]
         width = max(len(g.prompt_ids) for g in groups)
         self.ids = torch.full((len(self.rows), width), pad_id, dtype=torch.long)
@@ -233,7 +246,8 @@ class LocalEngine:
                     "LocalEngine(pin_versions=True), and the controller to retain the version"
                 )
             start = request.weight_version
-        group = _Group(request, asyncio.get_running_loop().create_future(), prompt_ids, start)
+        group = _Group(request, asyncio.get_running_loop().create_future(), prompt_ids, start,
+                       self.generation)
         self._groups[request.group_id] = group
         self._pending.append(group)
         if self._scheduler is None:
@@ -348,6 +362,7 @@ class LocalEngine:
     def _start_pending(self) -> None:
         """Move queued groups into new batches while the row budget allows."""
         budget = self.generation.max_batch_sequences - sum(len(b.rows) for b in self._active)
+        default = (self.generation.temperature, self.generation.top_p)
         shared: list[_Group] = []
         while self._pending:
             n = self._pending[0].request.num_generations
@@ -356,12 +371,15 @@ class LocalEngine:
                 break
             group = self._pending.popleft()
             budget -= n
-            if group.rng is None:
+            # Seeded groups and groups with their own sampling parameters get a
+            # batch of their own (a batch samples all its rows one way).
+            if group.rng is None and group.sampling == default:
                 shared.append(group)
             else:
-                self._active.append(_Batch([group], self.tokenizer.pad_id, self._cache_epoch))
+                self._active.append(
+                    _Batch([group], self.tokenizer.pad_id, self._cache_epoch, group.sampling))
         if shared:
-            self._active.append(_Batch(shared, self.tokenizer.pad_id, self._cache_epoch))
+            self._active.append(_Batch(shared, self.tokenizer.pad_id, self._cache_epoch, default))
 
     def _finish(self, group: _Group) -> None:
         self._forget(group)
@@ -445,21 +463,26 @@ class LocalEngine:
         if batch.cache_epoch != self._cache_epoch:
             batch.cache, batch.cache_epoch = None, self._cache_epoch
         logits = self._next_logits(batch)
-        logp = sampling_logprobs(logits, self.generation.temperature, self.generation.top_p)
-        tokens = self._sample(batch, logp.exp())
-        chosen = logp.gather(1, tokens[:, None])[:, 0]
+        temperature, top_p = batch.sampling
+        if temperature == 0:  # greedy (evaluation): the chosen token has probability 1
+            tokens = logits.argmax(dim=-1)
+            chosen = torch.zeros(len(tokens))
+        else:
+            logp = sampling_logprobs(logits, temperature, top_p)
+            tokens = self._sample(batch, logp.exp())
+            chosen = logp.gather(1, tokens[:, None])[:, 0]
         batch.ids = torch.cat([batch.ids, tokens[:, None]], dim=1)
         batch.mask = torch.cat([batch.mask, torch.ones_like(batch.mask[:, :1])], dim=1)
 
         keep = []
-        eos, limit = self.tokenizer.eos_id, self.generation.max_new_tokens
+        eos = self.tokenizer.eos_id
         for r, (group, i) in enumerate(batch.rows):
             token = int(tokens[r])
             group.completions[i].append(token)
             group.logprobs[i].append(float(chosen[r]))
             pinned = group.request.weight_version is not None
             group.end_weight = group.start_weight if pinned else self._version
-            if token == eos or len(group.completions[i]) >= limit:
+            if token == eos or len(group.completions[i]) >= group.limit:
                 group.open_rows -= 1
             else:
                 keep.append(r)
