@@ -23,6 +23,7 @@ def make_controller(
     scorer: InlineScorer | None = None,
     deterministic: bool = False,
     history: MemoryHistory | None = None,
+    evaluator: Any = None,
     **async_kw: Any,
 ) -> Controller:
     task = task or FakeTask()
@@ -38,6 +39,7 @@ def make_controller(
         deterministic=deterministic,
         scorer=scorer or InlineScorer(task),
         ledger_history=history if history is not None else MemoryHistory(),
+        evaluator=evaluator,
     )
 
 

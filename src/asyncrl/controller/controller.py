@@ -42,6 +42,7 @@ from asyncrl.controller.validation import validate_setup
 from asyncrl.controller.weight_sync import WeightSync
 from asyncrl.engines.base import RolloutEngine
 from asyncrl.errors import CheckpointError, LedgerImbalance, RolloutStall, UsageError
+from asyncrl.evaluation import Evaluator
 from asyncrl.metrics import MetricsSink, Timeline
 from asyncrl.sampling import PromptGroupSampler, create_sampler
 from asyncrl.tasks.base import Scorer, Task
@@ -82,6 +83,7 @@ class Controller:
         check_invariants: bool = True,
         scorer: Scorer | None = None,
         ledger_history: LedgerHistory | None = None,
+        evaluator: Evaluator | None = None,
     ) -> None:
         if not engines:
             raise UsageError("Controller needs at least one rollout engine (engines=[...])")
@@ -112,7 +114,7 @@ class Controller:
         self.weight_sync = WeightSync(self.ctx, self.engines, trainer, self.dispatcher,
                                       self.determinism)
         self.train_pump = TrainPump(self.ctx, trainer, self.dispatcher, self.weight_sync,
-                                    self.sinks, self._after_step)
+                                    self.sinks, self._after_step, evaluator)
         self._running = False
 
     # -------------------------------------------------- shared objects, by name
@@ -236,11 +238,11 @@ class Controller:
         ctx = self.ctx
         head = (f"no prompt group committed and no training step finished for {timeout:g}s "
                 "(async_rl.stall_timeout_s). ")
-        if doing in ("train_chunk", "finish_step", "weight sync", "after-step hook"):
+        if doing != "waiting for groups":
             return head + (
                 f"The trainer side stalled: {doing} of step {ctx.version.value} has been "
-                f"running for {ctx.now() - since:.0f}s. Check the trainer (and, for a weight "
-                "sync, the engines' update_weights), or raise stall_timeout_s for slow steps")
+                f"running for {ctx.now() - since:.0f}s. Check the trainer (for a weight sync "
+                "or an evaluation, the engines too), or raise stall_timeout_s for slow steps")
         return head + (
             f"The rollout side stalled: the train pump waits for groups of step "
             f"{ctx.version.value} ({ctx.buffer.ready_count} ready; dispatcher: "

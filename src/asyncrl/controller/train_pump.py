@@ -23,6 +23,7 @@ from asyncrl.controller.context import RunContext
 from asyncrl.controller.dispatch import Dispatcher
 from asyncrl.controller.weight_sync import WeightSync
 from asyncrl.errors import ControllerBug, RolloutStall
+from asyncrl.evaluation import Evaluator
 from asyncrl.metrics import MetricsSink
 from asyncrl.trainers.base import Trainer
 
@@ -38,8 +39,10 @@ class TrainPump:
         weight_sync: WeightSync,
         sinks: Sequence[MetricsSink],
         after_step: Callable[[int], Awaitable[None]],
+        evaluator: Evaluator | None = None,
     ) -> None:
         self.ctx = ctx
+        self.evaluator = evaluator
         self.trainer = trainer
         self.dispatcher = dispatcher
         self.weight_sync = weight_sync
@@ -141,12 +144,18 @@ class TrainPump:
         self.activity = ("weight sync", ctx.now())
         aborted, sync_s = await self.weight_sync.after_step(v)
         ctx.progress()
+        eval_metrics: dict[str, float] = {}
+        if self.evaluator is not None and self.evaluator.due(v + 1):
+            self.activity = ("evaluation", ctx.now())
+            eval_metrics = await self.evaluator.evaluate(self.weight_sync.engines, v + 1)
+            ctx.progress()
         record = ctx.stats.step_record(
             step=v, now=ctx.now(), step_start=step_start, busy_at_start=busy_at_start, idle=idle,
             trained=trained, chunk_metrics=chunk_metrics, step_metrics=step_metrics,
             evicted=evicted, aborted=aborted, sync_s=sync_s,
             buffer_ready=ctx.buffer.ready_count, inflight=self.dispatcher.inflight,
         )
+        record.update(eval_metrics)
         for sink in self.sinks:
             sink.write(record)
         self.activity = ("after-step hook", ctx.now())
