@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from asyncrl._validation import explain
+from asyncrl.dataset_config import DatasetTaskConfig
 from asyncrl.errors import ConfigError
 from asyncrl.sampling.config import InOrderSamplerConfig, SamplerConfig
 
@@ -90,7 +91,7 @@ class SortTaskConfig(Block):
 
 
 TaskConfig = Annotated[
-    Union[ArithmeticTaskConfig, ReverseTaskConfig, SortTaskConfig],  # noqa: UP007
+    Union[ArithmeticTaskConfig, ReverseTaskConfig, SortTaskConfig, DatasetTaskConfig],  # noqa: UP007
     Field(discriminator="name"),
 ]
 
@@ -185,8 +186,21 @@ class CheckpointConfig(Block):
 
 
 # ------------------------------------------------------------------ logging
+class WandbConfig(Block):
+    """Weights & Biases logging (optional extra: ``pip install 'asyncrl[wandb]'``)."""
+
+    project: str = "asyncrl"
+    #: Run name (None: wandb picks one).
+    name: str | None = None
+    #: ``offline`` writes under RUN_DIR/wandb/ without network (``wandb sync`` uploads it later).
+    mode: Literal["online", "offline", "disabled"] = "online"
+    tags: tuple[str, ...] = ()
+
+
 class LoggingConfig(Block):
     tensorboard: bool = True
+    #: Also log every step's scalars and the config to wandb (None: off).
+    wandb: WandbConfig | None = None
     plots: bool = True
     #: Live progress display: auto (only on a terminal), always or never.
     progress: Literal["auto", "always", "never"] = "auto"
@@ -317,6 +331,7 @@ def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any
 #: override such as ``task.max_operand=3`` works on a config without a task block.
 _DEFAULT_TAGS = (
     (("task",), "name", "arithmetic"),
+    (("task", "reward"), "name", "exact_match"),
     (("async_rl", "sampler"), "name", "in_order"),
     (("simulate", "generation_latency_s"), "distribution", "lognormal"),
 )
