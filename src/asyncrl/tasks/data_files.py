@@ -10,7 +10,9 @@ where it can the line or record and the key.
 
 from __future__ import annotations
 
+import codecs
 import contextlib
+import csv
 import json
 import tempfile
 from collections.abc import Iterator
@@ -61,9 +63,10 @@ def read_file(path_text: str, declared_format: str = "auto") -> tuple[Any, str]:
     fmt = file_format(path, declared_format)
     if path.stat().st_size == 0:
         raise ConfigError(f"dataset file {str(path)!r} is empty; it needs at least one record")
+    if fmt != "parquet":
+        _check_text(path, fmt)
     datasets = require("datasets", "datasets", "the dataset task (task.name: dataset)")
-    # CSV has no types: read every column as text, so an answer "007" stays "007".
-    extra = {"dtype": str} if fmt == "csv" else {}
+    extra = _csv_options(path, datasets) if fmt == "csv" else {}
     with tempfile.TemporaryDirectory(prefix="asyncrl-datasets-") as cache, _quiet(datasets):
         try:
             ds = datasets.load_dataset(_BUILDER[fmt], data_files=str(path), split="train",
@@ -75,6 +78,51 @@ def read_file(path_text: str, declared_format: str = "auto") -> tuple[Any, str]:
     return ds, fmt
 
 
+def _check_text(path: Path, fmt: str) -> None:
+    """UTF-8 throughout (``datasets`` would fail only when a bad record is read),
+    at least one record, and a .json file that is a list (not one object)."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    lines, offset, first = 1, 0, ""
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            try:
+                text = decoder.decode(block)
+            except UnicodeDecodeError as err:
+                line = lines + block[: err.start].count(b"\n")
+                raise ConfigError(
+                    f"dataset file {str(path)!r}, line {line}: not UTF-8 text (byte "
+                    f"{block[err.start]:#04x} at offset {offset + err.start}); save the file "
+                    "as UTF-8"
+                ) from None
+            lines += block.count(b"\n")
+            offset += len(block)
+            first = first or text.lstrip()[:1]
+    if not first:
+        raise ConfigError(f"dataset file {str(path)!r} holds no records (only blank lines); "
+                          "it needs at least one")
+    if fmt == "json" and first != "[":
+        raise ConfigError(
+            f"dataset file {str(path)!r}: a .json file must hold a list of objects (one per "
+            "record); for one object per line name the file *.jsonl"
+        )
+
+
+def _csv_options(path: Path, datasets: Any) -> dict[str, Any]:
+    """CSV has no types: every column is read as text (an answer "007" stays
+    "007"), and only an empty cell counts as missing (not "NA" or "null")."""
+    try:
+        with path.open(newline="", encoding="utf-8") as fh:
+            header = next(csv.reader(fh), [])
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"dataset file {str(path)!r} cannot be read ({exc}); save it as "
+                          "UTF-8 text") from None
+    if not header:
+        raise ConfigError(f"dataset file {str(path)!r} has no header line; the first line "
+                          "must name the columns")
+    features = datasets.Features({name: datasets.Value("string") for name in header})
+    return {"features": features, "keep_default_na": False, "na_values": [""]}
+
+
 def _root_cause(exc: BaseException) -> BaseException:
     while exc.__cause__ is not None or exc.__context__ is not None:
         exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
@@ -83,10 +131,7 @@ def _root_cause(exc: BaseException) -> BaseException:
 
 def _why_unreadable(path: Path, fmt: str, exc: BaseException) -> str:
     where = f"dataset file {str(path)!r}"
-    try:
-        text = path.read_text(encoding="utf-8") if fmt in ("jsonl", "json") else None
-    except UnicodeDecodeError as err:
-        return f"{where} is not UTF-8 text ({err}); save it as UTF-8"
+    text = path.read_text(encoding="utf-8") if fmt in ("jsonl", "json") else None
     if fmt == "jsonl" and text is not None:
         for lineno, line in enumerate(text.splitlines(), start=1):
             if not line.strip():
@@ -105,7 +150,7 @@ def _why_unreadable(path: Path, fmt: str, exc: BaseException) -> str:
         except json.JSONDecodeError as err:
             return (f"{where}: not valid JSON ({err.msg} at line {err.lineno}, column "
                     f"{err.colno}); a .json file must hold a list of objects (one per record)")
-        if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+        if not all(isinstance(v, dict) for v in value):
             return (f"{where}: a .json file must hold a list of objects (one per record); "
                     "for one object per line name the file *.jsonl")
     if isinstance(exc, StopIteration) or isinstance(_root_cause(exc), StopIteration):
