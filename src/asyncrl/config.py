@@ -313,15 +313,23 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key, value
 
 
+#: Overrides that pick another member of a discriminated block.
+_SWAPPABLE = ("async_rl.sampler.name", "task.name", "task.reward.name")
+
+
 def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     for item in overrides:
         key, value = parse_override(item)
-        # A sampler swap replaces the whole block: keys of the old policy would
-        # otherwise be rejected as unknown by the new one.
-        if key == "async_rl.sampler.name":
-            old = tree.get("async_rl", {}).get("sampler", {})
+        # A sampler (task, reward) swap replaces the whole block: keys of the old
+        # one would otherwise be rejected as unknown by the new one.
+        if key in _SWAPPABLE:
+            *parents, block = key.split(".")[:-1]
+            node: Any = tree
+            for part in parents:
+                node = node.get(part) if isinstance(node, dict) else None
+            old = node.get(block) if isinstance(node, dict) else None
             if isinstance(old, dict) and old.get("name") != value:
-                tree.setdefault("async_rl", {})["sampler"] = {"name": value}
+                node[block] = {"name": value}
                 continue
         _set_path(tree, key, value)
     return tree
