@@ -14,7 +14,8 @@ CHAT_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}[assistant]{% endif %}"
 )
-CHARS = "0123456789abcdefghijklmnopqrstuvwxyz+-*=:?.,[] \n"
+CHARS = ("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+         "+-*/=<>:;?!.,$#'\"()[]{}\\ \n")
 
 
 def save_tiny_chat_model(out: Path, *, seed: int = 0) -> Path:
@@ -30,7 +31,7 @@ def save_tiny_chat_model(out: Path, *, seed: int = 0) -> Path:
     config = transformers.LlamaConfig(
         vocab_size=chars.vocab_size, hidden_size=32, num_hidden_layers=1,
         num_attention_heads=2, num_key_value_heads=2, intermediate_size=64,
-        max_position_embeddings=128, pad_token_id=chars.pad_id, bos_token_id=chars.bos_id,
+        max_position_embeddings=512, pad_token_id=chars.pad_id, bos_token_id=chars.bos_id,
         eos_token_id=chars.eos_id,
     )
     with torch.random.fork_rng(devices=[]):

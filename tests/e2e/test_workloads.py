@@ -119,6 +119,21 @@ def test_a_pretrained_chat_model_trains_on_a_dataset_with_a_custom_reward(
     assert tokenizer.chat_template and "[assistant]" in tokenizer.chat_template
 
 
+def test_the_gsm8k_style_example_runs_with_a_local_chat_model(tmp_path: Path) -> None:
+    """The example's layout for real: a local model, GSM8K-format data, math_verify."""
+    pytest.importorskip("math_verify")
+    from asyncrl.runner import train
+
+    model_dir = save_tiny_chat_model(tmp_path / "model")
+    cfg = load_config(ROOT / "examples" / "gsm8k_style.yaml", [
+        *FAST, "grpo.max_num_steps=2", "checkpoint.every_steps=0",
+        f"policy.model_name_or_path={model_dir}", "policy.generation.max_new_tokens=8",
+        f"task.path={ROOT / 'examples' / 'data' / 'gsm8k_sample.jsonl'}"])
+    summary = train(cfg, tmp_path / "run")
+    assert summary["steps"] == 2 and summary["ledger"]["balanced"]
+    assert summary["ledger"]["failed"] == 0 and (tmp_path / "run" / "final").is_dir()
+
+
 # ------------------------------------------------ final/, export, wandb
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory: pytest.TempPathFactory) -> Path:

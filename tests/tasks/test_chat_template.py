@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from tests.pretrained import save_tiny_chat_model
 
 from asyncrl.config import PolicyConfig
 from asyncrl.dataset_config import DatasetTaskConfig
@@ -13,7 +14,6 @@ from asyncrl.errors import ConfigError
 from asyncrl.policy import HFTokenizer, bind_task_tokenizer, load_tokenizer
 from asyncrl.tasks import DatasetTask
 from asyncrl.tasks.tokenizer import encode_prompt
-from tests.pretrained import save_tiny_chat_model
 
 pytest.importorskip("transformers")
 pytest.importorskip("datasets")
@@ -61,7 +61,7 @@ def test_without_system_prompt_there_is_only_the_user_turn(model_dir: Path, data
 
 def test_chat_template_needs_a_tokenizer_that_has_one(data: Path, tmp_path: Path) -> None:
     task = dataset_task(data, chat_template=True)
-    with pytest.raises(ConfigError, match="needs a pretrained tokenizer with a chat template.*"
+    with pytest.raises(ConfigError, match=r"needs a pretrained tokenizer with a chat template.*"
                                           "CharTokenizer"):
         bind_task_tokenizer(task, PolicyConfig())  # from scratch: a character tokenizer
     with pytest.raises(ConfigError, match="no tokenizer was bound"):

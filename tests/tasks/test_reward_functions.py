@@ -77,6 +77,17 @@ def test_math_verify_on_equivalent_forms(completion: str, answer: object, expect
     assert MathVerify(MathVerifyRewardConfig())("q", completion, answer) == expected
 
 
+def test_math_verify_reads_the_gsm8k_sample_answers() -> None:
+    pytest.importorskip("math_verify")
+    sample = HERE.parents[1] / "examples" / "data" / "gsm8k_sample.jsonl"
+    reward = MathVerify()
+    for line in sample.read_text().splitlines():
+        record = json.loads(line)
+        number = record["answer"].rsplit("####", 1)[1].strip()
+        assert reward(record["question"], f"so it is \\boxed{{{number}}}", record["answer"]) == 1.0
+        assert reward(record["question"], f"{int(float(number)) + 1}", record["answer"]) == 0.0
+
+
 def test_math_verify_needs_a_parsable_reference() -> None:
     pytest.importorskip("math_verify")
     with pytest.raises(ValueError, match="could not parse the reference answer"):
@@ -161,7 +172,7 @@ def test_a_module_that_fails_to_import_is_named(tmp_path: Path,
     (tmp_path / "needs_dep_reward.py").write_text("import asyncrl_missing_dependency\n")
     (tmp_path / "broken_reward.py").write_text("raise RuntimeError('boom at import')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    with pytest.raises(ConfigError, match="was found but importing it failed.*install "
+    with pytest.raises(ConfigError, match=r"was found but importing it failed.*install "
                                           "'asyncrl_missing_dependency'"):
         load_custom_reward(CustomRewardConfig(target="needs_dep_reward:score"))
     with pytest.raises(ConfigError, match="raised RuntimeError: boom at import"):
@@ -175,5 +186,5 @@ def test_a_function_without_record_fields_is_fine_when_the_data_has_none() -> No
 def test_the_process_executor_needs_a_picklable_reward(tmp_path: Path) -> None:
     from asyncrl.tasks.rewards import RewardPool
 
-    with pytest.raises(ConfigError, match="cannot be pickled.*executor: thread"):
+    with pytest.raises(ConfigError, match=r"cannot be pickled.*executor: thread"):
         RewardPool(lambda prompt, completion: 1.0, executor="process")

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.vtime import advance
 
 from asyncrl.config import ArithmeticTaskConfig
 from asyncrl.errors import RewardError
@@ -23,7 +24,6 @@ from asyncrl.sim.clock import run_virtual
 from asyncrl.tasks import ArithmeticTask, Scorer, build_scorer
 from asyncrl.tasks.rewards import RecordReward, RewardPool
 from asyncrl.types import Prompt
-from tests.vtime import advance
 
 HERE = Path(__file__).resolve().parent
 
@@ -116,7 +116,7 @@ def test_a_hung_thread_times_out_at_timeout_s_and_is_abandoned() -> None:
             await pool.score(PROMPT, ["h"])
         assert loop.time() == 10.0 and pool.hung == 2
         # As many abandoned calls as workers: refuse at once, and say what to do.
-        with pytest.raises(RewardError, match="2 jobs of .* still running after timing out.*"
+        with pytest.raises(RewardError, match=r"2 jobs of .* still running after timing out.*"
                                               "executor: process"):
             await pool.score(PROMPT, ["a"])
         import reward_fns

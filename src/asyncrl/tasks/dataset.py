@@ -26,7 +26,12 @@ from asyncrl.dataset_config import (
 )
 from asyncrl.errors import CheckpointError, ConfigError
 from asyncrl.tasks.data_files import read_file, record_location
-from asyncrl.tasks.rewards.functions import RESERVED, RecordReward, build_reward_function, score_many
+from asyncrl.tasks.rewards.functions import (
+    RESERVED,
+    RecordReward,
+    build_reward_function,
+    score_many,
+)
 from asyncrl.tasks.tokenizer import CharTokenizer, Tokenizer
 from asyncrl.types import Prompt
 

@@ -29,6 +29,7 @@ reaches it at once; that loop suits tests of hangs. looptime (the default of
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -71,10 +72,9 @@ class _Call:
             self.state, self.worker = _RUNNING, worker
         self.mark()
         if self.pool.timeout_s is not None:
-            try:
+            # RuntimeError: the loop closed meanwhile, and nobody waits for this call.
+            with contextlib.suppress(RuntimeError):
                 self.loop.call_soon_threadsafe(self._arm)
-            except RuntimeError:  # the loop closed meanwhile: nobody waits for this call
-                pass
         return True
 
     def mark(self) -> None:

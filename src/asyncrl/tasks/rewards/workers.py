@@ -17,6 +17,7 @@ many calls run at once and times each one out on the event loop's clock.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import pickle
 import queue
@@ -174,10 +175,8 @@ class _Process:
         self.conn.close()
 
     def stop(self) -> None:
-        try:
+        with contextlib.suppress(OSError):  # already gone
             self.conn.send(None)
-        except OSError:
-            pass
         self.process.join(2)
         self.kill()
 
