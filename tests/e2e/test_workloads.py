@@ -43,6 +43,26 @@ def logprobs(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
     return logits[0, :-1].gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]
 
 
+# ------------------------------------------------------------ the example
+def test_dataset_example_learns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """examples/dataset.yaml as shipped (300 steps): its data path is relative to
+    the repository root. Measured over seeds 0..3 the mean reward of the last 10
+    steps first reached 0.9 at steps 205..276 and ended at 0.94..0.99."""
+    monkeypatch.chdir(ROOT)
+    run_dir = tmp_path / "run"
+    assert main(["train", "--config", "examples/dataset.yaml", "--run-dir", str(run_dir),
+                 "logging.progress=never", "logging.plots=false", "logging.tensorboard=false",
+                 "checkpoint.every_steps=0"]) == 0
+    rewards = [json.loads(line)["reward_mean"]
+               for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    last10 = [sum(rewards[i - 10:i]) / 10 for i in range(10, len(rewards) + 1)]
+    assert len(rewards) == 300 and last10[0] < 0.2
+    assert max(last10) >= 0.9, f"never reached 0.9: {last10[::25]}"
+    assert last10[-1] >= 0.85, f"did not stay learned: {last10[-30:]}"
+    summary = summary_of(run_dir)
+    assert summary["ledger"]["balanced"] and summary["ledger"]["failed"] == 0
+
+
 # ------------------------------------------------------- pretrained + chat
 class RecordingEngine:
     """The real local engine, recording the prompt text of every request."""
