@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from asyncrl.config import load_config
+from asyncrl.config import WandbConfig, load_config
 from asyncrl.dataset_config import DatasetTaskConfig
-from asyncrl.errors import CheckpointError, ConfigError
+from asyncrl.errors import CheckpointError, ConfigError, MissingDependency
+from asyncrl.metrics.wandb_sink import WandbSink
 from asyncrl.tasks import DatasetTask, PromptSource, Task, build_task
 from asyncrl.tasks.tokenizer import encode_prompt
 
@@ -234,3 +236,26 @@ def test_build_task_makes_a_dataset_task(tmp_path: Path) -> None:
     path = write(tmp_path / "d.jsonl", RECORDS)
     task = build_task({"name": "dataset", "path": str(path), "prompt_key": "question"})
     assert isinstance(task, DatasetTask) and task.target_reward == 0.9
+
+
+def test_overriding_the_task_or_reward_name_replaces_the_block() -> None:
+    root = Path(__file__).resolve().parents[2]
+    cfg = load_config(root / "examples" / "quickstart.yaml", [
+        "task.name=dataset", "task.path=data.jsonl", "task.reward.num_workers=2",
+        "task.reward.name=regex", "task.reward.pattern=^[0-9]$"])
+    assert isinstance(cfg.task, DatasetTaskConfig)  # the arithmetic keys went with the swap
+    assert cfg.task.reward.name == "regex" and cfg.task.reward.num_workers == 4
+
+
+@pytest.mark.parametrize(("module", "extra", "build"), [
+    ("datasets", "datasets", lambda p: task_for(p)),
+    ("math_verify", "math", lambda p: task_for(p, reward={"name": "math_verify"})),
+    ("wandb", "wandb", lambda p: WandbSink(WandbConfig(mode="offline"), p.parent, {})),
+])
+def test_missing_optional_extras_say_how_to_install_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, module: str, extra: str,
+        build: Any) -> None:
+    path = write(tmp_path / "d.jsonl", RECORDS)
+    monkeypatch.setitem(sys.modules, module, None)  # "not installed"
+    with pytest.raises(MissingDependency, match=rf"pip install 'asyncrl\[{extra}\]'"):
+        build(path)
