@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from asyncrl._validation import explain
+from asyncrl.dataset_config import DatasetTaskConfig
 from asyncrl.errors import ConfigError
 from asyncrl.sampling.config import InOrderSamplerConfig, SamplerConfig
 
@@ -92,7 +93,7 @@ class SortTaskConfig(Block):
 
 
 TaskConfig = Annotated[
-    Union[ArithmeticTaskConfig, ReverseTaskConfig, SortTaskConfig],  # noqa: UP007
+    Union[ArithmeticTaskConfig, ReverseTaskConfig, SortTaskConfig, DatasetTaskConfig],  # noqa: UP007
     Field(discriminator="name"),
 ]
 
@@ -187,8 +188,21 @@ class CheckpointConfig(Block):
 
 
 # ------------------------------------------------------------------ logging
+class WandbConfig(Block):
+    """Weights & Biases logging (optional extra: ``pip install 'asyncrl[wandb]'``)."""
+
+    project: str = "asyncrl"
+    #: Run name (None: wandb picks one).
+    name: str | None = None
+    #: ``offline`` writes under RUN_DIR/wandb/ without network (``wandb sync`` uploads it later).
+    mode: Literal["online", "offline", "disabled"] = "online"
+    tags: tuple[str, ...] = ()
+
+
 class LoggingConfig(Block):
     tensorboard: bool = True
+    #: Also log every step's scalars and the config to wandb (None: off).
+    wandb: WandbConfig | None = None
     plots: bool = True
     #: Live progress display: auto (only on a terminal), always or never.
     progress: Literal["auto", "always", "never"] = "auto"
@@ -301,15 +315,23 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key, value
 
 
+#: Overrides that pick another member of a discriminated block.
+_SWAPPABLE = ("async_rl.sampler.name", "task.name", "task.reward.name")
+
+
 def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     for item in overrides:
         key, value = parse_override(item)
-        # A sampler swap replaces the whole block: keys of the old policy would
-        # otherwise be rejected as unknown by the new one.
-        if key == "async_rl.sampler.name":
-            old = tree.get("async_rl", {}).get("sampler", {})
+        # A sampler (task, reward) swap replaces the whole block: keys of the old
+        # one would otherwise be rejected as unknown by the new one.
+        if key in _SWAPPABLE:
+            *parents, block = key.split(".")[:-1]
+            node: Any = tree
+            for part in parents:
+                node = node.get(part) if isinstance(node, dict) else None
+            old = node.get(block) if isinstance(node, dict) else None
             if isinstance(old, dict) and old.get("name") != value:
-                tree.setdefault("async_rl", {})["sampler"] = {"name": value}
+                node[block] = {"name": value}
                 continue
         _set_path(tree, key, value)
     return tree
@@ -319,6 +341,7 @@ def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any
 #: override such as ``task.max_operand=3`` works on a config without a task block.
 _DEFAULT_TAGS = (
     (("task",), "name", "arithmetic"),
+    (("task", "reward"), "name", "exact_match"),
     (("async_rl", "sampler"), "name", "in_order"),
     (("simulate", "generation_latency_s"), "distribution", "lognormal"),
 )

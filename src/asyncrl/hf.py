@@ -32,10 +32,10 @@ def char_tokenizer_to_hf(tokenizer: CharTokenizer) -> Any:
     vocab = {PAD: tokenizer.pad_id, BOS: tokenizer.bos_id, EOS: tokenizer.eos_id}
     vocab.update({c: i + 3 for i, c in enumerate(tokenizer.chars)})
     backend = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token=PAD))
-    # Every character is its own token ("." does not match a newline, which the
-    # built-in character set does not contain either).
+    # Every character is its own token, newlines included (a dataset task's
+    # vocabulary may hold them; "." would leave a run of them as one piece).
     backend.pre_tokenizer = tokenizers.pre_tokenizers.Split(
-        tokenizers.Regex("."), behavior="isolated"
+        tokenizers.Regex(r"[\s\S]"), behavior="isolated"
     )
     backend.decoder = tokenizers.decoders.Fuse()  # join tokens without spaces
     return transformers.PreTrainedTokenizerFast(

@@ -102,7 +102,24 @@ def build_policy(
     return _prepare(model, cfg), tokenizer
 
 
-def _load_pretrained(transformers: Any, cfg: PolicyConfig) -> tuple[torch.nn.Module, Tokenizer]:
+def load_tokenizer(cfg: PolicyConfig, task: Task | None = None) -> Tokenizer:
+    """The tokenizer :func:`build_policy` would use, without building the model."""
+    if cfg.model_name_or_path is None:
+        return getattr(task, "tokenizer", None) or CharTokenizer()
+    transformers = require("transformers", "hf", "loading the policy's tokenizer")
+    path = _pretrained_dir(cfg)
+    return HFTokenizer(_from_pretrained(transformers.AutoTokenizer, path))
+
+
+def bind_task_tokenizer(task: Task, cfg: PolicyConfig) -> None:
+    """Give a task that formats prompts with the policy's tokenizer (a dataset
+    task with ``chat_template: true``) that tokenizer, before any prompt is drawn."""
+    bind = getattr(task, "bind_tokenizer", None)
+    if bind is not None:
+        bind(load_tokenizer(cfg, task))
+
+
+def _pretrained_dir(cfg: PolicyConfig) -> Path:
     path = Path(cfg.model_name_or_path).expanduser()
     if not path.is_dir():
         raise ConfigError(
@@ -111,15 +128,24 @@ def _load_pretrained(transformers: Any, cfg: PolicyConfig) -> tuple[torch.nn.Mod
             "(e.g. one written by save_pretrained), or null to build policy.model from scratch; "
             "models are never downloaded"
         )
+    return path
+
+
+def _from_pretrained(auto_class: Any, path: Path) -> Any:
     try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
-        model = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
+        return auto_class.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError) as exc:
         raise ConfigError(
             f"policy.model_name_or_path={str(path)!r}: could not load a causal LM and its "
             f"tokenizer from it ({exc}). The directory needs config.json, the weights and the "
             "tokenizer files, as written by model.save_pretrained and tokenizer.save_pretrained"
         ) from exc
+
+
+def _load_pretrained(transformers: Any, cfg: PolicyConfig) -> tuple[torch.nn.Module, Tokenizer]:
+    path = _pretrained_dir(cfg)
+    tokenizer = _from_pretrained(transformers.AutoTokenizer, path)
+    model = _from_pretrained(transformers.AutoModelForCausalLM, path)
     # float32 whatever the checkpoint's dtype: CPU training and exact log-prob
     # agreement between engine and trainer both want full precision.
     return _prepare(model.float(), cfg), HFTokenizer(tokenizer)

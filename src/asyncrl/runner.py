@@ -1,8 +1,8 @@
 """``train``: build the backends a config names, run the controller, write the run dir.
 
 The run directory (DESIGN.md §6): ``config.yaml``, ``metrics.jsonl``,
-``summary.json``, ``timeline.json``, TensorBoard events under ``tb/`` and PNG
-plots under ``plots/``.
+``summary.json``, ``timeline.json``, TensorBoard events under ``tb/``, PNG
+plots under ``plots/`` and the final policy in Hugging Face format under ``final/``.
 """
 
 from __future__ import annotations
@@ -22,8 +22,10 @@ from asyncrl.checkpoint.resume import ENGINE_SNAPSHOTS
 from asyncrl.config import RunConfig, dump_config
 from asyncrl.controller import Controller, JsonlHistory
 from asyncrl.engines.base import RolloutEngine
+from asyncrl.export import export_final
 from asyncrl.metrics import JsonlSink, MetricsSink, TensorBoardSink
 from asyncrl.metrics.report import write_plots
+from asyncrl.policy import bind_task_tokenizer
 from asyncrl.tasks import Task, build_task
 from asyncrl.trainers.base import Trainer
 
@@ -67,6 +69,8 @@ def train(
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(dump_config(cfg))
     task = task if task is not None else build_task(cfg.task)
+    # A dataset task with chat_template formats its prompts with the policy's tokenizer.
+    bind_task_tokenizer(task, cfg.policy)
     engines, trainer = backends if backends is not None else build_backends(cfg, task)
 
     start = resume.step if resume is not None else 0
@@ -81,6 +85,10 @@ def train(
         from asyncrl.metrics.progress import ProgressSink
 
         sinks.append(ProgressSink(cfg.grpo.max_num_steps, start_step=start))
+    if cfg.logging.wandb is not None:
+        from asyncrl.metrics.wandb_sink import WandbSink
+
+        sinks.append(WandbSink(cfg.logging.wandb, run_dir, cfg.model_dump(mode="json")))
     sinks.extend(extra_sinks)
 
     # One line per finished prompt group, appended as groups end (a resume cuts
@@ -100,6 +108,7 @@ def train(
         snapshots = trainer_state.pop(ENGINE_SNAPSHOTS, None)
         trainer.load_state_dict(trainer_state)
         controller.load_state_dict(resume.controller_state)
+    exported: dict[str, Path | None] = {}
 
     async def main() -> None:
         try:
@@ -112,6 +121,8 @@ def train(
                         engine.restore_retained(snapshots)
             await controller.run()
         finally:
+            # The final policy, however the run ended (before the trainer closes).
+            exported["final_dir"] = await export_final(run_dir, cfg, trainer, task)
             for backend in (*engines, trainer):
                 try:
                     await backend.close()
@@ -125,7 +136,8 @@ def train(
         interrupted = True
         raise
     finally:
-        summary = finish_run_dir(run_dir, controller, task, cfg, interrupted=interrupted)
+        summary = finish_run_dir(run_dir, controller, task, cfg, interrupted=interrupted,
+                                 final_dir=exported.get("final_dir"))
     return summary
 
 
@@ -138,9 +150,10 @@ def truncate_metrics(path: Path, *, before_step: int) -> None:
 
 
 def finish_run_dir(run_dir: Path, controller: Controller, task: Task, cfg: RunConfig, *,
-                   interrupted: bool = False) -> dict[str, Any]:
+                   interrupted: bool = False, final_dir: Path | None = None) -> dict[str, Any]:
     """Write summary.json, timeline.json and the plots (also after an error)."""
     summary = controller.summary()
+    summary["final_dir"] = None if final_dir is None else str(final_dir)
     if interrupted:
         summary["stop_reason"] = "interrupted"
     target = getattr(task, "target_reward", None)

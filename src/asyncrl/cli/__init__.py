@@ -1,4 +1,4 @@
-"""The ``asyncrl`` command line: train, simulate, validate, plot."""
+"""The ``asyncrl`` command line: train, simulate, validate, plot, export."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from asyncrl.errors import AsyncRLError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from asyncrl.cli import plot, simulate, train, validate
+    from asyncrl.cli import export, plot, simulate, train, validate
 
     parser = argparse.ArgumentParser(
         prog="asyncrl",
@@ -19,7 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (train, simulate, validate, plot):
+    for module in (train, simulate, validate, plot, export):
         module.register(sub)
     return parser
 

@@ -53,5 +53,7 @@ def print_summary(console: Console, summary: dict) -> None:
         + ("  [green]balanced[/green]" if ledger["balanced"] else "  [red]UNBALANCED[/red]")
     )
     console.print(f"run directory   {summary['run_dir']}")
+    if summary.get("final_dir"):
+        console.print(f"final policy    {summary['final_dir']}  (Hugging Face format)")
     for plot in summary.get("plots", []):
         console.print(f"plot            {plot}")

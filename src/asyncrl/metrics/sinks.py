@@ -29,6 +29,14 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+def scalars(record: dict[str, Any]) -> dict[str, float]:
+    """The record's finite numbers (not booleans, not ``step``): what TensorBoard
+    and wandb plot."""
+    return {key: value for key, value in record.items()
+            if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(float(value))}
+
+
 class MemorySink:
     """Keeps records in a list (tests, the simulator, plots)."""
 
@@ -73,11 +81,8 @@ class TensorBoardSink:
 
     def write(self, record: dict[str, Any]) -> None:
         step = int(record.get("step", 0))
-        for key, value in record.items():
-            if isinstance(value, bool) or key == "step":
-                continue
-            if isinstance(value, (int, float)) and math.isfinite(float(value)):
-                self._writer.add_scalar(key, value, step)
+        for key, value in scalars(record).items():
+            self._writer.add_scalar(key, value, step)
         hist = record.get("staleness_hist")
         if hist:
             values = [int(k) for k, n in hist.items() for _ in range(int(n))]

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from asyncrl._targets import load_target
 from asyncrl._validation import explain
 from asyncrl.buffer import RolloutBuffer
 from asyncrl.errors import SamplerConfigError
@@ -117,43 +117,9 @@ def create_sampler(buffer: RolloutBuffer, cfg: Any) -> PromptGroupSampler:
 
 def _load_custom(buffer: RolloutBuffer, cfg: CustomSamplerConfig) -> PromptGroupSampler:
     target = cfg.target
-    module_name, sep, class_name = target.partition(":")
-    if not sep or not module_name or not class_name or ":" in class_name:
-        raise SamplerConfigError(
-            f"async_rl.sampler.target {target!r} is not of the form 'module:ClassName'; "
-            "write e.g. target: my_pkg.samplers:MySampler"
-        )
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name and exc.name != module_name and not module_name.startswith(exc.name + "."):
-            # The module exists but one of its own imports does not.
-            raise SamplerConfigError(
-                f"async_rl.sampler.target {target!r}: module {module_name!r} was found but "
-                f"importing it failed ({exc}); install {exc.name!r} or fix that import"
-            ) from exc
-        raise SamplerConfigError(
-            f"async_rl.sampler.target {target!r}: module {module_name!r} cannot be imported "
-            f"({exc}); make sure it is installed or on PYTHONPATH"
-        ) from exc
-    except Exception as exc:
-        raise SamplerConfigError(
-            f"async_rl.sampler.target {target!r}: importing module {module_name!r} raised "
-            f"{type(exc).__name__}: {exc}; fix the module (the cause is chained below)"
-        ) from exc
-    obj: Any = module
-    for part in class_name.split("."):
-        obj = getattr(obj, part, None)
-        if obj is None:
-            raise SamplerConfigError(
-                f"async_rl.sampler.target {target!r}: module {module_name!r} has no attribute "
-                f"{class_name!r}; check the class name (public names there: "
-                f"{', '.join(n for n in dir(module) if n[:1].isupper()) or 'none'})"
-            )
-    if not callable(obj):
-        raise SamplerConfigError(
-            f"async_rl.sampler.target {target!r} is not a class or callable"
-        )
+    obj = load_target(target, field="async_rl.sampler.target", kind="class",
+                      example="my_pkg.samplers:MySampler", error=SamplerConfigError)
+    class_name = target.partition(":")[2]
     _check_signature(obj, target, cfg.kwargs)
     try:
         sampler = obj(buffer, **cfg.kwargs)
