@@ -26,7 +26,7 @@ from asyncrl.export import export_final
 from asyncrl.metrics import JsonlSink, MetricsSink, TensorBoardSink
 from asyncrl.metrics.report import write_plots
 from asyncrl.policy import bind_task_tokenizer
-from asyncrl.tasks import Task, build_task
+from asyncrl.tasks import Task, build_scorer, build_task
 from asyncrl.trainers.base import Trainer
 
 log = logging.getLogger("asyncrl.runner")
@@ -96,11 +96,12 @@ def train(
     history = JsonlHistory(run_dir / "ledger.jsonl")
     if resume is None:
         history.truncate(0)
+    scorer = build_scorer(task, cfg.task)
     controller = Controller(
         task=task, engines=engines, trainer=trainer, grpo=cfg.grpo, async_rl=cfg.async_rl,
         seed=cfg.seed, deterministic=cfg.deterministic, sinks=sinks,
         on_step_end=CheckpointHook(run_dir, cfg) if cfg.checkpoint.every_steps else None,
-        ledger_history=history,
+        ledger_history=history, scorer=scorer,
     )
     snapshots = None
     if resume is not None:
@@ -123,7 +124,7 @@ def train(
         finally:
             # The final policy, however the run ended (before the trainer closes).
             exported["final_dir"] = await export_final(run_dir, cfg, trainer, task)
-            for backend in (*engines, trainer):
+            for backend in (scorer, *engines, trainer):
                 try:
                     await backend.close()
                 except Exception as exc:  # a failing close must not hide the run's outcome

@@ -1,6 +1,6 @@
 """The controller: a dispatcher and a train pump over one buffer and one sampler."""
 
-from asyncrl.controller.attempts import AttemptRunner, TaskScorer
+from asyncrl.controller.attempts import AttemptRunner
 from asyncrl.controller.controller import Controller, RunResult
 from asyncrl.controller.dispatch import AdmitState, Dispatcher
 from asyncrl.controller.entry import Entry, EntryState
@@ -34,7 +34,6 @@ __all__ = [
     "LedgerHistory",
     "MemoryHistory",
     "RunResult",
-    "TaskScorer",
     "derived_facts",
     "validate_setup",
 ]

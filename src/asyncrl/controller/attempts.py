@@ -21,8 +21,8 @@ from asyncrl.controller.determinism import NoDeterminism
 from asyncrl.controller.entry import Entry, EntryState
 from asyncrl.engines.base import RolloutEngine
 from asyncrl.errors import BackendLost, EngineUnavailable, GroupAborted, RewardError
-from asyncrl.tasks.base import Scorer, Task
-from asyncrl.types import GenerationRequest, GroupResult, Prompt, Rollout
+from asyncrl.tasks.base import Scorer
+from asyncrl.types import GenerationRequest, GroupResult, Rollout
 
 log = logging.getLogger("asyncrl.controller")
 
@@ -32,27 +32,6 @@ class Exhausted:
     """Every attempt the group was allowed failed; ``error`` is the last one's."""
 
     error: BaseException
-
-
-class TaskScorer:
-    """The default :class:`~asyncrl.tasks.Scorer`: ``task.reward`` in a worker
-    thread, never on the event loop. Tasks with a ``reward`` block get the
-    configurable pool of :mod:`asyncrl.tasks.rewards` instead."""
-
-    def __init__(self, task: Task) -> None:
-        self.task = task
-
-    def _score(self, prompt: Prompt, completions: Sequence[str]) -> list[float]:
-        return [float(self.task.reward(prompt, text)) for text in completions]
-
-    async def score(self, prompt: Prompt, completions: Sequence[str]) -> list[float]:
-        try:
-            return await asyncio.to_thread(self._score, prompt, completions)
-        except Exception as exc:
-            raise RewardError(f"{type(self.task).__name__}.reward raised {exc!r}") from exc
-
-    async def close(self) -> None:
-        return None
 
 
 class AttemptRunner:

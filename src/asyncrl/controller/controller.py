@@ -31,7 +31,6 @@ from typing import Any
 from asyncrl._compat import BaseExceptionGroup, TaskGroup
 from asyncrl.buffer import RolloutBuffer
 from asyncrl.config import AsyncRLConfig, GRPOConfig
-from asyncrl.controller.attempts import TaskScorer
 from asyncrl.controller.context import RunContext
 from asyncrl.controller.determinism import Determinism, NoDeterminism
 from asyncrl.controller.dispatch import Dispatcher
@@ -46,6 +45,7 @@ from asyncrl.evaluation import Evaluator
 from asyncrl.metrics import MetricsSink, Timeline
 from asyncrl.sampling import PromptGroupSampler, create_sampler
 from asyncrl.tasks.base import Scorer, Task
+from asyncrl.tasks.rewards import build_scorer
 from asyncrl.trainers.base import Trainer
 from asyncrl.types import rollout_from_dict, rollout_to_dict
 from asyncrl.version import TrainerVersion
@@ -97,7 +97,10 @@ class Controller:
         self.sinks = list(sinks)
         self.on_step_end = on_step_end
         self.check_invariants = check_invariants
-        self.scorer = scorer if scorer is not None else TaskScorer(task)
+        # Rewards run in a worker pool, never on the event loop; a pool the
+        # controller made itself is closed with the run.
+        self._owns_scorer = scorer is None
+        self.scorer = scorer if scorer is not None else build_scorer(task)
 
         buffer = RolloutBuffer(async_rl.max_buffered_rollouts)
         sampler = create_sampler(buffer, async_rl.sampler)
@@ -205,6 +208,8 @@ class Controller:
         for engine in self.engines:
             if live:
                 await _best_effort(engine.abort(live), f"{type(engine).__name__}.abort")
+        if self._owns_scorer:
+            await _best_effort(self.scorer.close(), "closing the reward pool")
         summary = self.summary()
         for sink in self.sinks:
             try:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import selectors
+import time
 from collections.abc import Coroutine
 from typing import Any, Literal, TypeVar
 
@@ -64,6 +65,11 @@ class _JumpSelector(selectors.DefaultSelector):
             return []  # every task is blocked: those waiting for that go on first
         if timeout is None:
             return loop._idle(super().select)
+        grace = loop._thread_grace()
+        if grace > 0:
+            # A thread started moments ago may be about to finish: give it that
+            # long in real time, with the clock standing still.
+            return super().select(grace)
         loop._advance(timeout)
         return []
 
@@ -74,15 +80,22 @@ class JumpClockLoop(asyncio.SelectorEventLoop):
     It uses only asyncio's public extension points: ``time()`` returns the
     virtual clock, and the selector (see :class:`_JumpSelector`) advances it
     instead of waiting. Real I/O (the loop's self-pipe, executor threads) is
-    looked at only when no callback is ready and no timer is pending. Virtual
-    time does not wait for a thread in an executor: while timers are pending
-    the clock jumps on; once every task waits for the thread, the loop blocks
-    until it is done, with the clock standing still.
+    looked at only when no callback is ready. A thread in an executor holds the
+    clock for at most :attr:`THREAD_GRACE_S` real seconds (quick work takes no
+    virtual time); after that, while timers are pending, the clock jumps on,
+    and once every task waits for the thread, the loop blocks until it is done.
     """
+
+    #: Real seconds an executor thread may run while the virtual clock waits for
+    #: it. Quick work in a thread (a reward, a tokenizer) then takes no virtual
+    #: time; a thread that is still busy after this (a hung call) no longer holds
+    #: the clock, so virtual timeouts for it fire.
+    THREAD_GRACE_S = 0.25
 
     def __init__(self, start: float = 0.0) -> None:
         self._virtual_now = float(start)
-        self._executor_futures: set[asyncio.Future[Any]] = set()
+        #: Executor futures still running, with the real time each started.
+        self._executor_futures: dict[asyncio.Future[Any], float] = {}
         self._settle_waiters: list[asyncio.Future[None]] = []
         selector = _JumpSelector()
         super().__init__(selector)
@@ -93,9 +106,17 @@ class JumpClockLoop(asyncio.SelectorEventLoop):
 
     def run_in_executor(self, executor: Any, func: Any, *args: Any) -> asyncio.Future[Any]:
         future = super().run_in_executor(executor, func, *args)
-        self._executor_futures.add(future)
-        future.add_done_callback(self._executor_futures.discard)
+        self._executor_futures[future] = time.monotonic()
+        future.add_done_callback(self._executor_futures.pop)
         return future
+
+    def _thread_grace(self) -> float:
+        """Real seconds to keep waiting for the youngest running executor thread
+        (0 when none started within :attr:`THREAD_GRACE_S`)."""
+        if not self._executor_futures:
+            return 0.0
+        youngest = max(self._executor_futures.values())
+        return max(0.0, youngest + self.THREAD_GRACE_S - time.monotonic())
 
     def settled(self) -> asyncio.Future[None]:
         """A future that completes once every task is blocked (no callback is
