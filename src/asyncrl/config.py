@@ -254,6 +254,37 @@ class SimulateConfig(Block):
     failure_rate: Annotated[float, Field(ge=0, lt=1)] = 0.0
 
 
+# --------------------------------------------------------------------- eval
+class EvalConfig(Block):
+    """Held-out prompts scored every ``every_steps`` steps (docs/tasks.md, Evaluation).
+
+    Where the prompts come from: ``path`` (a file read with the dataset task's
+    keys, template and reward); or, for a dataset task, the last ``holdout``
+    records of the training file, which training then never sees; or, for a
+    built-in task, ``num_prompts`` prompts of a seeded stream of its own.
+    """
+
+    every_steps: PosInt = 10
+    path: str | None = None
+    holdout: PosInt | None = None
+    #: At most this many held-out prompts are evaluated.
+    num_prompts: PosInt = 32
+    num_generations: PosInt = 1
+    #: Sampling temperature of eval completions; 0 is greedy decoding.
+    temperature: NonNegFloat = 0.0
+    #: Length limit of eval completions (None: policy.generation.max_new_tokens).
+    max_new_tokens: PosInt | None = None
+    #: A completion passes (for pass@k) when its reward is at least this.
+    pass_threshold: float = 1.0
+
+    @model_validator(mode="after")
+    def _one_source(self) -> EvalConfig:
+        if self.path is not None and self.holdout is not None:
+            raise ValueError(
+                "eval.path and eval.holdout both name held-out prompts; set one of them")
+        return self
+
+
 # --------------------------------------------------------------------- root
 class RunConfig(Block):
     seed: int = 0
@@ -266,6 +297,7 @@ class RunConfig(Block):
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    eval: EvalConfig | None = None
     simulate: SimulateConfig | None = None
 
     @model_validator(mode="after")

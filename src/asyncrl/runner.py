@@ -22,11 +22,12 @@ from asyncrl.checkpoint.resume import ENGINE_SNAPSHOTS
 from asyncrl.config import RunConfig, dump_config
 from asyncrl.controller import Controller, JsonlHistory
 from asyncrl.engines.base import RolloutEngine
+from asyncrl.evaluation import build_evaluation
 from asyncrl.export import export_final
 from asyncrl.metrics import JsonlSink, MetricsSink, TensorBoardSink
 from asyncrl.metrics.report import write_plots
 from asyncrl.policy import bind_task_tokenizer
-from asyncrl.tasks import Task, build_scorer, build_task
+from asyncrl.tasks import Task, build_scorer
 from asyncrl.trainers.base import Trainer
 
 log = logging.getLogger("asyncrl.runner")
@@ -68,7 +69,8 @@ def train(
     run_dir = Path(run_dir) if run_dir is not None else new_run_dir()
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(dump_config(cfg))
-    task = task if task is not None else build_task(cfg.task)
+    # The training task, and the held-out prompts of cfg.eval (if any).
+    task, evaluator = build_evaluation(cfg, task)
     # A dataset task with chat_template formats its prompts with the policy's tokenizer.
     bind_task_tokenizer(task, cfg.policy)
     engines, trainer = backends if backends is not None else build_backends(cfg, task)
@@ -101,7 +103,7 @@ def train(
         task=task, engines=engines, trainer=trainer, grpo=cfg.grpo, async_rl=cfg.async_rl,
         seed=cfg.seed, deterministic=cfg.deterministic, sinks=sinks,
         on_step_end=CheckpointHook(run_dir, cfg) if cfg.checkpoint.every_steps else None,
-        ledger_history=history, scorer=scorer,
+        ledger_history=history, scorer=scorer, evaluator=evaluator,
     )
     snapshots = None
     if resume is not None:
@@ -124,7 +126,8 @@ def train(
         finally:
             # The final policy, however the run ended (before the trainer closes).
             exported["final_dir"] = await export_final(run_dir, cfg, trainer, task)
-            for backend in (scorer, *engines, trainer):
+            eval_scorer = [evaluator.scorer] if evaluator is not None else []
+            for backend in (scorer, *eval_scorer, *engines, trainer):
                 try:
                     await backend.close()
                 except Exception as exc:  # a failing close must not hide the run's outcome

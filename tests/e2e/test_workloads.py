@@ -59,6 +59,11 @@ def test_dataset_example_learns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert len(rewards) == 300 and last10[0] < 0.2
     assert max(last10) >= 0.9, f"never reached 0.9: {last10[::25]}"
     assert last10[-1] >= 0.85, f"did not stay learned: {last10[-30:]}"
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    curve = [(r["trainer_version"], r["eval/reward_mean"]) for r in records
+             if "eval/reward_mean" in r]
+    assert [v for v, _ in curve] == list(range(25, 301, 25))
+    assert curve[0][1] < 0.5 and curve[-1][1] >= 0.8, f"the eval curve did not rise: {curve}"
     summary = summary_of(run_dir)
     assert summary["ledger"]["balanced"] and summary["ledger"]["failed"] == 0
 
