@@ -6,7 +6,15 @@ import importlib
 import inspect
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+)
 
 from asyncrl._validation import explain
 from asyncrl.buffer import RolloutBuffer
@@ -19,7 +27,9 @@ from asyncrl.sampling.policies import (
     WindowedSampler,
 )
 
-_Window = Annotated[int, Field(ge=0, description="staleness/lookahead window in versions")]
+_Window = Annotated[
+    StrictInt, Field(ge=0, description="staleness/lookahead window in versions")
+]
 
 
 class _Strict(BaseModel):
@@ -53,6 +63,18 @@ class CustomSamplerConfig(BaseModel):
     model_config = ConfigDict(extra="allow", frozen=True)
     name: Literal["custom"] = "custom"
     target: str
+
+    @field_validator("target", mode="before")
+    @classmethod
+    def _module_colon_class(cls, value: Any) -> Any:
+        if not isinstance(value, str):
+            raise ValueError(
+                f"must be a string 'module:ClassName', got {value!r}. In YAML, quote a target "
+                'that ends with a colon or holds ": ", e.g. target: "my_pkg.samplers:MySampler"'
+            )
+        if split_target(value) is None:
+            raise ValueError(_bad_target(value))
+        return value
 
     @property
     def kwargs(self) -> dict[str, Any]:
@@ -115,14 +137,25 @@ def create_sampler(buffer: RolloutBuffer, cfg: Any) -> PromptGroupSampler:
     return cls(buffer, **kwargs)
 
 
+def split_target(target: str) -> tuple[str, str] | None:
+    """``"module:ClassName"`` -> ``("module", "ClassName")``; None when not of that form."""
+    module_name, sep, class_name = target.strip().partition(":")
+    if not sep or not module_name or not class_name or ":" in class_name:
+        return None
+    return module_name, class_name
+
+
+def _bad_target(target: str) -> str:
+    return (f"{target!r} is not of the form 'module:ClassName' (the module to import, "
+            "a colon, then the class in it); write e.g. target: my_pkg.samplers:MySampler")
+
+
 def _load_custom(buffer: RolloutBuffer, cfg: CustomSamplerConfig) -> PromptGroupSampler:
     target = cfg.target
-    module_name, sep, class_name = target.partition(":")
-    if not sep or not module_name or not class_name or ":" in class_name:
-        raise SamplerConfigError(
-            f"async_rl.sampler.target {target!r} is not of the form 'module:ClassName'; "
-            "write e.g. target: my_pkg.samplers:MySampler"
-        )
+    parts = split_target(target)
+    if parts is None:
+        raise SamplerConfigError(f"async_rl.sampler.target {_bad_target(target)}")
+    module_name, class_name = parts
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
