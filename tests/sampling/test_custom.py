@@ -205,6 +205,16 @@ BAD_TARGETS = [
         {},
         ["does not satisfy PromptGroupSampler", "missing admit (must be 'async def')"],
     ),
+    (  # issue 12, case 9: an __init__ that raises is an error naming the cause
+        "bad_samplers:RaisingSampler",
+        {"window": 3},
+        ["could not be constructed", "raised RuntimeError: window 3 is not supported"],
+    ),
+    (  # issue 12, case 9: a BaseSampler subclass without select, found before step 0
+        "bad_samplers:NoSelectSampler",
+        {},
+        ["does not satisfy PromptGroupSampler", "missing select (BaseSampler has none"],
+    ),
 ]
 
 

@@ -19,7 +19,7 @@ from pydantic import (
 from asyncrl._validation import explain
 from asyncrl.buffer import RolloutBuffer
 from asyncrl.errors import SamplerConfigError
-from asyncrl.sampling.base import PromptGroupSampler
+from asyncrl.sampling.base import BaseSampler, PromptGroupSampler
 from asyncrl.sampling.policies import (
     InOrderSampler,
     ReadyFirstSampler,
@@ -190,12 +190,15 @@ def _load_custom(buffer: RolloutBuffer, cfg: CustomSamplerConfig) -> PromptGroup
     _check_signature(obj, target, cfg.kwargs)
     try:
         sampler = obj(buffer, **cfg.kwargs)
-    except TypeError as exc:
+    except Exception as exc:
+        shape = (" A sampler's constructor takes the RolloutBuffer first, then its own keyword "
+                 "arguments (subclass asyncrl.sampling.BaseSampler to get this for free)."
+                 if isinstance(exc, TypeError) else "")
         raise SamplerConfigError(
-            f"async_rl.sampler.target {target!r} could not be constructed as "
-            f"{class_name}(buffer, **{cfg.kwargs!r}): {exc}. A sampler's constructor takes "
-            "the RolloutBuffer first, then its own keyword arguments (subclass "
-            "asyncrl.sampling.BaseSampler to get this for free)"
+            f"async_rl.sampler.target {target!r} could not be constructed: "
+            f"{class_name}(buffer, **{cfg.kwargs!r}) raised {type(exc).__name__}: {exc}.{shape} "
+            "Fix the constructor or the keys of async_rl.sampler it was given (the original "
+            "error is chained below)"
         ) from exc
     missing = missing_protocol_members(sampler)
     if missing:
@@ -261,6 +264,9 @@ _PROTOCOL_MEMBERS = (
 def missing_protocol_members(obj: Any) -> list[str]:
     """Names of PromptGroupSampler members ``obj`` lacks (empty when it satisfies it)."""
     missing = [m for m in _PROTOCOL_MEMBERS if not hasattr(type(obj), m) and not hasattr(obj, m)]
+    # BaseSampler leaves select to its subclasses; found now, not at step 0.
+    if isinstance(obj, BaseSampler) and type(obj).select is BaseSampler.select:
+        missing.append("select (BaseSampler has none: define async def select(...))")
     for name in ("admit", "select", "evict"):
         fn = getattr(obj, name, None)
         if fn is not None and not inspect.iscoroutinefunction(fn):
