@@ -199,8 +199,12 @@ class CheckpointConfig(Block):
 class LoggingConfig(Block):
     tensorboard: bool = True
     plots: bool = True
-    #: Live progress display: auto (only on a terminal), always or never.
-    progress: Literal["auto", "always", "never"] = "auto"
+    #: Progress on stderr. auto: a live bar on a terminal, else a line every
+    #: progress_every_s (logs, cluster jobs); always: the same (never silent);
+    #: lines: the lines even on a terminal; never: nothing.
+    progress: Literal["auto", "always", "lines", "never"] = "auto"
+    #: Seconds of run time between two progress lines (0: one line per step).
+    progress_every_s: NonNegFloat = 30.0
 
 
 # ----------------------------------------------------------------- simulate

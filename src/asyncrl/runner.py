@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from asyncrl.engines.base import RolloutEngine
 from asyncrl.errors import CheckpointError, ConfigError
 from asyncrl.jsonio import dumps, write_json
 from asyncrl.metrics import JsonlSink, MetricsSink, TensorBoardSink
+from asyncrl.metrics.progress import progress_sink
 from asyncrl.metrics.report import write_plots
 from asyncrl.preflight import preflight
 from asyncrl.rundir import check_run_dir, fork_run_dir, prepare_run_dir, truncate_metrics
@@ -39,14 +39,6 @@ from asyncrl.tasks import Task
 from asyncrl.trainers.base import Trainer
 
 log = logging.getLogger("asyncrl.runner")
-
-
-def _want_progress(mode: str) -> bool:
-    if mode == "always":
-        return True
-    if mode == "never":
-        return False
-    return sys.stderr.isatty()
 
 
 def train(
@@ -144,10 +136,10 @@ def _controller(cfg: RunConfig, task: Task, engines: Sequence[RolloutEngine], tr
     sinks: list[MetricsSink] = [JsonlSink(run_dir / "metrics.jsonl", append=resume is not None)]
     if cfg.logging.tensorboard:
         sinks.append(TensorBoardSink(run_dir / "tb", purge_step=start if resume else None))
-    if _want_progress(cfg.logging.progress):
-        from asyncrl.metrics.progress import ProgressSink
-
-        sinks.append(ProgressSink(cfg.grpo.max_num_steps, start_step=start))
+    progress = progress_sink(cfg.logging.progress, cfg.grpo.max_num_steps, start_step=start,
+                             every_s=cfg.logging.progress_every_s)
+    if progress is not None:
+        sinks.append(progress)
     sinks.extend(extra_sinks)
     controller = Controller(
         task=task, engines=engines, trainer=trainer, grpo=cfg.grpo, async_rl=cfg.async_rl,
