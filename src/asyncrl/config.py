@@ -369,8 +369,8 @@ def _invalid(exc: ValidationError, source: str, overrides: Sequence[str]) -> str
                         if path == key or path.startswith(key + ".") or key.startswith(path + ".")),
                        None)
         blamed += culprit is not None
-        lines.append(f'{path} (from override "{culprit}"): {problem}' if culprit
-                     else f"{path}: {problem}")
+        lines.append(f"{path}: {problem}"
+                     + (f' (from the command-line override "{culprit}")' if culprit else ""))
     if blamed == len(lines):
         head = "invalid command-line override"
     elif blamed:

@@ -67,7 +67,7 @@ def test_train_redirected_prints_progress_lines(tmp_path: Path, mode: str) -> No
     proc = subprocess.run(
         [sys.executable, "-m", "asyncrl", "train", "--config", str(config),
          "--run-dir", str(tmp_path / "run")],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=240)
+        capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr
     lines = [x for x in proc.stderr.splitlines() if x.startswith("asyncrl train: step ")]
     assert [x.split()[3] for x in lines] == ["1/3", "2/3", "3/3"], proc.stderr
