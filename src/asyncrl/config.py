@@ -8,21 +8,32 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictFloat,
+    StrictInt,
+    ValidationError,
+    model_validator,
+)
 
-from asyncrl._validation import explain
+from asyncrl._validation import explain_errors
+from asyncrl._yaml import load_yaml
 from asyncrl.dataset_config import DatasetTaskConfig
 from asyncrl.errors import ConfigError
 from asyncrl.sampling.config import InOrderSamplerConfig, SamplerConfig
 
-PosInt = Annotated[int, Field(ge=1)]
-NonNegInt = Annotated[int, Field(ge=0)]
-PosFloat = Annotated[float, Field(gt=0)]
-NonNegFloat = Annotated[float, Field(ge=0)]
+# Numbers are strict: YAML's `true` is not 1. A float field still takes a YAML int.
+PosInt = Annotated[StrictInt, Field(ge=1)]
+NonNegInt = Annotated[StrictInt, Field(ge=0)]
+PosFloat = Annotated[StrictFloat, Field(gt=0)]
+NonNegFloat = Annotated[StrictFloat, Field(ge=0)]
 
 
 class Block(BaseModel):
@@ -60,7 +71,7 @@ class AsyncRLConfig(Block):
 # --------------------------------------------------------------------- task
 #: Weight of partial credit for a wrong answer (see asyncrl.tasks.match_reward);
 #: below 1 so that only an exact answer earns the full reward.
-PartialCredit = Annotated[float, Field(ge=0, lt=1)]
+PartialCredit = Annotated[StrictFloat, Field(ge=0, lt=1)]
 
 
 class ArithmeticTaskConfig(Block):
@@ -111,7 +122,7 @@ class ModelConfig(Block):
 
 class GenerationConfig(Block):
     temperature: PosFloat = 1.0
-    top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
+    top_p: Annotated[StrictFloat, Field(gt=0, le=1)] = 1.0
     #: A completion ends at EOS or after this many tokens (an answer this long needs
     #: no EOS). Short limits keep a from-scratch policy from wandering.
     max_new_tokens: PosInt = 4
@@ -123,7 +134,7 @@ class OptimizerConfig(Block):
     #: Tuned for the default from-scratch model: 3e-3 collapses its exploration early.
     lr: PosFloat = 1e-3
     weight_decay: NonNegFloat = 0.0
-    betas: tuple[float, float] = (0.9, 0.99)
+    betas: tuple[StrictFloat, StrictFloat] = (0.9, 0.99)
     grad_clip: PosFloat | None = 1.0
 
 
@@ -204,8 +215,12 @@ class LoggingConfig(Block):
     #: Also log every step's scalars and the config to wandb (None: off).
     wandb: WandbConfig | None = None
     plots: bool = True
-    #: Live progress display: auto (only on a terminal), always or never.
-    progress: Literal["auto", "always", "never"] = "auto"
+    #: Progress on stderr. auto: a live bar on a terminal, else a line every
+    #: progress_every_s (logs, cluster jobs); always: the same (never silent);
+    #: lines: the lines even on a terminal; never: nothing.
+    progress: Literal["auto", "always", "lines", "never"] = "auto"
+    #: Seconds of run time between two progress lines (0: one line per step).
+    progress_every_s: NonNegFloat = 30.0
 
 
 # ----------------------------------------------------------------- simulate
@@ -229,7 +244,7 @@ class BimodalLatency(Block):
     distribution: Literal["bimodal"] = "bimodal"
     fast: LognormalParams = LognormalParams(median=20.0, sigma=0.3)
     slow: LognormalParams = LognormalParams(median=120.0, sigma=0.3)
-    slow_fraction: Annotated[float, Field(ge=0, le=1)] = 0.1
+    slow_fraction: Annotated[StrictFloat, Field(ge=0, le=1)] = 0.1
 
 
 class EmpiricalLatency(Block):
@@ -251,7 +266,7 @@ class SimulateConfig(Block):
     #: Extra trainer time per trained group (streaming cost), on top of train_step_s.
     train_per_group_s: NonNegFloat = 0.0
     weight_sync_s: NonNegFloat = 2.0
-    failure_rate: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    failure_rate: Annotated[StrictFloat, Field(ge=0, lt=1)] = 0.0
 
 
 # --------------------------------------------------------------------- eval
@@ -287,7 +302,7 @@ class EvalConfig(Block):
 
 # --------------------------------------------------------------------- root
 class RunConfig(Block):
-    seed: int = 0
+    seed: StrictInt = 0
     deterministic: bool = False
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
     async_rl: AsyncRLConfig = Field(default_factory=AsyncRLConfig)
@@ -344,6 +359,10 @@ def parse_override(text: str) -> tuple[str, Any]:
         # YAML 1.1 reads "1e-3" as a string; on a command line it is a number.
         with contextlib.suppress(ValueError):
             value = float(value)
+    elif isinstance(value, dict) and not raw.lstrip().startswith("{"):
+        # "target=mod:" reads as the mapping {mod: None}; a mapping on the command
+        # line is written {key: value}, so anything else was meant as text.
+        value = raw.strip()
     return key, value
 
 
@@ -388,12 +407,43 @@ def _fill_default_tags(tree: dict[str, Any]) -> None:
             node[key] = default
 
 
-def config_from_dict(tree: dict[str, Any], *, source: str = "config") -> RunConfig:
+def config_from_dict(tree: dict[str, Any], *, source: str = "config",
+                     overrides: Sequence[str] = ()) -> RunConfig:
+    """Validate a config tree; errors name the field, and the override that set it, if any."""
     _fill_default_tags(tree)
     try:
         return RunConfig.model_validate(tree)
     except ValidationError as exc:
-        raise ConfigError(f"invalid {source}:\n{explain(exc, RunConfig)}") from None
+        raise ConfigError(_invalid(exc, source, overrides)) from None
+
+
+def _invalid(exc: ValidationError, source: str, overrides: Sequence[str]) -> str:
+    keys = [(parse_override(o)[0], o) for o in overrides]
+    lines, blamed = [], 0
+    for path, problem in explain_errors(exc, RunConfig):
+        # The last override that set this path, a block above it or a key below it.
+        culprit = next((text for key, text in reversed(keys)
+                        if path == key or path.startswith(key + ".") or key.startswith(path + ".")),
+                       None)
+        blamed += culprit is not None
+        lines.append(f"{path}: {problem}"
+                     + (f' (from the command-line override "{culprit}")' if culprit else ""))
+    if blamed == len(lines):
+        head = "invalid command-line override"
+    elif blamed:
+        head = f"invalid {source} and command-line override"
+    else:
+        head = f"invalid {source}"
+    return f"{head}:\n" + "\n".join(lines)
+
+
+#: What an empty config file is told to hold.
+EMPTY_FILE_HINT = (
+    "put the run's settings in it, e.g.\n"
+    "  grpo: {max_num_steps: 50}\n"
+    "  task: {name: arithmetic}\n"
+    "(examples/quickstart.yaml is a complete one), or write {} to run on every default"
+)
 
 
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
@@ -404,17 +454,14 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
         p = Path(path)
         if not p.is_file():
             raise ConfigError(f"config file {str(p)!r} does not exist; pass an existing YAML file")
-        try:
-            loaded = yaml.safe_load(p.read_text())
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{p}: not valid YAML ({exc})") from None
+        loaded = load_yaml(p.read_text(), str(p))
         if loaded is None:
-            loaded = {}
+            raise ConfigError(f"{p} is empty (or only comments): {EMPTY_FILE_HINT}")
         if not isinstance(loaded, dict):
             raise ConfigError(f"{p}: the top level must be a mapping of blocks, got {type(loaded).__name__}")
         tree, source = loaded, str(p)
     apply_overrides(tree, list(overrides or []))
-    return config_from_dict(tree, source=source)
+    return config_from_dict(tree, source=source, overrides=list(overrides or []))
 
 
 def dump_config(cfg: RunConfig) -> str:

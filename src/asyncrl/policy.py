@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from asyncrl.config import PolicyConfig
+from asyncrl.config import ModelConfig, PolicyConfig
 from asyncrl.errors import ConfigError, require
 from asyncrl.tasks.tokenizer import CharTokenizer, Tokenizer
 
@@ -75,11 +75,7 @@ def build_policy(
 
     tokenizer = getattr(task, "tokenizer", None) or CharTokenizer()
     m = cfg.model
-    if m.hidden_size % m.num_heads:
-        raise ConfigError(
-            f"policy.model.hidden_size={m.hidden_size} is not divisible by "
-            f"policy.model.num_heads={m.num_heads}; pick sizes that divide"
-        )
+    check_model_shape(m)
     config = transformers.LlamaConfig(
         vocab_size=tokenizer.vocab_size,
         hidden_size=m.hidden_size,
@@ -100,6 +96,16 @@ def build_policy(
         torch.manual_seed(seed)
         model = transformers.LlamaForCausalLM(config)
     return _prepare(model, cfg), tokenizer
+
+
+def check_model_shape(m: ModelConfig) -> None:
+    """Refuse a from-scratch model shape transformers cannot build."""
+    if m.hidden_size % m.num_heads:
+        raise ConfigError(
+            f"policy.model.hidden_size={m.hidden_size} is not divisible by "
+            f"policy.model.num_heads={m.num_heads} (each attention head gets hidden_size / "
+            "num_heads dimensions); pick sizes that divide, e.g. hidden_size=64, num_heads=4"
+        )
 
 
 def load_tokenizer(cfg: PolicyConfig, task: Task | None = None) -> Tokenizer:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,7 @@ def test_same_config_gives_identical_metrics_and_resume_replays_exactly(tmp_path
     # resumed, replay steps 6.. exactly like the uninterrupted run.
     killed = tmp_path / "c"
     train(config("checkpoint.every_steps=6", "grpo.max_num_steps=9"), killed)
+    shutil.rmtree(killed / "checkpoints" / "step-000009")  # the final one: killed before it
     cfg, ckpt = prepare_resume(killed, [f"grpo.max_num_steps={STEPS}"])
     assert ckpt.step == 6
     train(cfg, killed, resume=ckpt)

@@ -36,9 +36,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Our own errors carry the fix in their message: no traceback needed.
         print(f"asyncrl {args.command}: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"asyncrl {args.command}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        from asyncrl.signals import Terminated
+
+        terminated = isinstance(exc, Terminated)
+        print(f"asyncrl {args.command}: {'terminated' if terminated else 'interrupted'}",
+              file=sys.stderr)
+        return 143 if terminated else 130
 
 
 __all__ = ["build_parser", "main"]

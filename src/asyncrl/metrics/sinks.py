@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
+
+from asyncrl.jsonio import dumps
 
 
 @runtime_checkable
@@ -17,16 +18,6 @@ class MetricsSink(Protocol):
     def close(self, summary: dict[str, Any] | None = None) -> None:
         """Called once when the run ends, with the final summary."""
         ...
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    return value
 
 
 def scalars(record: dict[str, Any]) -> dict[str, float]:
@@ -61,7 +52,7 @@ class JsonlSink:
         self._fh = self.path.open("a" if append else "w", encoding="utf-8")
 
     def write(self, record: dict[str, Any]) -> None:
-        self._fh.write(json.dumps(_jsonable(record), sort_keys=False) + "\n")
+        self._fh.write(dumps(record) + "\n")
         self._fh.flush()
 
     def close(self, summary: dict[str, Any] | None = None) -> None:

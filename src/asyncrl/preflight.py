@@ -1,0 +1,166 @@
+"""Every check ``asyncrl train`` runs before its first step, in one function.
+
+``asyncrl validate`` runs :func:`preflight` and nothing else, and
+:func:`asyncrl.runner.train` runs it before it touches the run directory, so a
+config that validates is one that ``train`` starts on. The checks are cheap: no
+model weights are built or loaded.
+
+* the device (``policy.device``): a torch device this machine has;
+* the model: a from-scratch shape transformers can build, or a local
+  ``policy.model_name_or_path`` holding a readable config, weights and a tokenizer;
+* the task, built as ``train`` builds it;
+* the sampler, built as the controller builds it (a ``custom`` one included),
+  and its derived facts: plausible values, a buffer large enough, a pinned
+  weight version in deterministic mode (:func:`~asyncrl.controller.validation.validate_setup`).
+
+On the Ray backend the device and the model path are the workers' to check:
+the driver may run on a machine without the GPU or the file system they use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from asyncrl.buffer import RolloutBuffer
+from asyncrl.controller.validation import derived_facts, validate_setup
+from asyncrl.errors import AsyncRLError, ConfigError, require
+from asyncrl.sampling import create_sampler
+
+if TYPE_CHECKING:
+    from asyncrl.config import PolicyConfig, RunConfig
+    from asyncrl.tasks.base import Task
+
+#: Files a tokenizer written by ``save_pretrained`` has at least one of.
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+_WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin", "model*.bin")
+
+
+@dataclass(frozen=True)
+class Preflight:
+    """What the checks found: the task they built and the sampler's derived facts."""
+
+    task: Task
+    facts: dict[str, Any] = field(default_factory=dict)
+
+
+def preflight(cfg: RunConfig, *, task: Task | None = None,
+              builtin_backends: bool = True) -> Preflight:
+    """Run every pre-run check on ``cfg``; raise a :class:`ConfigError` naming the fix.
+
+    ``task``: a task the caller built itself (not built again). ``builtin_backends``:
+    False when the caller brings its own engines and trainer, whose device and
+    model are then theirs to check.
+    """
+    if builtin_backends and cfg.cluster.backend == "local":
+        check_device(cfg.policy.device)
+        check_model_source(cfg.policy)
+    elif builtin_backends:
+        _parse_device(cfg.policy.device)
+    if task is None:
+        task = _build_task(cfg)
+    capacity = cfg.async_rl.max_buffered_rollouts
+    sampler = create_sampler(RolloutBuffer(capacity), cfg.async_rl.sampler)
+    validate_setup(sampler, cfg.grpo, cfg.async_rl, deterministic=cfg.deterministic)
+    facts = derived_facts(sampler, cfg.grpo)
+    facts["max_buffered_rollouts"] = capacity
+    return Preflight(task=task, facts=facts)
+
+
+def _parse_device(device: str) -> Any:
+    import torch
+
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise ConfigError(
+            f"policy.device={device!r} is not a torch device; use cpu, cuda, cuda:N or mps"
+        ) from None
+
+
+def check_device(device: str) -> None:
+    """``device`` names a torch device that exists on this machine."""
+    import torch
+
+    dev = _parse_device(device)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            build = ("this torch is a CPU-only build" if torch.version.cuda is None
+                     else "no CUDA GPU is visible (CUDA_VISIBLE_DEVICES? driver?)")
+            raise ConfigError(
+                f"policy.device={device!r} but CUDA is not available here: {build} "
+                f"(torch {torch.__version__}). Set policy.device=cpu, or run on a machine "
+                "with a GPU and a CUDA build of torch"
+            )
+        count = torch.cuda.device_count()
+        if dev.index is not None and dev.index >= count:
+            raise ConfigError(
+                f"policy.device={device!r} but this machine has {count} CUDA device(s) "
+                f"(cuda:0..cuda:{count - 1}); pick one of them"
+            )
+    elif dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(
+            f"policy.device={device!r} but MPS (Apple GPU) is not available here; "
+            "set policy.device=cpu"
+        )
+    elif dev.type not in ("cpu", "cuda", "mps"):
+        try:  # any other backend torch knows: it works if a tensor can live there
+            torch.empty(1, device=dev)
+        except Exception as exc:
+            raise ConfigError(
+                f"policy.device={device!r} cannot be used here ({exc}); set policy.device=cpu "
+                "or cuda"
+            ) from None
+
+
+def check_model_source(policy: PolicyConfig) -> None:
+    """A from-scratch shape that divides, or a local model directory that loads."""
+    from asyncrl.policy import check_model_shape
+
+    if policy.model_name_or_path is None:
+        check_model_shape(policy.model)
+        return
+    given = policy.model_name_or_path
+    path = Path(given).expanduser()
+    where = f"policy.model_name_or_path={given!r}"
+    if not path.is_dir():
+        raise ConfigError(
+            f"{where} is not an existing directory. Give a local directory holding a "
+            "transformers causal LM and its tokenizer (as written by save_pretrained), or null "
+            "to build policy.model from scratch; models are never downloaded"
+        )
+    missing = []
+    if not (path / "config.json").is_file():
+        missing.append("config.json")
+    if not any(next(path.glob(p), None) for p in _WEIGHT_PATTERNS):
+        missing.append("weights (*.safetensors or pytorch_model*.bin)")
+    if not any((path / f).is_file() for f in _TOKENIZER_FILES):
+        missing.append(f"a tokenizer ({' or '.join(_TOKENIZER_FILES)})")
+    if missing:
+        raise ConfigError(
+            f"{where}: the directory lacks {'; '.join(missing)}. Write the model with "
+            "model.save_pretrained(dir) and tokenizer.save_pretrained(dir)"
+        )
+    transformers = require("transformers", "hf", "loading policy.model_name_or_path")
+    try:
+        transformers.AutoConfig.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ConfigError(
+            f"{where}: config.json cannot be read as a transformers model config ({exc}); "
+            "re-save the model with save_pretrained"
+        ) from None
+
+
+def _build_task(cfg: RunConfig) -> Task:
+    from asyncrl.tasks import build_task
+
+    try:
+        return build_task(cfg.task)
+    except AsyncRLError:
+        raise
+    except Exception as exc:
+        raise ConfigError(
+            f"task: building the task failed with {type(exc).__name__}: {exc}; check the task "
+            "block (the original error is chained below)"
+        ) from exc
