@@ -13,10 +13,11 @@ transformers is an optional extra, imported only here and only when called.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -85,8 +86,9 @@ def save_policy(
 
             model = copy.deepcopy(model)
             model.load_state_dict(dict(state_dict))
-        model.save_pretrained(tmp, safe_serialization=True)
-        hf_tok.save_pretrained(tmp)
+        with _no_progress_bars():
+            model.save_pretrained(tmp, safe_serialization=True)
+            hf_tok.save_pretrained(tmp)
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)
@@ -94,3 +96,16 @@ def save_policy(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+@contextlib.contextmanager
+def _no_progress_bars() -> Iterator[None]:
+    """transformers draws a progress bar per save; a run's log is no place for it."""
+    hf_logging = require("transformers", "hf", "saving the policy").utils.logging
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -49,7 +50,7 @@ from asyncrl.metrics.report import write_plots
 from asyncrl.policy import bind_task_tokenizer
 from asyncrl.preflight import preflight
 from asyncrl.rundir import check_run_dir, fork_run_dir, prepare_run_dir, truncate_metrics
-from asyncrl.signals import GracefulStop, sigterm_as_interrupt
+from asyncrl.signals import GracefulStop, Terminated, sigterm_as_interrupt
 from asyncrl.tasks import Task, build_scorer
 from asyncrl.trainers.base import Trainer
 
@@ -160,11 +161,20 @@ class _Run:
         forced = False
         try:
             asyncio.run(self._main(resume, snapshots))
-        except (KeyboardInterrupt, asyncio.CancelledError):
+        except KeyboardInterrupt:
             forced = True
+            raise
+        except asyncio.CancelledError:
+            forced = True
+            if self.stop is not None and self.stop.forced:  # the second signal
+                raise (Terminated if self.stop.reason == "terminated" else KeyboardInterrupt)(
+                    "stopped at once on a second signal") from None
             raise
         finally:
             summary = self.finish(forced=forced)
+            if forced:
+                print(f"asyncrl: the run stopped at once; resume it with: "
+                      f"{summary.get('resume_command')}", file=sys.stderr)
         return summary
 
     async def _main(self, resume: LoadedCheckpoint | None, snapshots: Any) -> None:
@@ -219,12 +229,15 @@ class _Run:
         assert controller is not None
         summary = controller.summary()
         stop = self.stop
-        if stop is not None and stop.reason is not None:
-            summary["stop_reason"] = stop.reason
+        # A graceful stop is the controller's own stop reason; a signal that came
+        # after the run had ended on its own changes nothing. Only a forced end
+        # (second signal, or Ctrl-C outside the event loop) is written here.
+        if forced:
+            summary["stop_reason"] = (stop.reason if stop is not None and stop.reason
+                                      else "interrupted")
             summary["stop_message"] = ("stopped at once on a second signal"
-                                       if forced else controller.stop_message)
-        elif forced:
-            summary["stop_reason"] = "interrupted"
+                                       if stop is not None and stop.forced
+                                       else "interrupted outside the run's event loop")
         summary["final_dir"] = None if self.final_dir is None else str(self.final_dir)
         return finish_run_dir(self.run_dir, controller, self.task, self.cfg, summary,
                               plots=not forced)

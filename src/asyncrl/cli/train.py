@@ -46,8 +46,8 @@ def run(args: argparse.Namespace) -> int:
     if summary is None:  # a resume with nothing left to do
         return 0
     print_summary(console, summary)
-    if summary.get("resume_command"):
-        console.print(f"resume with     {summary['resume_command']}", markup=False)
+    if summary.get("resume_command"):  # plain print: one line, whatever the terminal width
+        print(f"resume with     {summary['resume_command']}")
     return EXIT_CODES.get(summary["stop_reason"], 0)
 
 

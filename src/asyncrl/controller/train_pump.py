@@ -120,12 +120,14 @@ class TrainPump:
                     raise RolloutStall(self._deadlock_message(v))
                 idle += await self._wait_for_groups()
                 continue
+            # Held by the step before the trainer sees them: a stop or a cancellation
+            # during train_chunk leaves them pending, never lost.
+            taken.extend(chunk)
             self.activity = ("train_chunk", ctx.now())
             t = ctx.now()
             metrics = await self.trainer.train_chunk([s.payload for s in chunk], step=v)
             ctx.timeline.add("train", 0, t, ctx.now(), str(v))
             chunk_metrics.append((len(chunk), metrics or {}))
-            taken.extend(chunk)
         await self._finish(v, taken, step_start, busy_at_start, idle, chunk_metrics, evicted)
         return complete
 
