@@ -68,3 +68,16 @@ def test_comparison_shows_efficiency_in_percent(tmp_path, figures) -> None:
     assert efficiency.patches[0].get_height() == pytest.approx(50.0)
     assert by_title["staleness mean (versions)"].patches[0].get_height() == pytest.approx(0.8)
     assert "sim-x: policies" in _texts(fig)
+
+
+def test_the_reward_plots_draw_the_eval_curve_where_the_run_evaluated(tmp_path, figures) -> None:
+    records = [{"step": s, "wall_time_s": 0.5 * s, "reward_mean": s / 10,
+                **({"eval/reward_mean": 0.05 * s} if s % 3 == 2 else {})} for s in range(9)]
+    plots.plot_reward(records, tmp_path, target=0.9, run_name="r")
+    for name in ("reward_vs_step.png", "reward_vs_time.png"):
+        ax = figures[name].axes[0]
+        lines = {line.get_label(): line for line in ax.get_lines()}
+        assert "eval" in _texts(figures[name])
+        xs, ys = lines["eval"].get_data()
+        assert list(ys) == pytest.approx([0.1, 0.25, 0.4])
+        assert list(xs) == ([2, 5, 8] if name == "reward_vs_step.png" else [1.0, 2.5, 4.0])

@@ -39,16 +39,22 @@ def _float(value: Any) -> float:
 
 def plot_reward(records: Sequence[dict[str, Any]], out_dir: Path,
                 target: float | None = None, run_name: str = "") -> list[Path]:
-    """Reward against step and against wall time (two files)."""
+    """Reward against step and against wall time (two files), with the eval
+    curve (``eval/reward_mean``, held-out prompts) where the run evaluated."""
     plt = _plt()
     steps = [r["step"] for r in records]
     times = [_float(r.get("wall_time_s")) for r in records]
     rewards = [_float(r.get("reward_mean")) for r in records]
+    evaluated = [(r["step"], _float(r.get("wall_time_s")), _float(r["eval/reward_mean"]))
+                 for r in records if r.get("eval/reward_mean") is not None]
     paths = []
-    for xs, xlabel, name in ((steps, "training step", "reward_vs_step.png"),
-                             (times, "wall time (s)", "reward_vs_time.png")):
+    for axis, xs, xlabel, name in ((0, steps, "training step", "reward_vs_step.png"),
+                                   (1, times, "wall time (s)", "reward_vs_time.png")):
         fig, ax = plt.subplots(figsize=(6, 3.6))
         ax.plot(xs, rewards, lw=1.5, label="mean reward")
+        if evaluated:
+            ax.plot([e[axis] for e in evaluated], [e[2] for e in evaluated], "o-", ms=3,
+                    lw=1.2, color="tab:orange", label="eval")
         if target is not None:
             ax.axhline(target, color="gray", ls="--", lw=1, label=f"target {target:g}")
         ax.set_xlabel(xlabel)
