@@ -121,7 +121,9 @@ def bind_task_tokenizer(task: Task, cfg: PolicyConfig) -> None:
     """Give a task that formats prompts with the policy's tokenizer (a dataset
     task with ``chat_template: true``) that tokenizer, before any prompt is drawn."""
     bind = getattr(task, "bind_tokenizer", None)
-    if bind is not None:
+    # Only a task that formats prompts with it (chat_template) gets the tokenizer:
+    # loading one needs the model directory, which a Ray driver may not have.
+    if bind is not None and getattr(task, "needs_policy_tokenizer", True):
         bind(load_tokenizer(cfg, task))
 
 

@@ -8,7 +8,8 @@ model weights are built or loaded.
 * the device (``policy.device``): a torch device this machine has;
 * the model: a from-scratch shape transformers can build, or a local
   ``policy.model_name_or_path`` holding a readable config, weights and a tokenizer;
-* the task, built as ``train`` builds it;
+* the task, built as ``train`` builds it, with the held-out prompts of
+  ``cfg.eval`` and (a dataset task's chat template) the policy's tokenizer;
 * the sampler, built as the controller builds it (a ``custom`` one included),
   and its derived facts: plausible values, a buffer large enough, a pinned
   weight version in deterministic mode (:func:`~asyncrl.controller.validation.validate_setup`).
@@ -26,6 +27,8 @@ from typing import TYPE_CHECKING, Any
 from asyncrl.buffer import RolloutBuffer
 from asyncrl.controller.validation import derived_facts, validate_setup
 from asyncrl.errors import AsyncRLError, ConfigError, require
+from asyncrl.evaluation import Evaluator, build_evaluation
+from asyncrl.policy import bind_task_tokenizer
 from asyncrl.sampling import create_sampler
 
 if TYPE_CHECKING:
@@ -39,10 +42,12 @@ _WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin", "model*.bin")
 
 @dataclass(frozen=True)
 class Preflight:
-    """What the checks found: the task they built and the sampler's derived facts."""
+    """What the checks found: the task they built (the training task, bound to the
+    policy's tokenizer), the evaluator of ``cfg.eval`` and the sampler's derived facts."""
 
     task: Task
     facts: dict[str, Any] = field(default_factory=dict)
+    evaluator: Evaluator | None = None
 
 
 def preflight(cfg: RunConfig, *, task: Task | None = None,
@@ -60,12 +65,16 @@ def preflight(cfg: RunConfig, *, task: Task | None = None,
         _parse_device(cfg.policy.device)
     if task is None:
         task = _build_task(cfg)
+    # Held-out prompts (may leave records out of the training task), and the
+    # chat template of a dataset task: its prompts need the policy's tokenizer.
+    task, evaluator = build_evaluation(cfg, task)
+    bind_task_tokenizer(task, cfg.policy)
     capacity = cfg.async_rl.max_buffered_rollouts
     sampler = create_sampler(RolloutBuffer(capacity), cfg.async_rl.sampler)
     validate_setup(sampler, cfg.grpo, cfg.async_rl, deterministic=cfg.deterministic)
     facts = derived_facts(sampler, cfg.grpo)
     facts["max_buffered_rollouts"] = capacity
-    return Preflight(task=task, facts=facts)
+    return Preflight(task=task, facts=facts, evaluator=evaluator)
 
 
 def _parse_device(device: str) -> Any:

@@ -41,13 +41,12 @@ from asyncrl.config import RunConfig, config_from_dict, dump_config
 from asyncrl.controller import Controller, JsonlHistory
 from asyncrl.engines.base import RolloutEngine
 from asyncrl.errors import CheckpointError, ConfigError
-from asyncrl.evaluation import Evaluator, build_evaluation
+from asyncrl.evaluation import Evaluator
 from asyncrl.export import export_final
 from asyncrl.jsonio import write_json
 from asyncrl.metrics import JsonlSink, MetricsSink, TensorBoardSink
 from asyncrl.metrics.progress import progress_sink
 from asyncrl.metrics.report import write_plots
-from asyncrl.policy import bind_task_tokenizer
 from asyncrl.preflight import preflight
 from asyncrl.rundir import check_run_dir, fork_run_dir, prepare_run_dir, truncate_metrics
 from asyncrl.signals import GracefulStop, Terminated, sigterm_as_interrupt
@@ -86,10 +85,8 @@ def train(
         fresh = home is None or (run_dir is not None and Path(run_dir).resolve() != home.resolve())
         run_dir = check_run_dir(run_dir, overwrite=overwrite) if fresh else home
         # Every pre-run check, before anything is written (asyncrl validate runs the same).
-        task = preflight(cfg, task=task, builtin_backends=backends is None).task
-        task, evaluator = build_evaluation(cfg, task)
-        # A dataset task with chat_template formats its prompts with the policy's tokenizer.
-        bind_task_tokenizer(task, cfg.policy)
+        checked = preflight(cfg, task=task, builtin_backends=backends is None)
+        task, evaluator = checked.task, checked.evaluator
         if fresh:  # a new run, or a fork of ``resume`` into a run directory of its own
             prepare_run_dir(run_dir, overwrite=overwrite)
         engines, trainer = backends if backends is not None else build_backends(cfg, task)

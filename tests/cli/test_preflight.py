@@ -16,6 +16,7 @@ import torch
 from asyncrl.cli import main
 
 SAMPLING = Path(__file__).resolve().parents[1] / "sampling"
+NUMBER_WORDS = Path(__file__).resolve().parents[2] / "examples" / "data" / "number_words.jsonl"
 
 BASE = """
 grpo: {num_prompts_per_step: 8, max_num_steps: 2}
@@ -44,6 +45,12 @@ BAD = [
     ("custom-without-select", [CUSTOM % ("NoSelectSampler", "")],
      "missing select (BaseSampler has none"),
     ("buffer-too-small", ["async_rl.max_buffered_rollouts=8"], "below the 16 slots"),
+    ("eval-holdout-on-a-built-in-task", ["eval.holdout=4"], "seeded stream of its own"),
+    ("eval-holdout-too-large", [f"task={{name: dataset, path: {NUMBER_WORDS}, template: "
+                                "'{word} ='}", "eval.holdout=10"], "leaves no training records"),
+    ("chat-template-without-one", [f"task={{name: dataset, path: {NUMBER_WORDS}, template: "
+                                   "'{word} =', chat_template: true}"],
+     "needs a pretrained tokenizer with a chat template"),
 ]
 
 

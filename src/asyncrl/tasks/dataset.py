@@ -133,6 +133,11 @@ class DatasetTask:
             chars.update(text)
         return CharTokenizer("".join(sorted(chars)))
 
+    @property
+    def needs_policy_tokenizer(self) -> bool:
+        """True when prompts go through the policy tokenizer's chat template."""
+        return self.cfg.chat_template
+
     def bind_tokenizer(self, tokenizer: Tokenizer) -> None:
         """Called by the runner before the first prompt, with the policy's
         tokenizer; with ``chat_template: true`` prompts are formatted with it."""
