@@ -2,6 +2,11 @@
 
 Every block forbids unknown keys, so a typo fails with the key named and the
 closest valid key suggested (see :func:`load_config`).
+
+This module is longer than the project's usual ~400 lines on purpose: it is
+the one place a user reads to learn every key of the file, block by block, in
+the order of the YAML (the dataset task's blocks live in
+:mod:`asyncrl.dataset_config`).
 """
 
 from __future__ import annotations
