@@ -47,7 +47,11 @@ class MasterWeights:
         ]
         self._pairs = [(p, m) for p, m in zip(self.model_params, self.master) if p is not m]
         fp16 = [p for p in self.model_params if p.dtype == torch.float16]
-        self.scaler = torch.amp.GradScaler(fp16[0].device.type) if fp16 else None
+        # The loss is a sum over a chunk's tokens, not a mean: its gradients are
+        # hundreds of times larger than a mean loss's, and torch's default initial
+        # scale (2**16) would overflow (skip) the first ten or so steps.
+        self.scaler = (torch.amp.GradScaler(fp16[0].device.type, init_scale=2.0**8)
+                       if fp16 else None)
 
     @property
     def mixed(self) -> bool:
