@@ -83,7 +83,9 @@ def worker_executor(
         if num_threads is not None:
             torch.set_num_threads(num_threads)
         if stream is not None:
-            # The current stream is per thread: this one launches on its own.
+            # Current device and stream are per thread: this one launches on its
+            # own stream of its own device (events included).
+            torch.cuda.set_device(stream.device)
             torch.cuda.set_stream(stream)
 
     executor = ThreadPoolExecutor(1, thread_name_prefix=f"asyncrl-{name}", initializer=init_thread)
@@ -126,7 +128,8 @@ class HostCopy:
                 for t in tensors
             )
             self._event = torch.cuda.Event()
-            self._event.record()
+            # After the copies, on the stream that made them (the source device's).
+            self._event.record(torch.cuda.current_stream(tensors[0].device))
         else:
             self.host = tuple(t.to("cpu") for t in tensors)
 
