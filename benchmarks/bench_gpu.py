@@ -1,12 +1,12 @@
 """Async GRPO on one GPU: does asynchrony pay once generation and training are fast?
 
-The workload of issue 14: a Llama-style model of about 150M parameters (hidden
-1024, 12 layers, 16 heads, FFN 4096) on the ``reverse`` task with strings of 24
-letters (26 new tokens), 16 prompt groups x 8 completions per step, 30 steps,
-``policy.device=cuda`` in bfloat16 (the default there), ``policy.num_threads=4``,
-decoupled correction; and one larger model (about 1.1B: hidden 2048, 16 layers,
-FFN 8192) that gives the GPU more arithmetic per launch. For each model, three
-samplers in one run:
+The workload of issue 14, as ``examples/gpu.yaml`` configures it: a Llama-style
+model of about 150M parameters (hidden 1024, 12 layers, 16 heads, FFN 4096) on
+the ``reverse`` task with strings of 24 letters (26 new tokens), 16 prompt
+groups x 8 completions per step, 30 steps, ``policy.device=cuda`` in bfloat16
+(the default there), ``policy.num_threads=4``, decoupled correction; and one
+larger model (about 1.1B: hidden 2048, 16 layers, FFN 8192) that gives the GPU
+more arithmetic per launch. For each model, three samplers in one run:
 
 * sync: ``in_order`` lookahead 0 (the reference)
 * ``in_order`` lookahead 1
@@ -42,54 +42,50 @@ sys.path.insert(0, str(ROOT / "src"))
 
 import torch  # noqa: E402
 
-from asyncrl.config import config_from_dict  # noqa: E402
+from asyncrl.config import RunConfig, load_config  # noqa: E402
 from asyncrl.runner import train  # noqa: E402
 from asyncrl.tasks import build_task  # noqa: E402
 from asyncrl.tasks.tokenizer import encode_prompt  # noqa: E402
 
+EXAMPLE = ROOT / "examples" / "gpu.yaml"  # the workload; models and samplers vary
 MODELS = {
-    "small": {"hidden_size": 1024, "num_layers": 12, "num_heads": 16, "intermediate_size": 4096},
+    "small": {},  # the example's own: hidden 1024, 12 layers, 16 heads, FFN 4096
     "large": {"hidden_size": 2048, "num_layers": 16, "num_heads": 16, "intermediate_size": 8192},
 }
 SMOKE_MODELS = {
     "small": {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "intermediate_size": 128},
     "large": {"hidden_size": 96, "num_layers": 3, "num_heads": 4, "intermediate_size": 192},
 }
+#: --cpu-smoke: a workload a CPU runs in seconds.
+SMOKE = ["policy.device=cpu", "policy.num_threads=1", "task.min_length=6", "task.max_length=6",
+         "policy.generation.max_new_tokens=8", "grpo.num_prompts_per_step=4",
+         "grpo.num_generations_per_prompt=4", "async_rl.max_buffered_rollouts=16",
+         "async_rl.min_groups_for_streaming_train=2", "async_rl.max_inflight_prompts=12"]
 VARIANTS = {
-    "sync in_order 0": {"name": "in_order", "max_lookahead_versions": 0},
-    "in_order 1": {"name": "in_order", "max_lookahead_versions": 1},
-    "ready_first 2": {"name": "ready_first", "max_staleness_versions": 2},
+    "sync in_order 0": ["async_rl.sampler.name=in_order",
+                        "async_rl.sampler.max_lookahead_versions=0"],
+    "in_order 1": ["async_rl.sampler.name=in_order", "async_rl.sampler.max_lookahead_versions=1"],
+    "ready_first 2": ["async_rl.sampler.name=ready_first",
+                      "async_rl.sampler.max_staleness_versions=2"],
 }
 
 
-def make_config(args: argparse.Namespace, model: dict[str, int], sampler: dict[str, Any],
-                steps: int) -> dict[str, Any]:
-    groups, gens = args.groups, args.generations
-    return {
-        "seed": 0,
-        "grpo": {"num_prompts_per_step": groups, "num_generations_per_prompt": gens,
-                 "max_num_steps": steps},
-        "async_rl": {"sampler": sampler, "max_buffered_rollouts": groups * 4,
-                     "min_groups_for_streaming_train": groups // 2,
-                     # Room for the next dispatch batches while one generates.
-                     "max_inflight_prompts": groups * 3},
-        "task": {"name": "reverse", "min_length": args.length, "max_length": args.length},
-        "policy": {
-            "device": args.device, "dtype": args.dtype, "num_threads": args.threads,
-            "model": {**model, "max_position_embeddings": 2 * (args.length + 8)},
-            "generation": {"max_new_tokens": args.length + 2},
-        },
-        "loss": {"off_policy_correction": "decoupled"},
-        "checkpoint": {"every_steps": 0},
-        "logging": {"progress": "never", "tensorboard": False, "plots": False},
-    }
+def make_config(args: argparse.Namespace, model: dict[str, int], variant: list[str]) -> RunConfig:
+    overrides = [*variant, f"grpo.max_num_steps={args.steps}", "checkpoint.every_steps=0",
+                 "logging.progress=never", "logging.tensorboard=false", "logging.plots=false",
+                 f"policy.dtype={args.dtype}", *(SMOKE if args.cpu_smoke else []),
+                 *(f"policy.model.{k}={v}" for k, v in model.items())]
+    if args.threads is not None:
+        overrides.append(f"policy.num_threads={args.threads}")
+    return load_config(EXAMPLE, overrides)
 
 
-def matmul_params(model: dict[str, int], vocab: int) -> int:
+def matmul_params(cfg: RunConfig, vocab: int) -> int:
     """Parameters that multiply activations (per token, 2 FLOPs each forward):
     attention and MLP projections, and the (tied) output layer."""
-    d, f, n = model["hidden_size"], model["intermediate_size"], model["num_layers"]
-    return n * (4 * d * d + 3 * d * f) + vocab * d
+    m = cfg.policy.model
+    return m.num_layers * (4 * m.hidden_size**2 + 3 * m.hidden_size * m.intermediate_size) \
+        + vocab * m.hidden_size
 
 
 def _union(intervals: list[tuple[float, float]]) -> float:
@@ -130,25 +126,29 @@ def measure(run_dir: Path, summary: dict[str, Any], flops_per_token: float, prom
 
 def run_model(name: str, model: dict[str, int], args: argparse.Namespace,
               tmp: Path) -> list[dict[str, Any]]:
-    task = build_task(config_from_dict(make_config(args, model, VARIANTS["in_order 1"], 1)).task)
+    probe = make_config(args, model, VARIANTS["sync in_order 0"])
+    task = build_task(probe.task)
     prompt_len = len(encode_prompt(task.tokenizer, task.prompt_source(0).next_prompt().text))
-    d, layers = model["hidden_size"], model["num_layers"]
-    seq = prompt_len + args.length + 1
+    gens = probe.grpo.num_generations_per_prompt
+    seq = prompt_len + probe.task.max_length + 1
     # 6 N per token for forward and backward, plus causal attention scores and
     # values (2 x 2 x d x seq/2 per layer and token, forward; x3 with backward).
-    flops_per_token = 6 * matmul_params(model, task.tokenizer.vocab_size) + 6 * layers * d * seq
+    m = probe.policy.model
+    flops_per_token = (6 * matmul_params(probe, task.tokenizer.vocab_size)
+                       + 6 * m.num_layers * m.hidden_size * seq)
     rows = []
-    for variant, sampler in VARIANTS.items():
-        cfg = config_from_dict(make_config(args, model, sampler, args.steps))
+    for variant, overrides in VARIANTS.items():
+        cfg = make_config(args, model, overrides)
         run_dir = tmp / f"{name}-{variant.replace(' ', '_')}"
-        if args.device == "cuda":
+        cuda = cfg.policy.device.startswith("cuda")
+        if cuda:
             torch.cuda.reset_peak_memory_stats()
         summary = train(cfg, run_dir)
         assert summary["ledger"]["balanced"], summary["ledger"]
         row = {"model": name, "variant": variant,
-               **measure(run_dir, summary, flops_per_token, prompt_len, args.generations,
+               **measure(run_dir, summary, flops_per_token, prompt_len, gens,
                          args.warmup, args.peak_tflops * 1e12)}
-        if args.device == "cuda":
+        if cuda:
             row["max_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
         rows.append(row)
         print(json.dumps(row), flush=True)
@@ -180,7 +180,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3, help="first steps left out")
     parser.add_argument("--peak-tflops", type=float, default=790.0,
                         help="bf16 dense peak for MFU (790: measured on an H200)")
-    parser.add_argument("--threads", type=int, default=4, help="policy.num_threads")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="policy.num_threads (default: the example's)")
     parser.add_argument("--dtype", default="auto", help="policy.dtype")
     parser.add_argument("--out", default=None, help="also write results.json here")
     args = parser.parse_args()
@@ -191,11 +192,7 @@ def main() -> None:
               "the script on a CPU.")
         return
     smoke = args.cpu_smoke
-    args.device = "cpu" if smoke else "cuda"
     args.steps = args.steps or (6 if smoke else 30)
-    args.length, args.groups, args.generations = (6, 4, 4) if smoke else (24, 16, 8)
-    if smoke:
-        args.threads = 1
     models = SMOKE_MODELS if smoke else MODELS
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:

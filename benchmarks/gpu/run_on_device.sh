@@ -25,7 +25,7 @@ export PYTHONPATH="$PWD/src:$PYTHONPATH"
 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() \
 else '')" || { echo "a package is missing: run benchmarks/gpu/fetch_wheels.sh and carry .whl"; exit 1; }
 command -v nvidia-smi >/dev/null && nvidia-smi | tee "$OUT/nvidia-smi.txt"
-"$PY" -m pytest -q -p no:cacheprovider tests/gpu -rs 2>&1 | tee "$OUT/tests.log"
+"$PY" -m pytest -q -p no:cacheprovider tests/gpu/test_cuda.py -rs -s 2>&1 | tee "$OUT/tests.log"
 tests=${PIPESTATUS[0]}
 "$PY" benchmarks/bench_gpu.py --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log"
 bench=${PIPESTATUS[0]}
