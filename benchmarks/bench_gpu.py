@@ -42,6 +42,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 import torch  # noqa: E402
 
+from _timeline import busy_time  # noqa: E402  (benchmarks/, the script's folder)
 from asyncrl.config import RunConfig, load_config  # noqa: E402
 from asyncrl.runner import train  # noqa: E402
 from asyncrl.tasks import build_task  # noqa: E402
@@ -88,15 +89,6 @@ def matmul_params(cfg: RunConfig, vocab: int) -> int:
         + vocab * m.hidden_size
 
 
-def _union(intervals: list[tuple[float, float]]) -> float:
-    total, end = 0.0, float("-inf")
-    for a, b in sorted(intervals):
-        if b > end:
-            total += b - max(a, end)
-            end = b
-    return total
-
-
 def measure(run_dir: Path, summary: dict[str, Any], flops_per_token: float, prompt_len: int,
             gens: int, warmup: int, peak: float) -> dict[str, float]:
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -106,7 +98,7 @@ def measure(run_dir: Path, summary: dict[str, Any], flops_per_token: float, prom
     wall = steady[-1]["wall_time_s"] - t0
     origin = min(i["start"] for i in timeline)  # the controller's clock at wall 0
     window = [i for i in timeline if i["start"] - origin >= t0]
-    gen_busy = _union([(i["start"], i["end"]) for i in window if i["kind"] == "gen"])
+    gen_busy = busy_time([(i["start"], i["end"]) for i in window if i["kind"] == "gen"])
     train_busy = sum(i["end"] - i["start"] for i in window if i["kind"] == "train")
     completion = sum(r["train/step_tokens"] for r in steady)
     trained = completion + sum(r["groups_trained"] for r in steady) * gens * prompt_len
