@@ -40,6 +40,8 @@ def build_local_backends(cfg: RunConfig, task: Task) -> tuple[LocalEngine, GRPOT
 
     model, tokenizer = build_policy(cfg.policy, task, seed=cfg.seed)
     engine_model = copy.deepcopy(model)
-    trainer = GRPOTrainer.from_config(cfg, model=model, tokenizer=tokenizer)
     engine = LocalEngine.from_config(cfg, model=engine_model, tokenizer=tokenizer)
+    # Weights go straight to the engine's device (on a GPU, never through the host).
+    trainer = GRPOTrainer.from_config(cfg, model=model, tokenizer=tokenizer,
+                                      weights_device=engine.device)
     return engine, trainer

@@ -150,6 +150,13 @@ class PolicyConfig(Block):
     generation: GenerationConfig = Field(default_factory=GenerationConfig)
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
     device: str = "cpu"
+    #: Parameter and compute dtype of the engine and the trainer. "auto": float32 on
+    #: CPU, bfloat16 on CUDA. The trainer keeps float32 master weights, optimizer
+    #: state and loss arithmetic whatever this is (see docs/gpu.md).
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    #: Device of the local engine's copy of the model (None: `device`), e.g. a second
+    #: GPU so that generation and training never share one. Local backend only.
+    engine_device: str | None = None
     #: Torch intra-op threads for the trainer and the engine each (None: leave torch's
     #: default). 1 suits the small default model: its matrices are too small to gain
     #: from more, and engine and trainer already run in two threads of their own.

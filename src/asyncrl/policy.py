@@ -14,6 +14,9 @@ Two sources:
   ``AutoTokenizer`` loaded from that local directory (never from the network),
   the tokenizer wrapped in :class:`HFTokenizer`.
 
+Both are moved to ``policy.device`` in ``policy.dtype`` (``auto``: float32 on
+CPU, bfloat16 on CUDA; see :func:`asyncrl.devices.policy_dtype`).
+
 transformers is an optional extra (``pip install 'asyncrl[hf]'``), imported here
 only when a policy is built.
 """
@@ -27,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from asyncrl.config import ModelConfig, PolicyConfig
+from asyncrl.devices import check_device, policy_dtype
 from asyncrl.errors import ConfigError, require
 from asyncrl.tasks.tokenizer import CharTokenizer, Tokenizer
 
@@ -154,13 +158,16 @@ def _load_pretrained(transformers: Any, cfg: PolicyConfig) -> tuple[torch.nn.Mod
     path = _pretrained_dir(cfg)
     tokenizer = _from_pretrained(transformers.AutoTokenizer, path)
     model = _from_pretrained(transformers.AutoModelForCausalLM, path)
-    # float32 whatever the checkpoint's dtype: CPU training and exact log-prob
-    # agreement between engine and trainer both want full precision.
-    return _prepare(model.float(), cfg), HFTokenizer(tokenizer)
+    # policy.dtype whatever the checkpoint's dtype: engine and trainer must
+    # compute in the same one for their log-probs to agree.
+    return _prepare(model, cfg), HFTokenizer(tokenizer)
 
 
 def _prepare(model: torch.nn.Module, cfg: PolicyConfig) -> torch.nn.Module:
+    device = check_device(cfg.device)
+    if cfg.engine_device is not None:
+        check_device(cfg.engine_device, "policy.engine_device")
     # eval() for good, also while training: dropout would make the trainer's
     # log-probs differ from the engine's for the same weights, which the
     # off-policy corrections would then mistake for staleness.
-    return model.to(cfg.device).eval()
+    return model.to(device=device, dtype=policy_dtype(cfg.dtype, device)).eval()

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from asyncrl.buffer import RolloutBuffer
 from asyncrl.controller.validation import derived_facts, validate_setup
+from asyncrl.devices import check_device
 from asyncrl.errors import AsyncRLError, ConfigError, require
 from asyncrl.evaluation import Evaluator, build_evaluation
 from asyncrl.policy import bind_task_tokenizer
@@ -60,6 +61,8 @@ def preflight(cfg: RunConfig, *, task: Task | None = None,
     """
     if builtin_backends and cfg.cluster.backend == "local":
         check_device(cfg.policy.device)
+        if cfg.policy.engine_device is not None:
+            check_device(cfg.policy.engine_device, "policy.engine_device")
         check_model_source(cfg.policy)
     elif builtin_backends:
         _parse_device(cfg.policy.device)
@@ -78,6 +81,7 @@ def preflight(cfg: RunConfig, *, task: Task | None = None,
 
 
 def _parse_device(device: str) -> Any:
+    """A device name torch can parse (on Ray the workers check that it exists)."""
     import torch
 
     try:
@@ -86,41 +90,6 @@ def _parse_device(device: str) -> Any:
         raise ConfigError(
             f"policy.device={device!r} is not a torch device; use cpu, cuda, cuda:N or mps"
         ) from None
-
-
-def check_device(device: str) -> None:
-    """``device`` names a torch device that exists on this machine."""
-    import torch
-
-    dev = _parse_device(device)
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            build = ("this torch is a CPU-only build" if torch.version.cuda is None
-                     else "no CUDA GPU is visible (CUDA_VISIBLE_DEVICES? driver?)")
-            raise ConfigError(
-                f"policy.device={device!r} but CUDA is not available here: {build} "
-                f"(torch {torch.__version__}). Set policy.device=cpu, or run on a machine "
-                "with a GPU and a CUDA build of torch"
-            )
-        count = torch.cuda.device_count()
-        if dev.index is not None and dev.index >= count:
-            raise ConfigError(
-                f"policy.device={device!r} but this machine has {count} CUDA device(s) "
-                f"(cuda:0..cuda:{count - 1}); pick one of them"
-            )
-    elif dev.type == "mps" and not torch.backends.mps.is_available():
-        raise ConfigError(
-            f"policy.device={device!r} but MPS (Apple GPU) is not available here; "
-            "set policy.device=cpu"
-        )
-    elif dev.type not in ("cpu", "cuda", "mps"):
-        try:  # any other backend torch knows: it works if a tensor can live there
-            torch.empty(1, device=dev)
-        except Exception as exc:
-            raise ConfigError(
-                f"policy.device={device!r} cannot be used here ({exc}); set policy.device=cpu "
-                "or cuda"
-            ) from None
 
 
 def check_model_source(policy: PolicyConfig) -> None:
