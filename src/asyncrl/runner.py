@@ -67,7 +67,8 @@ def train(
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(dump_config(cfg))
     task = task if task is not None else build_task(cfg.task)
-    engines, trainer = backends if backends is not None else build_backends(cfg, task)
+    engines, trainer = (backends if backends is not None
+                        else build_backends(cfg, task, work_dir=run_dir))
 
     start = resume.step if resume is not None else 0
     if resume is not None:

@@ -1,0 +1,264 @@
+"""What the vLLM engine needs around vLLM itself: the engine arguments a run config
+implies, the checks to run before starting it, the model directory it loads, the
+weight files a sync writes, and a reaper for its processes.
+
+Everything that imports vLLM does so inside a function: importing this module
+costs nothing, and a missing vLLM gives one line saying how to install it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from asyncrl.errors import ConfigError, require
+
+if TYPE_CHECKING:
+    import torch
+
+    from asyncrl.config import RunConfig
+
+#: AsyncEngineArgs fields asyncrl sets itself, and where the user sets them instead
+#: (None: fixed, because the engine's contract depends on the value).
+OWNED_ARGS: dict[str, str | None] = {
+    "model": "policy.model_name_or_path",
+    "tokenizer": "policy.model_name_or_path",
+    "dtype": "policy.vllm.dtype",
+    "gpu_memory_utilization": "policy.vllm.gpu_memory_utilization",
+    "max_model_len": "policy.vllm.max_model_len",
+    "enforce_eager": "policy.vllm.enforce_eager",
+    "tensor_parallel_size": "policy.vllm.tensor_parallel_size",
+    "seed": "policy.vllm.seed",
+    "max_num_seqs": "policy.generation.max_batch_sequences",
+    # Behavior log-probs must be those of the distribution sampled from (after
+    # temperature and top-p), as GroupResult promises.
+    "logprobs_mode": None,
+    # Sampling is what policy.generation says, never defaults read from the
+    # model's generation_config.json (top_k, repetition_penalty, ...).
+    "generation_config": None,
+    "weight_transfer_config": None,
+}
+
+
+def require_vllm() -> Any:
+    """The vllm module, or a MissingDependency saying how to install it."""
+    return require("vllm", "vllm", "policy.engine: vllm")
+
+
+def engine_args(cfg: RunConfig, model_dir: str | Path, *, seed: int | None = None
+                ) -> dict[str, Any]:
+    """Keyword arguments of ``vllm.AsyncEngineArgs`` for a run: the ``policy.vllm``
+    block, ``policy.vllm.engine_args`` passed through, and the fixed settings."""
+    v = cfg.policy.vllm
+    clash = sorted(set(v.engine_args) & set(OWNED_ARGS))
+    if clash:
+        key = clash[0]
+        where = OWNED_ARGS[key]
+        fix = f"set {where} instead" if where else "asyncrl sets it and it cannot be changed"
+        raise ConfigError(f"policy.vllm.engine_args.{key}: {fix}")
+    if seed is None:
+        seed = v.seed if v.seed is not None else cfg.seed
+    args: dict[str, Any] = {
+        "disable_log_stats": True,
+        **v.engine_args,
+        "model": str(model_dir),
+        "tokenizer": str(model_dir),
+        "dtype": v.dtype,
+        "gpu_memory_utilization": v.gpu_memory_utilization,
+        "max_model_len": v.max_model_len,
+        "enforce_eager": v.enforce_eager,
+        "tensor_parallel_size": v.tensor_parallel_size,
+        "seed": seed,
+        "max_num_seqs": cfg.policy.generation.max_batch_sequences,
+        "logprobs_mode": "processed_logprobs",
+        "generation_config": "vllm",
+    }
+    return args
+
+
+def check_engine_args(extra: Mapping[str, Any]) -> None:
+    """Every key of ``policy.vllm.engine_args`` must be an AsyncEngineArgs field."""
+    require_vllm()
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    from asyncrl.config import suggest_key
+
+    fields = [f.name for f in dataclasses.fields(AsyncEngineArgs)]
+    for key in extra:
+        if key not in fields:
+            close = suggest_key(key, fields)
+            hint = f" (did you mean {close!r}?)" if close else ""
+            raise ConfigError(
+                f"policy.vllm.engine_args.{key}: not an argument of vLLM's AsyncEngineArgs"
+                f"{hint}; see `vllm serve --help` for the valid ones"
+            )
+
+
+def is_cpu_platform() -> bool:
+    require_vllm()
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
+
+
+def cpu_head_sizes() -> list[int]:
+    """Head sizes vLLM's CPU attention kernels accept."""
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    return list(CPUAttentionBackend.get_supported_head_sizes())
+
+
+def head_dim(cfg: RunConfig) -> tuple[int, str]:
+    """The policy's attention head size and where it comes from (for messages)."""
+    p = cfg.policy
+    if p.model_name_or_path is None:
+        m = p.model
+        return m.hidden_size // m.num_heads, (
+            f"policy.model.hidden_size={m.hidden_size} / num_heads={m.num_heads}"
+        )
+    config_file = Path(p.model_name_or_path).expanduser() / "config.json"
+    try:
+        hf = json.loads(config_file.read_text())
+    except (OSError, ValueError):
+        return 0, ""  # the model loader reports an unreadable model
+    hf = hf.get("text_config", hf)
+    dim = hf.get("head_dim") or hf.get("hidden_size", 0) // max(hf.get("num_attention_heads", 1), 1)
+    return int(dim), f"the head_dim of {config_file}"
+
+
+def check_config(cfg: RunConfig) -> None:
+    """Every check ``policy.engine: vllm`` needs before vLLM starts (vLLM installed,
+    engine_args, a head size the platform's kernels accept); raise a ConfigError
+    naming the fix. Imports vLLM (seconds) but starts nothing."""
+    check_engine_args(cfg.policy.vllm.engine_args)
+    if not is_cpu_platform():
+        return
+    dim, source = head_dim(cfg)
+    sizes = cpu_head_sizes()
+    if dim and dim not in sizes:
+        fix = "use a model whose heads have one of those sizes, or policy.engine: local"
+        if cfg.policy.model_name_or_path is None:
+            hidden = cfg.policy.model.hidden_size
+            heads = [h for h in range(hidden, 0, -1) if hidden % h == 0 and hidden // h in sizes]
+            if heads:
+                fix = (f"set policy.model.num_heads={heads[0]} (head size {hidden // heads[0]}), "
+                       "or policy.engine: local")
+        raise ConfigError(
+            f"policy.engine: vllm on CPU: {source} gives attention heads of size {dim}, which "
+            f"vLLM's CPU kernels do not support (they take {sizes}); {fix}"
+        )
+
+
+def write_safetensors(weights: Mapping[str, torch.Tensor], directory: Path) -> Path:
+    """Write ``weights`` as ``directory/model.safetensors`` (atomically) for vLLM's
+    ``reload_weights``; returns the directory."""
+    from safetensors.torch import save_file
+
+    tensors: dict[str, Any] = {}
+    storages: set[int] = set()
+    for name, tensor in weights.items():
+        t = tensor.detach().to("cpu").contiguous()
+        ptr = t.untyped_storage().data_ptr()
+        # Tied weights share one storage, which safetensors refuses to write twice.
+        if ptr in storages:
+            t = t.clone()
+        storages.add(ptr)
+        tensors[name] = t
+    partial = directory / "model.safetensors.partial"  # not *.safetensors: never loaded
+    save_file(tensors, str(partial))
+    os.replace(partial, directory / "model.safetensors")
+    return directory
+
+
+# ------------------------------------------------------------------ reaper
+#: Run by a separate Python process: it waits until its stdin closes, then kills
+#: the processes it was given - unless the owner said "released" first. So the
+#: engine's processes die with this one even when it is SIGKILLed.
+_REAPER = r"""
+import sys
+import psutil
+procs = []
+for pid in sys.argv[1:]:
+    try:
+        procs.append(psutil.Process(int(pid)))
+    except psutil.Error:
+        pass
+if sys.stdin.buffer.read() != b"released":
+    for p in procs:
+        try:
+            p.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=5)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+"""
+
+
+def descendants() -> set[int]:
+    """Pids of the live processes started by this one (children of children too),
+    but for multiprocessing's resource tracker, which is shared and ends with us."""
+    import psutil
+
+    pids = set()
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            if "multiprocessing.resource_tracker" in " ".join(proc.cmdline()):
+                continue
+        except psutil.Error:
+            continue
+        pids.add(proc.pid)
+    return pids
+
+
+class Reaper:
+    """Kills ``pids`` if this process ends without calling :meth:`release`.
+
+    vLLM's engine-core and worker processes outlive a parent that is killed
+    (SIGKILL, the OOM killer, a Ray worker being replaced); this watcher, in its
+    own session so that a terminal's Ctrl-C does not stop it first, notices the
+    end of this process because the pipe to it closes.
+    """
+
+    def __init__(self, pids: set[int]) -> None:
+        self.pids = set(pids)
+        self._proc: subprocess.Popen[bytes] | None = None
+        if self.pids:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-c", _REAPER, *map(str, sorted(self.pids))],
+                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+
+    def release(self) -> None:
+        """The processes were shut down properly: stop watching them."""
+        proc, self._proc = self._proc, None
+        if proc is None or proc.stdin is None:
+            return
+        with contextlib.suppress(OSError):
+            proc.stdin.write(b"released")
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=10)
+
+    def reap(self) -> None:
+        """Kill the processes now (e.g. after a failed shutdown)."""
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
