@@ -30,7 +30,7 @@ def vllm_run_config(**blocks: Any) -> RunConfig:
         "logging": {"progress": "never", "tensorboard": False, "plots": False},
     }
     for key, value in blocks.items():
-        tree[key] = {**tree.get(key, {}), **value}
+        tree[key] = {**tree[key], **value} if isinstance(value, dict) and key in tree else value
     return config_from_dict(tree)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
+import psutil
 import pytest
 import pytest_asyncio
 import torch
@@ -19,6 +20,7 @@ from asyncrl.config import GenerationConfig
 from asyncrl.engines import RolloutEngine, sampling_logprobs
 from asyncrl.engines.vllm import VLLMEngine
 from asyncrl.engines.vllm_setup import descendants
+from asyncrl.errors import BackendLost
 from asyncrl.policy import build_policy
 from asyncrl.tasks import build_task
 from asyncrl.trainers.grpo import GRPOTrainer
@@ -211,12 +213,29 @@ async def test_cancelling_a_generate_call_aborts_its_request(rig):
     assert engine.num_unfinished_requests == 0
 
 
-async def test_close_stops_every_vllm_process(rig):
+async def test_a_dead_vllm_fails_calls_instead_of_hanging_and_close_cleans_up(rig):
     engine = rig.engine
-    mine = descendants()
-    assert mine, "vLLM runs its engine core in processes of its own"
-    await engine.close()
-    assert not (mine & descendants())
+    pids = engine.process_ids
+    assert len(pids) >= 2, "vLLM runs its engine core and worker in processes of their own"
+    assert pids <= descendants()
+    engine.generation = GenerationConfig(temperature=1.0, max_new_tokens=48)
+    running = asyncio.ensure_future(engine.generate(GenerationRequest("x", rig.prompts[3], 32)))
+    await asyncio.sleep(0)  # the call takes its sampling settings now
+    engine.generation = GenerationConfig(temperature=1.0, max_new_tokens=1)
+    await engine.generate(GenerationRequest("y", rig.prompts[3], 1))
+    assert engine.num_unfinished_requests > 0  # x is inside vLLM
+
+    core = next(p for p in map(psutil.Process, pids) if "EngineCore" in p.name())
+    core.kill()  # what the OOM killer would do
+    with pytest.raises(BackendLost, match="vLLM engine died"):
+        await asyncio.wait_for(running, 60)  # vLLM notices within seconds
+    # vLLM never answers a control call once its engine core is gone: no hang.
+    with pytest.raises(BackendLost, match="vLLM engine"):
+        await asyncio.wait_for(
+            engine.update_weights(rig.trainer.get_weights_sync(), engine.weight_version + 1), 60
+        )
     assert not engine.healthy
+    await engine.close()
+    assert not (pids & descendants())
     with pytest.raises(RuntimeError, match="after close"):
         await engine.generate(GenerationRequest("late", rig.prompts[0], 1))

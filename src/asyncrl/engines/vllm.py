@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import itertools
 import logging
 import os
@@ -39,7 +40,7 @@ import pickle
 import shutil
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -162,6 +163,11 @@ class VLLMEngine:
         return not self._closed and not self._llm.errored
 
     @property
+    def process_ids(self) -> set[int]:
+        """Pids of the processes vLLM started for this engine (engine core, workers)."""
+        return set(self._reaper.pids)
+
+    @property
     def num_unfinished_requests(self) -> int:
         """Sequences vLLM holds (running or queued; a group counts once per
         completion); 0 once every group is done or aborted."""
@@ -222,22 +228,26 @@ class VLLMEngine:
         async with self._sync_lock:
             if not self._ipc:  # written while generation goes on
                 await asyncio.to_thread(setup.write_safetensors, weights, self._weights_dir)
-            await self._llm.pause_generation(mode="keep", clear_cache=False)
             try:
+                await self._control(self._llm.pause_generation(mode="keep", clear_cache=False))
                 if self._ipc:
                     await self._send_ipc(weights)
                 else:
-                    await self._llm.collective_rpc(
+                    await self._control(self._llm.collective_rpc(
                         "reload_weights", kwargs={"weights_path": str(self._weights_dir)}
-                    )
+                    ))
                 self._version = version
-                await self._llm.update_weight_version(str(version))
+                await self._control(self._llm.update_weight_version(str(version)))
                 if self._llm.get_num_unfinished_requests() == 0:
                     # Frees blocks of older weights at once (the salt already keeps
                     # new requests off them); with requests running it cannot.
-                    await self._llm.reset_prefix_cache()
-            finally:
-                await self._llm.resume_generation()
+                    await self._control(self._llm.reset_prefix_cache())
+            except BaseException:
+                # Cancelled, or the load failed: generation must not stay paused.
+                with contextlib.suppress(BackendLost):
+                    await self._control(self._llm.resume_generation())
+                raise
+            await self._control(self._llm.resume_generation())
         self.sync_seconds.append(time.perf_counter() - t0)
 
     async def abort(self, group_ids: Sequence[GroupId]) -> None:
@@ -250,7 +260,7 @@ class VLLMEngine:
 
     async def invalidate_cache(self) -> None:
         async with self._sync_lock:
-            await self._llm.reset_prefix_cache(reset_running_requests=True)
+            await self._control(self._llm.reset_prefix_cache(reset_running_requests=True))
 
     async def close(self) -> None:
         if self._closed:
@@ -276,6 +286,30 @@ class VLLMEngine:
                      sum(self.sync_seconds) / len(self.sync_seconds), max(self.sync_seconds))
 
     # ------------------------------------------------------------ helpers
+    async def _control(self, call: Awaitable[Any]) -> Any:
+        """Await a control call to vLLM's engine core (pause, load, reset, ...).
+
+        vLLM never answers a call that was pending when its engine core died, so
+        the call races vLLM's output handler, which ends exactly then: a dead
+        engine raises BackendLost instead of hanging the run.
+        """
+        if self._llm.errored:
+            raise BackendLost("the vLLM engine is dead; its log above says why")
+        handler = self._llm.output_handler  # started by the first request
+        task = asyncio.ensure_future(call)
+        if handler is None:
+            return await task
+        try:
+            await asyncio.wait({task, handler}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        if not task.done():
+            task.cancel()
+            raise BackendLost("the vLLM engine died during a control call; its log above "
+                              "says why")
+        return task.result()
+
     def _params(self, request: GenerationRequest) -> Any:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
@@ -334,9 +368,9 @@ class VLLMEngine:
         )
 
         if not self._ipc_ready:
-            await self._llm.init_weight_transfer_engine(
+            await self._control(self._llm.init_weight_transfer_engine(
                 WeightTransferInitRequest(init_info={"packed": False})
-            )
+            ))
             self._ipc_ready = True
         device = torch.device("cuda", torch.cuda.current_device())
         uuid = str(torch.cuda.get_device_properties(device).uuid)
@@ -350,9 +384,9 @@ class VLLMEngine:
             handles.append({uuid: reduce_tensor(t)[1]})
         info = {"names": names, "dtype_names": dtypes, "shapes": shapes,
                 "ipc_handles_pickled": base64.b64encode(pickle.dumps(handles)).decode()}
-        await self._llm.start_weight_update()
-        await self._llm.update_weights(WeightTransferUpdateRequest(update_info=info))
-        await self._llm.finish_weight_update()
+        await self._control(self._llm.start_weight_update())
+        await self._control(self._llm.update_weights(WeightTransferUpdateRequest(update_info=info)))
+        await self._control(self._llm.finish_weight_update())
         torch.cuda.synchronize(device)
         del keep
         torch.cuda.ipc_collect()
