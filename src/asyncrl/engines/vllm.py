@@ -268,9 +268,9 @@ class VLLMEngine:
         self._closed = True
         try:
             await self.abort(list(self._running))
-            self._llm.shutdown()
+            self._llm.shutdown()  # SIGTERM, then SIGKILL for what is left after 5 s
+            await setup.wait_exited(self._reaper.pids, timeout=5)
         finally:
-            # shutdown() waits for vLLM's processes; any left are killed now.
             leftover = self._reaper.pids & setup.descendants()
             if leftover:
                 log.warning("vLLM processes %s outlived shutdown; killing them", sorted(leftover))

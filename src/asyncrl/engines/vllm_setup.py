@@ -8,6 +8,7 @@ costs nothing, and a missing vLLM gives one line saying how to install it.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import json
@@ -203,6 +204,28 @@ if sys.stdin.buffer.read() != b"released":
         except psutil.Error:
             pass
 """
+
+
+async def wait_exited(pids: set[int], timeout: float) -> None:
+    """Wait until the processes ``pids`` have exited (or ``timeout``), without
+    reaping them (Linux pidfds; elsewhere it returns at once)."""
+    loop = asyncio.get_running_loop()
+    waits: list[tuple[int, asyncio.Future[None]]] = []
+    for pid in pids:
+        try:
+            fd = os.pidfd_open(pid)
+        except (AttributeError, OSError):  # gone already, or no pidfds here
+            continue
+        done: asyncio.Future[None] = loop.create_future()
+        loop.add_reader(fd, lambda f=done: f.done() or f.set_result(None))
+        waits.append((fd, done))
+    try:
+        if waits:
+            await asyncio.wait([f for _, f in waits], timeout=timeout)
+    finally:
+        for fd, _ in waits:
+            loop.remove_reader(fd)
+            os.close(fd)
 
 
 def descendants() -> set[int]:
