@@ -145,7 +145,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--train-new-tokens", type=int, default=16, help="train runs")
-    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
 
     rows = []

@@ -142,6 +142,10 @@ class VLLMConfig(Block):
     tensor_parallel_size: PosInt = 1
     #: Sampling seed of the engine (None: the run's seed).
     seed: int | None = None
+    #: CPU build: keep vLLM's processes on the cores vLLM binds its worker to and
+    #: this process (trainer, event loop) on the others, so that generation and
+    #: training do not take each other's cores (see docs/engines.md).
+    isolate_cpu_cores: bool = True
     #: Any other vllm.AsyncEngineArgs field, passed through unchanged.
     engine_args: dict[str, Any] = Field(default_factory=dict)
 

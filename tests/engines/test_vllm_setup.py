@@ -3,12 +3,15 @@ vLLM starts (each naming the fix), the engine arguments, the weight files."""
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import psutil
 import pytest
 import torch
+import yaml
 
 from asyncrl.backends import build_backends
 from asyncrl.config import config_from_dict, load_config
@@ -18,6 +21,8 @@ from asyncrl.hf import save_policy
 from asyncrl.policy import build_policy
 from asyncrl.tasks import build_task
 from tests.vllm_support import vllm_run_config
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_local_engine_stays_the_default():
@@ -145,3 +150,26 @@ def test_the_reaper_kills_what_a_dead_owner_left_unless_released(end):
     finally:
         if child.is_running():
             child.kill()
+
+
+def _blocks(path: Path, lang: str) -> list[str]:
+    parts = path.read_text().split(f"```{lang}\n")[1:]
+    return [part.split("```")[0] for part in parts]
+
+
+def test_the_docs_config_block_is_a_valid_vllm_config():
+    (block,) = _blocks(ROOT / "docs" / "engines.md", "yaml")
+    cfg = config_from_dict(yaml.safe_load(block))
+    assert cfg.policy.engine == "vllm"
+    vllm_setup.check_config(cfg)
+
+
+@pytest.mark.parametrize("doc", ["docs/engines.md", "README.md"])
+def test_the_documented_vllm_commands_pass_every_check_before_vllm_starts(doc):
+    commands = [shlex.split(b) for b in _blocks(ROOT / doc, "bash") if "policy.engine=vllm" in b]
+    assert commands
+    for words in commands:
+        assert Path(words[0]).name == "asyncrl" and words[1] == "train"
+        overrides = [w for w in words if "=" in w]
+        cfg = load_config(ROOT / words[words.index("--config") + 1], overrides)
+        vllm_setup.check_config(cfg)  # e2e/test_vllm_train.py runs it for real

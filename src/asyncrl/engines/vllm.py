@@ -76,6 +76,7 @@ class VLLMEngine:
         *,
         weight_version: int = 0,
         owned_dirs: Sequence[Path] = (),
+        isolate_cores: bool = False,
     ) -> None:
         setup.require_vllm()
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -107,6 +108,7 @@ class VLLMEngine:
                 "when other processes need the memory"
             ) from exc
         self._reaper = setup.Reaper(setup.descendants() - before)
+        self._former_cores = setup.isolate_cores(self._reaper.pids) if isolate_cores else None
         self._weights_dir = Path(tempfile.mkdtemp(prefix="asyncrl-vllm-weights-"))
         self._owned_dirs.append(self._weights_dir)
         self._request_ids = itertools.count()
@@ -151,7 +153,7 @@ class VLLMEngine:
             model_dir = save_policy(model, tokenizer, base / "vllm_model", state_dict=weights)
         args = setup.engine_args(cfg, model_dir, seed=seed)
         return cls(args, tokenizer, cfg.policy.generation, weight_version=weight_version,
-                   owned_dirs=owned)
+                   owned_dirs=owned, isolate_cores=cfg.policy.vllm.isolate_cpu_cores)
 
     # ------------------------------------------------------------ protocol
     @property
@@ -277,6 +279,8 @@ class VLLMEngine:
                 self._reaper.reap()
             else:
                 self._reaper.release()
+            if self._former_cores is not None:
+                setup.restore_cores(self._former_cores)
             self._remove_dirs()
             # Dropped now, while the interpreter is whole: vLLM's __del__ shuts
             # down again, which fails during interpreter teardown.

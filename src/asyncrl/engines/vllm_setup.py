@@ -206,6 +206,49 @@ if sys.stdin.buffer.read() != b"released":
 """
 
 
+def _threads(pid: int) -> list[int]:
+    try:
+        return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        return []
+
+
+def _pin(pid: int, cores: set[int]) -> None:
+    for tid in _threads(pid):
+        with contextlib.suppress(OSError):  # a thread may end meanwhile
+            os.sched_setaffinity(tid, cores)
+
+
+def isolate_cores(vllm_pids: set[int]) -> set[int] | None:
+    """Keep vLLM's processes on the cores vLLM bound its worker to, and this
+    process on the others; returns this process's former cores (to give back
+    with :func:`restore_cores`), or None when there is nothing to split.
+
+    vLLM's CPU worker binds its threads to all cores of a NUMA node but one,
+    which it leaves to the engine core and the frontend - which here is the
+    process that also trains. The engine core busy-waits on the worker, so
+    training there, or on the worker's core, makes the two slow each other down.
+    """
+    if not hasattr(os, "sched_getaffinity") or not vllm_pids:
+        return None
+    mine = os.sched_getaffinity(0)
+    try:
+        bound = min((os.sched_getaffinity(pid) for pid in vllm_pids), key=len)
+    except OSError:
+        return None
+    rest = mine - bound
+    if not rest or not bound < mine:
+        return None
+    for pid in vllm_pids:
+        _pin(pid, bound)
+    _pin(os.getpid(), rest)
+    return mine
+
+
+def restore_cores(cores: set[int]) -> None:
+    _pin(os.getpid(), cores)
+
+
 async def wait_exited(pids: set[int], timeout: float) -> None:
     """Wait until the processes ``pids`` have exited (or ``timeout``), without
     reaping them (Linux pidfds; elsewhere it returns at once)."""
