@@ -37,7 +37,7 @@ from asyncrl.config import RunConfig, config_from_dict
 from asyncrl.runner import train
 from asyncrl.tasks import build_task
 from asyncrl.types import GenerationRequest
-from bench_ray_overlap import _union  # same directory: union of time intervals
+from bench_ray_overlap import _union, parallel_capacity  # same directory
 
 SIZES = {
     "64x2 (default, 2 heads)": {"hidden_size": 64, "num_layers": 2, "num_heads": 2,
@@ -148,6 +148,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
 
+    capacity_before = parallel_capacity()
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench_engines-") as tmp:
         for size, model in SIZES.items():
@@ -176,6 +177,9 @@ def main() -> None:
     for size in SIZES:
         local, vllm = (r for r in rows if r[0] == size)
         print(f"{size}: vLLM generates {vllm[2] / local[2]:.2f}x the tokens/s of LocalEngine")
+    capacity = (capacity_before + parallel_capacity()) / 2
+    print(f"parallel capacity of this machine during the run: {capacity:.2f} of 2 cores "
+          "(two 1-thread torch processes vs one; overlap gains only what really runs in parallel)")
     result = next(r for r in rows if r[0] == RESULT_SIZE and r[1] == "vllm")
     print("(gen/train/sync s/step and mismatch from the sync run; mismatch = largest per-step "
           "train/logprob_mismatch)")

@@ -9,6 +9,7 @@ the tests share one event loop and keep the engine holding the trainer's weights
 from __future__ import annotations
 
 import asyncio
+import os
 from types import SimpleNamespace
 
 import psutil
@@ -33,6 +34,7 @@ TEMPERATURE = 0.8
 CFG = vllm_run_config(policy={"generation": {"max_new_tokens": 8, "temperature": TEMPERATURE}})
 #: The trainer's recomputed log-prob of a sampled token vs vLLM's behavior log-prob.
 TOLERANCE = 1e-4
+ALL_CORES = os.sched_getaffinity(0)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -165,6 +167,16 @@ async def test_a_weight_update_changes_what_is_generated_and_the_version(rig):
     assert len(engine.sync_seconds) >= 2 and all(s > 0 for s in engine.sync_seconds)
 
 
+async def test_vllm_and_this_process_keep_to_separate_cores(rig):
+    """vLLM binds its worker to all cores but one (of a NUMA node); the engine
+    keeps vLLM's engine core there too and this process - the trainer - on the
+    rest, so that generation and training do not take each other's cores."""
+    mine = os.sched_getaffinity(0)
+    vllm_cores = set().union(*(os.sched_getaffinity(pid) for pid in rig.engine.process_ids))
+    assert mine and vllm_cores and not (mine & vllm_cores)
+    assert mine | vllm_cores <= ALL_CORES
+
+
 async def test_groups_run_concurrently_abort_frees_them_and_a_sync_lands_mid_group(rig):
     engine = rig.engine
     prompt = rig.prompts[1]
@@ -237,5 +249,6 @@ async def test_a_dead_vllm_fails_calls_instead_of_hanging_and_close_cleans_up(ri
     assert not engine.healthy
     await engine.close()
     assert not (pids & descendants())
+    assert os.sched_getaffinity(0) == ALL_CORES  # this process got its cores back
     with pytest.raises(RuntimeError, match="after close"):
         await engine.generate(GenerationRequest("late", rig.prompts[0], 1))

@@ -31,12 +31,10 @@ How the protocol maps onto vLLM:
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import itertools
 import logging
 import os
-import pickle
 import shutil
 import tempfile
 import time
@@ -233,7 +231,10 @@ class VLLMEngine:
             try:
                 await self._control(self._llm.pause_generation(mode="keep", clear_cache=False))
                 if self._ipc:
-                    await self._send_ipc(weights)
+                    if not self._ipc_ready:
+                        await self._control(setup.init_ipc_transfer(self._llm))
+                        self._ipc_ready = True
+                    await setup.send_weights_ipc(self._llm, weights, self._control)
                 else:
                     await self._control(self._llm.collective_rpc(
                         "reload_weights", kwargs={"weights_path": str(self._weights_dir)}
@@ -357,43 +358,6 @@ class VLLMEngine:
             start_weight=start,
             end_weight=end,
         )
-
-    async def _send_ipc(self, weights: Mapping[str, Any]) -> None:
-        """CUDA: hand the weights to vLLM's worker through CUDA IPC handles.
-
-        Untested in this project's CI (no GPU): written against vLLM 0.32's
-        IPC weight-transfer backend (``IPCWeightTransferUpdateInfo``).
-        """
-        import torch
-        from torch.multiprocessing.reductions import reduce_tensor
-        from vllm.distributed.weight_transfer.base import (
-            WeightTransferInitRequest,
-            WeightTransferUpdateRequest,
-        )
-
-        if not self._ipc_ready:
-            await self._control(self._llm.init_weight_transfer_engine(
-                WeightTransferInitRequest(init_info={"packed": False})
-            ))
-            self._ipc_ready = True
-        device = torch.device("cuda", torch.cuda.current_device())
-        uuid = str(torch.cuda.get_device_properties(device).uuid)
-        names, dtypes, shapes, handles, keep = [], [], [], [], []
-        for name, tensor in weights.items():
-            t = tensor.detach().to(device).contiguous()
-            keep.append(t)  # the worker maps this memory until the update finishes
-            names.append(name)
-            dtypes.append(str(t.dtype).removeprefix("torch."))
-            shapes.append(list(t.shape))
-            handles.append({uuid: reduce_tensor(t)[1]})
-        info = {"names": names, "dtype_names": dtypes, "shapes": shapes,
-                "ipc_handles_pickled": base64.b64encode(pickle.dumps(handles)).decode()}
-        await self._control(self._llm.start_weight_update())
-        await self._control(self._llm.update_weights(WeightTransferUpdateRequest(update_info=info)))
-        await self._control(self._llm.finish_weight_update())
-        torch.cuda.synchronize(device)
-        del keep
-        torch.cuda.ipc_collect()
 
     def _remove_dirs(self) -> None:
         for d in self._owned_dirs:

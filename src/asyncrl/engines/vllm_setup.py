@@ -1,6 +1,7 @@
 """What the vLLM engine needs around vLLM itself: the engine arguments a run config
-implies, the checks to run before starting it, the model directory it loads, the
-weight files a sync writes, and a reaper for its processes.
+implies, the checks to run before starting it, how a sync hands over the weights
+(safetensors files on CPU, CUDA IPC handles on a GPU), the split of CPU cores
+between vLLM and the trainer, and a reaper for vLLM's processes.
 
 Everything that imports vLLM does so inside a function: importing this module
 costs nothing, and a missing vLLM gives one line saying how to install it.
@@ -9,13 +10,15 @@ costs nothing, and a missing vLLM gives one line saying how to install it.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import dataclasses
 import json
 import os
+import pickle
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -176,6 +179,47 @@ def write_safetensors(weights: Mapping[str, torch.Tensor], directory: Path) -> P
     save_file(tensors, str(partial))
     os.replace(partial, directory / "model.safetensors")
     return directory
+
+
+async def init_ipc_transfer(llm: Any) -> None:
+    """CUDA: set up vLLM's IPC weight-transfer backend (once per engine)."""
+    from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
+
+    await llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info={"packed": False}))
+
+
+async def send_weights_ipc(llm: Any, weights: Mapping[str, torch.Tensor],
+                           control: Callable[[Awaitable[Any]], Awaitable[Any]]) -> None:
+    """CUDA: hand ``weights`` to vLLM's worker as CUDA IPC handles, each vLLM
+    call awaited through ``control``.
+
+    Untested in this project (its machines have no GPU): written against vLLM
+    0.32's IPC weight-transfer backend (``IPCWeightTransferUpdateInfo``); the
+    engine must have started with ``weight_transfer_config={"backend": "ipc"}``
+    and ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` (pickled handles).
+    """
+    import torch
+    from torch.multiprocessing.reductions import reduce_tensor
+    from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    uuid = str(torch.cuda.get_device_properties(device).uuid)
+    names, dtypes, shapes, handles, keep = [], [], [], [], []
+    for name, tensor in weights.items():
+        t = tensor.detach().to(device).contiguous()
+        keep.append(t)  # the worker maps this memory until the update finishes
+        names.append(name)
+        dtypes.append(str(t.dtype).removeprefix("torch."))
+        shapes.append(list(t.shape))
+        handles.append({uuid: reduce_tensor(t)[1]})
+    info = {"names": names, "dtype_names": dtypes, "shapes": shapes,
+            "ipc_handles_pickled": base64.b64encode(pickle.dumps(handles)).decode()}
+    await control(llm.start_weight_update())
+    await control(llm.update_weights(WeightTransferUpdateRequest(update_info=info)))
+    await control(llm.finish_weight_update())
+    torch.cuda.synchronize(device)
+    del keep
+    torch.cuda.ipc_collect()
 
 
 # ------------------------------------------------------------------ reaper
