@@ -10,10 +10,10 @@ import psutil
 import pytest
 
 from asyncrl.cluster import build_ray_backends
-from asyncrl.config import config_from_dict
+from asyncrl.config import ModelConfig
 from asyncrl.runner import train
 from asyncrl.tasks import build_task
-from tests.cluster.conftest import Probe
+from tests.cluster.conftest import Probe, tiny_config
 from tests.vllm_support import VLLM_MODEL, wait_gone
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -21,19 +21,10 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 def test_one_vllm_worker_runs_balanced_and_loads_every_version(ray_local, tmp_path: Path):
     steps = 6
-    cfg = config_from_dict({
-        "seed": 3,
-        "grpo": {"num_prompts_per_step": 4, "num_generations_per_prompt": 4,
-                 "max_num_steps": steps},
-        "async_rl": {"sampler": {"name": "in_order", "max_lookahead_versions": 1},
-                     "max_buffered_rollouts": 8, "min_groups_for_streaming_train": 2,
-                     "max_inflight_prompts": 8},
-        "policy": {"engine": "vllm", "model": VLLM_MODEL, "generation": {"max_new_tokens": 4}},
-        "cluster": {"backend": "ray", "num_rollout_workers": 1,
-                    "rollout_worker": {"num_cpus": 0.5}, "trainer": {"num_cpus": 0.5},
-                    "actor_startup_timeout_s": 300},
-        "logging": {"progress": "never", "tensorboard": False, "plots": False},
-    })
+    base = tiny_config(steps=steps, num_rollout_workers=1, actor_startup_timeout_s=300)
+    # The same run with a vLLM worker: heads of 32, which vLLM's CPU kernels take.
+    cfg = base.model_copy(update={"policy": base.policy.model_copy(update={
+        "engine": "vllm", "model": ModelConfig(**VLLM_MODEL)})})
     task = build_task(cfg.task)
     engines, trainer = build_ray_backends(cfg, task)
     probe = Probe(engines, trainer)
