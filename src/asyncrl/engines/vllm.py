@@ -220,6 +220,8 @@ class VLLMEngine:
         return self._result(request, prompt_ids, start, final)
 
     async def update_weights(self, weights: Any, version: int) -> None:
+        if self._closed:
+            raise RuntimeError("VLLMEngine.update_weights called after close()")
         if version < self._version:
             raise ValueError(
                 f"weight version must not go back (holds {self._version}, got {version})"
@@ -298,7 +300,11 @@ class VLLMEngine:
         the call races vLLM's output handler, which ends exactly then: a dead
         engine raises BackendLost instead of hanging the run.
         """
-        if self._llm.errored:
+        if self._closed or self._llm.errored:
+            if asyncio.iscoroutine(call):
+                call.close()  # never started: no "never awaited" warning
+            if self._closed:
+                raise RuntimeError("VLLMEngine used after close()")
             raise BackendLost("the vLLM engine is dead; its log above says why")
         handler = self._llm.output_handler  # started by the first request
         task = asyncio.ensure_future(call)
