@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.fakes import FakeEngine, FakeTask, FakeTrainer
+from tests.fakes import FakeEngine, FakeTask, FakeTrainer, InlineScorer
 
 from asyncrl.config import AsyncRLConfig, GRPOConfig
 from asyncrl.controller import Controller
@@ -26,16 +26,17 @@ ROUNDS = 2000
 PER_STEP = 4
 
 
-class _TimedVersion(TrainerVersion):
-    """Records when each version is set (the instant the gate may open)."""
+def _time_sets(version: TrainerVersion) -> dict[int, float]:
+    """Record when each version is set (the instant the gate may open)."""
+    set_at: dict[int, float] = {}
+    plain_set = version.set
 
-    def __init__(self) -> None:
-        super().__init__(0)
-        self.set_at: dict[int, float] = {}
+    def timed_set(value: int) -> None:
+        set_at[value] = time.perf_counter()
+        plain_set(value)
 
-    def set(self, value: int) -> None:
-        self.set_at[value] = time.perf_counter()
-        super().set(value)
+    version.set = timed_set  # type: ignore[method-assign]
+    return set_at
 
 
 class _ZeroCostEngine(FakeEngine):
@@ -54,19 +55,21 @@ class _ZeroCostEngine(FakeEngine):
 async def event_driven() -> list[float]:
     """The real Controller, in_order lookahead 0: every batch waits for the version."""
     engine = _ZeroCostEngine()
+    task = FakeTask()
     ctl = Controller(
-        task=FakeTask(), engines=[engine], trainer=FakeTrainer(step_time=0.0),
+        task=task, engines=[engine], trainer=FakeTrainer(step_time=0.0),
         grpo=GRPOConfig(num_prompts_per_step=PER_STEP, num_generations_per_prompt=1,
                         max_num_steps=ROUNDS),
         async_rl=AsyncRLConfig(sampler={"name": "in_order", "max_lookahead_versions": 0},
                                max_buffered_rollouts=PER_STEP,
                                min_groups_for_streaming_train=PER_STEP,
                                max_inflight_prompts=PER_STEP),
+        scorer=InlineScorer(task),
     )
-    ctl.version = _TimedVersion()
+    set_at = _time_sets(ctl.version)
     await ctl.run()
     return [
-        (engine.first_seen[v] - ctl.version.set_at[v]) * 1e3
+        (engine.first_seen[v] - set_at[v]) * 1e3
         for v in range(1, ROUNDS)
         if v in engine.first_seen
     ]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.fakes import FakeEngine, FakeTask, FakeTrainer
+from tests.fakes import FakeEngine, FakeTask, FakeTrainer, InlineScorer
 
 from asyncrl.config import AsyncRLConfig, GRPOConfig
 from asyncrl.controller import Controller
@@ -26,14 +26,18 @@ PER_STEP = 64
 
 
 def run(capacity: int, steps: int) -> tuple[float, float]:
+    task = FakeTask()
     ctl = Controller(
-        task=FakeTask(), engines=[FakeEngine(0.0)], trainer=FakeTrainer(step_time=0.0),
+        task=task, engines=[FakeEngine(0.0)], trainer=FakeTrainer(step_time=0.0),
         grpo=GRPOConfig(num_prompts_per_step=PER_STEP, num_generations_per_prompt=1,
                         max_num_steps=steps),
         async_rl=AsyncRLConfig(
             sampler={"name": "windowed", "max_staleness_versions": 10**9},
             max_buffered_rollouts=capacity, min_groups_for_streaming_train=1,
             max_inflight_prompts=capacity),
+        # Scoring inline: this measures the controller; benchmarks/bench_reward_pool.py
+        # measures what the reward worker pool adds.
+        scorer=InlineScorer(task),
     )
     result = asyncio.run(ctl.run())
     assert result.summary["ledger"]["balanced"]

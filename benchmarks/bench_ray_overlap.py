@@ -35,6 +35,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("RAY_DISABLE_IMPORT_WARNING", "1")
 
+from _timeline import busy_time  # benchmarks/, the script's folder
 from asyncrl.config import RunConfig, config_from_dict
 from asyncrl.runner import train
 
@@ -67,15 +68,6 @@ def make_config(lookahead: int, args: argparse.Namespace) -> RunConfig:
     })
 
 
-def _union(intervals: list[tuple[float, float]]) -> float:
-    total, end = 0.0, float("-inf")
-    for a, b in sorted(intervals):
-        if b > end:
-            total += b - max(a, end)
-            end = b
-    return total
-
-
 def run(lookahead: int, args: argparse.Namespace, base: Path) -> dict[str, Any]:
     run_dir = base / f"lookahead{lookahead}"
     summary = train(make_config(lookahead, args), run_dir)
@@ -87,7 +79,7 @@ def run(lookahead: int, args: argparse.Namespace, base: Path) -> dict[str, Any]:
     measured = args.steps - 1
     start = min(i["start"] for i in timeline)  # the controller's clock at the start
     after = [i for i in timeline if i["start"] - start >= t0]
-    gen = _union([(i["start"], i["end"]) for i in after if i["kind"] == "gen"])
+    gen = busy_time([(i["start"], i["end"]) for i in after if i["kind"] == "gen"])
     trainer = sum(i["end"] - i["start"] for i in after if i["kind"] in ("train", "sync"))
     return {
         "lookahead": lookahead,

@@ -28,8 +28,9 @@ import time
 from pathlib import Path
 
 from asyncrl.config import load_config
+from asyncrl.sim.reference import serial_reference_s
 from asyncrl.sim.report import fmt_duration, plain_table
-from asyncrl.sim.runner import BUILTIN_POLICIES, compare, serial_reference_s, simulate
+from asyncrl.sim.runner import BUILTIN_POLICIES, compare, simulate
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKLOADS = ("balanced", "generation_bound", "training_bound", "long_tail")

@@ -12,6 +12,7 @@ import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from asyncrl.errors import RewardError
 from asyncrl.types import GenerationRequest, GroupAborted, GroupResult, Prompt, Rollout
 
 
@@ -46,6 +47,33 @@ class FakeTask:
 
     def reward(self, prompt: Prompt, completion: str) -> float:
         return 1.0 if completion == str(prompt.answer) else 0.0
+
+
+class InlineScorer:
+    """A Scorer that scores on the event loop, after ``delay`` virtual seconds.
+
+    The default scorer uses a worker thread, whose completion would land at a
+    real-time-dependent point of a virtual-time test; this one keeps controller
+    tests deterministic. ``fail(prompt)`` makes scoring raise a RewardError.
+    """
+
+    def __init__(self, task: FakeTask, delay: float = 0.0,
+                 fail: Callable[[Prompt], bool] | None = None) -> None:
+        self.task = task
+        self.delay = delay
+        self.fail = fail or (lambda _p: False)
+        self.calls = 0
+
+    async def score(self, prompt: Prompt, completions: Sequence[str]) -> list[float]:
+        self.calls += 1
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        if self.fail(prompt):
+            raise RewardError(f"injected reward failure for prompt {prompt.prompt_id}")
+        return [self.task.reward(prompt, c) for c in completions]
+
+    async def close(self) -> None:
+        return None
 
 
 Latency = Callable[[GenerationRequest], float]

@@ -124,3 +124,102 @@ def test_overriding_a_field_of_a_default_discriminated_block() -> None:
     cfg = load_config(None, ["task.max_operand=5", "async_rl.sampler.max_lookahead_versions=2"])
     assert cfg.task.name == "arithmetic" and cfg.task.max_operand == 5
     assert cfg.async_rl.sampler.max_lookahead_versions == 2
+
+
+# ------------------------------------------------ issue 12, case 10: strict loading
+def test_an_empty_file_is_an_error_that_says_what_to_put_in_it(tmp_path) -> None:
+    for text in ("", "# only a comment\n"):
+        path = tmp_path / "empty.yaml"
+        path.write_text(text)
+        with pytest.raises(ConfigError, match="is empty") as err:
+            load_config(path)
+        assert "grpo: {max_num_steps: 50}" in str(err.value) and "write {}" in str(err.value)
+    path.write_text("{}\n")
+    assert load_config(path) == RunConfig()
+
+
+def test_a_duplicate_key_names_the_key_and_both_lines(tmp_path) -> None:
+    path = tmp_path / "dup.yaml"
+    path.write_text("seed: 1\npolicy:\n  optimizer:\n    lr: 0.1\n    lr: 0.2\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert "key 'lr' appears twice" in str(err.value)
+    assert "on line 4 and on line 5" in str(err.value)
+    # The same key in two different blocks is fine, and so is a merge key's override.
+    path.write_text("task: {name: arithmetic, num_prompts: 4}\n"
+                    "grpo: {num_prompts_per_step: 4}\n")
+    assert load_config(path).task.num_prompts == 4
+    from asyncrl._yaml import load_yaml
+
+    assert load_yaml("a: &x {k: 1, j: 2}\nb: {<<: *x, k: 3}\n", "t")["b"] == {"k": 3, "j": 2}
+
+
+@pytest.mark.parametrize("key", ["grpo.num_prompts_per_step", "policy.optimizer.lr",
+                                 "seed", "async_rl.sampler.max_lookahead_versions"])
+def test_a_boolean_where_a_number_is_expected_is_an_error(key) -> None:
+    with pytest.raises(ConfigError, match="a boolean where a number is expected"):
+        load_config(None, [f"{key}=true"])
+
+
+def test_yaml_ints_still_fill_float_fields(tmp_path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("policy: {optimizer: {lr: 1, betas: [1, 0]}}\nloss: {kl_coef: 0}\n")
+    cfg = load_config(path)
+    assert cfg.policy.optimizer.lr == 1.0 and isinstance(cfg.policy.optimizer.lr, float)
+    assert cfg.policy.optimizer.betas == (1.0, 0.0)
+
+
+@pytest.mark.parametrize(("block", "typo", "meant"), [
+    ("async_rl.sampler", "windowd", "windowed"),
+    ("async_rl.sampler", "wieght_fifo", "weight_fifo"),
+    ("task", "arithmetc", "arithmetic"),
+])
+def test_sampler_and_task_name_typos_get_did_you_mean(tmp_path, block, typo, meant) -> None:
+    outer, *inner = block.split(".")
+    tree: dict = {"name": typo}
+    for part in reversed(inner):
+        tree = {part: tree}
+    with pytest.raises(ConfigError) as err:
+        config_from_dict({outer: tree})
+    assert f"{block}.name: unknown name '{typo}'; did you mean '{meant}'?" in str(err.value)
+
+
+@pytest.mark.parametrize("how", ["file", "override"])
+def test_a_target_without_a_class_names_the_target_and_the_form(tmp_path, how) -> None:
+    path = tmp_path / "c.yaml"
+    if how == "file":
+        path.write_text('async_rl:\n  sampler: {name: custom, target: "mysamp:"}\n')
+        overrides = []
+    else:
+        path.write_text("async_rl:\n  sampler: {name: custom, target: 'm:C'}\n")
+        overrides = ["async_rl.sampler.target=mysamp:"]
+    with pytest.raises(ConfigError) as err:
+        load_config(path, overrides)
+    assert "'mysamp:' is not of the form 'module:ClassName'" in str(err.value)
+    assert "valid string" not in str(err.value)
+
+
+def test_an_unquoted_colon_in_yaml_gets_a_quoting_hint(tmp_path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("async_rl:\n  sampler:\n    name: custom\n    target: mysamp:\n")
+    with pytest.raises(ConfigError, match="must be quoted"):
+        load_config(path)
+
+
+# ---------------------------------------- issue 12, case 12: overrides are blamed
+def test_an_error_from_an_override_names_the_override_not_the_file(tmp_path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("seed: 1\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path, ["grpo.max_num_steps=0"])
+    text = str(err.value)
+    assert text.startswith("invalid command-line override:")
+    assert "grpo.max_num_steps: Input should be greater than or equal to 1" in text
+    assert text.endswith('(from the command-line override "grpo.max_num_steps=0")')
+    assert str(path) not in text
+    path.write_text("grpo: {num_prompts_per_step: 0}\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path, ["grpo.max_num_steps=0"])
+    text = str(err.value)
+    assert text.startswith(f"invalid {path} and command-line override:")
+    assert "\ngrpo.num_prompts_per_step: " in text

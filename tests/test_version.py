@@ -7,12 +7,7 @@ import asyncio
 import pytest
 
 from asyncrl import TrainerVersion
-
-
-async def _yield(times: int = 5) -> None:
-    """Let every ready task run a few times (no wall-clock time passes)."""
-    for _ in range(times):
-        await asyncio.sleep(0)
+from tests.vtime import settle, virtual
 
 
 def test_starts_at_given_value_and_rejects_negative() -> None:
@@ -32,6 +27,7 @@ def test_only_moves_forward() -> None:
     assert version.value == 5
 
 
+@virtual
 async def test_wait_until_returns_immediately_when_predicate_holds() -> None:
     version = TrainerVersion(3)
     # Awaited directly: if it suspended, nothing would ever wake it.
@@ -39,22 +35,24 @@ async def test_wait_until_returns_immediately_when_predicate_holds() -> None:
     assert await version.wait_until(lambda v: v == 3) == 3
 
 
+@virtual
 async def test_wait_until_wakes_on_change_and_returns_the_satisfying_value() -> None:
     version = TrainerVersion()
     waiter = asyncio.create_task(version.wait_until(lambda v: v >= 2))
-    await _yield()
+    await settle()
     assert not waiter.done()
 
     version.set(1)  # a change that does not satisfy the predicate: keeps waiting
-    await _yield()
+    await settle()
     assert not waiter.done()
 
     version.set(3)
-    await _yield()
+    await settle()
     assert waiter.done()
     assert waiter.result() == 3
 
 
+@virtual
 async def test_setting_the_same_value_does_not_wake_anyone() -> None:
     version = TrainerVersion(1)
     calls: list[int] = []
@@ -64,42 +62,44 @@ async def test_setting_the_same_value_does_not_wake_anyone() -> None:
         return v >= 2
 
     waiter = asyncio.create_task(version.wait_until(predicate))
-    await _yield()
+    await settle()
     assert calls == [1]
     version.set(1)
-    await _yield()
+    await settle()
     # No re-evaluation: a set() that changes nothing fires no signal.
     assert calls == [1]
     version.set(2)
-    await _yield()
+    await settle()
     assert calls == [1, 2]
     assert waiter.result() == 2
 
 
+@virtual
 async def test_one_change_wakes_every_waiter() -> None:
     version = TrainerVersion()
     waiters = [asyncio.create_task(version.wait_until(lambda v, k=k: v >= k)) for k in (1, 1, 2)]
-    await _yield()
+    await settle()
     assert not any(w.done() for w in waiters)
 
     version.set(1)
-    await _yield()
+    await settle()
     assert [w.done() for w in waiters] == [True, True, False]
 
     version.set(2)
-    await _yield()
+    await settle()
     assert all(w.done() for w in waiters)
 
 
+@virtual
 async def test_a_cancelled_waiter_does_not_disturb_the_others() -> None:
     version = TrainerVersion()
     gone = asyncio.create_task(version.wait_until(lambda v: v >= 1))
     kept = asyncio.create_task(version.wait_until(lambda v: v >= 1))
-    await _yield()
+    await settle()
     gone.cancel()
-    await _yield()
+    await settle()
     version.set(1)
-    await _yield()
+    await settle()
     assert gone.cancelled()
     assert kept.result() == 1
 

@@ -7,6 +7,7 @@ problem is given as a user would write it in YAML or on the command line.
 from __future__ import annotations
 
 import difflib
+import re
 import types
 import typing
 from typing import Any, Union
@@ -60,7 +61,12 @@ def _tag(model: type[BaseModel]) -> Any:
 
 def explain(exc: ValidationError, root: Any, prefix: str = "") -> str:
     """One line per error: ``path: problem (fix)``."""
-    lines = []
+    return "\n".join(f"{path}: {problem}" for path, problem in explain_errors(exc, root, prefix))
+
+
+def explain_errors(exc: ValidationError, root: Any, prefix: str = "") -> list[tuple[str, str]]:
+    """``(dotted path, problem and fix)`` per error, the path as a user writes it."""
+    out = []
     for err in exc.errors():
         loc = tuple(err["loc"])
         # Drop discriminator tags from the displayed path: users never write them.
@@ -70,19 +76,32 @@ def explain(exc: ValidationError, root: Any, prefix: str = "") -> str:
         if kind == "extra_forbidden":
             parent = _model_at(root, loc[:-1])
             valid = sorted(parent.model_fields) if parent is not None else []
-            close = difflib.get_close_matches(str(loc[-1]), valid, n=1, cutoff=0.5)
-            hint = f"did you mean '{close[0]}'?" if close else ""
+            hint = _did_you_mean(str(loc[-1]), valid)
             listing = f"valid keys here: {', '.join(valid)}" if valid else ""
-            lines.append(
-                f"{path}: unknown key. " + " ".join(x for x in (hint, listing) if x)
-            )
+            out.append((path, "unknown key. " + " ".join(x for x in (hint, listing) if x)))
         elif kind == "union_tag_invalid":
-            lines.append(f"{path}: {err['msg']}")
+            ctx = err.get("ctx") or {}
+            key = str(ctx.get("discriminator", "name")).strip("'\"")
+            tag = str(ctx.get("tag", ""))
+            valid = re.findall(r"'([^']*)'", str(ctx.get("expected_tags", "")))
+            hint = _did_you_mean(tag, valid)
+            out.append((f"{path}.{key}", f"unknown {key} {tag!r}" + (f"; {hint}" if hint else ".")
+                        + f" Choose from: {', '.join(valid)}"))
+        elif kind == "value_error":  # our own validators: the message is the whole story
+            out.append((path, str(err["msg"]).removeprefix("Value error, ")))
         else:
             got = err.get("input")
-            got_s = "" if isinstance(got, dict) else f" (got {got!r})"
-            lines.append(f"{path}: {err['msg']}{got_s}")
-    return "\n".join(lines)
+            if isinstance(got, bool) and kind.startswith(("int_", "float_")):
+                got_s = f" (got {str(got).lower()}: a boolean where a number is expected)"
+            else:
+                got_s = "" if isinstance(got, dict) else f" (got {got!r})"
+            out.append((path, f"{err['msg']}{got_s}"))
+    return out
+
+
+def _did_you_mean(word: str, valid: list[str]) -> str:
+    close = difflib.get_close_matches(word, valid, n=1, cutoff=0.5)
+    return f"did you mean '{close[0]}'?" if close else ""
 
 
 def _is_tag(root: Any, loc: tuple[Any, ...], part: Any) -> bool:

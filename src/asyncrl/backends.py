@@ -50,13 +50,17 @@ def build_local_backends(
     from asyncrl.trainers.grpo import GRPOTrainer
 
     model, tokenizer = build_policy(cfg.policy, task, seed=cfg.seed)
-    trainer = GRPOTrainer.from_config(cfg, model=model, tokenizer=tokenizer)
     if cfg.policy.engine == "vllm":
         from asyncrl.engines.vllm import VLLMEngine
 
         engine: RolloutEngine = VLLMEngine.for_policy(cfg, model, tokenizer, work_dir=work_dir)
+        weights_device = "cpu"  # vLLM takes them from a file (CPU) or moves them itself (CUDA)
     else:
         from asyncrl.engines.local import LocalEngine
 
         engine = LocalEngine.from_config(cfg, model=copy.deepcopy(model), tokenizer=tokenizer)
+        # Weights go straight to the engine's device (on a GPU, never through the host).
+        weights_device = engine.device
+    trainer = GRPOTrainer.from_config(cfg, model=model, tokenizer=tokenizer,
+                                      weights_device=weights_device)
     return engine, trainer

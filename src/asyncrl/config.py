@@ -2,26 +2,43 @@
 
 Every block forbids unknown keys, so a typo fails with the key named and the
 closest valid key suggested (see :func:`load_config`).
+
+This module is longer than the project's usual ~400 lines on purpose: it is
+the one place a user reads to learn every key of the file, block by block, in
+the order of the YAML (the dataset task's blocks live in
+:mod:`asyncrl.dataset_config`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import difflib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictFloat,
+    StrictInt,
+    ValidationError,
+    model_validator,
+)
 
-from asyncrl._validation import explain
+from asyncrl._validation import explain_errors
+from asyncrl._yaml import load_yaml
+from asyncrl.dataset_config import DatasetTaskConfig
 from asyncrl.errors import ConfigError
 from asyncrl.sampling.config import InOrderSamplerConfig, SamplerConfig
 
-PosInt = Annotated[int, Field(ge=1)]
-NonNegInt = Annotated[int, Field(ge=0)]
-PosFloat = Annotated[float, Field(gt=0)]
-NonNegFloat = Annotated[float, Field(ge=0)]
+# Numbers are strict: YAML's `true` is not 1. A float field still takes a YAML int.
+PosInt = Annotated[StrictInt, Field(ge=1)]
+NonNegInt = Annotated[StrictInt, Field(ge=0)]
+PosFloat = Annotated[StrictFloat, Field(gt=0)]
+NonNegFloat = Annotated[StrictFloat, Field(ge=0)]
 
 
 class Block(BaseModel):
@@ -50,14 +67,16 @@ class AsyncRLConfig(Block):
     max_inflight_prompts: PosInt = 16
     recompute_kv_cache_after_weight_updates: bool = False
     rollout_failure: RolloutFailureConfig = Field(default_factory=RolloutFailureConfig)
-    #: Raise RolloutStall when nothing commits and no step finishes for this long (None: off).
-    stall_timeout_s: PosFloat | None = None
+    #: Raise RolloutStall, naming the side that stalled, when no group commits and no
+    #: step finishes for this long (None: off). Generous by default: a real stall
+    #: (a hung engine, trainer or reward) must end the run, slow generation must not.
+    stall_timeout_s: PosFloat | None = 1800.0
 
 
 # --------------------------------------------------------------------- task
 #: Weight of partial credit for a wrong answer (see asyncrl.tasks.match_reward);
 #: below 1 so that only an exact answer earns the full reward.
-PartialCredit = Annotated[float, Field(ge=0, lt=1)]
+PartialCredit = Annotated[StrictFloat, Field(ge=0, lt=1)]
 
 
 class ArithmeticTaskConfig(Block):
@@ -90,7 +109,7 @@ class SortTaskConfig(Block):
 
 
 TaskConfig = Annotated[
-    Union[ArithmeticTaskConfig, ReverseTaskConfig, SortTaskConfig],  # noqa: UP007
+    Union[ArithmeticTaskConfig, ReverseTaskConfig, SortTaskConfig, DatasetTaskConfig],  # noqa: UP007
     Field(discriminator="name"),
 ]
 
@@ -108,7 +127,7 @@ class ModelConfig(Block):
 
 class GenerationConfig(Block):
     temperature: PosFloat = 1.0
-    top_p: Annotated[float, Field(gt=0, le=1)] = 1.0
+    top_p: Annotated[StrictFloat, Field(gt=0, le=1)] = 1.0
     #: A completion ends at EOS or after this many tokens (an answer this long needs
     #: no EOS). Short limits keep a from-scratch policy from wandering.
     max_new_tokens: PosInt = 4
@@ -120,7 +139,7 @@ class OptimizerConfig(Block):
     #: Tuned for the default from-scratch model: 3e-3 collapses its exploration early.
     lr: PosFloat = 1e-3
     weight_decay: NonNegFloat = 0.0
-    betas: tuple[float, float] = (0.9, 0.99)
+    betas: tuple[StrictFloat, StrictFloat] = (0.9, 0.99)
     grad_clip: PosFloat | None = 1.0
 
 
@@ -160,6 +179,13 @@ class PolicyConfig(Block):
     generation: GenerationConfig = Field(default_factory=GenerationConfig)
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
     device: str = "cpu"
+    #: Parameter and compute dtype of the engine and the trainer. "auto": float32 on
+    #: CPU, bfloat16 on CUDA. The trainer keeps float32 master weights, optimizer
+    #: state and loss arithmetic whatever this is (see docs/gpu.md).
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    #: Device of the local engine's copy of the model (None: `device`), e.g. a second
+    #: GPU so that generation and training never share one. Local backend only.
+    engine_device: str | None = None
     #: Torch intra-op threads for the trainer and the engine each (None: leave torch's
     #: default). 1 suits the small default model: its matrices are too small to gain
     #: from more, and engine and trainer already run in two threads of their own.
@@ -214,11 +240,28 @@ class CheckpointConfig(Block):
 
 
 # ------------------------------------------------------------------ logging
+class WandbConfig(Block):
+    """Weights & Biases logging (optional extra: ``pip install 'asyncrl[wandb]'``)."""
+
+    project: str = "asyncrl"
+    #: Run name (None: wandb picks one).
+    name: str | None = None
+    #: ``offline`` writes under RUN_DIR/wandb/ without network (``wandb sync`` uploads it later).
+    mode: Literal["online", "offline", "disabled"] = "online"
+    tags: tuple[str, ...] = ()
+
+
 class LoggingConfig(Block):
     tensorboard: bool = True
+    #: Also log every step's scalars and the config to wandb (None: off).
+    wandb: WandbConfig | None = None
     plots: bool = True
-    #: Live progress display: auto (only on a terminal), always or never.
-    progress: Literal["auto", "always", "never"] = "auto"
+    #: Progress on stderr. auto: a live bar on a terminal, else a line every
+    #: progress_every_s (logs, cluster jobs); always: the same (never silent);
+    #: lines: the lines even on a terminal; never: nothing.
+    progress: Literal["auto", "always", "lines", "never"] = "auto"
+    #: Seconds of run time between two progress lines (0: one line per step).
+    progress_every_s: NonNegFloat = 30.0
 
 
 # ----------------------------------------------------------------- simulate
@@ -242,7 +285,7 @@ class BimodalLatency(Block):
     distribution: Literal["bimodal"] = "bimodal"
     fast: LognormalParams = LognormalParams(median=20.0, sigma=0.3)
     slow: LognormalParams = LognormalParams(median=120.0, sigma=0.3)
-    slow_fraction: Annotated[float, Field(ge=0, le=1)] = 0.1
+    slow_fraction: Annotated[StrictFloat, Field(ge=0, le=1)] = 0.1
 
 
 class EmpiricalLatency(Block):
@@ -264,12 +307,43 @@ class SimulateConfig(Block):
     #: Extra trainer time per trained group (streaming cost), on top of train_step_s.
     train_per_group_s: NonNegFloat = 0.0
     weight_sync_s: NonNegFloat = 2.0
-    failure_rate: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    failure_rate: Annotated[StrictFloat, Field(ge=0, lt=1)] = 0.0
+
+
+# --------------------------------------------------------------------- eval
+class EvalConfig(Block):
+    """Held-out prompts scored every ``every_steps`` steps (docs/tasks.md, Evaluation).
+
+    Where the prompts come from: ``path`` (a file read with the dataset task's
+    keys, template and reward); or, for a dataset task, the last ``holdout``
+    records of the training file, which training then never sees; or, for a
+    built-in task, ``num_prompts`` prompts of a seeded stream of its own.
+    """
+
+    every_steps: PosInt = 10
+    path: str | None = None
+    holdout: PosInt | None = None
+    #: At most this many held-out prompts are evaluated.
+    num_prompts: PosInt = 32
+    num_generations: PosInt = 1
+    #: Sampling temperature of eval completions; 0 is greedy decoding.
+    temperature: NonNegFloat = 0.0
+    #: Length limit of eval completions (None: policy.generation.max_new_tokens).
+    max_new_tokens: PosInt | None = None
+    #: A completion passes (for pass@k) when its reward is at least this.
+    pass_threshold: float = 1.0
+
+    @model_validator(mode="after")
+    def _one_source(self) -> EvalConfig:
+        if self.path is not None and self.holdout is not None:
+            raise ValueError(
+                "eval.path and eval.holdout both name held-out prompts; set one of them")
+        return self
 
 
 # --------------------------------------------------------------------- root
 class RunConfig(Block):
-    seed: int = 0
+    seed: StrictInt = 0
     deterministic: bool = False
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
     async_rl: AsyncRLConfig = Field(default_factory=AsyncRLConfig)
@@ -279,6 +353,7 @@ class RunConfig(Block):
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    eval: EvalConfig | None = None
     simulate: SimulateConfig | None = None
 
     @model_validator(mode="after")
@@ -334,18 +409,30 @@ def parse_override(text: str) -> tuple[str, Any]:
         # YAML 1.1 reads "1e-3" as a string; on a command line it is a number.
         with contextlib.suppress(ValueError):
             value = float(value)
+    elif isinstance(value, dict) and not raw.lstrip().startswith("{"):
+        # "target=mod:" reads as the mapping {mod: None}; a mapping on the command
+        # line is written {key: value}, so anything else was meant as text.
+        value = raw.strip()
     return key, value
+
+
+#: Overrides that pick another member of a discriminated block.
+_SWAPPABLE = ("async_rl.sampler.name", "task.name", "task.reward.name")
 
 
 def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     for item in overrides:
         key, value = parse_override(item)
-        # A sampler swap replaces the whole block: keys of the old policy would
-        # otherwise be rejected as unknown by the new one.
-        if key == "async_rl.sampler.name":
-            old = tree.get("async_rl", {}).get("sampler", {})
+        # A sampler (task, reward) swap replaces the whole block: keys of the old
+        # one would otherwise be rejected as unknown by the new one.
+        if key in _SWAPPABLE:
+            *parents, block = key.split(".")[:-1]
+            node: Any = tree
+            for part in parents:
+                node = node.get(part) if isinstance(node, dict) else None
+            old = node.get(block) if isinstance(node, dict) else None
             if isinstance(old, dict) and old.get("name") != value:
-                tree.setdefault("async_rl", {})["sampler"] = {"name": value}
+                node[block] = {"name": value}
                 continue
         _set_path(tree, key, value)
     return tree
@@ -355,6 +442,7 @@ def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any
 #: override such as ``task.max_operand=3`` works on a config without a task block.
 _DEFAULT_TAGS = (
     (("task",), "name", "arithmetic"),
+    (("task", "reward"), "name", "exact_match"),
     (("async_rl", "sampler"), "name", "in_order"),
     (("simulate", "generation_latency_s"), "distribution", "lognormal"),
 )
@@ -369,12 +457,43 @@ def _fill_default_tags(tree: dict[str, Any]) -> None:
             node[key] = default
 
 
-def config_from_dict(tree: dict[str, Any], *, source: str = "config") -> RunConfig:
+def config_from_dict(tree: dict[str, Any], *, source: str = "config",
+                     overrides: Sequence[str] = ()) -> RunConfig:
+    """Validate a config tree; errors name the field, and the override that set it, if any."""
     _fill_default_tags(tree)
     try:
         return RunConfig.model_validate(tree)
     except ValidationError as exc:
-        raise ConfigError(f"invalid {source}:\n{explain(exc, RunConfig)}") from None
+        raise ConfigError(_invalid(exc, source, overrides)) from None
+
+
+def _invalid(exc: ValidationError, source: str, overrides: Sequence[str]) -> str:
+    keys = [(parse_override(o)[0], o) for o in overrides]
+    lines, blamed = [], 0
+    for path, problem in explain_errors(exc, RunConfig):
+        # The last override that set this path, a block above it or a key below it.
+        culprit = next((text for key, text in reversed(keys)
+                        if path == key or path.startswith(key + ".") or key.startswith(path + ".")),
+                       None)
+        blamed += culprit is not None
+        lines.append(f"{path}: {problem}"
+                     + (f' (from the command-line override "{culprit}")' if culprit else ""))
+    if blamed == len(lines):
+        head = "invalid command-line override"
+    elif blamed:
+        head = f"invalid {source} and command-line override"
+    else:
+        head = f"invalid {source}"
+    return f"{head}:\n" + "\n".join(lines)
+
+
+#: What an empty config file is told to hold.
+EMPTY_FILE_HINT = (
+    "put the run's settings in it, e.g.\n"
+    "  grpo: {max_num_steps: 50}\n"
+    "  task: {name: arithmetic}\n"
+    "(examples/quickstart.yaml is a complete one), or write {} to run on every default"
+)
 
 
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
@@ -385,17 +504,14 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
         p = Path(path)
         if not p.is_file():
             raise ConfigError(f"config file {str(p)!r} does not exist; pass an existing YAML file")
-        try:
-            loaded = yaml.safe_load(p.read_text())
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{p}: not valid YAML ({exc})") from None
+        loaded = load_yaml(p.read_text(), str(p))
         if loaded is None:
-            loaded = {}
+            raise ConfigError(f"{p} is empty (or only comments): {EMPTY_FILE_HINT}")
         if not isinstance(loaded, dict):
             raise ConfigError(f"{p}: the top level must be a mapping of blocks, got {type(loaded).__name__}")
         tree, source = loaded, str(p)
     apply_overrides(tree, list(overrides or []))
-    return config_from_dict(tree, source=source)
+    return config_from_dict(tree, source=source, overrides=list(overrides or []))
 
 
 def dump_config(cfg: RunConfig) -> str:

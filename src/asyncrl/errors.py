@@ -58,6 +58,10 @@ class LedgerError(AsyncRLError, RuntimeError):
     """A group moved between ledger states in a way that would lose or double-count it."""
 
 
+class UsageError(AsyncRLError, RuntimeError):
+    """An API was called at the wrong time (e.g. ``load_state_dict`` after ``run``)."""
+
+
 class ControllerBug(AsyncRLError, RuntimeError):
     """An invariant of the controller broke (e.g. a sampler selected an unready
     group). The message names the component at fault."""

@@ -13,10 +13,11 @@ transformers is an optional extra, imported only here and only when called.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,10 +33,10 @@ def char_tokenizer_to_hf(tokenizer: CharTokenizer) -> Any:
     vocab = {PAD: tokenizer.pad_id, BOS: tokenizer.bos_id, EOS: tokenizer.eos_id}
     vocab.update({c: i + 3 for i, c in enumerate(tokenizer.chars)})
     backend = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token=PAD))
-    # Every character is its own token ("." does not match a newline, which the
-    # built-in character set does not contain either).
+    # Every character is its own token, newlines included (a dataset task's
+    # vocabulary may hold them; "." would leave a run of them as one piece).
     backend.pre_tokenizer = tokenizers.pre_tokenizers.Split(
-        tokenizers.Regex("."), behavior="isolated"
+        tokenizers.Regex(r"[\s\S]"), behavior="isolated"
     )
     backend.decoder = tokenizers.decoders.Fuse()  # join tokens without spaces
     return transformers.PreTrainedTokenizerFast(
@@ -85,8 +86,9 @@ def save_policy(
 
             model = copy.deepcopy(model)
             model.load_state_dict(dict(state_dict))
-        model.save_pretrained(tmp, safe_serialization=True)
-        hf_tok.save_pretrained(tmp)
+        with _no_progress_bars():
+            model.save_pretrained(tmp, safe_serialization=True)
+            hf_tok.save_pretrained(tmp)
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)
@@ -94,3 +96,16 @@ def save_policy(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+@contextlib.contextmanager
+def _no_progress_bars() -> Iterator[None]:
+    """transformers draws a progress bar per save; a run's log is no place for it."""
+    hf_logging = require("transformers", "hf", "saving the policy").utils.logging
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()

@@ -14,6 +14,9 @@ Two sources:
   ``AutoTokenizer`` loaded from that local directory (never from the network),
   the tokenizer wrapped in :class:`HFTokenizer`.
 
+Both are moved to ``policy.device`` in ``policy.dtype`` (``auto``: float32 on
+CPU, bfloat16 on CUDA; see :func:`asyncrl.devices.policy_dtype`).
+
 transformers is an optional extra (``pip install 'asyncrl[hf]'``), imported here
 only when a policy is built.
 """
@@ -26,7 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from asyncrl.config import PolicyConfig
+from asyncrl.config import ModelConfig, PolicyConfig
+from asyncrl.devices import check_device, policy_dtype
 from asyncrl.errors import ConfigError, require
 from asyncrl.tasks.tokenizer import CharTokenizer, Tokenizer
 
@@ -75,11 +79,7 @@ def build_policy(
 
     tokenizer = getattr(task, "tokenizer", None) or CharTokenizer()
     m = cfg.model
-    if m.hidden_size % m.num_heads:
-        raise ConfigError(
-            f"policy.model.hidden_size={m.hidden_size} is not divisible by "
-            f"policy.model.num_heads={m.num_heads}; pick sizes that divide"
-        )
+    check_model_shape(m)
     config = transformers.LlamaConfig(
         vocab_size=tokenizer.vocab_size,
         hidden_size=m.hidden_size,
@@ -102,7 +102,36 @@ def build_policy(
     return _prepare(model, cfg), tokenizer
 
 
-def _load_pretrained(transformers: Any, cfg: PolicyConfig) -> tuple[torch.nn.Module, Tokenizer]:
+def check_model_shape(m: ModelConfig) -> None:
+    """Refuse a from-scratch model shape transformers cannot build."""
+    if m.hidden_size % m.num_heads:
+        raise ConfigError(
+            f"policy.model.hidden_size={m.hidden_size} is not divisible by "
+            f"policy.model.num_heads={m.num_heads} (each attention head gets hidden_size / "
+            "num_heads dimensions); pick sizes that divide, e.g. hidden_size=64, num_heads=4"
+        )
+
+
+def load_tokenizer(cfg: PolicyConfig, task: Task | None = None) -> Tokenizer:
+    """The tokenizer :func:`build_policy` would use, without building the model."""
+    if cfg.model_name_or_path is None:
+        return getattr(task, "tokenizer", None) or CharTokenizer()
+    transformers = require("transformers", "hf", "loading the policy's tokenizer")
+    path = _pretrained_dir(cfg)
+    return HFTokenizer(_from_pretrained(transformers.AutoTokenizer, path))
+
+
+def bind_task_tokenizer(task: Task, cfg: PolicyConfig) -> None:
+    """Give a task that formats prompts with the policy's tokenizer (a dataset
+    task with ``chat_template: true``) that tokenizer, before any prompt is drawn."""
+    bind = getattr(task, "bind_tokenizer", None)
+    # Only a task that formats prompts with it (chat_template) gets the tokenizer:
+    # loading one needs the model directory, which a Ray driver may not have.
+    if bind is not None and getattr(task, "needs_policy_tokenizer", True):
+        bind(load_tokenizer(cfg, task))
+
+
+def _pretrained_dir(cfg: PolicyConfig) -> Path:
     path = Path(cfg.model_name_or_path).expanduser()
     if not path.is_dir():
         raise ConfigError(
@@ -111,22 +140,34 @@ def _load_pretrained(transformers: Any, cfg: PolicyConfig) -> tuple[torch.nn.Mod
             "(e.g. one written by save_pretrained), or null to build policy.model from scratch; "
             "models are never downloaded"
         )
+    return path
+
+
+def _from_pretrained(auto_class: Any, path: Path) -> Any:
     try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
-        model = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
+        return auto_class.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError) as exc:
         raise ConfigError(
             f"policy.model_name_or_path={str(path)!r}: could not load a causal LM and its "
             f"tokenizer from it ({exc}). The directory needs config.json, the weights and the "
             "tokenizer files, as written by model.save_pretrained and tokenizer.save_pretrained"
         ) from exc
-    # float32 whatever the checkpoint's dtype: CPU training and exact log-prob
-    # agreement between engine and trainer both want full precision.
-    return _prepare(model.float(), cfg), HFTokenizer(tokenizer)
+
+
+def _load_pretrained(transformers: Any, cfg: PolicyConfig) -> tuple[torch.nn.Module, Tokenizer]:
+    path = _pretrained_dir(cfg)
+    tokenizer = _from_pretrained(transformers.AutoTokenizer, path)
+    model = _from_pretrained(transformers.AutoModelForCausalLM, path)
+    # policy.dtype whatever the checkpoint's dtype: engine and trainer must
+    # compute in the same one for their log-probs to agree.
+    return _prepare(model, cfg), HFTokenizer(tokenizer)
 
 
 def _prepare(model: torch.nn.Module, cfg: PolicyConfig) -> torch.nn.Module:
+    device = check_device(cfg.device)
+    if cfg.engine_device is not None:
+        check_device(cfg.engine_device, "policy.engine_device")
     # eval() for good, also while training: dropout would make the trainer's
     # log-probs differ from the engine's for the same weights, which the
     # off-policy corrections would then mistake for staleness.
-    return model.to(cfg.device).eval()
+    return model.to(device=device, dtype=policy_dtype(cfg.dtype, device)).eval()

@@ -40,6 +40,11 @@ class GenerationRequest:
     #: Deterministic mode: generate with exactly this weight version (an engine
     #: keeps the few recent versions that can be named). None: current weights.
     weight_version: int | None = None
+    #: Sampling overrides for this request (evaluation uses them); None: the
+    #: engine's configured value. ``temperature == 0`` means greedy decoding.
+    temperature: float | None = None
+    top_p: float | None = None
+    max_new_tokens: int | None = None
 
 
 @dataclass(slots=True)

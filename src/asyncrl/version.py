@@ -20,6 +20,14 @@ class TrainerVersion:
             raise ValueError(f"TrainerVersion must start at >= 0, got {value}")
         self._value = value
         self._signal = ChangeSignal()
+        #: For every waiter inside :meth:`wait_until`: the value at which it last
+        #: found its predicate false. A waiter whose entry equals the current
+        #: value is known to be blocked; an older entry means it has been woken
+        #: and will look again.
+        self._blocked_at: dict[object, int] = {}
+        #: Called whenever a waiter blocks (the controller wakes its train pump,
+        #: which may be deciding whether anything more can arrive).
+        self.on_block: Callable[[], None] | None = None
 
     @property
     def value(self) -> int:
@@ -37,9 +45,23 @@ class TrainerVersion:
 
     async def wait_until(self, predicate: Callable[[int], bool]) -> int:
         """Wait until ``predicate(value)`` holds; return the value that satisfied it."""
-        while not predicate(self._value):
-            await self._signal.wait()
+        token = object()
+        try:
+            while not predicate(self._value):
+                self._blocked_at[token] = self._value
+                if self.on_block is not None:
+                    self.on_block()
+                await self._signal.wait()
+        finally:
+            self._blocked_at.pop(token, None)
         return self._value
+
+    def waiters_blocked(self) -> bool:
+        """True when someone waits in :meth:`wait_until` and every waiter has
+        found its predicate false at the current value (none can go on until
+        the value changes)."""
+        value = self._value
+        return bool(self._blocked_at) and all(v == value for v in self._blocked_at.values())
 
     def __repr__(self) -> str:
         return f"TrainerVersion({self._value})"

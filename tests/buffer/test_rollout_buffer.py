@@ -17,12 +17,7 @@ from asyncrl.errors import (
     GroupStateError,
     UnknownGroupError,
 )
-
-
-async def _yield(times: int = 5) -> None:
-    """Let every ready task run a few times (no wall-clock time passes)."""
-    for _ in range(times):
-        await asyncio.sleep(0)
+from tests.vtime import settle, virtual
 
 
 def _ids(slots: Any) -> list[Any]:
@@ -37,6 +32,7 @@ async def _filled(capacity: int, n: int, *, start_weight: int = 0) -> RolloutBuf
 
 
 # --------------------------------------------------------------------- basics
+@virtual
 async def test_reserve_commit_release_remove_lifecycle() -> None:
     buf = RolloutBuffer(capacity=4)
     assert (len(buf), buf.ready_count, buf.capacity) == (0, 0, 4)
@@ -62,11 +58,13 @@ async def test_reserve_commit_release_remove_lifecycle() -> None:
     assert (len(buf), buf.ready_count) == (0, 0)
 
 
+@virtual
 async def test_commit_without_end_weight_defaults_to_start_weight() -> None:
     buf = await _filled(2, 1, start_weight=4)
     assert buf.commit("g0", None).end_weight == 4
 
 
+@virtual
 async def test_slots_iterate_in_dispatch_order_with_increasing_seq() -> None:
     buf = RolloutBuffer(capacity=8)
     for gid, w in [("x", 3), ("y", 1), ("z", 2), ("w", 0)]:
@@ -82,6 +80,7 @@ async def test_slots_iterate_in_dispatch_order_with_increasing_seq() -> None:
     assert seqs[-1] == 4  # "y" took seq 1 and it is never reused
 
 
+@virtual
 async def test_slots_is_a_snapshot_safe_to_mutate_under() -> None:
     buf = await _filled(4, 3)
     seen = []
@@ -97,6 +96,7 @@ def test_capacity_must_be_positive() -> None:
             RolloutBuffer(bad)  # type: ignore[arg-type]
 
 
+@virtual
 async def test_negative_start_weight_is_rejected() -> None:
     buf = RolloutBuffer(2)
     with pytest.raises(ValueError, match="start_weight must be >= 0"):
@@ -105,56 +105,60 @@ async def test_negative_start_weight_is_rejected() -> None:
 
 
 # ------------------------------------------------------------- back-pressure
+@virtual
 async def test_reserve_waits_while_full_and_wakes_on_release() -> None:
     buf = await _filled(2, 2)
     waiter = asyncio.create_task(buf.reserve("late", start_weight=0))
-    await _yield()
+    await settle()
     assert not waiter.done()
 
     # A commit changes readiness but frees no capacity.
     buf.commit("g0", None)
-    await _yield()
+    await settle()
     assert not waiter.done()
 
     buf.release("g1")
-    await _yield()
+    await settle()
     assert waiter.done() and waiter.result().group_id == "late"
     assert _ids(buf.slots()) == ["g0", "late"]
 
 
+@virtual
 async def test_reserve_waits_while_full_and_wakes_on_remove() -> None:
     buf = await _filled(2, 2)
     buf.commit("g0", None)
     waiter = asyncio.create_task(buf.reserve("late", start_weight=0))
-    await _yield()
+    await settle()
     assert not waiter.done()
     buf.remove(["g0"])
-    await _yield()
+    await settle()
     assert waiter.done() and "late" in buf
 
 
+@virtual
 async def test_one_freed_slot_admits_one_waiter_and_capacity_is_never_exceeded() -> None:
     buf = await _filled(2, 2)
     waiters = [asyncio.create_task(buf.reserve(f"w{i}", start_weight=0)) for i in range(3)]
-    await _yield()
+    await settle()
     assert not any(w.done() for w in waiters)
 
     buf.release("g0")
-    await _yield()
+    await settle()
     assert sum(w.done() for w in waiters) == 1 and len(buf) == 2
 
     buf.release("g1")
-    await _yield()
+    await settle()
     assert sum(w.done() for w in waiters) == 2 and len(buf) == 2
 
     # The last waiter still waits; cancelling it leaves the buffer untouched.
     pending = [w for w in waiters if not w.done()]
     assert len(pending) == 1
     pending[0].cancel()
-    await _yield()
+    await settle()
     assert len(buf) == 2 and buf.capacity == 2
 
 
+@virtual
 async def test_reserve_nowait_raises_when_full() -> None:
     buf = await _filled(1, 1)
     with pytest.raises(GroupStateError, match=r"full \(1 slots\).*await buffer.reserve"):
@@ -163,24 +167,26 @@ async def test_reserve_nowait_raises_when_full() -> None:
     assert buf.reserve_nowait("b", start_weight=0).group_id == "b"
 
 
+@virtual
 async def test_a_waiting_reserve_rechecks_the_id_after_waking() -> None:
     buf = await _filled(1, 1)
     first = asyncio.create_task(buf.reserve("dup", start_weight=0))
-    await _yield()
+    await settle()
     buf.release("g0")
     second = asyncio.create_task(buf.reserve("dup", start_weight=0))
-    await _yield()
+    await settle()
     assert first.done() and first.exception() is None
     assert second.done() and isinstance(second.exception(), DuplicateGroupError)
 
 
 # ------------------------------------------------------------- wait_changed
 @pytest.mark.parametrize("change", ["commit", "release", "remove", "notify"])
+@virtual
 async def test_wait_changed_wakes_on_every_change(change: str) -> None:
     buf = await _filled(4, 2)
     buf.commit("g1", None)
     waiters = [asyncio.create_task(buf.wait_changed()) for _ in range(2)]
-    await _yield()
+    await settle()
     assert not any(w.done() for w in waiters)
 
     if change == "commit":
@@ -191,25 +197,27 @@ async def test_wait_changed_wakes_on_every_change(change: str) -> None:
         buf.remove(["g1"])
     else:
         buf.notify()
-    await _yield()
+    await settle()
     assert all(w.done() for w in waiters)
 
 
+@virtual
 async def test_wait_changed_waits_for_the_next_change_not_a_past_one() -> None:
     buf = await _filled(4, 2)
     buf.commit("g0", None)  # a change before anyone waits is not remembered
     waiter = asyncio.create_task(buf.wait_changed())
-    await _yield()
+    await settle()
     assert not waiter.done()
     buf.remove([])  # removing nothing changes nothing
-    await _yield()
+    await settle()
     assert not waiter.done()
     buf.commit("g1", None)
-    await _yield()
+    await settle()
     assert waiter.done()
 
 
 # ------------------------------------------------------------------- misuse
+@virtual
 async def test_commit_of_unknown_group_raises_unknown_group_error() -> None:
     buf = await _filled(2, 1)
     with pytest.raises(UnknownGroupError, match="'nope' is not in the rollout buffer"):
@@ -219,6 +227,7 @@ async def test_commit_of_unknown_group_raises_unknown_group_error() -> None:
         buf.commit("nope", None)
 
 
+@virtual
 async def test_commit_twice_raises_group_state_error() -> None:
     buf = await _filled(2, 1)
     buf.commit("g0", "first")
@@ -227,6 +236,7 @@ async def test_commit_twice_raises_group_state_error() -> None:
     assert buf.get("g0").payload == "first" and buf.ready_count == 1
 
 
+@virtual
 async def test_commit_with_end_weight_before_start_weight_is_rejected() -> None:
     buf = await _filled(2, 1, start_weight=3)
     with pytest.raises(GroupStateError, match="end_weight 2 is older than its start_weight 3"):
@@ -234,6 +244,7 @@ async def test_commit_with_end_weight_before_start_weight_is_rejected() -> None:
     assert not buf.get("g0").ready and buf.ready_count == 0
 
 
+@virtual
 async def test_release_of_a_ready_group_raises_group_state_error() -> None:
     buf = await _filled(2, 1)
     buf.commit("g0", None)
@@ -243,6 +254,7 @@ async def test_release_of_a_ready_group_raises_group_state_error() -> None:
 
 
 @pytest.mark.parametrize("op", ["release", "remove", "get"])
+@virtual
 async def test_unknown_group_in_release_remove_get(op: str) -> None:
     buf = await _filled(2, 1)
     with pytest.raises(UnknownGroupError, match="'ghost'"):
@@ -254,6 +266,7 @@ async def test_unknown_group_in_release_remove_get(op: str) -> None:
             buf.get("ghost")
 
 
+@virtual
 async def test_duplicate_group_id_raises_duplicate_group_error() -> None:
     buf = await _filled(3, 1)
     with pytest.raises(DuplicateGroupError, match="'g0' already has a slot"):
@@ -263,6 +276,7 @@ async def test_duplicate_group_id_raises_duplicate_group_error() -> None:
     assert len(buf) == 1
 
 
+@virtual
 async def test_duplicate_id_is_rejected_before_waiting_for_space() -> None:
     buf = await _filled(1, 1)
     # The buffer is full, yet the duplicate fails at once instead of waiting.
@@ -270,20 +284,22 @@ async def test_duplicate_id_is_rejected_before_waiting_for_space() -> None:
         await buf.reserve("g0", start_weight=0)
 
 
+@virtual
 async def test_remove_is_all_or_nothing() -> None:
     buf = await _filled(4, 3)
     buf.commit("g0", None)
     changed = asyncio.create_task(buf.wait_changed())
-    await _yield()
+    await settle()
     for bad in (["g0", "ghost"], ["g0", "g1", "g0"]):
         with pytest.raises(UnknownGroupError):
             buf.remove(bad)
         assert _ids(buf.slots()) == ["g0", "g1", "g2"] and buf.ready_count == 1
-    await _yield()
+    await settle()
     assert not changed.done()
     changed.cancel()
 
 
+@virtual
 async def test_remove_listeners_see_every_removed_slot() -> None:
     buf = await _filled(4, 3)
     seen: list[list[Any]] = []
@@ -295,6 +311,7 @@ async def test_remove_listeners_see_every_removed_slot() -> None:
 
 
 # -------------------------------------------------------------- persistence
+@virtual
 async def test_load_of_a_state_larger_than_capacity_raises_buffer_state_error() -> None:
     big = await _filled(5, 5)
     small = RolloutBuffer(3)
@@ -314,6 +331,7 @@ async def test_load_of_a_state_larger_than_capacity_raises_buffer_state_error() 
     ],
     ids=["no-slots", "no-next-seq", "seq-beyond-next", "unordered", "duplicate-id"],
 )
+@virtual
 async def test_malformed_state_raises_buffer_state_error(mutate: Any) -> None:
     buf = await _filled(4, 3)
     state = buf.state_dict()
@@ -387,6 +405,7 @@ def _all_answers(buf: RolloutBuffer) -> list[Any]:
 
 
 @pytest.mark.parametrize("seed", range(8))
+@virtual
 async def test_state_dict_round_trip_rebuilds_the_indexes(seed: int) -> None:
     buf = await _random_buffer(random.Random(seed))
     state = buf.state_dict()
@@ -404,13 +423,14 @@ async def test_state_dict_round_trip_rebuilds_the_indexes(seed: int) -> None:
         assert nxt.dispatch_seq == state["next_seq"]
 
 
+@virtual
 async def test_load_wakes_reservers_waiting_for_space() -> None:
     full = await _filled(2, 2)
     waiter = asyncio.create_task(full.reserve("late", start_weight=0))
-    await _yield()
+    await settle()
     assert not waiter.done()
     full.load_state_dict((await _filled(2, 1)).state_dict())
-    await _yield()
+    await settle()
     assert waiter.done() and _ids(full.slots()) == ["g0", "late"]
 
 
@@ -467,6 +487,7 @@ def test_index_queries_match_brute_force(
         assert buf.min_start_weight(lo, hi) == (min(in_range) if in_range else None)
 
 
+@virtual
 async def test_min_start_weight_counts_unready_slots() -> None:
     buf = RolloutBuffer(4)
     await buf.reserve("old", start_weight=1)

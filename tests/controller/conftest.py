@@ -5,8 +5,8 @@ from typing import Any
 import pytest
 
 from asyncrl.config import AsyncRLConfig, GRPOConfig
-from asyncrl.controller import Controller
-from tests.fakes import FakeEngine, FakeTask, FakeTrainer
+from asyncrl.controller import Controller, MemoryHistory
+from tests.fakes import FakeEngine, FakeTask, FakeTrainer, InlineScorer
 
 
 def make_controller(
@@ -20,10 +20,15 @@ def make_controller(
     capacity: int = 12,
     min_chunk: int = 2,
     inflight: int = 8,
+    scorer: InlineScorer | None = None,
+    deterministic: bool = False,
+    history: MemoryHistory | None = None,
+    evaluator: Any = None,
     **async_kw: Any,
 ) -> Controller:
+    task = task or FakeTask()
     return Controller(
-        task=task or FakeTask(),
+        task=task,
         engines=engines or [FakeEngine()],
         trainer=trainer or FakeTrainer(),
         grpo=GRPOConfig(num_prompts_per_step=per_step, num_generations_per_prompt=2,
@@ -31,6 +36,10 @@ def make_controller(
         async_rl=AsyncRLConfig(sampler=sampler, max_buffered_rollouts=capacity,
                                min_groups_for_streaming_train=min_chunk,
                                max_inflight_prompts=inflight, **async_kw),
+        deterministic=deterministic,
+        scorer=scorer or InlineScorer(task),
+        ledger_history=history if history is not None else MemoryHistory(),
+        evaluator=evaluator,
     )
 
 

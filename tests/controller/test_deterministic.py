@@ -12,6 +12,7 @@ from tests.fakes import FakeEngine, FakeTrainer, lognormal_latency
 
 #: Fields that measure time or momentary occupancy, not what was trained.
 TIMING = {"wall_time_s", "step_time_s", "trainer_idle_s", "generator_util", "groups_per_s",
+          "weight_sync_s",
           "buffer_ready", "inflight"}
 
 
@@ -21,8 +22,17 @@ class PinnedEngine(FakeEngine):
     def __init__(self, latency) -> None:
         super().__init__(latency)
         self.pins: dict = {}
+        self.retained = {0}
+
+    async def retain_weight_versions(self, versions) -> None:
+        self.retained = set(versions)
+
+    async def update_weights(self, weights, version: int) -> None:
+        await super().update_weights(weights, version)
+        self.retained.add(version)
 
     async def generate(self, request):
+        assert request.weight_version in self.retained  # the controller kept what it needs
         result: GroupResult = await super().generate(request)
         assert request.seed is not None and request.weight_version is not None
         assert request.weight_version <= self.weight_version  # never newer than held
@@ -48,8 +58,7 @@ def test_same_config_same_result_under_different_timing(sampler: dict) -> None:
         engine = PinnedEngine(lognormal_latency(timing_seed, sigma=1.2))
         ctl = make_controller(sampler, engines=[engine],
                               trainer=FakeTrainer(step_time=0.3 * timing_seed),
-                              steps=15, capacity=12, min_chunk=1)
-        ctl.deterministic = True
+                              steps=15, capacity=12, min_chunk=1, deterministic=True)
         run_virtual(ctl.run())
         window = ctl.sampler.window
         for rec in ctl.ledger.records():
@@ -62,6 +71,31 @@ def test_same_config_same_result_under_different_timing(sampler: dict) -> None:
         runs.append((trained, metrics))
     assert runs[0][0] == runs[1][0]
     assert runs[0][1] == runs[1][1]
+
+
+def test_deterministic_refuses_engines_that_cannot_keep_versions() -> None:
+    with pytest.raises(ConfigError, match="retain_weight_versions"):
+        make_controller({"name": "in_order", "max_lookahead_versions": 1}, deterministic=True)
+
+
+def test_a_custom_sampler_reporting_pins_supports_deterministic_mode() -> None:
+    from asyncrl.sampling import BaseSampler
+
+    class EveryOther(BaseSampler):  # gated, window 1, pinned like the built-ins
+        gated, window = True, 1
+
+        async def select(self, *, current_train_weight, min_prompt_groups, max_prompt_groups):
+            eligible = self.buffer.ready_in_weight_range(None, current_train_weight,
+                                                         limit=max_prompt_groups)
+            return self._take(eligible, min_prompt_groups)
+
+    globals()["EveryOther"] = EveryOther
+    engine = PinnedEngine(lognormal_latency(3, sigma=1.0))
+    ctl = make_controller({"name": "custom", "target": f"{__name__}:EveryOther"},
+                          engines=[engine], steps=6, capacity=12, min_chunk=1, deterministic=True)
+    run_virtual(ctl.run())
+    assert ctl.steps_done == 6
+    assert all(w == max(0, gid // 4 - 1) for gid, w in engine.pins.items() if gid < 24)
 
 
 def test_deterministic_refuses_an_ungated_sampler() -> None:

@@ -11,7 +11,7 @@ import pytest
 from asyncrl.sim.clock import run_virtual
 from tests.controller.conftest import make_controller
 from tests.fakes import FakeEngine, FakeTrainer, lognormal_latency
-from tests.vtime import advance
+from tests.vtime import advance, settle
 
 SAMPLERS = [
     {"name": "in_order", "max_lookahead_versions": 1},
@@ -57,7 +57,10 @@ def test_resume_from_a_step_checkpoint_loses_no_prompt(sampler: dict, kill_after
 
     trainer = FakeTrainer()
     trainer.load_state_dict(saved["trainer"])
-    second = make_controller(sampler, engines=[engine(2)], trainer=trainer, **kw)
+    # The resumed run appends to the same ledger history (ledger.jsonl in a run
+    # directory), cut back to what it held at the checkpoint.
+    second = make_controller(sampler, engines=[engine(2)], trainer=trainer,
+                             history=first.ledger.history, **kw)
     second.load_state_dict(saved["state"])
     result = run_virtual(second.run())
 
@@ -84,9 +87,9 @@ def test_load_state_dict_after_run_started_is_refused() -> None:
 
     async def main() -> None:
         run = asyncio.ensure_future(ctl.run())
-        await asyncio.sleep(0)
+        await settle()
         with pytest.raises(RuntimeError, match="before run"):
             ctl.load_state_dict(ctl.state_dict())
         await run
 
-    run_virtual(main())
+    run_virtual(main(), loop="jump")

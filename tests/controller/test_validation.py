@@ -43,7 +43,7 @@ def test_stall_watchdog_names_what_the_controller_waits_for() -> None:
     hung = FakeEngine(latency=lambda r: 1e9 if r.prompt.prompt_id == 2 else 1.0)
     ctl = make_controller({"name": "in_order", "max_lookahead_versions": 0}, engines=[hung],
                           steps=3, stall_timeout_s=60.0)
-    with pytest.raises(RolloutStall, match=r"waiting for step 0: 0 ready and 1 in-flight"):
+    with pytest.raises(RolloutStall, match=r"rollout side stalled: the train pump waits for groups of step 0 \(0 ready; .*1 in flight"):
         run_virtual(ctl.run())
 
 

@@ -68,13 +68,17 @@ def test_gated_policies_never_abort(name: str) -> None:
     ("sampler", "flag", "expected"),
     [
         ({"name": "in_order", "max_lookahead_versions": 0}, True, 10),
-        ({"name": "in_order", "max_lookahead_versions": 0}, False, 0),
-        ({"name": "in_order", "max_lookahead_versions": 1}, True, 0),
-        ({"name": "windowed", "max_staleness_versions": 0}, True, 10),
-        ({"name": "ready_first", "max_staleness_versions": 2}, True, 0),
+        ({"name": "in_order", "max_lookahead_versions": 0}, False, 10),
+        ({"name": "in_order", "max_lookahead_versions": 1}, True, 10),
+        ({"name": "in_order", "max_lookahead_versions": 1}, False, 0),
+        ({"name": "windowed", "max_staleness_versions": 0}, False, 10),
+        ({"name": "ready_first", "max_staleness_versions": 2}, True, 10),
+        ({"name": "ready_first", "max_staleness_versions": 2}, False, 0),
     ],
 )
-def test_cache_invalidation_only_when_on_policy(sampler, flag, expected) -> None:
+def test_cache_invalidation_when_on_policy_or_asked(sampler, flag, expected) -> None:
+    # On-policy: no cache may outlive the weights that computed it. Off-policy:
+    # only when recompute_kv_cache_after_weight_updates asks for it.
     engines = [FakeEngine(1.0), FakeEngine(1.0)]
     ctl = make_controller(sampler, engines=engines, steps=10, capacity=12,
                           recompute_kv_cache_after_weight_updates=flag)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
 #: Fields that measure time or momentary occupancy rather than what was trained.
 TIMING = {"wall_time_s", "step_time_s", "trainer_idle_s", "generator_util", "groups_per_s",
+          "weight_sync_s",
           "buffer_ready", "inflight"}
 STEPS = 16
 
@@ -45,6 +47,7 @@ def test_same_config_gives_identical_metrics_and_resume_replays_exactly(tmp_path
     # resumed, replay steps 6.. exactly like the uninterrupted run.
     killed = tmp_path / "c"
     train(config("checkpoint.every_steps=6", "grpo.max_num_steps=9"), killed)
+    shutil.rmtree(killed / "checkpoints" / "step-000009")  # the final one: killed before it
     cfg, ckpt = prepare_resume(killed, [f"grpo.max_num_steps={STEPS}"])
     assert ckpt.step == 6
     train(cfg, killed, resume=ckpt)

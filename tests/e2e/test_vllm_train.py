@@ -61,6 +61,7 @@ def test_a_synchronous_vllm_run_is_exact_balanced_and_learns(tmp_path: Path, cap
         assert r["train/logprob_mismatch"] <= 1e-3, r
         assert r["train/logprob_mismatch_max"] <= 1e-3, r
         assert r["staleness_max"] == 0
+        assert r["weight_sync_s"] > 0  # the sync, timed by the controller
     start = sum(r["reward_mean"] for r in records[:5]) / 5
     end = sum(r["reward_mean"] for r in records[-5:]) / 5
     assert end > start + 0.02, f"reward did not rise: {start:.3f} -> {end:.3f}"

@@ -303,3 +303,37 @@ async def test_a_failing_tokenizer_fails_the_group_instead_of_hanging():
     res = await engine.generate(GenerationRequest("a", prompts(1)[0], 2))  # recovered
     assert len(res.completion_ids) == 2
     await engine.close()
+
+
+async def test_a_scheduler_that_dies_fails_its_groups_and_a_new_one_starts():
+    # Supervision: whatever ends the scheduler task (here a cancellation from
+    # outside), the groups waiting on it fail instead of waiting forever.
+    engine = make_engine(max_new_tokens=30)
+    bias_token(engine, engine.tokenizer.eos_id, -100.0)
+    started = signal_first_forward(engine)
+    waiting = asyncio.create_task(engine.generate(GenerationRequest("a", prompts(1)[0], 2)))
+    await started.wait()
+    engine._scheduler.cancel()
+    with pytest.raises(GenerationError, match="scheduler stopped: it was cancelled"):
+        await waiting
+    engine.generation = GenerationConfig(max_new_tokens=2)
+    res = await engine.generate(GenerationRequest("b", prompts(1)[0], 2))  # a fresh scheduler
+    assert len(res.completion_ids) == 2
+    await engine.close()
+
+
+async def test_a_request_overrides_temperature_and_length_greedy_at_zero():
+    engine = make_engine(max_new_tokens=6, temperature=1.0)
+    p = prompts(1)[0]
+    greedy = [await engine.generate(GenerationRequest(f"g{i}", p, 3, temperature=0.0,
+                                                      max_new_tokens=2)) for i in range(2)]
+    # Greedy decoding: every completion of both requests is the same argmax path,
+    # cut at the request's own limit (or earlier at EOS), with probability one.
+    paths = {tuple(c) for r in greedy for c in r.completion_ids}
+    assert len(paths) == 1 and all(len(c) <= 2 for c in paths)
+    assert all(lp == 0.0 for r in greedy for row in r.behavior_logprobs for lp in row)
+    # Without overrides the same engine samples with its own settings.
+    sampled = await engine.generate(GenerationRequest("s", p, 8))
+    assert max(len(c) for c in sampled.completion_ids) <= 6
+    assert any(lp < 0 for row in sampled.behavior_logprobs for lp in row)
+    await engine.close()

@@ -63,3 +63,36 @@ class SyncAdmitSampler(BaseSampler):
 
 
 NOT_CALLABLE = 42
+
+
+class RaisingSampler(BaseSampler):
+    """Its constructor fails on its own (a config value it rejects)."""
+
+    def __init__(self, buffer: Any, window: int = 1) -> None:
+        super().__init__(buffer)
+        raise RuntimeError(f"window {window} is not supported")
+
+
+class NoSelectSampler(BaseSampler):
+    """Subclasses BaseSampler but forgets select: it would die at step 0."""
+
+    gated = True
+
+
+class NegativeCapacitySampler(BaseSampler):
+    """Reports a negative buffer capacity for a negative window."""
+
+    def __init__(self, buffer: Any, window: int = 1) -> None:
+        super().__init__(buffer)
+        self.window = window
+
+    async def select(self, **kwargs: Any) -> None:
+        return None
+
+
+class NotBoolOnPolicySampler(NegativeCapacitySampler):
+    """Reports is_on_policy as a string."""
+
+    @property
+    def is_on_policy(self) -> Any:
+        return "no"

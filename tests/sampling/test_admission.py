@@ -14,6 +14,7 @@ import pytest
 from asyncrl import TrainerVersion
 from asyncrl.buffer import RolloutBuffer
 from asyncrl.sampling import BaseSampler, create_sampler
+from tests.vtime import settle, virtual
 
 from .helpers import make_twins
 
@@ -26,12 +27,6 @@ KNOB = {
 }
 
 
-async def _yield(times: int = 10) -> None:
-    """Turn the event loop a few times; no wall-clock time passes."""
-    for _ in range(times):
-        await asyncio.sleep(0)
-
-
 def _sampler(policy: str, window: int) -> BaseSampler:
     sampler = create_sampler(RolloutBuffer(8), {"name": policy, KNOB[policy]: window})
     assert isinstance(sampler, BaseSampler)
@@ -40,12 +35,13 @@ def _sampler(policy: str, window: int) -> BaseSampler:
 
 async def _admit_task(sampler: BaseSampler, version: TrainerVersion) -> asyncio.Task[int | None]:
     task = asyncio.ensure_future(sampler.admit(trainer_version=version))
-    await _yield()
+    await settle()
     return task
 
 
 @pytest.mark.parametrize("policy", GATED)
 @pytest.mark.parametrize("window", [0, 1, 2])
+@virtual
 async def test_gated_policy_blocks_at_the_bound_and_releases_on_advance(
     policy: str, window: int
 ) -> None:
@@ -63,18 +59,19 @@ async def test_gated_policy_blocks_at_the_bound_and_releases_on_advance(
     blocked = await _admit_task(sampler, version)
     assert not blocked.done()
     version.set(0)  # no change, no wake-up
-    await _yield()
+    await settle()
     assert not blocked.done()
     assert sampler.dispatch_index == window + 1, "a waiting batch must not take its index yet"
 
     version.set(1)
-    await _yield()
+    await settle()
     assert blocked.done()
     assert blocked.result() == (window + 1 if policy == "in_order" else None)
     assert sampler.dispatch_index == window + 2
 
 
 @pytest.mark.parametrize("policy", GATED)
+@virtual
 async def test_queued_batches_are_released_one_version_at_a_time(policy: str) -> None:
     sampler = _sampler(policy, 1)
     version = TrainerVersion(0)
@@ -86,17 +83,18 @@ async def test_queued_batches_are_released_one_version_at_a_time(policy: str) ->
     assert not second.done() and not third.done()
 
     version.set(1)
-    await _yield()
+    await settle()
     assert second.done() and not third.done()
 
     version.set(2)
-    await _yield()
+    await settle()
     assert third.done()
     if policy == "in_order":
         assert (second.result(), third.result()) == (2, 3)
 
 
 @pytest.mark.parametrize("policy", GATED)
+@virtual
 async def test_a_jump_in_version_releases_every_batch_it_allows(policy: str) -> None:
     sampler = _sampler(policy, 0)
     version = TrainerVersion(0)
@@ -104,11 +102,12 @@ async def test_a_jump_in_version_releases_every_batch_it_allows(policy: str) -> 
     waiting = [await _admit_task(sampler, version) for _ in range(3)]  # d = 1, 2, 3
     assert not any(t.done() for t in waiting)
     version.set(2)
-    await _yield()
+    await settle()
     assert [t.done() for t in waiting] == [True, True, False]
 
 
 @pytest.mark.parametrize("window", [0, 1, 3])
+@virtual
 async def test_windowed_never_blocks(window: int) -> None:
     sampler = _sampler("windowed", window)
     version = TrainerVersion(0)
@@ -119,6 +118,7 @@ async def test_windowed_never_blocks(window: int) -> None:
 
 
 @pytest.mark.parametrize("window", [0, 1, 2])
+@virtual
 async def test_in_order_stamps_consecutive_target_steps(window: int) -> None:
     sampler = _sampler("in_order", window)
     version = TrainerVersion(0)
@@ -132,7 +132,7 @@ async def test_in_order_stamps_consecutive_target_steps(window: int) -> None:
             stamps.append(task.result())
         assert stamps[-1] == step + window
         version.set(step + 1)
-        await _yield()
+        await settle()
         assert task.done()
         stamps.append(task.result())
     assert stamps == list(range(len(stamps)))
@@ -140,6 +140,7 @@ async def test_in_order_stamps_consecutive_target_steps(window: int) -> None:
 
 @pytest.mark.parametrize("policy", ["in_order", "weight_fifo", "windowed", "ready_first"])
 @pytest.mark.parametrize("window", [0, 2])
+@virtual
 async def test_gate_matches_the_reference_on_a_grid(policy: str, window: int) -> None:
     for d in range(7):
         for v in range(7):
@@ -152,12 +153,13 @@ async def test_gate_matches_the_reference_on_a_grid(policy: str, window: int) ->
                 assert task.result() == ref.admit(v)
             else:
                 task.cancel()
-                await _yield()
+                await settle()
                 assert sampler.dispatch_index == d, "a cancelled admit must not use up an index"
 
 
 @pytest.mark.parametrize("policy", GATED)
 @pytest.mark.parametrize("k", [1, 5])
+@virtual
 async def test_set_dispatch_index_resumes_like_step_k_of_a_fresh_run(policy: str, k: int) -> None:
     sampler = _sampler(policy, 0)
     sampler.set_dispatch_index(k)
@@ -166,7 +168,7 @@ async def test_set_dispatch_index_resumes_like_step_k_of_a_fresh_run(policy: str
     early = await _admit_task(sampler, TrainerVersion(k - 1))
     assert not early.done(), "with s=0, batch k must wait for trainer version k"
     early.cancel()
-    await _yield()
+    await settle()
 
     task = await _admit_task(sampler, TrainerVersion(k))
     assert task.done()
@@ -180,6 +182,7 @@ def test_set_dispatch_index_rejects_negative() -> None:
 
 
 @pytest.mark.parametrize("policy", ["in_order", "weight_fifo", "windowed", "ready_first"])
+@virtual
 async def test_state_dict_round_trip_restores_the_dispatch_index(policy: str) -> None:
     version = TrainerVersion(10)
     original = _sampler(policy, 1)

@@ -26,6 +26,7 @@ from hypothesis.stateful import (
 )
 
 from asyncrl import TrainerVersion
+from asyncrl.sim.clock import JumpClockLoop
 
 from .helpers import VARIANTS, describe, make_twins, variant_id
 
@@ -46,7 +47,7 @@ class _SamplerMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         # Each example gets its own loop: the buffer's events bind to it on first use.
-        self.loop = asyncio.new_event_loop()
+        self.loop = JumpClockLoop()
         self.buf, self.sampler, self.ref = make_twins(self.variant, capacity=CAPACITY)
         self.version = TrainerVersion(0)
         self.next_id = 0
@@ -59,12 +60,12 @@ class _SamplerMachine(RuleBasedStateMachine):
         return self.loop.run_until_complete(coro)
 
     def probe(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Future[Any]:
-        """Start ``coro`` and turn the loop a few times; return its (maybe pending) task."""
+        """Start ``coro`` and run the loop until every task is blocked; return its
+        (maybe pending) task."""
 
         async def go() -> asyncio.Future[Any]:
             task = asyncio.ensure_future(coro)
-            for _ in range(10):
-                await asyncio.sleep(0)
+            await self.loop.settled()  # until it returned or blocked
             return task
 
         return self.run(go())
@@ -73,8 +74,7 @@ class _SamplerMachine(RuleBasedStateMachine):
         task.cancel()
 
         async def settle() -> None:
-            for _ in range(3):
-                await asyncio.sleep(0)
+            await self.loop.settled()
 
         self.run(settle())
         assert task.cancelled()

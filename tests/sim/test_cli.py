@@ -160,3 +160,38 @@ def test_failures_are_counted_not_logged_one_by_one(config_file, tmp_path, capsy
     saved = json.loads((tmp_path / "r" / "results.json").read_text())["results"][0]
     assert saved["engine"]["failures"] > 0
     assert saved["ledger"]["balanced"]
+
+
+def _strict_json(text: str):
+    """Parse JSON the way non-Python readers do: NaN and Infinity are errors."""
+    def refuse(name: str):
+        raise AssertionError(f"invalid JSON constant {name}")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_zero_times_give_valid_json_not_a_traceback(tmp_path, capsys) -> None:
+    # Issue 12, case 9: every time 0 made steps/h infinite and json.dumps raise.
+    cfg = {**CONFIG, "simulate": {"steps": 5, "rollout_slots": 6, "train_step_s": 0,
+                                  "weight_sync_s": 0, "generation_latency_s":
+                                  {"distribution": "constant", "value": 0}}}
+    path = tmp_path / "zero.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    out = tmp_path / "r"
+    rows = _strict_json(json.dumps(run_json(capsys, "--config", str(path), "--run-dir", str(out))))
+    assert rows[0]["steps_per_hour"] is None and rows[0]["steps"] == 5
+    results = _strict_json((out / "results.json").read_text())
+    assert results["bound"]["steps_per_hour"] is None
+    assert main(["simulate", "--config", str(path), "--run-dir", str(tmp_path / "t")]) == 0
+    assert "inf" not in capsys.readouterr().out.split("physical bound")[0]
+
+
+def test_no_plots_does_not_claim_plots(config_file, tmp_path, capsys) -> None:
+    out = tmp_path / "r"
+    assert main(["simulate", "--config", str(config_file), "--run-dir", str(out),
+                 "--no-plots"]) == 0
+    text = capsys.readouterr().out
+    assert "no plots (--no-plots)" in text and ".png" not in text
+    assert sorted(p.name for p in out.iterdir()) == ["config.yaml", "results.json"]
+    assert main(["simulate", "--config", str(config_file), "--run-dir", str(tmp_path / "p")]) == 0
+    text = capsys.readouterr().out
+    assert "comparison.png" in text and (tmp_path / "p" / "comparison.png").is_file()

@@ -9,13 +9,8 @@ import pytest
 from asyncrl.config import config_from_dict
 from asyncrl.errors import ConfigError, SetupError
 from asyncrl.sim.clock import JumpClockLoop, run_virtual
-from asyncrl.sim.runner import (
-    ROW_KEYS,
-    compare,
-    physical_bound,
-    serial_reference_s,
-    simulate,
-)
+from asyncrl.sim.reference import serial_reference_s
+from asyncrl.sim.runner import ROW_KEYS, compare, physical_bound, simulate
 from tests.vtime import advance
 
 from .helpers import sim_config
@@ -196,7 +191,33 @@ def test_simulation_is_the_same_on_both_virtual_clocks(policy: str) -> None:
     assert jump.virtual_time_s == pytest.approx(reference.virtual_time_s, abs=1e-4)
 
 
-def test_jump_loop_debug_mode_runs_the_stock_iteration() -> None:
+def test_jump_loop_settled_waits_until_every_task_is_blocked() -> None:
+    async def scenario() -> tuple[list[str], float]:
+        loop = asyncio.get_running_loop()
+        seen: list[str] = []
+        gate = asyncio.Event()
+
+        async def chain(n: int) -> None:  # n hops through the ready queue
+            for i in range(n):
+                await asyncio.sleep(0)
+                seen.append(f"hop{i}")
+            await gate.wait()
+            seen.append("opened")
+
+        tasks = [asyncio.ensure_future(chain(20)), asyncio.ensure_future(advance(7))]
+        await loop.settled()
+        assert seen == [f"hop{i}" for i in range(20)] and loop.time() == 0.0
+        gate.set()
+        await loop.settled()
+        assert seen[-1] == "opened" and loop.time() == 0.0  # the timer is still pending
+        await asyncio.gather(*tasks)
+        return seen, loop.time()
+
+    seen, end = run_virtual(scenario(), loop="jump")
+    assert seen[-1] == "opened" and end == 7.0
+
+
+def test_jump_loop_gives_the_same_times_in_debug_mode() -> None:
     async def scenario() -> list[float]:
         loop = asyncio.get_running_loop()
         times = []

@@ -3,11 +3,13 @@
 from asyncrl.checkpoint.resume import (
     IMMUTABLE,
     CheckpointHook,
+    config_changes,
     config_differences,
     prepare_resume,
 )
 from asyncrl.checkpoint.store import (
     LoadedCheckpoint,
+    iter_checkpoints,
     list_checkpoints,
     load_latest,
     verify,
@@ -18,7 +20,9 @@ __all__ = [
     "IMMUTABLE",
     "CheckpointHook",
     "LoadedCheckpoint",
+    "config_changes",
     "config_differences",
+    "iter_checkpoints",
     "list_checkpoints",
     "load_latest",
     "prepare_resume",

@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from asyncrl.checkpoint.store import LoadedCheckpoint, load_latest, write_checkpoint
+from asyncrl._yaml import load_yaml
+from asyncrl.checkpoint.store import (
+    LoadedCheckpoint,
+    load_latest,
+    write_checkpoint,
+)
 from asyncrl.config import RunConfig, apply_overrides, config_from_dict, dump_config
-from asyncrl.errors import CheckpointError
+from asyncrl.errors import CheckpointError, ConfigError
 
 log = logging.getLogger("asyncrl.checkpoint")
 
@@ -34,8 +38,17 @@ IMMUTABLE = (
 )
 
 
+@dataclass
+class _Captured:
+    step: int
+    controller_state: dict[str, Any]
+    trainer_state: dict[str, Any]
+
+
 class CheckpointHook:
-    """``Controller.on_step_end``: a checkpoint after the weight sync of every N-th step."""
+    """``Controller.on_step_end``: a checkpoint after the weight sync of every
+    ``every_steps``-th step; :meth:`write_final` writes the last one when the run
+    stops (normally, or gracefully on a signal)."""
 
     def __init__(self, run_dir: str | Path, cfg: RunConfig) -> None:
         self.run_dir = Path(run_dir)
@@ -45,8 +58,10 @@ class CheckpointHook:
         self.written: list[Path] = []
 
     async def __call__(self, controller: Any, version: int) -> None:
-        if not self.every or version % self.every:
-            return
+        if self.every and version % self.every == 0:
+            await self._write(self._capture(controller, version))
+
+    def _capture(self, controller: Any, version: int) -> _Captured:
         # Capture both states now, between steps, before any other task runs;
         # only the file writing happens off the event loop.
         controller_state = controller.state_dict()
@@ -56,12 +71,24 @@ class CheckpointHook:
         retained = getattr(controller.engines[0], "retained_weights", None)
         if controller.deterministic and retained is not None:
             trainer_state = {**trainer_state, ENGINE_SNAPSHOTS: retained()}
+        return _Captured(version, controller_state, trainer_state)
+
+    async def _write(self, state: _Captured) -> Path:
         path = await asyncio.to_thread(
-            write_checkpoint, self.run_dir, version, controller_state=controller_state,
-            trainer_state=trainer_state, config_yaml=self.config_yaml, keep_last=self.keep_last,
+            write_checkpoint, self.run_dir, state.step, controller_state=state.controller_state,
+            trainer_state=state.trainer_state, config_yaml=self.config_yaml,
+            keep_last=self.keep_last,
         )
         self.written.append(path)
         log.info("checkpoint written: %s", path)
+        return path
+
+    async def write_final(self, controller: Any) -> Path:
+        """The checkpoint of the state the run stopped in: after ``controller.run()``
+        returned, before the backends close. Groups in flight then (cancelled by
+        the stop) and the groups of a step a stop interrupted are in it, as in
+        every checkpoint; it replaces a periodic one of the same step."""
+        return await self._write(self._capture(controller, controller.version.value))
 
 
 def _get(tree: dict[str, Any], dotted: str) -> Any:
@@ -80,24 +107,62 @@ def config_differences(old: RunConfig, new: RunConfig) -> list[str]:
             for path in IMMUTABLE if _get(a, path) != _get(b, path)]
 
 
+def config_changes(old: RunConfig, new: RunConfig) -> list[str]:
+    """Every setting that differs, as ``path: old -> new`` lines."""
+    a, b = _flat(old.model_dump(mode="json")), _flat(new.model_dump(mode="json"))
+    return [f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(a.keys() | b.keys())
+            if a.get(k) != b.get(k)]
+
+
+def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(_flat(value, path + "."))
+        else:
+            out[path] = value
+    return out
+
+
 def prepare_resume(run_dir: str | Path, overrides: list[str]) -> tuple[RunConfig, LoadedCheckpoint]:
-    """Load the newest valid checkpoint and the config to continue with."""
+    """Load the newest valid checkpoint and the config to continue with.
+
+    The config is the run directory's ``config.yaml`` (the one the run last
+    started with, or as the user edited it since) with ``overrides`` on top; when
+    that file is missing, the checkpoint's own copy. Settings in
+    :data:`IMMUTABLE` must equal the checkpoint's, or resuming is refused with
+    the differences named.
+    """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise CheckpointError(f"--resume {run_dir}: no such run directory")
     ckpt = load_latest(run_dir)
-    for note in ckpt.skipped:
-        print(f"asyncrl: {note}")
-    saved = config_from_dict(yaml.safe_load(ckpt.config_yaml) or {},
+    saved = config_from_dict(_mapping(ckpt.config_yaml, f"{ckpt.path}/config.yaml"),
                              source=f"{ckpt.path}/config.yaml")
-    tree = apply_overrides(yaml.safe_load(ckpt.config_yaml) or {}, list(overrides))
-    cfg = config_from_dict(tree, source="resumed config")
+    edited = run_dir / "config.yaml"
+    if edited.is_file():
+        source, text = str(edited), edited.read_text()
+    else:
+        source, text = f"{ckpt.path}/config.yaml", ckpt.config_yaml
+    tree = apply_overrides(_mapping(text, source), list(overrides))
+    cfg = config_from_dict(tree, source=source, overrides=list(overrides))
     diffs = config_differences(saved, cfg)
     if diffs:
         raise CheckpointError(
-            "cannot resume with these settings changed (they shape the buffer, the stamps or "
-            "the model the checkpoint holds):\n  " + "\n  ".join(diffs)
+            f"cannot resume with these settings changed (in {source} or the command-line "
+            "overrides) from the checkpoint's: they shape the buffer, the stamps or the model "
+            "the checkpoint holds:\n  " + "\n  ".join(diffs)
             + "\nStart a new run to change them; max_num_steps, logging and checkpoint settings "
             "may change on resume"
         )
     return cfg, ckpt
+
+
+def _mapping(text: str, source: str) -> dict[str, Any]:
+    tree = load_yaml(text, source)
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{source}: expected the run's config (a mapping of blocks), got "
+                          f"{type(tree).__name__}; restore it, or delete it to resume with the "
+                          "checkpoint's own config")
+    return tree

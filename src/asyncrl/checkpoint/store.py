@@ -22,11 +22,14 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from asyncrl.errors import CheckpointError
+from asyncrl._yaml import load_yaml
+from asyncrl.config import config_from_dict
+from asyncrl.errors import CheckpointError, ConfigError
 
 log = logging.getLogger("asyncrl.checkpoint")
 
@@ -115,6 +118,25 @@ def prune(run_dir: str | Path, keep_last: int) -> None:
         shutil.rmtree(stale, ignore_errors=True)
 
 
+#: Prefix of checkpoints a resume skipped as invalid: kept for a look, never loaded or pruned.
+REJECTED = "rejected-"
+
+
+def set_aside_newer(run_dir: str | Path, step: int) -> list[Path]:
+    """Rename checkpoints newer than ``step`` (the ones a resume found invalid) to
+    ``rejected-step-NNNNNN``: the resumed run writes its own, and ``keep_last``
+    must not keep a broken one instead of a good older one."""
+    moved = []
+    for path in list_checkpoints(run_dir):
+        if _step_of(path) > step:
+            target = path.with_name(REJECTED + path.name)
+            shutil.rmtree(target, ignore_errors=True)
+            os.replace(path, target)
+            log.warning("set aside the invalid checkpoint %s as %s", path.name, target.name)
+            moved.append(target)
+    return moved
+
+
 def verify(path: Path) -> str | None:
     """None if the checkpoint at ``path`` is intact, else what is wrong with it."""
     manifest_path = path / MANIFEST
@@ -152,34 +174,82 @@ class LoadedCheckpoint:
 
 
 def load_latest(run_dir: str | Path) -> LoadedCheckpoint:
-    """The newest intact checkpoint; corrupted newer ones are skipped and reported."""
+    """The newest intact checkpoint; corrupted newer ones are skipped and reported
+    (one warning each, and listed in ``skipped``)."""
+    if not list_checkpoints(run_dir):
+        raise CheckpointError(
+            f"{run_dir} has no checkpoints; a run writes them every checkpoint.every_steps "
+            "steps and when it ends normally (start it with e.g. checkpoint.every_steps=10)"
+        )
+    skipped: list[str] = []
+    for ckpt in iter_checkpoints(run_dir, skipped=skipped):
+        return ckpt
+    raise CheckpointError(
+        f"no valid checkpoint in {checkpoint_root(run_dir)}: "
+        + "; ".join(skipped)
+        + ". Start a new run, or restore a checkpoint directory from a backup"
+    )
+
+
+def iter_checkpoints(run_dir: str | Path, *, older_than: int | None = None,
+                     skipped: list[str] | None = None) -> Iterator[LoadedCheckpoint]:
+    """Intact checkpoints of ``run_dir``, newest first, read one at a time.
+
+    An invalid one (damaged files, unreadable content, or content without the
+    shape a checkpoint has) is skipped with one warning and its note appended to
+    ``skipped``. ``older_than``: only checkpoints of earlier steps.
+    """
     import torch
 
-    skipped: list[str] = []
-    candidates = list_checkpoints(run_dir)
-    if not candidates:
-        raise CheckpointError(
-            f"{run_dir} has no checkpoints; a run writes them when checkpoint.every_steps > 0 "
-            "(start it with e.g. checkpoint.every_steps=10)"
-        )
-    for path in candidates:
+    notes = skipped if skipped is not None else []
+    for path in list_checkpoints(run_dir):
+        if older_than is not None and _step_of(path) >= older_than:
+            continue
         problem = verify(path)
         if problem is None:
             try:
                 controller_state = json.loads((path / "controller.json").read_text())
                 trainer_state = torch.load(path / "trainer.pt", weights_only=True,
                                            map_location="cpu")
+                config_yaml = (path / "config.yaml").read_text()
             except Exception as exc:  # checksum matched but content is unreadable
                 problem = f"cannot be read ({exc})"
             else:
-                for note in skipped:
-                    log.warning("%s", note)
-                return LoadedCheckpoint(path, int(controller_state["trainer_version"]),
-                                        controller_state, trainer_state,
-                                        (path / "config.yaml").read_text(), skipped)
-        skipped.append(f"checkpoint {path.name} is invalid: {problem}; falling back to an older one")
-    raise CheckpointError(
-        f"no valid checkpoint in {checkpoint_root(run_dir)}: "
-        + "; ".join(skipped)
-        + ". Start a new run, or restore a checkpoint directory from a backup"
-    )
+                problem = _schema_problem(controller_state, trainer_state, config_yaml)
+                if problem is None:
+                    yield LoadedCheckpoint(path, int(controller_state["trainer_version"]),
+                                           controller_state, trainer_state, config_yaml,
+                                           list(notes))
+                    continue
+        note = f"checkpoint {path.name} is invalid: {problem}; falling back to an older one"
+        log.warning("%s", note)
+        notes.append(note)
+
+
+def _step_of(path: Path) -> int:
+    try:
+        return int(path.name[len(PREFIX):])
+    except ValueError:
+        return -1
+
+
+def _schema_problem(controller_state: Any, trainer_state: Any, config_yaml: str) -> str | None:
+    """What makes these states unlike any checkpoint's (None: plausible).
+
+    The files matched their checksums, so this catches a checkpoint written by
+    something else or by an incompatible version; the controller and trainer
+    check the details when they load the states.
+    """
+    if not isinstance(controller_state, dict):
+        return f"controller.json holds a {type(controller_state).__name__}, not an object"
+    version = controller_state.get("trainer_version")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+        return f"controller.json has no valid trainer_version (got {version!r})"
+    if not isinstance(trainer_state, dict):
+        return f"trainer.pt holds a {type(trainer_state).__name__}, not a dict"
+    try:
+        tree = load_yaml(config_yaml, "config.yaml")
+        config_from_dict(tree if isinstance(tree, dict) else {"config.yaml": tree})
+    except ConfigError as exc:
+        return f"config.yaml is not a valid run config ({str(exc).splitlines()[-1]})"
+    return None

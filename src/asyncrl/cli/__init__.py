@@ -1,4 +1,4 @@
-"""The ``asyncrl`` command line: train, simulate, validate, plot."""
+"""The ``asyncrl`` command line: train, simulate, validate, plot, export."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from asyncrl.errors import AsyncRLError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from asyncrl.cli import plot, simulate, train, validate
+    from asyncrl.cli import export, plot, simulate, train, validate
 
     parser = argparse.ArgumentParser(
         prog="asyncrl",
@@ -19,7 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (train, simulate, validate, plot):
+    for module in (train, simulate, validate, plot, export):
         module.register(sub)
     return parser
 
@@ -36,9 +36,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Our own errors carry the fix in their message: no traceback needed.
         print(f"asyncrl {args.command}: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"asyncrl {args.command}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        from asyncrl.signals import Terminated
+
+        terminated = isinstance(exc, Terminated)
+        print(f"asyncrl {args.command}: {'terminated' if terminated else 'interrupted'}",
+              file=sys.stderr)
+        return 143 if terminated else 130
 
 
 __all__ = ["build_parser", "main"]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import sys
 import time
 from collections.abc import Iterator
@@ -18,6 +17,7 @@ from typing import Any
 
 from asyncrl.config import load_config
 from asyncrl.errors import ConfigError
+from asyncrl.jsonio import dumps
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -132,10 +132,11 @@ def run(args: argparse.Namespace) -> int:
                               on_start=on_start, on_step=on_step)
 
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir()
-    write_run_dir(results, run_dir, cfg, config_path=str(args.config), plots=not args.no_plots)
+    written = write_run_dir(results, run_dir, cfg, config_path=str(args.config),
+                            plots=not args.no_plots)
 
     if args.json:
-        print(json.dumps([r.row() for r in results], indent=2, allow_nan=False))
+        print(dumps([r.row() for r in results], indent=2))
         return 0
 
     from rich.console import Console
@@ -150,8 +151,16 @@ def run(args: argparse.Namespace) -> int:
     console.print(results[0].bound.describe())
     console.print("efficiency = bound step time / achieved step time; "
                   "waste = (evicted + aborted) / dispatched groups")
-    console.print(f"wrote {run_dir}/ (results.json, timelines, comparison.png)")
+    console.print(f"wrote {run_dir}/ ({_written_text(written)})", markup=False)
     return 0
+
+
+def _written_text(written: list[Path]) -> str:
+    plots = [p.name for p in written if p.suffix == ".png"]
+    others = ", ".join(p.name for p in written if p.suffix != ".png")
+    if not plots:
+        return f"{others}; no plots (--no-plots)"
+    return f"{others} and {len(plots)} plots: {', '.join(plots)}"
 
 
 def _latency_text(results: list[Any]) -> str:

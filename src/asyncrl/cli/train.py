@@ -8,6 +8,8 @@ import math
 from rich.console import Console
 
 from asyncrl.config import load_config
+from asyncrl.errors import ConfigError
+from asyncrl.signals import EXIT_CODES
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -15,7 +17,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--config", help="YAML config file")
     src.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its newest checkpoint")
-    p.add_argument("--run-dir", help="where to write the run (default: runs/train-<timestamp>)")
+    p.add_argument("--run-dir", help="where to write the run (default: runs/train-<timestamp>); "
+                                     "a new or empty directory. With --resume: fork the run "
+                                     "into this directory from its newest checkpoint")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start over in a --run-dir that holds an old run (deletes its "
+                        "checkpoints, metrics and plots)")
     p.add_argument("overrides", nargs="*", metavar="key.path=value",
                    help="config overrides, e.g. grpo.max_num_steps=50")
     p.set_defaults(func=run)
@@ -26,14 +33,22 @@ def run(args: argparse.Namespace) -> int:
     if args.resume:
         from asyncrl.runner import resume_run
 
-        summary = resume_run(args.resume, args.overrides)
+        if args.overwrite and args.run_dir is None:
+            raise ConfigError("--overwrite applies to a new --run-dir (a fork with --resume); "
+                              f"--resume {args.resume} alone continues that run in place")
+        summary = resume_run(args.resume, args.overrides, fork_to=args.run_dir,
+                             overwrite=args.overwrite)
     else:
         from asyncrl.runner import train
 
         cfg = load_config(args.config, args.overrides)
-        summary = train(cfg, args.run_dir)
+        summary = train(cfg, args.run_dir, overwrite=args.overwrite)
+    if summary is None:  # a resume with nothing left to do
+        return 0
     print_summary(console, summary)
-    return 0
+    if summary.get("resume_command"):  # plain print: one line, whatever the terminal width
+        print(f"resume with     {summary['resume_command']}")
+    return EXIT_CODES.get(summary["stop_reason"], 0)
 
 
 def print_summary(console: Console, summary: dict) -> None:
@@ -53,5 +68,7 @@ def print_summary(console: Console, summary: dict) -> None:
         + ("  [green]balanced[/green]" if ledger["balanced"] else "  [red]UNBALANCED[/red]")
     )
     console.print(f"run directory   {summary['run_dir']}")
+    if summary.get("final_dir"):
+        console.print(f"final policy    {summary['final_dir']}  (Hugging Face format)")
     for plot in summary.get("plots", []):
         console.print(f"plot            {plot}")

@@ -1,4 +1,5 @@
-"""``asyncrl validate``: check a config and print what it implies."""
+"""``asyncrl validate``: run every check ``train`` runs before its first step
+(:func:`asyncrl.preflight.preflight`) and print what the config implies."""
 
 from __future__ import annotations
 
@@ -8,31 +9,22 @@ import json
 from rich.console import Console
 from rich.table import Table
 
-from asyncrl.buffer import RolloutBuffer
 from asyncrl.config import dump_config, load_config
-from asyncrl.controller.validation import derived_facts, validate_setup
-from asyncrl.sampling import create_sampler
+from asyncrl.preflight import preflight
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("validate", help="validate a config and print its derived facts")
+    p = sub.add_parser("validate", help="run every pre-run check of train on a config and "
+                                        "print its derived facts")
     p.add_argument("--config", required=True, help="YAML config file")
     p.add_argument("--json", action="store_true", help="print the facts as JSON only")
     p.add_argument("overrides", nargs="*", metavar="key.path=value")
     p.set_defaults(func=run)
 
 
-def facts_for(cfg) -> dict:
-    sampler = create_sampler(RolloutBuffer(cfg.async_rl.max_buffered_rollouts), cfg.async_rl.sampler)
-    validate_setup(sampler, cfg.grpo, cfg.async_rl)
-    facts = derived_facts(sampler, cfg.grpo)
-    facts["max_buffered_rollouts"] = cfg.async_rl.max_buffered_rollouts
-    return facts
-
-
 def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
-    facts = facts_for(cfg)
+    facts = preflight(cfg).facts
     if args.json:
         print(json.dumps(facts))
         return 0

@@ -40,6 +40,10 @@ log = logging.getLogger("asyncrl.cluster")
 
 ALIVE, RESTARTING, LOST = "alive", "restarting", "lost"
 
+#: Wait before retrying a failed worker restart; doubles up to the maximum.
+RESTART_BACKOFF_S = 1.0
+MAX_RESTART_BACKOFF_S = 30.0
+
 #: ``spawn(index, incarnation, weights_ref, version) -> actor handle``
 Spawn = Callable[[int, int, Any, int], Any]
 
@@ -256,6 +260,7 @@ class RayEngine:
             self._restart_task = asyncio.create_task(
                 self._restart(), name=f"asyncrl-restart-worker-{self.index}"
             )
+            self._restart_task.add_done_callback(self._restart_ended)
         else:
             log.warning("rollout worker %d (pid %d) died (%s) and has no restart left "
                         "(cluster.max_worker_restarts=%d); the run goes on without it",
@@ -264,32 +269,49 @@ class RayEngine:
         self.pool.changed.fire()
 
     async def _restart(self) -> None:
-        while True:
-            self.restarts += 1
-            try:
-                actor, info = await self._start_incarnation()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                if self.restarts < self.max_restarts:
-                    log.warning("restarting rollout worker %d failed (%s); trying again",
-                                self.index, _reason(exc))
+        """Start a new incarnation, retrying with exponential backoff while restarts
+        are left. Whatever happens (an error, a cancellation), the worker ends
+        ALIVE or LOST, never stuck RESTARTING: a run with one worker cannot
+        hang on a restart that went wrong."""
+        delay = RESTART_BACKOFF_S
+        try:
+            while True:
+                self.restarts += 1
+                try:
+                    actor, info = await self._start_incarnation()
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    if self.restarts >= self.max_restarts:
+                        log.warning("restarting rollout worker %d failed (%s) and it has no "
+                                    "restart left; the run goes on without it",
+                                    self.index, _reason(exc))
+                        return
+                    log.warning("restarting rollout worker %d failed (%s); trying again in "
+                                "%.1fs", self.index, _reason(exc), delay)
+                    await asyncio.sleep(delay)  # backoff between restarts, not a poll
+                    delay = min(2 * delay, MAX_RESTART_BACKOFF_S)
                     continue
-                log.warning("restarting rollout worker %d failed (%s) and it has no restart "
-                            "left; the run goes on without it", self.index, _reason(exc))
-                self.state = LOST
-                self.pool.changed.fire()
+                # Nothing awaits between the last catch-up load and this point, so
+                # the worker holds the newest version when it becomes healthy.
+                self.actor, self.pid, self.node_id = actor, info["pid"], info["node_id"]
+                self._version = info["version"]
+                self.versions.append(info["loaded"])
+                self.state = ALIVE
+                log.warning("rollout worker %d restarted (pid %d) with weights of version %d",
+                            self.index, self.pid, self._version)
                 return
-            # Nothing awaits between the last catch-up load and this point, so
-            # the worker holds the newest version when it becomes healthy.
-            self.actor, self.pid, self.node_id = actor, info["pid"], info["node_id"]
-            self._version = info["version"]
-            self.versions.append(info["loaded"])
-            self.state = ALIVE
-            log.warning("rollout worker %d restarted (pid %d) with weights of version %d",
-                        self.index, self.pid, self._version)
+        finally:
+            if self.state == RESTARTING:
+                self.state = LOST
             self.pool.changed.fire()
-            return
+
+    def _restart_ended(self, task: asyncio.Task[None]) -> None:
+        """Supervision: an unexpected error of the restart task is reported, not lost
+        (the worker is LOST by then, see :meth:`_restart`)."""
+        if not task.cancelled() and task.exception() is not None:
+            log.error("restarting rollout worker %d failed unexpectedly: %r; the run goes on "
+                      "without it", self.index, task.exception())
 
     async def _start_incarnation(self) -> tuple[Any, dict[str, Any]]:
         """A new actor holding the newest weights (catching up on any version
@@ -357,12 +379,6 @@ class RayTrainer:
         # surfaces errors without fetching the weights to the driver.
         self.version = await self._await("get_weights", version)
         return weights
-
-    def initial_weights(self) -> tuple[Any, int]:
-        """``(weights_ref, version)`` before the run starts, to build the workers from."""
-        version, weights = self.actor.get_weights.options(num_returns=2).remote()
-        self.version = self._get("get_weights", version)
-        return weights, self.version
 
     def state_dict(self) -> dict[str, Any]:
         # The protocol is synchronous: this blocks the driver's loop while the

@@ -1,17 +1,38 @@
-"""The controller: rollout pump + train pump, ledger, setup validation."""
+"""The controller: a dispatcher and a train pump over one buffer and one sampler."""
 
+from asyncrl.controller.attempts import AttemptRunner
 from asyncrl.controller.controller import Controller, RunResult
-from asyncrl.controller.ledger import LIVE, STATES, TERMINAL, GroupRecord, Ledger, LedgerError
+from asyncrl.controller.dispatch import AdmitState, Dispatcher
+from asyncrl.controller.entry import Entry, EntryState
+from asyncrl.controller.ledger import (
+    LIVE,
+    STATES,
+    TERMINAL,
+    GroupRecord,
+    JsonlHistory,
+    Ledger,
+    LedgerHistory,
+    MemoryHistory,
+)
 from asyncrl.controller.validation import derived_facts, validate_setup
+from asyncrl.errors import LedgerError
 
 __all__ = [
     "LIVE",
     "STATES",
     "TERMINAL",
+    "AdmitState",
+    "AttemptRunner",
     "Controller",
+    "Dispatcher",
+    "Entry",
+    "EntryState",
     "GroupRecord",
+    "JsonlHistory",
     "Ledger",
     "LedgerError",
+    "LedgerHistory",
+    "MemoryHistory",
     "RunResult",
     "derived_facts",
     "validate_setup",

@@ -4,12 +4,19 @@ States: ``inflight`` and ``ready`` are live (a group in either is *pending* at a
 checkpoint or at shutdown); ``trained``, ``evicted``, ``aborted`` and ``failed``
 are terminal. A group enters exactly one terminal state at most once; the
 ledger raises on a second transition, because that would be a double count.
+
+Memory and checkpoints grow with the *live* groups only: a group that reaches
+a terminal state is handed to the ledger's :class:`LedgerHistory` (a JSONL file
+in a run directory, a list in tests, nothing in the simulator) and only counted
+from then on.
 """
 
 from __future__ import annotations
 
+import json
 from collections import Counter
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 from asyncrl.errors import LedgerError
 from asyncrl.types import GroupId
@@ -25,6 +32,7 @@ class GroupRecord:
         "dispatch_time",
         "end_step",
         "end_weight",
+        "error",
         "finish_time",
         "group_id",
         "prompt_id",
@@ -53,6 +61,7 @@ class GroupRecord:
         self.finish_time: float | None = None
         self.end_step: int | None = None  # trainer version when trained or evicted
         self.staleness: int | None = None
+        self.error: str | None = None  # why the last attempt failed (failed groups)
 
     def to_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__}
@@ -65,9 +74,71 @@ class GroupRecord:
         return rec
 
 
-class Ledger:
+class LedgerHistory(Protocol):
+    """Where records of finished groups go."""
+
+    def append(self, record: GroupRecord) -> None:
+        """Called once per group, when it reaches a terminal state (and, at the end
+        of a run, once per group still pending)."""
+        ...
+
+    def position(self) -> int:
+        """Called when a checkpoint is taken: a marker that :meth:`truncate` can go
+        back to on resume (records after it were written by a run that died)."""
+        ...
+
+    def truncate(self, position: int) -> None:
+        """Called on resume, before the run: forget what came after ``position``."""
+        ...
+
+
+class MemoryHistory:
+    """Keeps finished records in a list (tests, library users who want them)."""
+
     def __init__(self) -> None:
-        self._records: dict[GroupId, GroupRecord] = {}
+        self.records: list[GroupRecord] = []
+
+    def append(self, record: GroupRecord) -> None:
+        self.records.append(record)
+
+    def position(self) -> int:
+        return len(self.records)
+
+    def truncate(self, position: int) -> None:
+        del self.records[position:]
+
+
+class JsonlHistory:
+    """Appends one JSON line per finished group to a file (``RUN_DIR/ledger.jsonl``).
+
+    The position is the file's size in bytes: a resume cuts the file back to
+    what it held at the checkpoint, so no group is recorded twice.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._fh = self.path.open("a", encoding="utf-8")
+
+    def append(self, record: GroupRecord) -> None:
+        self._fh.write(json.dumps(record.to_dict(), default=str) + "\n")
+
+    def position(self) -> int:
+        self._fh.flush()
+        return self._fh.tell()
+
+    def truncate(self, position: int) -> None:
+        self._fh.flush()
+        self._fh.truncate(min(position, self._fh.tell()))
+        self._fh.seek(0, 2)
+
+    def close(self) -> None:
+        self._fh.close()
+
+
+class Ledger:
+    def __init__(self, history: LedgerHistory | None = None) -> None:
+        self.history = history
+        self._live: dict[GroupId, GroupRecord] = {}
         self._counts: Counter[str] = Counter()
 
     # ------------------------------------------------------------ transitions
@@ -80,17 +151,20 @@ class Ledger:
         start_weight: int,
         time: float,
     ) -> GroupRecord:
-        if group_id in self._records:
+        if group_id in self._live:
             raise LedgerError(f"group {group_id!r} dispatched twice")
         rec = GroupRecord(group_id, prompt_id, target_step, start_weight, time)
-        self._records[group_id] = rec
+        self._live[group_id] = rec
         self._counts["inflight"] += 1
         return rec
 
     def _move(self, group_id: GroupId, new: str, allowed: tuple[str, ...]) -> GroupRecord:
-        rec = self._records.get(group_id)
+        rec = self._live.get(group_id)
         if rec is None:
-            raise LedgerError(f"group {group_id!r} is not in the ledger")
+            raise LedgerError(
+                f"group {group_id!r} is not a live group of the ledger; a group ends in "
+                "exactly one state"
+            )
         if rec.state not in allowed:
             raise LedgerError(
                 f"group {group_id!r} cannot move from {rec.state!r} to {new!r}; "
@@ -99,6 +173,10 @@ class Ledger:
         self._counts[rec.state] -= 1
         self._counts[new] += 1
         rec.state = new
+        if new in TERMINAL:
+            del self._live[group_id]
+            if self.history is not None:
+                self.history.append(rec)
         return rec
 
     def committed(self, group_id: GroupId, *, end_weight: int, attempts: int, time: float) -> None:
@@ -106,45 +184,68 @@ class Ledger:
         rec.end_weight, rec.attempts, rec.finish_time = end_weight, attempts, time
 
     def trained(self, group_id: GroupId, *, step: int, staleness: int) -> None:
-        rec = self._move(group_id, "trained", ("ready",))
-        rec.end_step, rec.staleness = step, staleness
+        rec = self._live.get(group_id)
+        if rec is not None:
+            rec.end_step, rec.staleness = step, staleness
+        self._move(group_id, "trained", ("ready",))
 
     def evicted(self, group_id: GroupId, *, step: int) -> None:
-        rec = self._move(group_id, "evicted", ("ready",))
-        rec.end_step = step
+        rec = self._live.get(group_id)
+        if rec is not None:
+            rec.end_step = step
+        self._move(group_id, "evicted", ("ready",))
 
     def aborted(self, group_id: GroupId, *, attempts: int, time: float) -> None:
-        rec = self._move(group_id, "aborted", ("inflight",))
-        rec.attempts, rec.finish_time = attempts, time
+        self._end_inflight(group_id, "aborted", attempts, time, None)
 
-    def failed(self, group_id: GroupId, *, attempts: int, time: float) -> None:
-        rec = self._move(group_id, "failed", ("inflight",))
-        rec.attempts, rec.finish_time = attempts, time
+    def failed(self, group_id: GroupId, *, attempts: int, time: float, error: str = "") -> None:
+        self._end_inflight(group_id, "failed", attempts, time, error or None)
+
+    def _end_inflight(
+        self, group_id: GroupId, state: str, attempts: int, time: float, error: str | None
+    ) -> None:
+        rec = self._live.get(group_id)
+        if rec is not None:  # fill in before _move hands the record to the history
+            rec.attempts, rec.finish_time, rec.error = attempts, time, error
+        self._move(group_id, state, ("inflight",))
 
     def set_attempts(self, group_id: GroupId, attempts: int) -> None:
-        self._records[group_id].attempts = attempts
+        self._live[group_id].attempts = attempts
 
     # ---------------------------------------------------------------- queries
     def __len__(self) -> int:
-        return len(self._records)
+        """Number of groups ever dispatched."""
+        return sum(self._counts.values())
 
     def __getitem__(self, group_id: GroupId) -> GroupRecord:
-        return self._records[group_id]
+        """A live group's record, or a finished one the history keeps in memory."""
+        rec = self._live.get(group_id)
+        if rec is not None:
+            return rec
+        for old in getattr(self.history, "records", ()):
+            if old.group_id == group_id:
+                return old
+        raise KeyError(group_id)
 
     def __contains__(self, group_id: object) -> bool:
-        return group_id in self._records
+        return group_id in self._live
 
     def records(self) -> list[GroupRecord]:
-        return list(self._records.values())
+        """Every record the ledger can still show: the finished ones its history
+        keeps in memory (a :class:`MemoryHistory`; none for a file), then the live ones."""
+        return [*getattr(self.history, "records", ()), *self._live.values()]
+
+    def live_records(self) -> list[GroupRecord]:
+        return list(self._live.values())
 
     def live_ids(self) -> set[GroupId]:
-        return {gid for gid, r in self._records.items() if r.state in LIVE}
+        return set(self._live)
 
     def counts(self) -> dict[str, int]:
         """``dispatched`` and one count per end state (``pending`` = live groups)."""
         c = self._counts
         return {
-            "dispatched": len(self._records),
+            "dispatched": len(self),
             "trained": c["trained"],
             "evicted": c["evicted"],
             "aborted": c["aborted"],
@@ -152,34 +253,44 @@ class Ledger:
             "pending": c["inflight"] + c["ready"],
         }
 
-    def check_balance(self, buffer_ids: set[GroupId]) -> tuple[bool, str]:
+    def check_balance(self, holder_ids: set[GroupId]) -> tuple[bool, str]:
         """True when every group is in exactly one state and the live ones are
-        exactly the groups the buffer still holds (nothing lost, nothing extra)."""
-        counts = self.counts()
-        total = sum(v for k, v in counts.items() if k != "dispatched")
-        recount = Counter(r.state for r in self._records.values())
+        exactly the groups the buffer (or the step being trained) still holds."""
         problems = []
-        if total != counts["dispatched"]:
-            problems.append(f"states sum to {total}, dispatched {counts['dispatched']}")
-        if any(recount[s] != self._counts[s] for s in STATES):
-            problems.append(f"state counters drifted: {dict(recount)} vs {dict(self._counts)}")
-        live = self.live_ids()
-        if live != buffer_ids:
-            lost = sorted(map(str, live - buffer_ids))[:5]
-            extra = sorted(map(str, buffer_ids - live))[:5]
+        recount = Counter(r.state for r in self._live.values())
+        if any(recount[s] != self._counts[s] for s in LIVE):
+            problems.append(f"live state counters drifted: {dict(recount)} vs {dict(self._counts)}")
+        if any(self._counts[s] < 0 for s in STATES):
+            problems.append(f"negative state counter: {dict(self._counts)}")
+        live = set(self._live)
+        if live != holder_ids:
+            lost = sorted(map(str, live - holder_ids))[:5]
+            extra = sorted(map(str, holder_ids - live))[:5]
             problems.append(f"live groups not in the buffer: {lost}; buffer groups not live: {extra}")
         return (not problems, "; ".join(problems))
 
     # ------------------------------------------------------------ persistence
     def state_dict(self) -> dict[str, Any]:
-        return {"records": [r.to_dict() for r in self._records.values()]}
+        """Live records and the counts: the size of a checkpoint does not grow
+        with the length of the run."""
+        return {
+            "format": 2,
+            "live": [r.to_dict() for r in self._live.values()],
+            "counts": {s: self._counts[s] for s in TERMINAL},
+            "history_position": self.history.position() if self.history is not None else None,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._records = {}
-        self._counts = Counter()
-        for data in state["records"]:
+        if state.get("format") != 2:
+            raise LedgerError("ledger state of an older asyncrl (format 1); start a new run")
+        self._live = {}
+        self._counts = Counter({s: int(n) for s, n in state["counts"].items()})
+        for data in state["live"]:
             rec = GroupRecord.from_dict(data)
-            if rec.state not in STATES:
-                raise LedgerError(f"ledger state has unknown group state {rec.state!r}")
-            self._records[rec.group_id] = rec
+            if rec.state not in LIVE:
+                raise LedgerError(f"ledger state has a live group in state {rec.state!r}")
+            self._live[rec.group_id] = rec
             self._counts[rec.state] += 1
+        position = state.get("history_position")
+        if self.history is not None and position is not None:
+            self.history.truncate(int(position))

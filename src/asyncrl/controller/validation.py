@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from asyncrl.config import AsyncRLConfig, GRPOConfig
 from asyncrl.errors import SetupError
 from asyncrl.sampling import PromptGroupSampler
@@ -24,6 +27,51 @@ def pinned_weight_version(sampler: PromptGroupSampler, dispatch_index: int) -> i
     return fact(dispatch_index) if callable(fact) else None
 
 
+def _fact(sampler: PromptGroupSampler, name: str, call: Callable[[], Any]) -> Any:
+    try:
+        return call()
+    except Exception as exc:
+        raise SetupError(
+            f"sampler {type(sampler).__name__} (async_rl.sampler): its derived fact {name} "
+            f"raised {type(exc).__name__}: {exc}; fix the sampler"
+        ) from exc
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def check_derived_facts(sampler: PromptGroupSampler, grpo: GRPOConfig) -> None:
+    """Refuse a sampler whose derived facts make no sense (a custom one, usually):
+    every consumer trusts them, so a negative capacity or a non-bool
+    ``is_on_policy`` would turn into a deadlock or a wrong cache decision later."""
+    name = type(sampler).__name__
+    n = grpo.num_prompts_per_step
+    problems = []
+    on_policy = _fact(sampler, "is_on_policy", lambda: sampler.is_on_policy)
+    if not isinstance(on_policy, bool):
+        problems.append(f"is_on_policy is {on_policy!r}, not True or False")
+    required = _fact(sampler, "required_buffer_capacity",
+                     lambda: sampler.required_buffer_capacity(n))
+    if required is not None and not _is_count(required):
+        problems.append(f"required_buffer_capacity({n}) is {required!r}, not None or a "
+                        "non-negative int")
+    for fact, arg in (("max_staleness", ()), ("pinned_weight_version", (0,))):
+        fn = getattr(sampler, fact, None)
+        if callable(fn):
+            value = _fact(sampler, fact, lambda fn=fn, arg=arg: fn(*arg))
+            if value is not None and not _is_count(value):
+                problems.append(f"{fact}({', '.join(map(str, arg))}) is {value!r}, not None "
+                                "or a non-negative int")
+    if problems:
+        raise SetupError(
+            f"sampler {name} (async_rl.sampler) reports impossible derived facts: "
+            + "; ".join(problems)
+            + ". Check its window or other settings (a negative window?) and the code that "
+            "computes these facts (see docs/samplers.md)"
+        )
+
+
 def validate_setup(
     sampler: PromptGroupSampler,
     grpo: GRPOConfig,
@@ -32,7 +80,9 @@ def validate_setup(
     deterministic: bool = False,
 ) -> None:
     """Raise :class:`SetupError` for a setup the pumps could deadlock on, or
-    (with ``deterministic``) one whose generation weights depend on timing."""
+    (with ``deterministic``) one whose generation weights depend on timing, or
+    one whose derived facts are impossible (:func:`check_derived_facts`)."""
+    check_derived_facts(sampler, grpo)
     name = type(sampler).__name__
     if deterministic and pinned_weight_version(sampler, 0) is None:
         raise SetupError(

@@ -5,6 +5,7 @@ matplotlib runs headless (Agg); every function writes one file and returns its p
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -27,23 +28,39 @@ def _save(fig: Any, path: Path) -> Path:
     return path
 
 
+def _titled(run_name: str, what: str) -> str:
+    return f"{run_name}: {what}" if run_name else what
+
+
+def _float(value: Any) -> float:
+    """A metric as a float; null (a non-finite value in the JSON) becomes NaN, a gap in the line."""
+    return math.nan if value is None else float(value)
+
+
 def plot_reward(records: Sequence[dict[str, Any]], out_dir: Path,
-                target: float | None = None) -> list[Path]:
-    """Reward against step and against wall time (two files)."""
+                target: float | None = None, run_name: str = "") -> list[Path]:
+    """Reward against step and against wall time (two files), with the eval
+    curve (``eval/reward_mean``, held-out prompts) where the run evaluated."""
     plt = _plt()
     steps = [r["step"] for r in records]
-    times = [r["wall_time_s"] for r in records]
-    rewards = [r["reward_mean"] for r in records]
+    times = [_float(r.get("wall_time_s")) for r in records]
+    rewards = [_float(r.get("reward_mean")) for r in records]
+    evaluated = [(r["step"], _float(r.get("wall_time_s")), _float(r["eval/reward_mean"]))
+                 for r in records if r.get("eval/reward_mean") is not None]
     paths = []
-    for xs, xlabel, name in ((steps, "training step", "reward_vs_step.png"),
-                             (times, "wall time (s)", "reward_vs_time.png")):
+    for axis, xs, xlabel, name in ((0, steps, "training step", "reward_vs_step.png"),
+                                   (1, times, "wall time (s)", "reward_vs_time.png")):
         fig, ax = plt.subplots(figsize=(6, 3.6))
         ax.plot(xs, rewards, lw=1.5, label="mean reward")
+        if evaluated:
+            ax.plot([e[axis] for e in evaluated], [e[2] for e in evaluated], "o-", ms=3,
+                    lw=1.2, color="tab:orange", label="eval")
         if target is not None:
             ax.axhline(target, color="gray", ls="--", lw=1, label=f"target {target:g}")
         ax.set_xlabel(xlabel)
         ax.set_ylabel("mean reward")
         ax.set_ylim(-0.02, 1.02)
+        ax.set_title(_titled(run_name, f"reward vs {xlabel.split(' (')[0]}"))
         ax.grid(alpha=0.3)
         ax.legend(loc="lower right")
         paths.append(_save(fig, out_dir / name))
@@ -94,32 +111,65 @@ def plot_timeline(intervals: Sequence[dict[str, Any]], out: Path, *, lanes: int 
                 lane = len(lane_end) - 1
             placed.append((lane, iv))
     n_lanes = max(len(lane_end), 1)
-    colors = {"ok": "#55a868", "failed": "#c44e52", "aborted": "#dd8452", "retry": "#c44e52"}
+    colors = _GEN_COLORS
     fig, ax = plt.subplots(figsize=(9, 1.5 + 0.12 * min(n_lanes, 64)))
     for lane, iv in placed:
         ax.broken_barh([(iv["start"], max(iv["end"] - iv["start"], 1e-9))], (lane + 1.5, 0.8),
                        color=colors.get(iv["label"], "#55a868"), lw=0)
     for iv in train:
-        color = "#4c72b0" if iv["kind"] == "train" else "#8172b2"
         ax.broken_barh([(iv["start"], max(iv["end"] - iv["start"], 1e-9))], (0, 0.9),
-                       color=color, lw=0)
+                       color=_TRAIN_COLORS[iv["kind"]], lw=0)
     ax.set_yticks([0.45, 1.5 + n_lanes / 2])
     ax.set_yticklabels(["trainer", f"generation\n({n_lanes} lanes)"])
     ax.set_xlabel("time (s)")
     ax.set_title(title)
+    _timeline_legend(ax, {iv["label"] for _, iv in placed}, {iv["kind"] for iv in train})
     return _save(fig, out)
 
 
-def plot_comparison(rows: Sequence[dict[str, Any]], out: Path) -> Path:
-    """Bars per policy: efficiency, trainer idle, generator util, waste, staleness."""
+#: Colour of a generation interval by its outcome label, and of a trainer interval by kind.
+_GEN_COLORS = {"ok": "#55a868", "failed": "#c44e52", "retry": "#c44e52", "aborted": "#dd8452",
+               "lost": "#937860"}
+_GEN_NAMES = {"ok": "generation", "failed": "generation failed", "retry": "generation failed",
+              "aborted": "generation aborted", "lost": "generation lost (worker died)"}
+_TRAIN_COLORS = {"train": "#4c72b0", "sync": "#8172b2"}
+_TRAIN_NAMES = {"train": "training", "sync": "finish step + weight sync"}
+
+
+def _timeline_legend(ax: Any, gen_labels: set[str], train_kinds: set[str]) -> None:
+    """A legend with one entry per colour that appears in the chart."""
+    from matplotlib.patches import Patch
+
+    entries: dict[str, str] = {}
+    for label in sorted(gen_labels, key=lambda x: (x != "ok", x)):
+        label = label if label in _GEN_COLORS else "ok"
+        entries.setdefault(_GEN_NAMES[label], _GEN_COLORS[label])
+    for kind in ("train", "sync"):
+        if kind in train_kinds:
+            entries[_TRAIN_NAMES[kind]] = _TRAIN_COLORS[kind]
+    if entries:
+        ax.legend(handles=[Patch(color=c, label=n) for n, c in entries.items()],
+                  loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize="small",
+                  frameon=False)
+
+
+def plot_comparison(rows: Sequence[dict[str, Any]], out: Path, title: str = "") -> Path:
+    """Bars per policy: efficiency, trainer idle, generator util and waste in %
+    (as in the table of ``asyncrl simulate``), staleness in versions."""
     plt = _plt()
-    metrics = [("efficiency", "efficiency"), ("trainer_idle_frac", "trainer idle"),
-               ("generator_util", "generator util"), ("waste_frac", "waste"),
-               ("staleness_mean", "staleness mean")]
-    fig, axes = plt.subplots(1, len(metrics), figsize=(3 * len(metrics), 3.2))
+    metrics = [("efficiency", "efficiency (%)", 100.0),
+               ("trainer_idle_frac", "trainer idle (%)", 100.0),
+               ("generator_util", "generator util (%)", 100.0),
+               ("waste_frac", "waste (%)", 100.0),
+               ("staleness_mean", "staleness mean (versions)", 1.0)]
+    fig, axes = plt.subplots(1, len(metrics), figsize=(3 * len(metrics), 3.4))
     names = [r["sampler"] for r in rows]
-    for ax, (key, label) in zip(axes, metrics):
-        ax.bar(names, [float(r.get(key) or 0.0) for r in rows], color="#4c72b0")
+    for ax, (key, label, scale) in zip(axes, metrics):
+        ax.bar(names, [scale * float(r.get(key) or 0.0) for r in rows], color="#4c72b0")
         ax.set_title(label)
+        if scale == 100.0:
+            ax.set_ylim(0, 105)
         ax.tick_params(axis="x", rotation=45)
+    if title:
+        fig.suptitle(title)
     return _save(fig, out)

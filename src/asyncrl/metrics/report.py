@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from asyncrl.jsonio import read_json, read_jsonl
 from asyncrl.metrics.plots import plot_reward, plot_staleness_hist, plot_timeline
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / "metrics.jsonl"
-    records = []
-    for line in path.read_text().splitlines():
-        if line.strip():
-            records.append(json.loads(line))
+    """The per-step records of ``metrics.jsonl``, in step order (torn lines dropped)."""
+    records = read_jsonl(Path(run_dir) / "metrics.jsonl")
     # A resumed run appends; if a step was logged twice keep the last one.
-    by_step = {r["step"]: r for r in records}
+    by_step = {r["step"]: r for r in records if isinstance(r.get("step"), int)}
     return [by_step[k] for k in sorted(by_step)]
 
 
@@ -25,20 +22,23 @@ def write_plots(run_dir: Path) -> list[Path]:
     run_dir = Path(run_dir)
     records = read_metrics(run_dir)
     summary_path = run_dir / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    summary = read_json(summary_path, default={}) if summary_path.is_file() else {}
     out = run_dir / "plots"
-    paths = plot_reward(records, out, target=summary.get("target_reward"))
+    name = run_dir.resolve().name
+    paths = plot_reward(records, out, target=summary.get("target_reward"), run_name=name)
     hist: dict[str, int] = {}
     for r in records:
         for k, n in (r.get("staleness_hist") or {}).items():
             hist[k] = hist.get(k, 0) + int(n)
     if hist:
-        paths.append(plot_staleness_hist(hist, out / "staleness_hist.png"))
+        paths.append(plot_staleness_hist(hist, out / "staleness_hist.png",
+                                         title=f"{name}: staleness of trained groups"))
     timeline = run_dir / "timeline.json"
     if timeline.is_file():
-        intervals = json.loads(timeline.read_text())
-        paths.append(plot_timeline(intervals, out / "pump_timeline.png",
-                                   **_first_steps_window(intervals, steps=20)))
+        intervals = read_json(timeline, default=[])
+        window = {"title": "pump timeline", **_first_steps_window(intervals, steps=20)}
+        window["title"] = f"{name}: {window['title']}"
+        paths.append(plot_timeline(intervals, out / "pump_timeline.png", **window))
     return paths
 
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
+
+from asyncrl.jsonio import dumps
 
 
 @runtime_checkable
@@ -19,14 +20,12 @@ class MetricsSink(Protocol):
         ...
 
 
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    return value
+def scalars(record: dict[str, Any]) -> dict[str, float]:
+    """The record's finite numbers (not booleans, not ``step``): what TensorBoard
+    and wandb plot."""
+    return {key: value for key, value in record.items()
+            if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(float(value))}
 
 
 class MemorySink:
@@ -53,7 +52,7 @@ class JsonlSink:
         self._fh = self.path.open("a" if append else "w", encoding="utf-8")
 
     def write(self, record: dict[str, Any]) -> None:
-        self._fh.write(json.dumps(_jsonable(record), sort_keys=False) + "\n")
+        self._fh.write(dumps(record) + "\n")
         self._fh.flush()
 
     def close(self, summary: dict[str, Any] | None = None) -> None:
@@ -73,11 +72,8 @@ class TensorBoardSink:
 
     def write(self, record: dict[str, Any]) -> None:
         step = int(record.get("step", 0))
-        for key, value in record.items():
-            if isinstance(value, bool) or key == "step":
-                continue
-            if isinstance(value, (int, float)) and math.isfinite(float(value)):
-                self._writer.add_scalar(key, value, step)
+        for key, value in scalars(record).items():
+            self._writer.add_scalar(key, value, step)
         hist = record.get("staleness_hist")
         if hist:
             values = [int(k) for k, n in hist.items() for _ in range(int(n))]

@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+)
 
+from asyncrl._targets import load_target
 from asyncrl._validation import explain
 from asyncrl.buffer import RolloutBuffer
 from asyncrl.errors import SamplerConfigError
-from asyncrl.sampling.base import PromptGroupSampler
+from asyncrl.sampling.base import BaseSampler, PromptGroupSampler
 from asyncrl.sampling.policies import (
     InOrderSampler,
     ReadyFirstSampler,
@@ -19,7 +27,9 @@ from asyncrl.sampling.policies import (
     WindowedSampler,
 )
 
-_Window = Annotated[int, Field(ge=0, description="staleness/lookahead window in versions")]
+_Window = Annotated[
+    StrictInt, Field(ge=0, description="staleness/lookahead window in versions")
+]
 
 
 class _Strict(BaseModel):
@@ -53,6 +63,18 @@ class CustomSamplerConfig(BaseModel):
     model_config = ConfigDict(extra="allow", frozen=True)
     name: Literal["custom"] = "custom"
     target: str
+
+    @field_validator("target", mode="before")
+    @classmethod
+    def _module_colon_class(cls, value: Any) -> Any:
+        if not isinstance(value, str):
+            raise ValueError(
+                f"must be a string 'module:ClassName', got {value!r}. In YAML, quote a target "
+                'that ends with a colon or holds ": ", e.g. target: "my_pkg.samplers:MySampler"'
+            )
+        if split_target(value) is None:
+            raise ValueError(_bad_target(value))
+        return value
 
     @property
     def kwargs(self) -> dict[str, Any]:
@@ -115,54 +137,36 @@ def create_sampler(buffer: RolloutBuffer, cfg: Any) -> PromptGroupSampler:
     return cls(buffer, **kwargs)
 
 
+def split_target(target: str) -> tuple[str, str] | None:
+    """``"module:ClassName"`` -> ``("module", "ClassName")``; None when not of that form."""
+    module_name, sep, class_name = target.strip().partition(":")
+    if not sep or not module_name or not class_name or ":" in class_name:
+        return None
+    return module_name, class_name
+
+
+def _bad_target(target: str) -> str:
+    return (f"{target!r} is not of the form 'module:ClassName' (the module to import, "
+            "a colon, then the class in it); write e.g. target: my_pkg.samplers:MySampler")
+
+
 def _load_custom(buffer: RolloutBuffer, cfg: CustomSamplerConfig) -> PromptGroupSampler:
     target = cfg.target
-    module_name, sep, class_name = target.partition(":")
-    if not sep or not module_name or not class_name or ":" in class_name:
-        raise SamplerConfigError(
-            f"async_rl.sampler.target {target!r} is not of the form 'module:ClassName'; "
-            "write e.g. target: my_pkg.samplers:MySampler"
-        )
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name and exc.name != module_name and not module_name.startswith(exc.name + "."):
-            # The module exists but one of its own imports does not.
-            raise SamplerConfigError(
-                f"async_rl.sampler.target {target!r}: module {module_name!r} was found but "
-                f"importing it failed ({exc}); install {exc.name!r} or fix that import"
-            ) from exc
-        raise SamplerConfigError(
-            f"async_rl.sampler.target {target!r}: module {module_name!r} cannot be imported "
-            f"({exc}); make sure it is installed or on PYTHONPATH"
-        ) from exc
-    except Exception as exc:
-        raise SamplerConfigError(
-            f"async_rl.sampler.target {target!r}: importing module {module_name!r} raised "
-            f"{type(exc).__name__}: {exc}; fix the module (the cause is chained below)"
-        ) from exc
-    obj: Any = module
-    for part in class_name.split("."):
-        obj = getattr(obj, part, None)
-        if obj is None:
-            raise SamplerConfigError(
-                f"async_rl.sampler.target {target!r}: module {module_name!r} has no attribute "
-                f"{class_name!r}; check the class name (public names there: "
-                f"{', '.join(n for n in dir(module) if n[:1].isupper()) or 'none'})"
-            )
-    if not callable(obj):
-        raise SamplerConfigError(
-            f"async_rl.sampler.target {target!r} is not a class or callable"
-        )
+    obj = load_target(target, field="async_rl.sampler.target", kind="class",
+                      example="my_pkg.samplers:MySampler", error=SamplerConfigError)
+    class_name = target.partition(":")[2]
     _check_signature(obj, target, cfg.kwargs)
     try:
         sampler = obj(buffer, **cfg.kwargs)
-    except TypeError as exc:
+    except Exception as exc:
+        shape = (" A sampler's constructor takes the RolloutBuffer first, then its own keyword "
+                 "arguments (subclass asyncrl.sampling.BaseSampler to get this for free)."
+                 if isinstance(exc, TypeError) else "")
         raise SamplerConfigError(
-            f"async_rl.sampler.target {target!r} could not be constructed as "
-            f"{class_name}(buffer, **{cfg.kwargs!r}): {exc}. A sampler's constructor takes "
-            "the RolloutBuffer first, then its own keyword arguments (subclass "
-            "asyncrl.sampling.BaseSampler to get this for free)"
+            f"async_rl.sampler.target {target!r} could not be constructed: "
+            f"{class_name}(buffer, **{cfg.kwargs!r}) raised {type(exc).__name__}: {exc}.{shape} "
+            "Fix the constructor or the keys of async_rl.sampler it was given (the original "
+            "error is chained below)"
         ) from exc
     missing = missing_protocol_members(sampler)
     if missing:
@@ -228,6 +232,9 @@ _PROTOCOL_MEMBERS = (
 def missing_protocol_members(obj: Any) -> list[str]:
     """Names of PromptGroupSampler members ``obj`` lacks (empty when it satisfies it)."""
     missing = [m for m in _PROTOCOL_MEMBERS if not hasattr(type(obj), m) and not hasattr(obj, m)]
+    # BaseSampler leaves select to its subclasses; found now, not at step 0.
+    if isinstance(obj, BaseSampler) and type(obj).select is BaseSampler.select:
+        missing.append("select (BaseSampler has none: define async def select(...))")
     for name in ("admit", "select", "evict"):
         fn = getattr(obj, name, None)
         if fn is not None and not inspect.iscoroutinefunction(fn):

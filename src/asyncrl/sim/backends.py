@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from asyncrl.sim.latency import LatencyModel
@@ -220,6 +220,11 @@ class SimEngine:
                 self._abort_queued.add(gid)
 
     async def invalidate_cache(self) -> None:
+        return None
+
+    async def retain_weight_versions(self, versions: Collection[int]) -> None:
+        """Deterministic mode: simulated weights cost nothing to keep, so every
+        pinned version stays available."""
         return None
 
     async def close(self) -> None:

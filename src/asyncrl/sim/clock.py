@@ -3,8 +3,8 @@
 ``loop.time()`` is virtual, and when nothing is ready to run the clock jumps
 straight to the next timer. No wall-clock sleep happens anywhere. If the loop
 goes idle with no timer pending (every task waits on something that can never
-happen), that is a deadlock: the tasks get an ``IdleTimeoutError`` instead of
-the process hanging.
+happen), that is a deadlock: the run fails with an ``IdleTimeoutError``
+instead of the process hanging.
 
 Two loops provide this:
 
@@ -22,9 +22,8 @@ Two loops provide this:
 from __future__ import annotations
 
 import asyncio
-import heapq
 import selectors
-from asyncio import base_events
+import time
 from collections.abc import Coroutine
 from typing import Any, Literal, TypeVar
 
@@ -43,11 +42,13 @@ def _idle_timeout_error() -> type[BaseException]:
 
 
 class _JumpSelector(selectors.DefaultSelector):
-    """The loop's selector: a zero or positive timeout moves the virtual clock
-    instead of waiting; only an idle loop (timeout None) looks at real I/O.
+    """The loop's selector, where virtual time moves.
 
-    :meth:`JumpClockLoop._run_once` bypasses it except when idle; it serves the
-    stock ``_run_once`` in asyncio debug mode.
+    asyncio's loop asks its selector to wait ``timeout`` seconds for I/O when
+    nothing is ready: exactly until the next timer is due. Here that wait
+    moves the virtual clock by ``timeout`` and returns at once; only an idle
+    loop (``timeout`` None: no callback ready, no timer pending) looks at real
+    I/O, and only to wait for executor threads.
     """
 
     def __init__(self) -> None:
@@ -58,29 +59,44 @@ class _JumpSelector(selectors.DefaultSelector):
         loop = self.loop
         if loop is None:  # pragma: no cover - set right after construction
             return super().select(timeout)
+        if timeout is not None and timeout <= 0:
+            return []  # callbacks are ready: run them, the clock stands still
+        if loop._wake_settled():
+            return []  # every task is blocked: those waiting for that go on first
         if timeout is None:
-            return loop._idle(self.real_select)
-        if timeout > 0:
-            loop._jump(timeout)
+            return loop._idle(super().select)
+        grace = loop._thread_grace()
+        if grace > 0:
+            # A thread started moments ago may be about to finish: give it that
+            # long in real time, with the clock standing still.
+            return super().select(grace)
+        loop._advance(timeout)
         return []
-
-    def real_select(self, timeout: float | None = None) -> list[tuple[Any, Any]]:
-        return super().select(timeout)
 
 
 class JumpClockLoop(asyncio.SelectorEventLoop):
     """An asyncio loop on virtual time that jumps to the next timer at once.
 
-    Real I/O (the loop's self-pipe, executor threads) is looked at only when
-    no callback is ready and no timer is pending. Virtual time does not wait
-    for a thread in an executor: while timers are pending the clock jumps on;
-    once every task waits for the thread, the loop blocks until it is done,
-    with the clock standing still.
+    It uses only asyncio's public extension points: ``time()`` returns the
+    virtual clock, and the selector (see :class:`_JumpSelector`) advances it
+    instead of waiting. Real I/O (the loop's self-pipe, executor threads) is
+    looked at only when no callback is ready. A thread in an executor holds the
+    clock for at most :attr:`THREAD_GRACE_S` real seconds (quick work takes no
+    virtual time); after that, while timers are pending, the clock jumps on,
+    and once every task waits for the thread, the loop blocks until it is done.
     """
+
+    #: Real seconds an executor thread may run while the virtual clock waits for
+    #: it. Quick work in a thread (a reward, a tokenizer) then takes no virtual
+    #: time; a thread that is still busy after this (a hung call) no longer holds
+    #: the clock, so virtual timeouts for it fire.
+    THREAD_GRACE_S = 0.25
 
     def __init__(self, start: float = 0.0) -> None:
         self._virtual_now = float(start)
-        self._executor_futures: set[asyncio.Future[Any]] = set()
+        #: Executor futures still running, with the real time each started.
+        self._executor_futures: dict[asyncio.Future[Any], float] = {}
+        self._settle_waiters: list[asyncio.Future[None]] = []
         selector = _JumpSelector()
         super().__init__(selector)
         selector.loop = self
@@ -90,91 +106,48 @@ class JumpClockLoop(asyncio.SelectorEventLoop):
 
     def run_in_executor(self, executor: Any, func: Any, *args: Any) -> asyncio.Future[Any]:
         future = super().run_in_executor(executor, func, *args)
-        self._executor_futures.add(future)
-        future.add_done_callback(self._executor_futures.discard)
+        self._executor_futures[future] = time.monotonic()
+        future.add_done_callback(self._executor_futures.pop)
         return future
 
-    def _run_once(self) -> None:
-        """One iteration of asyncio's ``BaseEventLoop._run_once``, minus the I/O poll.
+    def _thread_grace(self) -> float:
+        """Real seconds to keep waiting for the youngest running executor thread
+        (0 when none started within :attr:`THREAD_GRACE_S`)."""
+        if not self._executor_futures:
+            return 0.0
+        youngest = max(self._executor_futures.values())
+        return max(0.0, youngest + self.THREAD_GRACE_S - time.monotonic())
 
-        The same steps in the same order (drop cancelled timers, move the
-        clock, make due timers ready, run the callbacks that were ready), so
-        callbacks run in exactly the order the stock loop would run them; only
-        the ``select`` call and the debug bookkeeping of a busy iteration are
-        skipped. Debug mode keeps the stock implementation.
-        """
-        if self._debug:
-            super()._run_once()
-            return
-        scheduled = self._scheduled
-        count = len(scheduled)
-        if (count > base_events._MIN_SCHEDULED_TIMER_HANDLES and self._timer_cancelled_count / count
-                > base_events._MIN_CANCELLED_TIMER_HANDLES_FRACTION):
-            live = []
-            for handle in scheduled:
-                if handle._cancelled:
-                    handle._scheduled = False
-                else:
-                    live.append(handle)
-            heapq.heapify(live)
-            self._scheduled = scheduled = live
-            self._timer_cancelled_count = 0
-        else:
-            while scheduled and scheduled[0]._cancelled:
-                self._timer_cancelled_count -= 1
-                heapq.heappop(scheduled)._scheduled = False
+    def settled(self) -> asyncio.Future[None]:
+        """A future that completes once every task is blocked (no callback is
+        ready), before the clock moves on: "everything that can happen at this
+        instant has happened". Tests use it instead of counting ``sleep(0)``."""
+        future = self.create_future()
+        self._settle_waiters.append(future)
+        return future
 
-        ready = self._ready
-        if not ready and not self._stopping:
-            if scheduled:
-                when = scheduled[0]._when
-                if when > self._virtual_now:
-                    self._virtual_now = when
-            else:
-                self._process_events(self._idle(self._selector.real_select))
+    def _wake_settled(self) -> bool:
+        waiters, self._settle_waiters = self._settle_waiters, []
+        for future in waiters:
+            if not future.done():
+                future.set_result(None)
+        return bool(waiters)
 
-        end_time = self._virtual_now + self._clock_resolution
-        while scheduled and scheduled[0]._when < end_time:
-            handle = heapq.heappop(scheduled)
-            handle._scheduled = False
-            ready.append(handle)
-
-        popleft = ready.popleft
-        for _ in range(len(ready)):
-            handle = popleft()
-            if not handle._cancelled:
-                handle._run()
-        handle = None  # break a reference cycle if the callback raised, as asyncio does
-
-    def _jump(self, timeout: float) -> None:
-        now = self._virtual_now
-        scheduled = self._scheduled  # the heap of timers; its head is the next one due
-        target = scheduled[0]._when if scheduled else now + timeout
-        # Land exactly on the timer's own float time, so it is due in this very
-        # iteration; only asyncio's one-day clamp can make the jump shorter.
-        if target - now > timeout:
-            target = now + timeout
-        if target > now:
-            self._virtual_now = target
+    def _advance(self, seconds: float) -> None:
+        self._virtual_now += seconds
 
     def _idle(self, real_select: Any) -> list[tuple[Any, Any]]:
+        """Nothing is ready and no timer is pending: wait for executor threads,
+        or report the deadlock (no task can ever be woken)."""
         if self._executor_futures:
             return real_select(None)
         events = real_select(0)
         if events:
             return events
-        error = _idle_timeout_error()
-        message = (
-            "virtual time deadlock: every task is waiting, and no timer or I/O can wake "
-            "any of them"
+        raise _idle_timeout_error()(
+            "virtual time deadlock: every task is waiting, and no timer or I/O can wake any of "
+            "them"
         )
-        for task in asyncio.all_tasks(self):
-            waiter = getattr(task, "_fut_waiter", None)
-            if waiter is not None and not waiter.done():
-                waiter.set_exception(error(message))
-            else:
-                task.cancel(message)
-        return []
 
 
 def new_virtual_loop(kind: LoopKind = "looptime", *, start: float = 0.0) -> asyncio.AbstractEventLoop:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Sequence
@@ -10,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.config import RunConfig, dump_config
+from asyncrl.jsonio import write_json
 from asyncrl.sim.runner import ROW_KEYS, Bound, SimResult
 
 #: Steps shown in a pump timeline plot: enough to see the pipeline's rhythm,
@@ -31,8 +31,10 @@ def _pct(x: float | None) -> str:
     return "-" if x is None or not math.isfinite(x) else f"{100 * x:.1f}%"
 
 
-def _num(x: float | None, digits: int = 2) -> str:
-    return "-" if x is None or not math.isfinite(x) else f"{x:.{digits}f}"
+def _num(x: float | None, digits: int = 2, *, thousands: bool = False) -> str:
+    if x is None or not math.isfinite(x):
+        return "-"
+    return f"{x:,.{digits}f}" if thousands else f"{x:.{digits}f}"
 
 
 TABLE_COLUMNS = (
@@ -47,7 +49,7 @@ def table_cells(result: SimResult) -> list[str]:
         result.sampler,
         "-" if result.window is None else str(result.window),
         fmt_duration(result.virtual_time_s),
-        f"{result.steps_per_hour:,.1f}",
+        _num(result.steps_per_hour, 1, thousands=True),
         _pct(result.efficiency),
         _pct(result.trainer_idle_frac),
         _pct(result.generator_util),
@@ -142,19 +144,22 @@ def write_run_dir(
         from asyncrl.metrics.plots import plot_comparison, plot_staleness_hist, plot_timeline
 
         slots = cfg.simulate.rollout_slots if cfg.simulate else None
+        run = out.resolve().name
         for result in results:
             name = _safe_name(result.sampler)
             until = result.timeline_until(TIMELINE_STEPS)
             shown = min(result.steps, TIMELINE_STEPS)
             written.append(plot_timeline(
                 result.timeline, out / f"timeline_{name}.png", lanes=slots, max_time=until,
-                title=f"{result.sampler}: first {shown} steps (trainer below, generation slots above)",
+                title=f"{run}: {result.sampler}, first {shown} steps "
+                      "(trainer below, generation slots above)",
             ))
             if result.staleness_hist:
                 written.append(plot_staleness_hist(
                     result.staleness_hist, out / f"staleness_{name}.png",
-                    title=f"{result.sampler}: staleness of trained groups"))
-        written.append(plot_comparison([r.row() for r in results], out / "comparison.png"))
+                    title=f"{run}: {result.sampler}, staleness of trained groups"))
+        written.append(plot_comparison([r.row() for r in results], out / "comparison.png",
+                                       title=f"{run}: policies on the same workload"))
     payload = {
         "config": config_path,
         "bound": bound_dict(results[0].bound) if results else None,
@@ -162,6 +167,6 @@ def write_run_dir(
         "results": [result_record(r) for r in results],
         "files": [p.name for p in written] + ["results.json"],
     }
-    (out / "results.json").write_text(json.dumps(payload, indent=2, allow_nan=False) + "\n")
+    write_json(out / "results.json", payload, indent=2)
     written.append(out / "results.json")
     return written

@@ -7,10 +7,13 @@ task only needs the :class:`Task` protocol (see docs/training.md).
 from __future__ import annotations
 
 from asyncrl.config import ArithmeticTaskConfig, ReverseTaskConfig, SortTaskConfig
+from asyncrl.dataset_config import DatasetTaskConfig
 from asyncrl.errors import ConfigError
 from asyncrl.tasks.arithmetic import ArithmeticTask
-from asyncrl.tasks.base import PromptSource, Task
+from asyncrl.tasks.base import PromptSource, Scorer, Task
 from asyncrl.tasks.common import SeededPromptSource, match_reward
+from asyncrl.tasks.dataset import DatasetPromptSource, DatasetTask
+from asyncrl.tasks.rewards import RewardPool, build_scorer
 from asyncrl.tasks.strings import ReverseTask, SortTask
 from asyncrl.tasks.tokenizer import CharTokenizer, Tokenizer
 
@@ -18,6 +21,7 @@ _TASKS = {
     ArithmeticTaskConfig: ArithmeticTask,
     ReverseTaskConfig: ReverseTask,
     SortTaskConfig: SortTask,
+    DatasetTaskConfig: DatasetTask,
 }
 
 
@@ -44,12 +48,17 @@ def build_task(cfg) -> Task:
 __all__ = [
     "ArithmeticTask",
     "CharTokenizer",
+    "DatasetPromptSource",
+    "DatasetTask",
     "PromptSource",
     "ReverseTask",
+    "RewardPool",
+    "Scorer",
     "SeededPromptSource",
     "SortTask",
     "Task",
     "Tokenizer",
+    "build_scorer",
     "build_task",
     "match_reward",
 ]

@@ -46,8 +46,11 @@ class SeededPromptSource:
         self.position = int(state["position"])
 
 
-def match_reward(completion: str, target: str, partial_credit: float = 0.5) -> float:
-    """1.0 for an exact match (surrounding whitespace ignored), else partial credit.
+def match_reward(
+    completion: str, target: str, partial_credit: float = 0.5, *, strip: bool = True
+) -> float:
+    """1.0 for an exact match (surrounding whitespace of the completion ignored
+    unless ``strip`` is False), else partial credit.
 
     Partial credit = ``partial_credit * matches / max(len(completion), len(target))``
     where ``matches`` counts positions ``i`` with ``completion[i] == target[i]``.
@@ -60,7 +63,8 @@ def match_reward(completion: str, target: str, partial_credit: float = 0.5) -> f
     >>> match_reward("13", "12", partial_credit=0.0)
     0.0
     """
-    completion = completion.strip()
+    if strip:
+        completion = completion.strip()
     if completion == target:
         return 1.0
     longest = max(len(completion), len(target))

@@ -11,7 +11,9 @@ One training step (weights ``v`` -> ``v + 1``) is fed chunk by chunk:
   (so the loss is the mean over every completion token of the step, however the
   step was chunked), clip them, take one AdamW step.
 
-The heavy work runs in one worker thread of its own, off the event loop.
+The heavy work runs in one worker thread of its own, off the event loop (on
+CUDA, with a stream of its own: see :mod:`asyncrl.devices`). A model in bfloat16
+or float16 trains with float32 master weights (:mod:`asyncrl.trainers.precision`).
 
 The proximal log-probs of ``decoupled`` are "the trainer's weights at the start
 of the step". The optimizer steps only in ``finish_step``, so while chunks are
@@ -24,22 +26,17 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import math
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from asyncrl.config import LossConfig, OptimizerConfig
+from asyncrl.devices import hand_over, worker_executor
 from asyncrl.tasks.tokenizer import Tokenizer
-from asyncrl.trainers.losses import (
-    decoupled_loss,
-    group_advantages,
-    k3_kl,
-    none_loss,
-    tis_loss,
-)
+from asyncrl.trainers.losses import decoupled_loss, k3_kl, none_loss, tis_loss
+from asyncrl.trainers.packing import Packed, chunk_metrics, flatten, pack
+from asyncrl.trainers.precision import MasterWeights
 from asyncrl.types import Rollout
 
 if TYPE_CHECKING:
@@ -72,6 +69,11 @@ class GRPOTrainer:
     tokens under ``softmax(logits / temperature)``, the distribution they were
     sampled from (top-p truncation is not reproduced; with ``top_p < 1`` the
     difference shows up as ``logprob_mismatch`` and is treated as off-policy).
+
+    ``weights_device``: where :meth:`get_weights` puts its copy of the weights -
+    the CPU (default: a state dict that travels anywhere, e.g. to Ray actors), or
+    the device of an in-process engine, which then loads them without a trip
+    through host memory.
     """
 
     def __init__(
@@ -86,6 +88,7 @@ class GRPOTrainer:
         micro_batch_sequences: int = 64,
         ref_model: torch.nn.Module | None = None,
         deterministic: bool = False,
+        weights_device: str | torch.device = "cpu",
     ) -> None:
         self.model = model.eval()  # no dropout, see asyncrl.policy
         self.pad_id = tokenizer.pad_id
@@ -94,12 +97,18 @@ class GRPOTrainer:
         self.temperature = temperature
         self.micro_batch_sequences = micro_batch_sequences
         self._device = next(model.parameters()).device
-        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.weights_device = torch.device(weights_device)
+        self.precision = MasterWeights(
+            [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        )
+        self.params = self.precision.master
         self.optimizer = torch.optim.AdamW(
             self.params,
             lr=self.opt_cfg.lr,
             betas=tuple(self.opt_cfg.betas),
             weight_decay=self.opt_cfg.weight_decay,
+            # One kernel for the whole update instead of a few per tensor.
+            **({"fused": True} if self._device.type == "cuda" else {}),
         )
         self.ref_model = None
         if self.loss_cfg.kl_coef > 0:
@@ -114,18 +123,12 @@ class GRPOTrainer:
         #: prompt order, when the step finishes.
         self.deterministic = deterministic
         self._held: list[Rollout] = []
-
-        def init_thread() -> None:
-            if num_threads is not None:
-                torch.set_num_threads(num_threads)
-
-        self._executor = ThreadPoolExecutor(
-            1, thread_name_prefix="asyncrl-trainer", initializer=init_thread
-        )
+        self._executor, self._stream = worker_executor("trainer", num_threads, self._device)
 
     @classmethod
     def from_config(
-        cls, cfg: RunConfig, *, model: torch.nn.Module, tokenizer: Tokenizer
+        cls, cfg: RunConfig, *, model: torch.nn.Module, tokenizer: Tokenizer,
+        weights_device: str | torch.device = "cpu",
     ) -> GRPOTrainer:
         """The trainer for a run, over ``model`` (built by :func:`asyncrl.policy.build_policy`)."""
         return cls(
@@ -137,6 +140,7 @@ class GRPOTrainer:
             num_threads=cfg.policy.num_threads,
             micro_batch_sequences=cfg.policy.train_micro_batch_sequences,
             deterministic=cfg.deterministic,
+            weights_device=weights_device,
         )
 
     # ------------------------------------------------------------ protocol
@@ -163,17 +167,24 @@ class GRPOTrainer:
 
     def state_dict(self) -> dict[str, Any]:
         state = {
-            "model": self.get_weights_sync(),
+            "model": _cpu_copy(self.model.state_dict()),
             "optimizer": copy.deepcopy(self.optimizer.state_dict()),
             "version": self.version,
             "torch_rng": torch.get_rng_state(),
         }
+        if self.precision.mixed:
+            state["master"] = self.precision.state_dict()
+        if self.precision.scaler is not None:
+            state["grad_scaler"] = self.precision.scaler_state()
         if self.ref_model is not None:
             state["ref_model"] = _cpu_copy(self.ref_model.state_dict())
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
+        # A checkpoint of a float32 run has no masters: its weights are exact ones.
+        self.precision.load(state.get("master", state["model"]))
+        self.precision.load_scaler_state(state.get("grad_scaler"))
         self.optimizer.load_state_dict(state["optimizer"])
         self.version = int(state["version"])
         torch.set_rng_state(state["torch_rng"])
@@ -181,6 +192,7 @@ class GRPOTrainer:
             self.ref_model.load_state_dict(state["ref_model"])
         self._step_tokens, self._step_loss_sum = 0, 0.0
         self.optimizer.zero_grad(set_to_none=True)
+        self.precision.discard_grads()
 
     async def close(self) -> None:
         await asyncio.to_thread(self._executor.shutdown, wait=True)
@@ -188,154 +200,86 @@ class GRPOTrainer:
     # ----------------------------------------------------- synchronous API
     def train_chunk_sync(self, rollouts: Sequence[Rollout]) -> dict[str, float]:
         """``train_chunk`` without the event loop (scripts, tests)."""
-        seqs, starts, behavior, advs = [], [], [], []
-        group_adv = []
-        for rollout in rollouts:
-            res = rollout.result
-            adv = group_advantages(
-                torch.tensor(rollout.rewards, dtype=torch.float32),
-                scale=self.loss_cfg.scale_advantages,
-            )
-            group_adv.append(adv)
-            for i, completion in enumerate(res.completion_ids):
-                if not completion:
-                    continue
-                seqs.append(list(res.prompt_ids) + list(completion))
-                starts.append(len(res.prompt_ids))
-                behavior.append(res.behavior_logprobs[i])
-                advs.append(float(adv[i]))
-
-        sums = dict.fromkeys(
-            ("loss", "mismatch", "clipped", "truncated", "entropy", "kl", "w", "w2"), 0.0
-        )
-        mismatch_max, tokens = 0.0, 0
+        flat = flatten(rollouts, scale_advantages=self.loss_cfg.scale_advantages)
         mb = self.micro_batch_sequences
-        for lo in range(0, len(seqs), mb):
-            out = self._micro_batch(
-                seqs[lo : lo + mb], starts[lo : lo + mb], behavior[lo : lo + mb], advs[lo : lo + mb]
-            )
-            for key in sums:
-                sums[key] += out[key]
-            mismatch_max = max(mismatch_max, out["mismatch_max"])
-            tokens += out["tokens"]
+        stats, tokens = [], 0
+        for lo in range(0, len(flat.seqs), mb):
+            batch = pack(flat.seqs[lo : lo + mb], flat.starts[lo : lo + mb],
+                         flat.behavior[lo : lo + mb], flat.advs[lo : lo + mb],
+                         pad_id=self.pad_id, device=self._device)
+            stats.append(self._micro_batch(batch))
+            tokens += batch.tokens
+        # One transfer to the host per chunk: the micro-batches queue up back to back.
+        rows = torch.stack(stats).tolist() if stats else []
+        metrics, sums = chunk_metrics(rows, tokens, flat)
         self._step_tokens += tokens
         self._step_loss_sum += sums["loss"]
-
-        n = max(tokens, 1)
-        all_adv = torch.cat(group_adv) if group_adv else torch.zeros(1)
-        metrics = {
-            "loss": sums["loss"] / n,
-            "logprob_mismatch": sums["mismatch"] / n,
-            "logprob_mismatch_max": mismatch_max,
-            "clip_frac": sums["clipped"] / n,
-            "is_truncated_frac": sums["truncated"] / n,
-            "is_ess": sums["w"] ** 2 / (n * sums["w2"]) if sums["w2"] > 0 else 1.0,
-            "entropy": sums["entropy"] / n,
-            "advantage_mean": float(all_adv.mean()),
-            "advantage_std": float(all_adv.std(correction=0)),
-            "advantage_abs_mean": float(all_adv.abs().mean()),
-            "zero_advantage_group_frac": (
-                sum(bool((a == 0).all()) for a in group_adv) / max(len(group_adv), 1)
-            ),
-            "completion_tokens_mean": tokens / max(len(seqs), 1),
-            "num_tokens": float(tokens),
-        }
         if self.ref_model is not None:
-            metrics["kl"] = sums["kl"] / n
+            metrics["kl"] = sums["kl"] / max(tokens, 1)
         return metrics
 
-    def _micro_batch(
-        self,
-        seqs: list[list[int]],
-        starts: list[int],
-        behavior: list[list[float]],
-        advs: list[float],
-    ) -> dict[str, float]:
-        # Right padding: positions are then the default 0..L-1 for every row.
-        width = max(len(s) for s in seqs)
-        ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(seqs), width), dtype=torch.long)
-        # completion[r, j]: token j + 1 of row r is a completion token (logits at
-        # position j predict token j + 1).
-        completion = torch.zeros((len(seqs), width - 1), dtype=torch.bool)
-        for r, (seq, start) in enumerate(zip(seqs, starts)):
-            ids[r, : len(seq)] = torch.tensor(seq)
-            mask[r, : len(seq)] = 1
-            completion[r, start - 1 : len(seq) - 1] = True
-        ids, mask, completion = (
-            ids.to(self._device),
-            mask.to(self._device),
-            completion.to(self._device),
-        )
-
-        # Flattening a [rows, positions] mask goes row by row, left to right:
-        # the same order as concatenating each row's behavior log-probs.
-        behavior_t = torch.tensor([x for b in behavior for x in b], device=self._device)
-        adv_t = torch.tensor([a for a, b in zip(advs, behavior) for _ in b], device=self._device)
-
-        logits = self.model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
+    def _token_logprobs(
+        self, model: torch.nn.Module, batch: Packed
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probs of the completion tokens and the full distributions at their
+        positions, under ``softmax(logits / temperature)``, in float32."""
+        logits = model(input_ids=batch.ids).logits[:, :-1].float()
         logp_all = torch.log_softmax(logits / self.temperature, dim=-1)
-        logp = logp_all.gather(-1, ids[:, 1:, None])[..., 0][completion]
+        chosen = logp_all.gather(-1, batch.ids[:, 1:, None])[..., 0]
+        # index_select with a host-made index, not a boolean mask: no device sync.
+        return (chosen.reshape(-1).index_select(0, batch.index),
+                logp_all.flatten(0, 1).index_select(0, batch.index))
 
-        loss, clipped, weights = token_losses(self.loss_cfg, logp, behavior_t, adv_t)
-        kl_sum = 0.0
+    def _micro_batch(self, batch: Packed) -> torch.Tensor:
+        """Forward and backward of one micro-batch; its :data:`STATS` on the device."""
+        logp, p_all = self._token_logprobs(self.model, batch)
+        loss, clipped, weights = token_losses(self.loss_cfg, logp, batch.behavior, batch.adv)
+        kl_sum = torch.zeros((), device=self._device)
         if self.ref_model is not None:
             with torch.no_grad():
-                ref_logits = self.ref_model(input_ids=ids, attention_mask=mask).logits[:, :-1]
-                ref_all = torch.log_softmax(ref_logits.float() / self.temperature, dim=-1)
-                ref_logp = ref_all.gather(-1, ids[:, 1:, None])[..., 0][completion]
+                ref_logp, _ = self._token_logprobs(self.ref_model, batch)
             kl = k3_kl(logp, ref_logp)
             loss = loss + self.loss_cfg.kl_coef * kl
-            kl_sum = float(kl.detach().sum())
-        p_all = logp_all[completion]
+            kl_sum = kl.detach().sum()
         entropy = -(p_all.exp() * p_all).sum(-1)
         if self.loss_cfg.entropy_coef > 0:
             loss = loss - self.loss_cfg.entropy_coef * entropy
-        loss.sum().backward()
+        self.precision.backward(loss.sum())
 
         with torch.no_grad():
-            entropy = entropy.detach()
-            mismatch = (logp.detach() - behavior_t).abs()
+            mismatch = (logp.detach() - batch.behavior).abs()
             truncated = weights > self.loss_cfg.is_cap
             if self.loss_cfg.off_policy_correction == "none":
                 truncated = torch.zeros_like(truncated)
-        return {
-            "loss": float(loss.detach().sum()),
-            "mismatch": float(mismatch.sum()),
-            "mismatch_max": float(mismatch.max()) if mismatch.numel() else 0.0,
-            "clipped": float(clipped.sum()),
-            "truncated": float(truncated.sum()),
-            "entropy": float(entropy.sum()),
-            "kl": kl_sum,
-            "w": float(weights.sum()),
-            "w2": float((weights * weights).sum()),
-            "tokens": int(logp.numel()),
-        }
+            zero = torch.zeros((), device=self._device)
+            values = (loss.detach().sum(), mismatch.sum(),
+                      mismatch.max() if mismatch.numel() else zero, clipped.sum(),
+                      truncated.sum(), entropy.detach().sum(), kl_sum, weights.sum(),
+                      (weights * weights).sum())
+            # float64 holds every float32 sum and integer count exactly.
+            return torch.stack([v.to(torch.float64) for v in values])
 
     def finish_step_sync(self) -> dict[str, float]:
         """``finish_step`` without the event loop (scripts, tests)."""
         tokens = self._step_tokens
         metrics: dict[str, float] = {"step_tokens": float(tokens)}
+        metrics.update(self.precision.step(self.optimizer, tokens, self.opt_cfg.grad_clip))
         if tokens > 0:
-            for p in self.params:
-                if p.grad is not None:
-                    p.grad.div_(tokens)  # token-mean over the whole step
-            max_norm = self.opt_cfg.grad_clip if self.opt_cfg.grad_clip is not None else math.inf
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
-            metrics["grad_norm"] = grad_norm
             metrics["loss"] = self._step_loss_sum / tokens
-            if math.isfinite(grad_norm):
-                self.optimizer.step()
-            else:  # one bad batch must not destroy the weights
-                metrics["skipped_nonfinite_step"] = 1.0
-        self.optimizer.zero_grad(set_to_none=True)
         self._step_tokens, self._step_loss_sum = 0, 0.0
         self.version += 1
         return metrics
 
     def get_weights_sync(self) -> dict[str, torch.Tensor]:
-        """A CPU copy of the model's state dict (what ``LocalEngine.update_weights`` takes)."""
-        return _cpu_copy(self.model.state_dict())
+        """A copy of the model's state dict on ``weights_device`` (what
+        ``LocalEngine.update_weights`` takes), in the model's dtype: the very
+        weights the trainer computes with."""
+        state = self.model.state_dict()
+        if self.weights_device.type == "cpu":
+            return _cpu_copy(state)
+        weights = {k: v.detach().to(self.weights_device, copy=True) for k, v in state.items()}
+        hand_over(weights.values())  # complete before the engine's thread reads them
+        return weights
 
     # ------------------------------------------------------------ helpers
     async def _run(self, fn, *args):

@@ -1,0 +1,63 @@
+"""Reading config YAML strictly: a duplicated key is an error, not "last one wins".
+
+PyYAML's safe loader silently keeps the last of two equal keys in a mapping, so
+a config with ``lr`` written twice trains with whichever came second. Our loader
+refuses it and names the key and both lines. Merge keys (``<<: *anchor``) may
+still be overridden by explicit keys: that is what they are for.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from asyncrl.errors import ConfigError
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+class _StrictLoader(yaml.SafeLoader):
+    source = "config"
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        first_line: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == _MERGE_TAG:
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                earlier = first_line.get(key)
+            except TypeError:  # an unhashable key: the base class reports it
+                continue
+            line = key_node.start_mark.line + 1
+            if earlier is not None:
+                raise ConfigError(
+                    f"{self.source}: key {key!r} appears twice in the same block, on line "
+                    f"{earlier} and on line {line}; YAML would silently keep the second. "
+                    "Delete one of them"
+                )
+            first_line[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+#: PyYAML problems that usually mean an unquoted value with a colon in it.
+_COLON_HINT = (
+    " A value that contains ': ' or ends with ':' must be quoted, e.g. "
+    'target: "my_pkg.samplers:MySampler"'
+)
+
+
+def load_yaml(text: str, source: str) -> Any:
+    """Parse ``text`` (from ``source``, named in errors) with duplicate keys refused."""
+    loader = _StrictLoader(text)
+    loader.source = source
+    try:
+        return loader.get_single_data()
+    except yaml.YAMLError as exc:
+        text = str(exc)
+        colon = "mapping values are not allowed" in text or "but found ':'" in text
+        hint = _COLON_HINT if colon or "but got ':'" in text else ""
+        raise ConfigError(f"{source}: not valid YAML ({exc}).{hint}") from None
+    finally:
+        loader.dispose()

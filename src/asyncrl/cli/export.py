@@ -1,0 +1,22 @@
+"""``asyncrl export``: a checkpoint of a run as a Hugging Face model directory."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("export", help="write a checkpoint in Hugging Face format")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory with checkpoints")
+    p.add_argument("--step", type=int, help="checkpoint step (default: the newest valid one)")
+    p.add_argument("--out", required=True, metavar="DIR", help="directory to write (replaced)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from asyncrl.export import export_checkpoint
+
+    step, out = export_checkpoint(args.run_dir, args.out, step=args.step)
+    print(f"asyncrl export: step {step} of {args.run_dir} written to {out} "
+          "(load it with transformers.AutoModelForCausalLM.from_pretrained)")
+    return 0

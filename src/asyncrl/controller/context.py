@@ -1,0 +1,46 @@
+"""What the controller's roles share: the buffer, the sampler, the version, the
+ledger, the timeline, the run's statistics and its clock.
+
+Each role (dispatcher, attempt runner, train pump, weight sync) gets this one
+object instead of a reference to the :class:`~asyncrl.controller.Controller`,
+so no role can reach into another's state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+
+from asyncrl.buffer import RolloutBuffer
+from asyncrl.config import AsyncRLConfig, GRPOConfig
+from asyncrl.controller.ledger import Ledger
+from asyncrl.controller.stats import RunStats
+from asyncrl.metrics import Timeline
+from asyncrl.sampling import PromptGroupSampler
+from asyncrl.version import TrainerVersion
+
+
+@dataclasses.dataclass(eq=False)
+class RunContext:
+    grpo: GRPOConfig
+    cfg: AsyncRLConfig
+    buffer: RolloutBuffer
+    sampler: PromptGroupSampler
+    version: TrainerVersion
+    ledger: Ledger
+    timeline: Timeline
+    stats: RunStats
+    #: The event loop's clock (virtual under ``asyncrl simulate``); ``run`` binds
+    #: it to the running loop's ``time``.
+    now: Callable[[], float] = time.monotonic
+    #: True while the train pump waits for the buffer to change after a select
+    #: found too few groups: then the dispatcher wakes it whenever one of its
+    #: loops blocks, so the pump can tell "slow" from "nothing more can come".
+    train_waiting: bool = False
+    #: Clock time of the last commit or finished step (read by the stall watchdog).
+    last_progress: float = 0.0
+
+    def progress(self) -> None:
+        """A group committed or a step finished."""
+        self.last_progress = self.now()

@@ -1,0 +1,365 @@
+"""The dispatcher: the rollout side of the controller.
+
+Two small loops share one queue of :class:`~asyncrl.controller.entry.Entry`:
+
+* the **admitter** asks the sampler to ``admit`` the next dispatch batch once
+  the previous batch has left the queue, then queues the batch's prompts;
+* the **placer** takes the head of the queue, waits for an in-flight permit
+  (``async_rl.max_inflight_prompts``) and a buffer slot, reserves the slot and
+  starts the group's task (an :class:`~asyncrl.controller.attempts.AttemptRunner`).
+
+Replacements of failed groups go to the front of the queue; groups in flight
+at a checkpoint come back there on resume. Every prompt is in exactly one
+explicit state, so the train pump can ask :meth:`Dispatcher.starved` — "can
+any group become ready before I act?" — from that state alone.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from asyncrl._compat import TaskGroup
+from asyncrl._signal import ChangeSignal
+from asyncrl.controller.attempts import AttemptRunner, Exhausted
+from asyncrl.controller.context import RunContext
+from asyncrl.controller.determinism import NoDeterminism
+from asyncrl.controller.entry import Entry, EntryState
+from asyncrl.engines.base import RolloutEngine
+from asyncrl.errors import TooManyFailedGroups
+from asyncrl.tasks.base import PromptSource, Scorer
+from asyncrl.types import GroupId, Prompt, Rollout, prompt_from_dict, prompt_to_dict
+
+log = logging.getLogger("asyncrl.controller")
+
+
+class AdmitState(enum.Enum):
+    RUNNING = "running"  # between two waits
+    DRAINING = "draining"  # the last admitted batch still has prompts in the queue
+    ADMITTING = "admitting"  # inside sampler.admit, waiting for the gate
+    EXHAUSTED = "exhausted"  # the prompt source is dry: nothing more to admit
+
+
+class _Source:
+    """The task's prompt source, with one prompt of lookahead (to know it is dry)."""
+
+    def __init__(self, source: PromptSource) -> None:
+        self.source = source
+        self.held: collections.deque[Prompt] = collections.deque()
+        self.exhausted = False
+
+    def peek(self) -> Prompt | None:
+        if not self.held and not self.exhausted:
+            prompt = self.source.next_prompt()
+            if prompt is None:
+                self.exhausted = True
+            else:
+                self.held.append(prompt)
+        return self.held[0] if self.held else None
+
+    def pop(self) -> Prompt | None:
+        prompt = self.peek()
+        if prompt is not None:
+            self.held.popleft()
+        return prompt
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        ctx: RunContext,
+        source: PromptSource,
+        engines: Sequence[RolloutEngine],
+        scorer: Scorer,
+        determinism: NoDeterminism,
+    ) -> None:
+        self.ctx = ctx
+        self.source = _Source(source)
+        self.determinism = determinism
+        self.attempts = AttemptRunner(ctx, engines, scorer, determinism, self._set_state)
+        self.queue: collections.deque[Entry] = collections.deque()
+        #: Reserved groups not yet committed or ended, in dispatch order.
+        self.active: dict[GroupId, Entry] = {}
+        self.admit_state = AdmitState.RUNNING
+        self.placer_idle = False
+        #: Dispatch batches admitted so far (the next one's index ``d``).
+        self.admitted = 0
+        self.next_group = 0
+        #: Groups in a working state, and those holding an in-flight permit.
+        self.working = 0
+        self.inflight = 0
+        self._batch_left = 0  # prompts of the last admitted batch still queued
+        self._weights: collections.Counter[int] = collections.Counter()  # in-flight start weights
+        self._queue_changed = ChangeSignal()
+        self._permit_freed = ChangeSignal()
+        self._tg: TaskGroup | None = None
+        ctx.version.on_block = self._blocked
+
+    # ================================================================ loops
+    async def run_admitter(self) -> None:
+        """Admit dispatch batches until the prompt source runs dry."""
+        ctx = self.ctx
+        n = ctx.grpo.num_prompts_per_step
+        while True:
+            while self._batch_left:
+                self.admit_state = AdmitState.DRAINING
+                self._blocked()
+                await self._queue_changed.wait()
+            if self.source.peek() is None:
+                self.admit_state = AdmitState.EXHAUSTED
+                self._blocked()
+                return
+            self.admit_state = AdmitState.ADMITTING
+            stamp = await ctx.sampler.admit(trainer_version=ctx.version)
+            pin = self.determinism.pin(self.admitted)
+            self.admitted += 1
+            self.admit_state = AdmitState.RUNNING
+            for _ in range(n):
+                prompt = self.source.pop()
+                if prompt is None:
+                    break
+                self.queue.append(Entry(prompt, stamp, pin, batch=True))
+                self._batch_left += 1
+            self._queue_changed.fire()
+
+    async def run_placer(self, tg: TaskGroup) -> None:
+        """Give the head of the queue a permit and a slot, then start it; forever."""
+        self._tg = tg
+        buffer, cap = self.ctx.buffer, self.ctx.cfg.max_inflight_prompts
+        while True:
+            if not self.queue:
+                self.placer_idle = True
+                self._blocked()
+                await self._queue_changed.wait()
+                self.placer_idle = False
+                continue
+            entry = self.queue[0]
+            if self.inflight >= cap:
+                self._set_state(entry, EntryState.AWAIT_INFLIGHT)
+                await self._permit_freed.wait()
+                continue
+            if buffer.is_full():
+                self._set_state(entry, EntryState.AWAIT_BUFFER)
+                self._blocked()
+                await buffer.wait_for_space()
+                continue
+            self.queue.popleft()
+            if entry.batch:
+                self._batch_left -= 1
+                if not self._batch_left:
+                    self._queue_changed.fire()  # the admitter may admit the next batch
+            self._reserve(entry)
+
+    def cancel(self) -> None:
+        """End of the run: stop every group's task; reserved groups stay pending."""
+        for entry in self.active.values():
+            if entry.task is not None:
+                entry.task.cancel()
+
+    # ========================================================== transitions
+    def _set_state(self, entry: Entry, new: EntryState) -> None:
+        """Move ``entry`` to ``new``, keeping the working and in-flight counts and
+        the in-flight weight index exact (the starvation check reads them)."""
+        old = entry.state
+        self.working += new.working - old.working
+        if old.inflight != new.inflight:
+            w = entry.start_weight
+            if old.inflight:
+                left = self._weights[w] - 1
+                if left:
+                    self._weights[w] = left
+                else:
+                    del self._weights[w]
+                self.inflight -= 1
+                self._permit_freed.fire()
+            else:
+                self._weights[w] += 1
+                self.inflight += 1
+            self.ctx.stats.inflight_changed(self.ctx.now(), self.inflight)
+        entry.state = new
+
+    def _reserve(self, entry: Entry) -> None:
+        ctx = self.ctx
+        gid = entry.group_id
+        if gid is None:
+            gid = entry.group_id = self.next_group
+            self.next_group += 1
+        start = ctx.version.value if entry.pin is None else entry.pin
+        ctx.buffer.reserve_nowait(gid, start_weight=start, target_step=entry.stamp)
+        if gid in ctx.ledger:
+            ctx.ledger[gid].start_weight = start  # a group resumed while in flight
+        else:
+            ctx.ledger.dispatch(gid, prompt_id=entry.prompt.prompt_id, target_step=entry.stamp,
+                                start_weight=start, time=ctx.now())
+        entry.start_weight = start
+        self.active[gid] = entry
+        self.determinism.reserved(gid)
+        ctx.stats.buffer_size(len(ctx.buffer))
+        self._set_state(entry, EntryState.GENERATING)
+        assert self._tg is not None
+        entry.task = self._tg.create_task(self._group(entry), name=f"asyncrl-gen-{gid}")
+
+    async def _group(self, entry: Entry) -> None:
+        outcome = await self.attempts.run(entry)
+        if outcome is None:  # aborted: abort_hopeless did the accounting
+            return
+        if isinstance(outcome, Exhausted):
+            self._give_up(entry, outcome.error)
+            return
+        ready = self.determinism.finished(entry.group_id, (entry, outcome))
+        if not any(e is entry for e, _ in ready):
+            self._set_state(entry, EntryState.COMMIT_WAIT)
+        self._commit_all(ready)
+
+    def _commit_all(self, ready: list[tuple[Entry, Rollout]]) -> None:
+        ctx = self.ctx
+        for entry, rollout in ready:
+            gid = entry.group_id
+            end = max(rollout.result.end_weight, entry.start_weight)
+            ctx.buffer.commit(gid, rollout, end_weight=end)
+            ctx.ledger.committed(gid, end_weight=end, attempts=rollout.attempts, time=ctx.now())
+            self._leave(entry)
+            ctx.stats.buffer_size(len(ctx.buffer))
+            ctx.progress()
+
+    def _leave(self, entry: Entry) -> None:
+        self._set_state(entry, EntryState.LEFT)
+        del self.active[entry.group_id]
+
+    def _give_up(self, entry: Entry, error: BaseException) -> None:
+        """Retries exhausted: record ``failed`` and queue a replacement with the same stamp."""
+        ctx = self.ctx
+        gid = entry.group_id
+        ctx.buffer.release(gid)
+        ctx.ledger.failed(gid, attempts=entry.attempts, time=ctx.now(), error=repr(error))
+        self._leave(entry)
+        self._commit_all(self.determinism.dropped(gid))
+        rf = ctx.cfg.rollout_failure
+        failed = ctx.stats.group_failed()
+        if failed > rf.max_failed_groups:
+            raise TooManyFailedGroups(
+                f"{failed} prompt groups failed after {rf.max_attempts} attempts each, more "
+                f"than async_rl.rollout_failure.max_failed_groups={rf.max_failed_groups}. Last "
+                f"error: {error!r}. Fix the engine or the reward, or raise max_attempts / "
+                "max_failed_groups"
+            ) from error
+        log.warning("group %s failed for good after %d attempts (%s); replacing its prompt",
+                    gid, entry.attempts, error)
+        replacement = self.source.pop()
+        if replacement is not None:
+            self.queue.appendleft(Entry(replacement, entry.stamp, entry.pin))
+            self._queue_changed.fire()
+        else:
+            ctx.buffer.notify()  # the train pump may now see that nothing more comes
+
+    def abort_hopeless(self, version: int) -> dict[int | None, list[GroupId]]:
+        """After a weight sync: abort the in-flight groups the sampler calls hopeless.
+
+        Returns them by engine (the caller tells each engine). The sampler is
+        asked once per distinct start weight, so the cost does not grow with
+        the number of groups in flight.
+        """
+        sampler = self.ctx.sampler
+        doomed = {w for w in self._weights
+                  if sampler.should_abort_inflight(start_weight_version=w,
+                                                   current_train_weight=version)}
+        by_engine: dict[int | None, list[GroupId]] = collections.defaultdict(list)
+        if not doomed:
+            return by_engine
+        ctx = self.ctx
+        now = ctx.now()
+        for entry in [e for e in self.active.values()
+                      if e.state.inflight and e.start_weight in doomed]:
+            entry.aborted = True
+            ctx.buffer.release(entry.group_id)
+            ctx.ledger.aborted(entry.group_id, attempts=entry.attempts, time=now)
+            self._leave(entry)
+            self._commit_all(self.determinism.dropped(entry.group_id))
+            by_engine[entry.engine].append(entry.group_id)
+            if entry.task is not None:
+                entry.task.cancel()
+        return by_engine
+
+    # ============================================================== queries
+    def _blocked(self) -> None:
+        """A loop of ours just blocked: wake the train pump if it is deciding
+        whether anything more can arrive (see :meth:`starved`)."""
+        if self.ctx.train_waiting:
+            self.ctx.buffer.notify()
+
+    def starved(self) -> bool:
+        """True when no group can become ready until the train pump acts: nothing
+        is working, the placer waits on a full buffer (or has nothing to place),
+        and the admitter waits on the trainer version, on the queue, or is done.
+        Each blocked state is checked against the condition it waits on, so a
+        loop that was woken but has not run yet counts as runnable."""
+        if self.working:
+            return False
+        if self.queue:
+            if self.queue[0].state is not EntryState.AWAIT_BUFFER or not self.ctx.buffer.is_full():
+                return False
+        elif not self.placer_idle:
+            return False
+        state = self.admit_state
+        if state is AdmitState.EXHAUSTED:
+            return True
+        if state is AdmitState.DRAINING:
+            return self._batch_left > 0
+        if state is AdmitState.ADMITTING:
+            return self.ctx.version.waiters_blocked()
+        return False
+
+    def exhausted(self) -> bool:
+        """True when nothing more can ever reach the buffer."""
+        return self.admit_state is AdmitState.EXHAUSTED and not self.queue and not self.active
+
+    def live_pins(self) -> list[int | None]:
+        return [e.pin for e in (*self.queue, *self.active.values())]
+
+    def describe(self) -> str:
+        head = self.queue[0].state.label if self.queue else "-"
+        return (f"admitter {self.admit_state.value}, {len(self.queue)} queued (head {head}), "
+                f"{self.inflight} in flight, {self.working} working")
+
+    # ========================================================== persistence
+    def state_dict(self) -> dict[str, Any]:
+        """Groups in flight (kept with their ids and attempts) and queued prompts."""
+        return {
+            "next_group": self.next_group,
+            "admitted": self.admitted,
+            "inflight": [_entry_dict(e) for e in self.active.values()],
+            "queued": [_entry_dict(e) for e in self.queue],
+            "source": self.source.source.state_dict(),
+            "source_held": [prompt_to_dict(p) for p in self.source.held],
+            "source_exhausted": self.source.exhausted,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume: in-flight groups go first (same ids, stamps and attempts), then
+        the queued prompts; none of them passes through ``admit`` again."""
+        self.next_group = int(state["next_group"])
+        self.admitted = int(state["admitted"])
+        self.queue = collections.deque(
+            _entry_from(d) for d in (*state["inflight"], *state["queued"]))
+        self._batch_left = sum(e.batch for e in self.queue)
+        self.source.source.load_state_dict(state["source"])
+        self.source.held = collections.deque(prompt_from_dict(p) for p in state["source_held"])
+        self.source.exhausted = bool(state["source_exhausted"])
+
+
+def _entry_dict(entry: Entry) -> dict[str, Any]:
+    return {"prompt": prompt_to_dict(entry.prompt), "target_step": entry.stamp, "pin": entry.pin,
+            "batch": entry.batch, "group_id": entry.group_id, "attempts": entry.attempts,
+            "start_weight": entry.start_weight}
+
+
+def _entry_from(data: dict[str, Any]) -> Entry:
+    # A resumed in-flight group keeps its id and attempts but is no longer part
+    # of an admitted batch: its batch already left the queue.
+    inflight = data["group_id"] is not None
+    return Entry(prompt_from_dict(data["prompt"]), data["target_step"], data["pin"],
+                 batch=bool(data["batch"]) and not inflight, group_id=data["group_id"],
+                 attempts=int(data["attempts"]))

@@ -1,0 +1,74 @@
+"""A prompt on its way to the buffer, and the explicit state it is in.
+
+Transitions (docs/controller.md draws them)::
+
+    QUEUED ──► AWAIT_INFLIGHT ──► AWAIT_BUFFER ──► (reserved) GENERATING
+                    ▲  │               │                 │  ▲     │
+                    └──┴───────────────┘                 ▼  │     ▼
+                                                     BACKOFF     SCORING ──► COMMIT_WAIT
+                                                                    │            │
+                                                                    ▼            ▼
+                                                    committed (ready) / failed / aborted
+
+``QUEUED`` and the two ``AWAIT_*`` states come before a buffer slot is
+reserved; the others hold one. A group in a *working* state will reach the
+buffer (or fail) without anything the train pump does, which is what the
+train pump's starvation check needs to know.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import enum
+
+from asyncrl.types import GroupId, Prompt
+
+
+class EntryState(enum.Enum):
+    """Each state knows whether a group in it is *working* (will reach the
+    buffer, or fail, without the train pump doing anything) and whether it
+    holds one of the ``async_rl.max_inflight_prompts`` permits."""
+
+    #: admitted (or a replacement / resumed group), waiting its turn
+    QUEUED = ("queued", False, False)
+    #: next in line; async_rl.max_inflight_prompts reached
+    AWAIT_INFLIGHT = ("await_inflight", False, False)
+    #: next in line; the buffer is full
+    AWAIT_BUFFER = ("await_buffer", False, False)
+    #: an engine attempt is running
+    GENERATING = ("generating", True, True)
+    #: waiting to retry a failed attempt
+    BACKOFF = ("backoff", True, True)
+    #: the rewards of a finished attempt are being computed
+    SCORING = ("scoring", True, True)
+    #: deterministic mode: finished, an earlier group has not
+    COMMIT_WAIT = ("commit_wait", True, False)
+    #: committed, failed or aborted: no longer the dispatcher's
+    LEFT = ("left", False, False)
+
+    def __init__(self, label: str, working: bool, inflight: bool) -> None:
+        self.label = label
+        self.working = working
+        self.inflight = inflight
+
+
+@dataclasses.dataclass(eq=False, slots=True)
+class Entry:
+    prompt: Prompt
+    #: The sampler's target_step stamp of the batch (None: the policy stamps none).
+    stamp: int | None
+    #: Deterministic mode: the weight version the group is generated with.
+    pin: int | None = None
+    #: True for the prompts of an admitted dispatch batch (not replacements or resumed groups).
+    batch: bool = False
+    #: Set when a slot is reserved; a resumed in-flight group keeps its id.
+    group_id: GroupId | None = None
+    attempts: int = 0
+    #: Attempts lost with a dead engine worker: not charged to the failure budget.
+    lost: int = 0
+    start_weight: int = 0
+    state: EntryState = EntryState.QUEUED
+    engine: int | None = None
+    aborted: bool = False
+    task: asyncio.Task[None] | None = None

@@ -1,0 +1,218 @@
+"""The train pump: one training step after the other until the run stops.
+
+Per step ``v`` until ``num_prompts_per_step`` groups are trained: ``evict`` →
+``select(min(min_groups_for_streaming_train, remaining), remaining)`` → train
+the chunk (several chunks accumulate into one optimizer step); when nothing is
+selectable, wait for the buffer to change — or, when the dispatcher reports
+that nothing can arrive before this step ends, take whatever is eligible. Then
+``finish_step``, the groups are recorded ``trained``, and the weight sync runs.
+
+A stop request is honoured between trainer calls: the step in progress is
+abandoned, its groups stay ``ready`` (they go into the checkpoint and are
+trained again on resume), and the trainer's half-accumulated gradient is
+never applied.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+
+from asyncrl.buffer import Slot
+from asyncrl.controller.context import RunContext
+from asyncrl.controller.dispatch import Dispatcher
+from asyncrl.controller.weight_sync import WeightSync
+from asyncrl.errors import ControllerBug, RolloutStall
+from asyncrl.evaluation import Evaluator
+from asyncrl.metrics import MetricsSink
+from asyncrl.trainers.base import Trainer
+
+log = logging.getLogger("asyncrl.controller")
+
+
+class TrainPump:
+    def __init__(
+        self,
+        ctx: RunContext,
+        trainer: Trainer,
+        dispatcher: Dispatcher,
+        weight_sync: WeightSync,
+        sinks: Sequence[MetricsSink],
+        after_step: Callable[[int], Awaitable[None]],
+        evaluator: Evaluator | None = None,
+    ) -> None:
+        self.ctx = ctx
+        self.evaluator = evaluator
+        self.trainer = trainer
+        self.dispatcher = dispatcher
+        self.weight_sync = weight_sync
+        self.sinks = sinks
+        self.after_step = after_step
+        #: Groups selected for the step in progress, not yet stepped on. After an
+        #: interrupted step they are still here (and still ``ready`` in the ledger).
+        self.taken: list[Slot] = []
+        self.stop_reason = "not started"
+        self.stop_message = ""
+        self._stop_request: tuple[str, str] | None = None
+        #: What the pump is doing and since when (the watchdog names it).
+        self.activity: tuple[str, float] = ("starting", 0.0)
+        self._removed: list[Slot] = []
+        ctx.buffer.add_remove_listener(self._removed.extend)
+
+    def request_stop(self, reason: str, message: str) -> None:
+        if self._stop_request is None:
+            self._stop_request = (reason, message)
+            self.ctx.buffer.notify()  # a pump waiting for groups wakes and sees it
+
+    def _stop(self, reason: str, message: str) -> None:
+        self.stop_reason, self.stop_message = reason, message
+        log.info("stopping: %s", message)
+
+    async def run(self) -> None:
+        ctx = self.ctx
+        self.stop_reason = "running"
+        while ctx.version.value < ctx.grpo.max_num_steps:
+            if not await self._step(ctx.version.value):
+                return
+        self._stop("max_num_steps", f"reached grpo.max_num_steps={ctx.grpo.max_num_steps}")
+
+    async def _step(self, v: int) -> bool:
+        """Train step ``v``; False when the run stops with it."""
+        ctx = self.ctx
+        n = ctx.grpo.num_prompts_per_step
+        min_chunk = ctx.cfg.min_groups_for_streaming_train
+        step_start = ctx.now()
+        busy_at_start = ctx.stats.busy_area(step_start)
+        idle, evicted = 0.0, 0
+        chunk_metrics: list[tuple[int, dict[str, float]]] = []
+        self.taken = taken = []
+        complete = True
+        while len(taken) < n:
+            if self._stop_request is not None:
+                self._stop(*self._stop_request)
+                return False
+            remaining = n - len(taken)
+            evicted += await self._evict(v)
+            chunk, extra = await self._select(v, min(min_chunk, remaining), remaining)
+            evicted += extra
+            if not chunk and self.dispatcher.starved():
+                # Nothing can arrive before this step ends (e.g. weight_fifo with fewer
+                # groups left at the oldest version than min_groups_for_streaming_train):
+                # waiting for a full streaming chunk would wait forever.
+                chunk, extra = await self._select(v, 1, remaining)
+                evicted += extra
+            if not chunk:
+                if self.dispatcher.exhausted():
+                    if not taken:
+                        self._stop("source_exhausted",
+                                   f"the prompt source ran dry after {v} steps")
+                        return False
+                    self._stop(
+                        "incomplete_step",
+                        f"the prompt source ran dry in the middle of step {v}: only "
+                        f"{len(taken)} of num_prompts_per_step={n} groups could be trained, "
+                        "so the last optimizer step used fewer groups. Give the task more "
+                        "prompts or lower grpo.max_num_steps",
+                    )
+                    complete = False
+                    break
+                if self.dispatcher.starved():
+                    raise RolloutStall(self._deadlock_message(v))
+                idle += await self._wait_for_groups()
+                continue
+            # Held by the step before the trainer sees them: a stop or a cancellation
+            # during train_chunk leaves them pending, never lost.
+            taken.extend(chunk)
+            self.activity = ("train_chunk", ctx.now())
+            t = ctx.now()
+            metrics = await self.trainer.train_chunk([s.payload for s in chunk], step=v)
+            ctx.timeline.add("train", 0, t, ctx.now(), str(v))
+            chunk_metrics.append((len(chunk), metrics or {}))
+        await self._finish(v, taken, step_start, busy_at_start, idle, chunk_metrics, evicted)
+        return complete
+
+    async def _finish(self, v: int, taken: list[Slot], step_start: float, busy_at_start: float,
+                      idle: float, chunk_metrics: list[tuple[int, dict[str, float]]],
+                      evicted: int) -> None:
+        ctx = self.ctx
+        self.activity = ("finish_step", ctx.now())
+        step_metrics = await self.trainer.finish_step(step=v) or {}
+        trained = []
+        for slot in taken:
+            staleness = v - slot.start_weight
+            ctx.ledger.trained(slot.group_id, step=v, staleness=staleness)
+            trained.append((slot, staleness))
+        self.taken = []
+        self.activity = ("weight sync", ctx.now())
+        aborted, sync_s = await self.weight_sync.after_step(v)
+        ctx.progress()
+        eval_metrics: dict[str, float] = {}
+        if self.evaluator is not None and self.evaluator.due(v + 1):
+            self.activity = ("evaluation", ctx.now())
+            eval_metrics = await self.evaluator.evaluate(self.weight_sync.engines, v + 1)
+            ctx.progress()
+        record = ctx.stats.step_record(
+            step=v, now=ctx.now(), step_start=step_start, busy_at_start=busy_at_start, idle=idle,
+            trained=trained, chunk_metrics=chunk_metrics, step_metrics=step_metrics,
+            evicted=evicted, aborted=aborted, sync_s=sync_s,
+            buffer_ready=ctx.buffer.ready_count, inflight=self.dispatcher.inflight,
+        )
+        record.update(eval_metrics)
+        for sink in self.sinks:
+            sink.write(record)
+        self.activity = ("after-step hook", ctx.now())
+        await self.after_step(v + 1)
+
+    async def _wait_for_groups(self) -> float:
+        """Wait for the buffer to change (a commit, a release, a dispatcher loop
+        blocking, a stop request); returns the time waited."""
+        ctx = self.ctx
+        t = ctx.now()
+        self.activity = ("waiting for groups", t)
+        ctx.train_waiting = True
+        try:
+            await ctx.buffer.wait_changed()
+        finally:
+            ctx.train_waiting = False
+        return ctx.now() - t
+
+    # ------------------------------------------------------- sampler calls
+    async def _evict(self, v: int) -> int:
+        self._removed.clear()
+        count = await self.ctx.sampler.evict(current_train_weight=v)
+        removed, self._removed[:] = list(self._removed), []
+        for slot in removed:
+            if slot.ready:
+                self.ctx.ledger.evicted(slot.group_id, step=v)
+        if len(removed) != count:
+            log.debug("sampler reported %d evictions, buffer saw %d", count, len(removed))
+        return len(removed)
+
+    async def _select(self, v: int, lo: int, hi: int) -> tuple[list[Slot], int]:
+        """The sampler's chunk, and how many slots it removed without returning
+        them (counted as evicted, so none goes missing from the ledger)."""
+        self._removed.clear()
+        chunk = await self.ctx.sampler.select(
+            current_train_weight=v, min_prompt_groups=lo, max_prompt_groups=hi) or []
+        name = type(self.ctx.sampler).__name__
+        if len(chunk) > hi:
+            raise ControllerBug(f"sampler {name}.select returned {len(chunk)} groups, more than "
+                                f"max_prompt_groups={hi}")
+        for slot in chunk:
+            if not slot.ready:
+                raise ControllerBug(f"sampler {name} selected unready group {slot.group_id!r}")
+        chosen = {id(s) for s in chunk}
+        extra = [s for s in self._removed if id(s) not in chosen]
+        self._removed.clear()
+        for slot in extra:
+            self.ctx.ledger.evicted(slot.group_id, step=v)
+        return chunk, len(extra)
+
+    def _deadlock_message(self, v: int) -> str:
+        buf = self.ctx.buffer
+        return (
+            f"deadlock at step {v}: no group can arrive ({self.dispatcher.describe()}; buffer "
+            f"{len(buf)}/{buf.capacity} slots, {buf.ready_count} ready) and sampler "
+            f"{type(self.ctx.sampler).__name__} selects none of the ready groups. A custom "
+            "sampler must evict groups it will never select"
+        )

@@ -1,0 +1,77 @@
+"""JSON files a run writes and reads: never NaN or Infinity, and torn lines survived.
+
+Python's ``json`` writes ``NaN`` and ``Infinity`` by default, which no other JSON
+reader accepts. Everything asyncrl writes for people and tools (``summary.json``,
+``metrics.jsonl``, ``timeline.json``, ``ledger.jsonl``, simulate's
+``results.json`` and ``--json``) goes through :func:`dumps`, which writes a
+non-finite number as ``null``. A run killed mid-write can leave a JSONL file
+whose last line is cut short; :func:`read_jsonl` drops such lines with one
+warning instead of failing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("asyncrl.jsonio")
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by None (recursively)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    return value
+
+
+def dumps(value: Any, **kwargs: Any) -> str:
+    """``json.dumps`` that writes NaN/Infinity as null and never emits invalid JSON."""
+    return json.dumps(jsonable(value), allow_nan=False, **kwargs)
+
+
+def write_json(path: str | Path, value: Any, **kwargs: Any) -> None:
+    Path(path).write_text(dumps(value, **kwargs) + "\n")
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """The JSON objects of a JSONL file, one per line.
+
+    Lines that are not a JSON object (a write cut short by a crash, usually the
+    last line) are dropped, with one warning naming the file and the lines.
+    """
+    path = Path(path)
+    records: list[dict[str, Any]] = []
+    bad: list[int] = []
+    for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        if isinstance(record, dict):
+            records.append(record)
+        else:
+            bad.append(number)
+    if bad:
+        shown = ", ".join(map(str, bad[:5])) + (", ..." if len(bad) > 5 else "")
+        log.warning("%s: dropped %d unreadable line(s) (line %s), e.g. a write cut short by "
+                    "a crash; the other %d records are used", path, len(bad), shown, len(records))
+    return records
+
+
+def read_json(path: str | Path, default: Any = None) -> Any:
+    """A JSON file's value, or ``default`` (with a warning) when it is unreadable."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        log.warning("%s is unreadable (%s); going on without it", path, exc)
+        return default

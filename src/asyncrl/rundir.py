@@ -1,0 +1,119 @@
+"""Run directories: where a run may write, starting over, forking a run, its metrics file.
+
+A new run never writes into a directory that already holds something: mixing
+two runs' checkpoints and metrics is how a later ``--resume`` continues from the
+wrong weights. ``--overwrite`` starts over in an old run directory (its run
+files are deleted first); ``--resume RUN --run-dir NEW`` forks a run (see
+:func:`fork_run_dir`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from asyncrl.checkpoint.store import checkpoint_root
+from asyncrl.errors import ConfigError
+from asyncrl.jsonio import dumps, read_jsonl
+
+#: What a run writes into its directory (DESIGN.md §6); --overwrite deletes these only.
+RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json", "timeline.json", "ledger.jsonl")
+RUN_DIRS = ("checkpoints", "tb", "plots", "final")
+
+
+def new_run_dir(prefix: str = "train", base: str | Path = "runs") -> Path:
+    import datetime as _dt
+
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    path = Path(base) / f"{prefix}-{stamp}"
+    n = 1
+    while path.exists():
+        n += 1
+        path = Path(base) / f"{prefix}-{stamp}-{n}"
+    return path
+
+
+def check_run_dir(run_dir: str | Path | None, *, overwrite: bool = False) -> Path:
+    """The directory a new run may write to; raises, changing nothing, if it may not.
+
+    ``None``: a new ``runs/train-<timestamp>``. A directory that holds anything
+    is refused, unless ``overwrite`` and it is an old run directory.
+    """
+    if run_dir is None:
+        return new_run_dir()
+    if isinstance(run_dir, str) and not run_dir.strip():
+        raise ConfigError(
+            "--run-dir is empty; give a directory path, or leave --run-dir out to write "
+            "to runs/train-<timestamp>"
+        )
+    path = Path(run_dir)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(
+            f"--run-dir {path} is a file, not a directory; give the path of a directory (it "
+            "is created if it does not exist)"
+        )
+    contents = sorted(p.name for p in path.iterdir()) if path.is_dir() else []
+    if not contents:
+        return path
+    listing = ", ".join(contents[:6]) + (", ..." if len(contents) > 6 else "")
+    if not any(name in RUN_FILES or name in RUN_DIRS for name in contents):
+        raise ConfigError(
+            f"--run-dir {path} is not empty ({listing}) and is not an asyncrl run directory; "
+            "a run needs an empty or new directory (--overwrite only ever deletes a run's own "
+            "files). Pick another --run-dir"
+        )
+    if not overwrite:
+        raise ConfigError(
+            f"--run-dir {path} already holds a run ({listing}). Continue it with: asyncrl "
+            f"train --resume {path}; start it over with --overwrite (deletes its checkpoints, "
+            "metrics and plots); or pick another --run-dir"
+        )
+    return path
+
+
+def prepare_run_dir(run_dir: str | Path | None, *, overwrite: bool = False) -> Path:
+    """:func:`check_run_dir`, then create the directory (emptied of an old run's
+    files with ``overwrite``; nothing else in it is touched)."""
+    path = check_run_dir(run_dir, overwrite=overwrite)
+    if overwrite and path.is_dir():
+        for name in RUN_FILES:
+            (path / name).unlink(missing_ok=True)
+        for name in RUN_DIRS:
+            shutil.rmtree(path / name, ignore_errors=True)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def fork_run_dir(source: Path, target: Path, checkpoint: Path) -> None:
+    """Start ``target`` as a copy of run ``source`` up to ``checkpoint``.
+
+    Copied: the checkpoint (so the fork can be resumed before it writes its
+    own), ``metrics.jsonl`` and ``ledger.jsonl`` (the resumed run cuts both back
+    to the checkpoint) and the TensorBoard events. ``source`` is not changed.
+    """
+    root = checkpoint_root(target)
+    root.mkdir(parents=True, exist_ok=True)
+    # Copied under a temporary name and renamed, like any checkpoint write.
+    tmp = Path(tempfile.mkdtemp(prefix=f".{checkpoint.name}.", dir=root))
+    try:
+        shutil.copytree(checkpoint, tmp, dirs_exist_ok=True)
+        os.replace(tmp, root / checkpoint.name)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    for name in ("metrics.jsonl", "ledger.jsonl"):
+        if (source / name).is_file():
+            shutil.copyfile(source / name, target / name)
+    if (source / "tb").is_dir():
+        shutil.copytree(source / "tb", target / "tb", dirs_exist_ok=True)
+
+
+def truncate_metrics(path: Path, *, before_step: int) -> None:
+    """Keep the records of steps before ``before_step`` (and drop torn lines)."""
+    if not path.is_file():
+        return
+    kept = [r for r in read_jsonl(path)
+            if isinstance(r.get("step"), int) and r["step"] < before_step]
+    path.write_text("".join(dumps(r) + "\n" for r in kept))

@@ -1,0 +1,174 @@
+"""Reading a dataset file (JSONL, JSON, CSV, Parquet) through Hugging Face ``datasets``.
+
+Local files only: the packaged ``json``/``csv``/``parquet`` builders need no
+network, and their cache goes to a temporary directory that is deleted after
+loading (``keep_in_memory``), so nothing is read from or left in ``~/.cache``.
+
+Every problem is a :class:`~asyncrl.errors.ConfigError` naming the file, and
+where it can the line or record and the key.
+"""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import csv
+import json
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from asyncrl.errors import ConfigError, require
+
+EXTENSIONS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".csv": "csv",
+              ".parquet": "parquet", ".pq": "parquet"}
+_BUILDER = {"jsonl": "json", "json": "json", "csv": "csv", "parquet": "parquet"}
+
+
+def file_format(path: Path, declared: str) -> str:
+    if declared != "auto":
+        return declared
+    fmt = EXTENSIONS.get(path.suffix.lower())
+    if fmt is None:
+        raise ConfigError(
+            f"task.path {str(path)!r}: cannot tell the format from the extension "
+            f"{path.suffix or '(none)'!r}; name the file *.jsonl, *.json, *.csv or *.parquet, "
+            "or set task.format"
+        )
+    return fmt
+
+
+@contextlib.contextmanager
+def _quiet(datasets: Any) -> Iterator[None]:
+    """No progress bars while loading (restored afterwards)."""
+    was_on = not datasets.are_progress_bars_disabled()
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if was_on:
+            datasets.enable_progress_bars()
+
+
+def read_file(path_text: str, declared_format: str = "auto") -> tuple[Any, str]:
+    """``(dataset, format)``: the file's records as an in-memory ``datasets.Dataset``."""
+    path = Path(path_text).expanduser()
+    if not path.is_file():
+        raise ConfigError(
+            f"task.path: dataset file {str(path)!r} does not exist (a relative path is taken "
+            "from the current directory); give the path of a local JSONL, JSON, CSV or "
+            "Parquet file"
+        )
+    fmt = file_format(path, declared_format)
+    if path.stat().st_size == 0:
+        raise ConfigError(f"dataset file {str(path)!r} is empty; it needs at least one record")
+    if fmt != "parquet":
+        _check_text(path, fmt)
+    datasets = require("datasets", "datasets", "the dataset task (task.name: dataset)")
+    extra = _csv_options(path, datasets) if fmt == "csv" else {}
+    with tempfile.TemporaryDirectory(prefix="asyncrl-datasets-") as cache, _quiet(datasets):
+        try:
+            ds = datasets.load_dataset(_BUILDER[fmt], data_files=str(path), split="train",
+                                       keep_in_memory=True, cache_dir=cache, **extra)
+        except Exception as exc:
+            raise ConfigError(_why_unreadable(path, fmt, exc)) from None
+    if len(ds) == 0:
+        raise ConfigError(f"dataset file {str(path)!r} holds no records; it needs at least one")
+    return ds, fmt
+
+
+def _check_text(path: Path, fmt: str) -> None:
+    """UTF-8 throughout (``datasets`` would fail only when a bad record is read),
+    at least one record, and a .json file that is a list (not one object)."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    lines, offset, first = 1, 0, ""
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            try:
+                text = decoder.decode(block)
+            except UnicodeDecodeError as err:
+                line = lines + block[: err.start].count(b"\n")
+                raise ConfigError(
+                    f"dataset file {str(path)!r}, line {line}: not UTF-8 text (byte "
+                    f"{block[err.start]:#04x} at offset {offset + err.start}); save the file "
+                    "as UTF-8"
+                ) from None
+            lines += block.count(b"\n")
+            offset += len(block)
+            first = first or text.lstrip()[:1]
+    if not first:
+        raise ConfigError(f"dataset file {str(path)!r} holds no records (only blank lines); "
+                          "it needs at least one")
+    if fmt == "json" and first != "[":
+        raise ConfigError(
+            f"dataset file {str(path)!r}: a .json file must hold a list of objects (one per "
+            "record); for one object per line name the file *.jsonl"
+        )
+
+
+def _csv_options(path: Path, datasets: Any) -> dict[str, Any]:
+    """CSV has no types: every column is read as text (an answer "007" stays
+    "007"), and only an empty cell counts as missing (not "NA" or "null")."""
+    try:
+        with path.open(newline="", encoding="utf-8") as fh:
+            header = next(csv.reader(fh), [])
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"dataset file {str(path)!r} cannot be read ({exc}); save it as "
+                          "UTF-8 text") from None
+    if not header:
+        raise ConfigError(f"dataset file {str(path)!r} has no header line; the first line "
+                          "must name the columns")
+    features = datasets.Features({name: datasets.Value("string") for name in header})
+    return {"features": features, "keep_default_na": False, "na_values": [""]}
+
+
+def _root_cause(exc: BaseException) -> BaseException:
+    while exc.__cause__ is not None or exc.__context__ is not None:
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    return exc
+
+
+def _why_unreadable(path: Path, fmt: str, exc: BaseException) -> str:
+    where = f"dataset file {str(path)!r}"
+    text = path.read_text(encoding="utf-8") if fmt in ("jsonl", "json") else None
+    if fmt == "jsonl" and text is not None:
+        for lineno, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                value = json.loads(line)
+            except json.JSONDecodeError as err:
+                return (f"{where}, line {lineno}: not valid JSON ({err.msg} at column "
+                        f"{err.colno}); every line must hold one JSON object")
+            if not isinstance(value, dict):
+                return (f"{where}, line {lineno}: a JSON {type(value).__name__}, not an object; "
+                        "every line must hold one JSON object (a record)")
+    if fmt == "json" and text is not None:
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as err:
+            return (f"{where}: not valid JSON ({err.msg} at line {err.lineno}, column "
+                    f"{err.colno}); a .json file must hold a list of objects (one per record)")
+        if not all(isinstance(v, dict) for v in value):
+            return (f"{where}: a .json file must hold a list of objects (one per record); "
+                    "for one object per line name the file *.jsonl")
+    if isinstance(exc, StopIteration) or isinstance(_root_cause(exc), StopIteration):
+        return f"{where} holds no records; it needs at least one"
+    cause = _root_cause(exc)
+    return (f"{where} cannot be read as {fmt} ({type(cause).__name__}: {cause}); fix the file "
+            "or set task.format to its real format")
+
+
+def record_location(path: str, fmt: str, index: int) -> str:
+    """Where record ``index`` (0-based) is, as a user finds it in the file."""
+    if fmt == "jsonl":
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            seen = -1
+            for lineno, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+                seen += bool(line.strip())
+                if seen == index:
+                    return f"record {index + 1} (line {lineno})"
+    if fmt == "csv":
+        return f"record {index + 1} (row {index + 1} after the header)"
+    return f"record {index + 1}"

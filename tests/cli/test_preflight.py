@@ -1,0 +1,104 @@
+"""Issue 12, cases 8 and 9: ``asyncrl validate`` runs every check ``train`` runs
+before its first step (one preflight), and bad input is an error, not a traceback.
+
+Each bad config goes through both commands of the real entry point: validate
+must refuse it with the same message train refuses it with, and train must
+refuse it before it writes anything into the run directory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from asyncrl.cli import main
+
+SAMPLING = Path(__file__).resolve().parents[1] / "sampling"
+NUMBER_WORDS = Path(__file__).resolve().parents[2] / "examples" / "data" / "number_words.jsonl"
+
+BASE = """
+grpo: {num_prompts_per_step: 8, max_num_steps: 2}
+async_rl: {max_buffered_rollouts: 16, min_groups_for_streaming_train: 8}
+logging: {progress: never}
+"""
+
+CUSTOM = "async_rl.sampler={name: custom, target: 'bad_samplers:%s'%s}"
+
+# (id, overrides, fragment of the error)
+BAD = [
+    ("device-banana", ["policy.device=banana"], "policy.device='banana' is not a torch device"),
+    ("device-cuda-on-cpu", ["policy.device=cuda"], "CUDA is not available here"),
+    ("heads-do-not-divide", ["policy.model.num_heads=3"],
+     "hidden_size=64 is not divisible by policy.model.num_heads=3"),
+    ("model-path-missing", ["policy.model_name_or_path=/nope/model"],
+     "'/nope/model' is not an existing directory"),
+    ("deterministic-windowed", ["deterministic=true", "async_rl.sampler.name=windowed"],
+     "deterministic: true needs a sampler that pins"),
+    ("custom-negative-window", [CUSTOM % ("NegativeCapacitySampler", ", window: -5")],
+     "required_buffer_capacity(8) is -32"),
+    ("custom-on-policy-not-bool", [CUSTOM % ("NotBoolOnPolicySampler", "")],
+     "is_on_policy is 'no', not True or False"),
+    ("custom-init-raises", [CUSTOM % ("RaisingSampler", ", window: 3")],
+     "raised RuntimeError: window 3 is not supported"),
+    ("custom-without-select", [CUSTOM % ("NoSelectSampler", "")],
+     "missing select (BaseSampler has none"),
+    ("buffer-too-small", ["async_rl.max_buffered_rollouts=8"], "below the 16 slots"),
+    ("eval-holdout-on-a-built-in-task", ["eval.holdout=4"], "seeded stream of its own"),
+    ("eval-holdout-too-large", [f"task={{name: dataset, path: {NUMBER_WORDS}, template: "
+                                "'{word} ='}", "eval.holdout=10"], "leaves no training records"),
+    ("chat-template-without-one", [f"task={{name: dataset, path: {NUMBER_WORDS}, template: "
+                                   "'{word} =', chat_template: true}"],
+     "needs a pretrained tokenizer with a chat template"),
+]
+
+
+@pytest.fixture
+def config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.syspath_prepend(str(SAMPLING))  # bad_samplers.py
+    path = tmp_path / "c.yaml"
+    path.write_text(BASE)
+    return path
+
+
+@pytest.mark.parametrize(("overrides", "fragment"), [b[1:] for b in BAD], ids=[b[0] for b in BAD])
+def test_validate_and_train_refuse_alike_before_the_first_step(
+    config: Path, tmp_path: Path, capsys, overrides: list[str], fragment: str
+) -> None:
+    if "policy.device=cuda" in overrides and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    assert main(["validate", "--config", str(config), *overrides]) == 2
+    out, err = capsys.readouterr()
+    assert fragment in err, err
+    assert "config is valid" not in out and "Traceback" not in err
+
+    run_dir = tmp_path / "run"
+    assert main(["train", "--config", str(config), "--run-dir", str(run_dir), *overrides]) == 2
+    train_err = capsys.readouterr().err
+    assert fragment in train_err and "Traceback" not in train_err
+    assert not run_dir.exists(), "train wrote into the run directory before refusing"
+
+
+def test_a_model_directory_missing_files_is_named(config: Path, tmp_path: Path, capsys) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "gpt2"}')
+    assert main(["validate", "--config", str(config),
+                 f"policy.model_name_or_path={model}"]) == 2
+    err = capsys.readouterr().err
+    assert "lacks weights" in err and "a tokenizer" in err and "config.json;" not in err
+    (model / "model.safetensors").write_bytes(b"")
+    (model / "tokenizer.json").write_text("{}")
+    assert main(["validate", "--config", str(config), "--json",
+                 f"policy.model_name_or_path={model}"]) == 0
+    (model / "config.json").write_text('{"model_type": "no_such_architecture"}')
+    assert main(["validate", "--config", str(config),
+                 f"policy.model_name_or_path={model}"]) == 2
+    assert "config.json cannot be read" in capsys.readouterr().err
+
+
+def test_a_good_custom_sampler_passes_the_same_checks(config: Path, capsys) -> None:
+    assert main(["validate", "--config", str(config), "--json",
+                 CUSTOM % ("NegativeCapacitySampler", ", window: 1")]) == 0
+    assert '"required_buffer_capacity": 16' in capsys.readouterr().out

@@ -1,0 +1,85 @@
+"""A worker restart is supervised: backoff between tries, and never stuck RESTARTING.
+
+No Ray cluster is needed: the proxy's start of a new incarnation is replaced by
+a fake, and the test runs under virtual time.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+pytest.importorskip("ray")
+
+from asyncrl.cluster.proxies import (
+    ALIVE,
+    LOST,
+    MAX_RESTART_BACKOFF_S,
+    RESTART_BACKOFF_S,
+    RayEngine,
+    WorkerPool,
+)
+from asyncrl.sim.clock import run_virtual
+
+
+def make_engine(max_restarts: int, starts) -> RayEngine:
+    pool = WorkerPool(weights=None, version=0)
+    engine = RayEngine(pool, 0, spawn=None, actor=object(), info={
+        "pid": 1, "node_id": "n", "version": 0}, max_restarts=max_restarts,
+        startup_timeout_s=10.0)
+    engine._start_incarnation = starts  # type: ignore[method-assign]
+    return engine
+
+
+def test_failed_restarts_back_off_then_drop_the_worker() -> None:
+    tries: list[float] = []
+
+    async def main() -> tuple[RayEngine, float]:
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+
+        async def failing():
+            tries.append(loop.time())
+            raise RuntimeError("node out of memory")
+
+        engine = make_engine(4, failing)
+        engine._lost(engine.actor, RuntimeError("worker died"))
+        await engine._restart_task
+        return engine, loop.time()
+
+    engine, _ = run_virtual(main())
+    assert engine.state == LOST and engine.restarts == 4
+    gaps = [b - a for a, b in itertools.pairwise(tries)]
+    assert gaps == [min(RESTART_BACKOFF_S * 2**k, MAX_RESTART_BACKOFF_S) for k in range(3)]
+
+
+def test_an_unexpected_error_leaves_the_worker_lost_not_restarting(caplog) -> None:
+    async def main() -> RayEngine:
+        async def malformed():  # a new actor whose info lacks the pid: a bug, not a failed start
+            return object(), {"node_id": "n2", "version": 0, "loaded": [0]}
+
+        engine = make_engine(2, malformed)
+        engine._lost(engine.actor, RuntimeError("worker died"))
+        with pytest.raises(KeyError):
+            await engine._restart_task
+        return engine
+
+    engine = run_virtual(main())
+    assert engine.state == LOST  # the run sees it gone (goes on, or fails if none is left)
+    assert "failed unexpectedly" in caplog.text
+
+
+def test_a_successful_restart_makes_the_worker_alive_again() -> None:
+    async def main() -> RayEngine:
+        async def ok():
+            return object(), {"pid": 2, "node_id": "n2", "version": 0, "loaded": [0]}
+
+        engine = make_engine(2, ok)
+        engine._lost(engine.actor, RuntimeError("worker died"))
+        await engine._restart_task
+        return engine
+
+    engine = run_virtual(main())
+    assert engine.state == ALIVE and engine.pid == 2 and engine.restarts == 1

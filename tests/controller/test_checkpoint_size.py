@@ -1,0 +1,50 @@
+"""A checkpoint holds the live groups only: its size does not grow with the run.
+
+Virtual time and the simulator's backends: a 10,000-step run and a 100-step run
+with the same settings, their controller state taken at the end of each.
+"""
+
+from __future__ import annotations
+
+import json
+
+from asyncrl.config import AsyncRLConfig, GRPOConfig, LognormalLatency
+from asyncrl.controller import Controller, MemoryHistory
+from asyncrl.sim.backends import SimEngine, SimTask, SimTrainer
+from asyncrl.sim.clock import run_virtual
+from asyncrl.sim.latency import make_latency_model
+
+
+def checkpoint_after(steps: int) -> tuple[dict, int]:
+    history = MemoryHistory()
+
+    async def main() -> dict:
+        engine = SimEngine(make_latency_model(LognormalLatency(median=3.0, sigma=0.8)),
+                           rollout_slots=8, seed=1, failure_rate=0.05)
+        ctl = Controller(
+            task=SimTask(), engines=[engine], trainer=SimTrainer(train_step_s=1.0),
+            grpo=GRPOConfig(num_prompts_per_step=2, num_generations_per_prompt=4,
+                            max_num_steps=steps),
+            async_rl=AsyncRLConfig(sampler={"name": "windowed", "max_staleness_versions": 2},
+                                   max_buffered_rollouts=8, min_groups_for_streaming_train=1,
+                                   max_inflight_prompts=8,
+                                   rollout_failure={"max_failed_groups": 10**6}),
+            ledger_history=history,
+        )
+        await ctl.run()
+        return ctl.state_dict()
+
+    state = run_virtual(main(), loop="jump")
+    return state, len(history.records)
+
+
+def test_checkpoint_size_does_not_grow_with_the_length_of_the_run() -> None:
+    short, short_finished = checkpoint_after(100)
+    long, long_finished = checkpoint_after(10_000)
+    assert long_finished > 90 * short_finished  # the long run really ended ~100x more groups
+    # Live groups only: at most the buffer and the groups in flight.
+    assert len(long["ledger"]["live"]) <= 8 + 8
+    assert long["ledger"]["counts"]["trained"] == 10_000 * 2
+    short_bytes, long_bytes = len(json.dumps(short)), len(json.dumps(long))
+    # Equal up to the width of the numbers (ids and counters have more digits).
+    assert long_bytes <= 1.15 * short_bytes, (short_bytes, long_bytes)

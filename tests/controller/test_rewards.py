@@ -1,0 +1,96 @@
+"""Rewards off the event loop, as the controller sees them (virtual time).
+
+A slow reward delays only its own group; a raising reward fails its group
+through the retry path (recorded, replaced) and the run finishes; a reward that
+hangs hits ``timeout_s`` in the real reward pool.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from asyncrl.sim.clock import run_virtual
+from asyncrl.tasks.rewards import RewardPool
+from tests.controller.conftest import make_controller
+from tests.fakes import FakeEngine, FakeTask, FakeTrainer, InlineScorer
+
+N = 4  # groups per step
+
+
+def _time_version_sets(ctl) -> dict[int, float]:
+    times = {0: 0.0}
+    plain = ctl.version.set
+
+    def timed(value: int) -> None:
+        times[value] = ctl.ctx.now()
+        plain(value)
+
+    ctl.version.set = timed
+    return times
+
+
+def test_a_reward_slower_than_a_step_does_not_delay_admission() -> None:
+    task = FakeTask()
+    s = 2
+    ctl = make_controller({"name": "ready_first", "max_staleness_versions": s},
+                          engines=[FakeEngine(1.0)], trainer=FakeTrainer(step_time=1.0),
+                          task=task, scorer=InlineScorer(task, delay=50.0), steps=8,
+                          per_step=N, capacity=N * (s + 1), inflight=64)
+    set_at = _time_version_sets(ctl)
+    result = run_virtual(ctl.run())
+    assert result.steps == 8
+    first_dispatch = {}
+    for rec in ctl.ledger.records():
+        batch = rec.prompt_id // N
+        first_dispatch[batch] = min(first_dispatch.get(batch, 1e18), rec.dispatch_time)
+    # Batch d goes the moment the gate opens (version d - s), while the rewards of
+    # earlier groups are still being computed 50 s at a time.
+    for d in range(s, 8):
+        assert first_dispatch[d] == set_at[d - s], d
+    assert max(set_at[v] - set_at[v - 1] for v in range(1, 9)) >= 50.0
+
+
+def test_a_reward_that_raises_fails_its_groups_and_the_run_finishes() -> None:
+    task = FakeTask()
+    scorer = InlineScorer(task, fail=lambda p: p.prompt_id % 5 == 0)
+    ctl = make_controller({"name": "in_order", "max_lookahead_versions": 1}, task=task,
+                          scorer=scorer, steps=10, per_step=N,
+                          rollout_failure={"max_attempts": 2, "backoff_s": 0.5,
+                                           "max_failed_groups": 100})
+    result = run_virtual(ctl.run())
+    assert result.steps == 10 and result.summary["ledger"]["balanced"]
+    failed = [r for r in ctl.ledger.records() if r.state == "failed"]
+    assert failed and all(r.prompt_id % 5 == 0 for r in failed)
+    assert all(r.attempts == 2 and "injected reward failure" in r.error for r in failed)
+    assert result.summary["ledger"]["trained"] == 10 * N  # replacements filled every step
+
+
+class HangingTask(FakeTask):
+    """The reward of prompt 3 never returns (until the test releases it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+
+    def reward(self, prompt, completion) -> float:
+        if prompt.prompt_id == 3:
+            self.release.wait()
+        return super().reward(prompt, completion)
+
+
+def test_a_reward_that_hangs_hits_its_timeout() -> None:
+    task = HangingTask()
+    pool = RewardPool(task.reward, num_workers=4, executor="thread", timeout_s=5.0)
+    ctl = make_controller({"name": "in_order", "max_lookahead_versions": 1}, task=task,
+                          scorer=pool, steps=6, per_step=N,
+                          rollout_failure={"max_attempts": 2, "backoff_s": 0.5})
+    try:
+        # The jump loop holds the clock while a reward thread works, until it has
+        # run for THREAD_GRACE_S real seconds: then the 5 s (virtual) timeout fires.
+        result = run_virtual(ctl.run(), loop="jump")
+    finally:
+        task.release.set()  # let the abandoned worker threads end
+        run_virtual(pool.close(), loop="jump")
+    assert result.steps == 6 and result.summary["ledger"]["balanced"]
+    (hung,) = [r for r in ctl.ledger.records() if r.state == "failed"]
+    assert hung.prompt_id == 3 and hung.attempts == 2 and "5" in hung.error

@@ -1,0 +1,40 @@
+"""JSON written by asyncrl is valid JSON everywhere; torn JSONL lines are survived."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+
+from asyncrl.jsonio import dumps, read_json, read_jsonl, write_json
+
+
+def strict(text: str):
+    def refuse(name: str):
+        raise AssertionError(f"{name} is not JSON")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_non_finite_numbers_are_written_as_null(tmp_path) -> None:
+    value = {"nan": math.nan, "inf": [math.inf, -math.inf, 1.5], "nested": {"x": (math.nan, 2)}}
+    assert strict(dumps(value)) == {"nan": None, "inf": [None, None, 1.5],
+                                    "nested": {"x": [None, 2]}}
+    write_json(tmp_path / "s.json", {"reward_last10_mean": math.nan}, indent=2)
+    assert strict((tmp_path / "s.json").read_text()) == {"reward_last10_mean": None}
+
+
+def test_torn_and_foreign_lines_are_dropped_with_one_warning(tmp_path, caplog) -> None:
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"step": 0}\n[1, 2]\n\n{"step": 1}\n{"step": 2, "rew')
+    with caplog.at_level(logging.WARNING, logger="asyncrl"):
+        assert read_jsonl(path) == [{"step": 0}, {"step": 1}]
+    [record] = caplog.records
+    assert "dropped 2 unreadable line(s) (line 2, 5)" in record.getMessage()
+
+
+def test_an_unreadable_json_file_gives_the_default(tmp_path, caplog) -> None:
+    path = tmp_path / "timeline.json"
+    path.write_text('[{"kind": "gen"')
+    with caplog.at_level(logging.WARNING, logger="asyncrl"):
+        assert read_json(path, default=[]) == []
+    assert "unreadable" in caplog.records[0].getMessage()

@@ -1,0 +1,83 @@
+"""What the PNG plots show: titles with the run name, the timeline legend, percentages."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from asyncrl.metrics import plots
+from asyncrl.metrics.report import write_plots
+
+
+@pytest.fixture
+def figures(monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
+    """Keep every figure the plot functions save, by file name."""
+    kept: dict[str, object] = {}
+    real_save = plots._save
+
+    def save(fig, path: Path) -> Path:
+        kept[path.name] = fig
+        fig.canvas.draw()  # texts and legends are laid out, as in the real file
+        return real_save(fig, path)
+
+    monkeypatch.setattr(plots, "_save", save)
+    return kept
+
+
+def _texts(fig) -> list[str]:
+    out = [t.get_text() for t in fig.texts]
+    for ax in fig.axes:
+        out.append(ax.get_title())
+        legend = ax.get_legend()
+        if legend is not None:
+            out.extend(t.get_text() for t in legend.get_texts())
+    return out
+
+
+def test_run_plots_carry_the_run_name_and_the_timeline_a_legend(tmp_path, figures) -> None:
+    run = tmp_path / "my-run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": i, "wall_time_s": i, "reward_mean": None if i == 1 else i / 4,
+                    "staleness_hist": {"1": 2}}) + "\n" for i in range(4)))
+    (run / "timeline.json").write_text(json.dumps([
+        {"kind": "gen", "lane": 0, "start": 0.0, "end": 1.0, "label": "ok"},
+        {"kind": "gen", "lane": 1, "start": 0.0, "end": 0.5, "label": "aborted"},
+        {"kind": "train", "lane": 0, "start": 1.0, "end": 1.5, "label": "0"},
+        {"kind": "sync", "lane": 0, "start": 1.5, "end": 1.6, "label": "0"},
+    ]))
+    write_plots(run)
+    assert set(figures) == {"reward_vs_step.png", "reward_vs_time.png", "staleness_hist.png",
+                            "pump_timeline.png"}
+    for name, fig in figures.items():
+        assert any(t.startswith("my-run: ") for t in _texts(fig)), name
+    legend = _texts(figures["pump_timeline.png"])
+    assert {"generation", "generation aborted", "training",
+            "finish step + weight sync"} <= set(legend)
+
+
+def test_comparison_shows_efficiency_in_percent(tmp_path, figures) -> None:
+    rows = [{"sampler": "in_order", "efficiency": 0.5, "trainer_idle_frac": 0.25,
+             "generator_util": 1.0, "waste_frac": 0.0, "staleness_mean": 0.8}]
+    plots.plot_comparison(rows, tmp_path / "comparison.png", title="sim-x: policies")
+    fig = figures["comparison.png"]
+    by_title = {ax.get_title(): ax for ax in fig.axes}
+    efficiency = by_title["efficiency (%)"]
+    assert efficiency.patches[0].get_height() == pytest.approx(50.0)
+    assert by_title["staleness mean (versions)"].patches[0].get_height() == pytest.approx(0.8)
+    assert "sim-x: policies" in _texts(fig)
+
+
+def test_the_reward_plots_draw_the_eval_curve_where_the_run_evaluated(tmp_path, figures) -> None:
+    records = [{"step": s, "wall_time_s": 0.5 * s, "reward_mean": s / 10,
+                **({"eval/reward_mean": 0.05 * s} if s % 3 == 2 else {})} for s in range(9)]
+    plots.plot_reward(records, tmp_path, target=0.9, run_name="r")
+    for name in ("reward_vs_step.png", "reward_vs_time.png"):
+        ax = figures[name].axes[0]
+        lines = {line.get_label(): line for line in ax.get_lines()}
+        assert "eval" in _texts(figures[name])
+        xs, ys = lines["eval"].get_data()
+        assert list(ys) == pytest.approx([0.1, 0.25, 0.4])
+        assert list(xs) == ([2, 5, 8] if name == "reward_vs_step.png" else [1.0, 2.5, 4.0])

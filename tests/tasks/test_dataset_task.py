@@ -1,0 +1,261 @@
+"""The dataset task: every file format, every bad file, seeded order, exact resume."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from asyncrl.config import WandbConfig, load_config
+from asyncrl.dataset_config import DatasetTaskConfig
+from asyncrl.errors import CheckpointError, ConfigError, MissingDependency
+from asyncrl.metrics.wandb_sink import WandbSink
+from asyncrl.tasks import DatasetTask, PromptSource, Task, build_task
+from asyncrl.tasks.tokenizer import encode_prompt
+
+datasets = pytest.importorskip("datasets")
+
+RECORDS = [
+    {"question": "1+1", "answer": "2", "level": 1},
+    {"question": "2+3", "answer": "5", "level": 2},
+    {"question": "007", "answer": "007", "level": 3},
+    {"question": "4-1", "answer": "3", "level": 1},
+    {"question": "3*2", "answer": "6", "level": 2},
+]
+
+
+def write(path: Path, records: list[dict[str, Any]]) -> Path:
+    """``records`` in the format the file name says."""
+    if path.suffix == ".jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    elif path.suffix == ".json":
+        path.write_text(json.dumps(records))
+    elif path.suffix == ".csv":
+        keys = list(records[0])
+        path.write_text(",".join(keys) + "\n"
+                        + "".join(",".join(str(r[k]) for k in keys) + "\n" for r in records))
+    else:
+        datasets.Dataset.from_list(records).to_parquet(str(path))
+    return path
+
+
+def task_for(path: Path, **kw: Any) -> DatasetTask:
+    return DatasetTask(DatasetTaskConfig(path=str(path), prompt_key="question", **kw))
+
+
+def drain(source: PromptSource, limit: int = 1000) -> list:
+    out = []
+    while len(out) < limit and (p := source.next_prompt()) is not None:
+        out.append(p)
+    return out
+
+
+# -------------------------------------------------------------- formats
+@pytest.mark.parametrize("suffix", [".jsonl", ".json", ".csv", ".parquet"])
+def test_each_format_loads_the_same_records(tmp_path: Path, suffix: str) -> None:
+    task = task_for(write(tmp_path / f"data{suffix}", RECORDS), shuffle=False, epochs=1)
+    assert isinstance(task, Task)
+    prompts = drain(task.prompt_source(0))
+    assert [p.text for p in prompts] == [r["question"] for r in RECORDS]
+    assert [str(p.answer) for p in prompts] == [r["answer"] for r in RECORDS]
+    assert prompts[2].answer == "007"  # CSV columns stay text: no "7"
+    assert [p.prompt_id for p in prompts] == list(range(5))
+    assert prompts[1].meta == {"task": "dataset", "index": 1, "epoch": 0}
+    assert task.record_fields == ["level"]
+
+
+def test_the_format_can_be_given_for_an_odd_extension(tmp_path: Path) -> None:
+    path = tmp_path / "data.txt"
+    write(tmp_path / "data.jsonl", RECORDS).rename(path)
+    with pytest.raises(ConfigError, match=r"cannot tell the format .*'\.txt'.*task\.format"):
+        task_for(path)
+    assert task_for(path, format="jsonl").num_records == 5
+
+
+def test_template_fills_from_the_record_and_max_prompts_cuts(tmp_path: Path) -> None:
+    path = write(tmp_path / "d.jsonl", RECORDS)
+    task = task_for(path, template="Q{level}: {question}=", max_prompts=2, shuffle=False)
+    assert task.num_records == 2
+    assert [p.text for p in drain(task.prompt_source(0), 4)] == [
+        "Q1: 1+1=", "Q2: 2+3=", "Q1: 1+1=", "Q2: 2+3="]  # endless by default
+
+
+def test_loading_touches_no_shared_cache(tmp_path: Path) -> None:
+    cache = Path(datasets.config.HF_DATASETS_CACHE)
+    before = sorted(cache.rglob("*")) if cache.exists() else []
+    task_for(write(tmp_path / "d.jsonl", RECORDS))
+    task_for(write(tmp_path / "d.csv", RECORDS))
+    after = sorted(cache.rglob("*")) if cache.exists() else []
+    assert after == before
+
+
+# ------------------------------------------------------------- bad files
+def bad_jsonl(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "bad.jsonl"
+    path.write_text(text)
+    return path
+
+
+BAD_FILES = {
+    "missing file": (lambda d: d / "nope.jsonl", ["does not exist", "nope.jsonl"]),
+    "empty file": (lambda d: bad_jsonl(d, ""), ["bad.jsonl", "is empty"]),
+    "only blank lines": (lambda d: bad_jsonl(d, "\n \n"), ["bad.jsonl", "holds no records"]),
+    "broken JSON line": (
+        lambda d: bad_jsonl(d, '{"question": "a", "answer": "1"}\n\n{"question": "b",\n'),
+        ["bad.jsonl", "line 3", "not valid JSON"]),
+    "line not an object": (
+        lambda d: bad_jsonl(d, '{"question": "a", "answer": "1"}\n[1, 2]\n'),
+        ["bad.jsonl", "line 2", "a JSON list, not an object"]),
+    "json not a list": (
+        lambda d: (d / "bad.json").write_text('{"question": "a"}') and d / "bad.json",
+        ["bad.json", "must hold a list of objects", "*.jsonl"]),
+    "broken json": (
+        lambda d: (d / "bad.json").write_text('[{"question": "a",]') and d / "bad.json",
+        ["bad.json", "not valid JSON", "line 1"]),
+    "not parquet": (
+        lambda d: (d / "bad.parquet").write_text("hello") and d / "bad.parquet",
+        ["bad.parquet", "cannot be read as parquet"]),
+    "not UTF-8": (
+        lambda d: (d / "bad.jsonl").write_bytes(b'{"question": "a"}\n{"question": "\xff"}\n')
+        and d / "bad.jsonl",
+        ["bad.jsonl", "line 2: not UTF-8 text (byte 0xff"]),
+    "key in no record": (
+        lambda d: bad_jsonl(d, '{"q": "a", "answer": "1"}\n'),
+        ["bad.jsonl", "no record has the key 'question' (task.prompt_key)", "q, answer",
+         "set task.prompt_key"]),
+    "key missing in one record": (
+        lambda d: bad_jsonl(d, '{"question": "a", "answer": "1"}\n\n{"question": "b"}\n'),
+        ["bad.jsonl", "record 2 (line 3)", "key 'answer' is missing or null"]),
+    "null value": (
+        lambda d: bad_jsonl(d, '{"question": "a", "answer": "1"}\n{"question": null, "answer": "2"}\n'),
+        ["record 2 (line 2)", "key 'question' is missing or null"]),
+    "csv missing value": (
+        lambda d: (d / "bad.csv").write_text("question,answer\na,1\nb,\n") and d / "bad.csv",
+        ["bad.csv", "record 2 (row 2 after the header)", "'answer'"]),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_FILES))
+def test_bad_files_name_the_file_the_record_and_the_key(tmp_path: Path, case: str) -> None:
+    make, fragments = BAD_FILES[case]
+    with pytest.raises(ConfigError) as info:
+        task_for(make(tmp_path))
+    for fragment in fragments:
+        assert fragment in str(info.value), f"{fragment!r} not in: {info.value}"
+
+
+def test_template_problems_name_the_record(tmp_path: Path) -> None:
+    path = write(tmp_path / "d.jsonl", RECORDS)
+    with pytest.raises(ConfigError, match=r"no record has the key 'topic' \(task\.template\)"):
+        task_for(path, template="{topic}: {question}")
+    task = task_for(path, template="{level:d} {question:d}", shuffle=False)  # text, not an int
+    with pytest.raises(ConfigError, match=r"record 1 \(line 1\): task.template .* cannot be filled"):
+        task.prompt_source(0).next_prompt()
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("task.template={0}", "task.template: Input should be a valid string"),
+    ('task.template="{}: x"', "positional field"),
+    ('task.template="{a"', "not a valid format string"),
+    ("task.system_prompt=hello", "only with task.chat_template: true"),
+    ("task.reward.name=regex", "task.reward.pattern: Field required"),
+    ("task.reward.pattern=(", "not a valid regular expression"),
+    ("task.reward.num_workers=0", "task.reward.num_workers: Input should be greater than or equal to 1"),
+])
+def test_config_errors_name_the_field(override: str, message: str) -> None:
+    base = ["task.name=dataset", "task.path=x.jsonl"]
+    if "pattern=(" in override:
+        base.append("task.reward.name=regex")
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_config(None, [*base, override])
+
+
+def test_answer_key_null_needs_a_reward_without_answers(tmp_path: Path) -> None:
+    path = write(tmp_path / "d.jsonl", RECORDS)
+    with pytest.raises(ConfigError, match="exact_match compares with a reference answer"):
+        task_for(path, answer_key=None)
+    task = task_for(path, answer_key=None, reward={"name": "regex", "pattern": "^[0-9]+$"})
+    prompt = task.prompt_source(0).next_prompt()
+    assert prompt.answer is None and task.reward(prompt, "12") == 1.0
+
+
+# ----------------------------------------------------------- order, resume
+def test_seeded_order_is_a_new_permutation_every_epoch(tmp_path: Path) -> None:
+    task = task_for(write(tmp_path / "d.jsonl", RECORDS), epochs=3)
+    prompts = drain(task.prompt_source(7))
+    assert len(prompts) == 15 and task.prompt_source(7).next_prompt() is not None
+    epochs = [[p.meta["index"] for p in prompts[i:i + 5]] for i in (0, 5, 10)]
+    assert all(sorted(e) == [0, 1, 2, 3, 4] for e in epochs)
+    assert epochs[0] != epochs[1] or epochs[1] != epochs[2]
+    assert [p.meta["epoch"] for p in prompts] == [0] * 5 + [1] * 5 + [2] * 5
+    again = [p.meta["index"] for p in drain(task_for(tmp_path / "d.jsonl", epochs=3)
+                                            .prompt_source(7))]
+    assert again == [i for e in epochs for i in e]  # same seed, same order
+    other = [p.meta["index"] for p in drain(task.prompt_source(8))]
+    assert other != again
+
+
+def test_resume_continues_with_exactly_the_next_record(tmp_path: Path) -> None:
+    path = write(tmp_path / "d.jsonl", RECORDS)
+    reference = drain(task_for(path, epochs=4).prompt_source(3))
+    for cut in (0, 1, 4, 5, 13):
+        first = task_for(path, epochs=4).prompt_source(3)
+        head = drain(first, cut)
+        state = json.loads(json.dumps(first.state_dict()))  # as a checkpoint stores it
+        resumed = task_for(path, epochs=4).prompt_source(99)  # the checkpoint's seed wins
+        resumed.load_state_dict(state)
+        assert head + drain(resumed) == reference, cut
+
+
+def test_resume_refuses_a_changed_file(tmp_path: Path) -> None:
+    path = write(tmp_path / "d.jsonl", RECORDS)
+    source = task_for(path).prompt_source(0)
+    drain(source, 3)
+    state = source.state_dict()
+    write(path, [*RECORDS[:4], {"question": "9+0", "answer": "9", "level": 1}])
+    with pytest.raises(CheckpointError, match=r"different dataset file .*start a new run"):
+        task_for(path).prompt_source(0).load_state_dict(state)
+
+
+# ------------------------------------------------------------- tokenizer
+def test_from_scratch_tokenizer_covers_the_data(tmp_path: Path) -> None:
+    path = write(tmp_path / "d.jsonl", [{"question": "Ünï\ncode?", "answer": "Ω"}])
+    task = task_for(path, template="Q: {question}\nA:", extra_chars="xyz")
+    assert set(task.tokenizer.chars) == set("Q: Ünï\ncode?A:Ωxyz")
+    prompt = task.prompt_source(0).next_prompt()
+    assert task.tokenizer.decode(encode_prompt(task.tokenizer, prompt.text)) == prompt.text
+    bad = write(tmp_path / "bad.jsonl", [{"question": "a\ue000b", "answer": "1"}])
+    with pytest.raises(ConfigError, match=r"record 1 \(line 1\): character '\\ue000'.*pretrained"):
+        _ = task_for(bad).tokenizer
+
+
+def test_build_task_makes_a_dataset_task(tmp_path: Path) -> None:
+    path = write(tmp_path / "d.jsonl", RECORDS)
+    task = build_task({"name": "dataset", "path": str(path), "prompt_key": "question"})
+    assert isinstance(task, DatasetTask) and task.target_reward == 0.9
+
+
+def test_overriding_the_task_or_reward_name_replaces_the_block() -> None:
+    root = Path(__file__).resolve().parents[2]
+    cfg = load_config(root / "examples" / "quickstart.yaml", [
+        "task.name=dataset", "task.path=data.jsonl", "task.reward.num_workers=2",
+        "task.reward.name=regex", "task.reward.pattern=^[0-9]$"])
+    assert isinstance(cfg.task, DatasetTaskConfig)  # the arithmetic keys went with the swap
+    assert cfg.task.reward.name == "regex" and cfg.task.reward.num_workers == 4
+
+
+@pytest.mark.parametrize(("module", "extra", "build"), [
+    ("datasets", "datasets", lambda p: task_for(p)),
+    ("math_verify", "math", lambda p: task_for(p, reward={"name": "math_verify"})),
+    ("wandb", "wandb", lambda p: WandbSink(WandbConfig(mode="offline"), p.parent, {})),
+])
+def test_missing_optional_extras_say_how_to_install_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, module: str, extra: str,
+        build: Any) -> None:
+    path = write(tmp_path / "d.jsonl", RECORDS)
+    monkeypatch.setitem(sys.modules, module, None)  # "not installed"
+    with pytest.raises(MissingDependency, match=rf"pip install 'asyncrl\[{extra}\]'"):
+        build(path)

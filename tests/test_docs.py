@@ -1,0 +1,90 @@
+"""Every snippet in README.md and docs/*.md runs as written.
+
+* ``python`` blocks run in order, one namespace per document (later blocks may
+  use what earlier ones defined), in a scratch directory that sees the repo's
+  ``examples/``; top-level ``await`` is allowed, as in a notebook.
+* ``yaml`` blocks parse; a block that is a run config (its keys are config
+  blocks) is validated like a config file.
+* ``bash`` blocks: every ``asyncrl ...`` line parses with the real CLI parser,
+  names files that exist, and ``asyncrl validate`` lines run for real.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import inspect
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+
+from asyncrl.cli import build_parser, main
+from asyncrl.config import RunConfig, config_from_dict
+
+REPO = Path(__file__).resolve().parents[1]
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+FENCE = re.compile(r"^```(\w+)[^\n]*\n(.*?)^```", re.S | re.M)
+
+
+def blocks(doc: Path, lang: str) -> list[str]:
+    return [body for kind, body in FENCE.findall(doc.read_text()) if kind == lang]
+
+
+#: Pages with a test of their own that runs every block in the page's own setting.
+OWN_TEST = {"tasks.md": "tests/e2e/test_docs_tasks.py"}
+
+
+def docs_with(lang: str) -> list[Path]:
+    return [d for d in DOCS if blocks(d, lang) and d.name not in OWN_TEST]
+
+
+def _id(doc: Path) -> str:
+    return str(doc.relative_to(REPO))
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("doc", docs_with("python"), ids=_id)
+def test_python_snippets_run(doc: Path, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "examples").symlink_to(REPO / "examples")
+    namespace: dict = {"__name__": f"docs_{doc.stem}"}
+    for i, body in enumerate(blocks(doc, "python")):
+        code = compile(body, f"{_id(doc)} python block {i + 1}", "exec",
+                       flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+        result = eval(code, namespace)  # our own documentation, run as written
+        if inspect.iscoroutine(result):  # the block awaits at top level
+            asyncio.run(result)
+
+
+@pytest.mark.parametrize("doc", docs_with("yaml"), ids=_id)
+def test_yaml_snippets_parse_and_configs_validate(doc: Path) -> None:
+    for body in blocks(doc, "yaml"):
+        tree = yaml.safe_load(body)
+        if isinstance(tree, dict) and tree and set(tree) <= set(RunConfig.model_fields):
+            config_from_dict(tree, source=f"a yaml block of {_id(doc)}")
+
+
+def _cli_lines(doc: Path) -> list[list[str]]:
+    out = []
+    for body in blocks(doc, "bash"):
+        for line in body.splitlines():
+            line = line.split("#", 1)[0].strip()
+            if line.startswith("asyncrl "):
+                out.append(shlex.split(line)[1:])
+    return out
+
+
+@pytest.mark.parametrize("doc", [d for d in DOCS if _cli_lines(d)], ids=_id)
+def test_cli_lines_parse_and_name_existing_files(doc: Path, monkeypatch) -> None:
+    monkeypatch.chdir(REPO)
+    parser = build_parser()
+    for argv in _cli_lines(doc):
+        args = parser.parse_args(argv)
+        config = getattr(args, "config", None)
+        if config is not None:
+            assert (REPO / config).is_file(), f"{_id(doc)}: {' '.join(argv)}: no file {config}"
+        if args.command == "validate":
+            assert main(argv) == 0, f"{_id(doc)}: asyncrl {' '.join(argv)} failed"
