@@ -5,7 +5,8 @@
   its ledger balances and its reward rises.
 * Asynchronous runs (in_order lookahead 1; windowed, which aborts in-flight
   groups) complete with a balanced ledger.
-* vLLM's processes end with the run: after a normal end, a failure and Ctrl-C.
+* vLLM's processes end with the run: after a normal end, a failure and Ctrl-C
+  (which stops the run gracefully: vLLM, in a session of its own, never sees it).
   (After a SIGKILL of the ``asyncrl`` process too: the reaper's own test is in
   tests/engines/test_vllm_setup.py.)
 
@@ -136,13 +137,19 @@ class Run:
         assert len(tagged_processes(self.tag)) >= 3  # asyncrl, vLLM's engine core, its worker
 
 
-def test_no_vllm_process_outlives_ctrl_c(tmp_path: Path) -> None:
+def test_ctrl_c_stops_gracefully_and_no_vllm_process_outlives_it(tmp_path: Path) -> None:
     run = Run(tmp_path)
     run.wait_for_a_step()
-    # What a terminal sends: SIGINT to the whole foreground process group.
+    # What a terminal sends: SIGINT to the whole foreground process group. vLLM's
+    # processes run in a session of their own, so only asyncrl gets it: the run
+    # stops gracefully (last sync, checkpoint), then shuts vLLM down.
     os.killpg(run.proc.pid, signal.SIGINT)
-    run.proc.wait(timeout=120)  # asyncrl must not hang on the vLLM processes that stopped
-    # (vLLM's processes get the SIGINT too and stop at once; how the run ends -
-    # its exit status, summary and checkpoint - is the run lifecycle's business.)
+    code = run.proc.wait(timeout=120)
+    ours = "".join(line for line in run.lines if "asyncrl" in line)
+    assert code == 130, ours[-3000:]
+    assert "vLLM engine" not in ours, ours[-3000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["stop_reason"] == "interrupted" and summary["ledger"]["balanced"]
+    assert summary["resume_command"]
     left = wait_gone(tagged_processes(run.tag), timeout=30)
     assert not left, f"left behind after Ctrl-C: {[(p.pid, p.name()) for p in left]}"

@@ -230,6 +230,8 @@ async def test_a_dead_vllm_fails_calls_instead_of_hanging_and_close_cleans_up(ri
     pids = engine.process_ids
     assert len(pids) >= 2, "vLLM runs its engine core and worker in processes of their own"
     assert pids <= descendants()
+    # In a session of their own: a terminal's Ctrl-C reaches asyncrl, not vLLM.
+    assert all(os.getsid(pid) != os.getsid(0) for pid in pids)
     engine.generation = GenerationConfig(temperature=1.0, max_new_tokens=48)
     running = asyncio.ensure_future(engine.generate(GenerationRequest("x", rig.prompts[3], 32)))
     await asyncio.sleep(0)  # the call takes its sampling settings now

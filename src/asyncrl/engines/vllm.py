@@ -94,7 +94,8 @@ class VLLMEngine:
             os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
         before = setup.descendants()
         try:
-            self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
+            with setup.own_session():  # a terminal's Ctrl-C reaches asyncrl only
+                self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
         except Exception as exc:
             setup.Reaper(setup.descendants() - before).reap()
             self._remove_dirs()

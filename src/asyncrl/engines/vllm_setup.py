@@ -18,7 +18,7 @@ import os
 import pickle
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -248,6 +248,40 @@ if sys.stdin.buffer.read() != b"released":
         except psutil.Error:
             pass
 """
+
+
+#: Processes started by :func:`own_session`, kept referenced: a collected Popen of
+#: a live process would be reaped by subprocess, racing multiprocessing's own wait.
+_SPAWNED: list[subprocess.Popen[bytes]] = []
+
+
+@contextlib.contextmanager
+def own_session() -> Iterator[None]:
+    """Meanwhile, processes that multiprocessing spawns start in a session (and
+    process group) of their own.
+
+    vLLM spawns its engine core this way (its worker inherits the session). A
+    terminal's Ctrl-C then reaches the asyncrl process only, which stops the run
+    gracefully - with a last weight sync and a checkpoint - and shuts vLLM down
+    itself; otherwise vLLM would exit at once, under the run's feet.
+    ``multiprocessing.util.spawnv_passfds`` has no option for it, hence this
+    stand-in with the same contract (inherited stdio, ``passfds`` kept open).
+    """
+    from multiprocessing import util
+
+    original = util.spawnv_passfds
+
+    def spawn(path: str, args: list[str], passfds: Iterable[int]) -> int:
+        proc = subprocess.Popen(args, executable=path, pass_fds=sorted(map(int, passfds)),
+                                close_fds=True, restore_signals=False, start_new_session=True)
+        _SPAWNED.append(proc)
+        return proc.pid
+
+    util.spawnv_passfds = spawn
+    try:
+        yield
+    finally:
+        util.spawnv_passfds = original
 
 
 def _threads(pid: int) -> list[int]:
