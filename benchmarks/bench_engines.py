@@ -32,12 +32,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _timeline import busy_time  # benchmarks/, the script's folder
 from asyncrl.backends import build_local_backends
 from asyncrl.config import RunConfig, config_from_dict
 from asyncrl.runner import train
 from asyncrl.tasks import build_task
 from asyncrl.types import GenerationRequest
-from bench_ray_overlap import _union, parallel_capacity  # same directory
+from bench_ray_overlap import parallel_capacity
 
 SIZES = {
     "64x2 (default, 2 heads)": {"hidden_size": 64, "num_layers": 2, "num_heads": 2,
@@ -115,7 +116,7 @@ def train_wall(engine: str, model: dict[str, int], lookahead: int, args: argpars
     after = [i for i in timeline if i["start"] - start >= t0]
     return {
         "wall_s": records[-1]["wall_time_s"] - t0,
-        "gen_s_per_step": _union([(i["start"], i["end"]) for i in after if i["kind"] == "gen"])
+        "gen_s_per_step": busy_time([(i["start"], i["end"]) for i in after if i["kind"] == "gen"])
         / measured,
         "train_s_per_step": sum(i["end"] - i["start"] for i in after if i["kind"] == "train")
         / measured,
