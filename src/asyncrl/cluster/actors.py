@@ -38,11 +38,15 @@ def _node_info() -> dict[str, Any]:
 
 
 class EngineWorker:
-    """A rollout worker: a :class:`~asyncrl.engines.local.LocalEngine` in an actor.
+    """A rollout worker: the engine ``policy.engine`` names (a
+    :class:`~asyncrl.engines.local.LocalEngine` or a
+    :class:`~asyncrl.engines.vllm.VLLMEngine`) in an actor.
 
     It starts from ``weights`` at ``version`` (the trainer's newest weights, so a
     restarted worker resumes exactly where the run is) and records every version
-    it loads, in order, for the driver to check.
+    it loads, in order, for the driver to check. A vLLM engine starts from those
+    weights saved to a temporary directory on the worker's node; its processes
+    end with the actor, also when Ray kills it.
     """
 
     def __init__(
@@ -54,19 +58,28 @@ class EngineWorker:
         weights: dict[str, Any],
         version: int,
     ) -> None:
-        from asyncrl.engines.local import LocalEngine
         from asyncrl.policy import build_policy
 
         model, tokenizer = build_policy(cfg.policy, task, seed=cfg.seed)
-        model.load_state_dict(weights)
-        self.engine = LocalEngine(
-            model,
-            tokenizer,
-            cfg.policy.generation,
-            weight_version=version,
-            seed=worker_seed(cfg.seed, index, incarnation),
-            num_threads=cfg.policy.num_threads,
-        )
+        seed = worker_seed(cfg.seed, index, incarnation)
+        if cfg.policy.engine == "vllm":
+            from asyncrl.engines.vllm import VLLMEngine
+
+            self.engine: Any = VLLMEngine.for_policy(
+                cfg, model, tokenizer, weights=weights, weight_version=version, seed=seed
+            )
+        else:
+            from asyncrl.engines.local import LocalEngine
+
+            model.load_state_dict(weights)
+            self.engine = LocalEngine(
+                model,
+                tokenizer,
+                cfg.policy.generation,
+                weight_version=version,
+                seed=seed,
+                num_threads=cfg.policy.num_threads,
+            )
         self.loaded = [version]
 
     def ready(self) -> dict[str, Any]:

@@ -1,7 +1,7 @@
-"""Rollout engines: the protocol, and the built-in in-process engine.
+"""Rollout engines: the protocol, the built-in in-process engine and the vLLM engine.
 
-``LocalEngine`` is imported on first use, so that importing the protocol does
-not import torch.
+``LocalEngine`` and ``VLLMEngine`` are imported on first use, so that importing
+the protocol does not import torch (nor vLLM).
 """
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ from asyncrl.engines.base import RolloutEngine
 
 if TYPE_CHECKING:
     from asyncrl.engines.local import LocalEngine, sampling_logprobs
+    from asyncrl.engines.vllm import VLLMEngine
 
-__all__ = ["LocalEngine", "RolloutEngine", "sampling_logprobs"]
+__all__ = ["LocalEngine", "RolloutEngine", "VLLMEngine", "sampling_logprobs"]
 
 
 def __getattr__(name: str) -> Any:
@@ -21,4 +22,8 @@ def __getattr__(name: str) -> Any:
         from asyncrl.engines import local
 
         return getattr(local, name)
+    if name == "VLLMEngine":
+        from asyncrl.engines.vllm import VLLMEngine
+
+        return VLLMEngine
     raise AttributeError(f"module 'asyncrl.engines' has no attribute {name!r}")

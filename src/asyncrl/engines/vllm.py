@@ -1,0 +1,379 @@
+"""``VLLMEngine``: rollouts from vLLM's async engine (``AsyncLLM``), behind the
+:class:`~asyncrl.engines.RolloutEngine` protocol. See docs/engines.md.
+
+How the protocol maps onto vLLM:
+
+* ``generate`` - one vLLM request per prompt group, ``n = num_generations``,
+  fed the token ids of :func:`~asyncrl.tasks.tokenizer.encode_prompt` (the ids
+  ``LocalEngine`` feeds), sampled with ``policy.generation``'s temperature, top-p
+  and ``max_new_tokens``, stopping at EOS (kept in ``completion_ids``). vLLM runs
+  with ``logprobs_mode="processed_logprobs"`` and ``logprobs=0``: the log-prob of
+  each sampled token under the distribution it was sampled from, after
+  temperature and top-p - exactly what ``LocalEngine`` reports. Concurrent
+  calls are separate requests that vLLM batches (continuous batching).
+* ``update_weights`` - generation is paused with running requests kept, the
+  weights are loaded, vLLM's weight-version label and :attr:`weight_version`
+  are set, then generation resumes: the version this engine reports and the
+  weights it samples with change together, with no token generated in between.
+  On CPU the weights travel as safetensors in a directory and vLLM's
+  ``reload_weights``; on one CUDA GPU through vLLM's weight-transfer API (IPC).
+* Prefix cache: a request's ``cache_salt`` is the version it was submitted
+  under, so a new prompt never reuses KV blocks computed with other weights.
+  ``invalidate_cache`` preempts the running requests, which then recompute their
+  KV with the new weights.
+* ``end_weight`` - vLLM labels each output token with the weight version that
+  sampled it; ``end_weight`` is the newest label of the group.
+* ``abort`` - vLLM's abort; the aborted ``generate`` raises ``GroupAborted``.
+* ``close`` - shuts vLLM down; a reaper process kills its processes if this
+  one dies without closing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Awaitable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from asyncrl.config import GenerationConfig
+from asyncrl.engines import vllm_setup as setup
+from asyncrl.errors import BackendLost, ConfigError, GenerationError, GroupAborted
+from asyncrl.tasks.tokenizer import Tokenizer, encode_prompt
+from asyncrl.types import GenerationRequest, GroupId, GroupResult
+
+if TYPE_CHECKING:
+    import torch
+
+    from asyncrl.config import RunConfig
+
+log = logging.getLogger("asyncrl.engines.vllm")
+
+
+class VLLMEngine:
+    """A :class:`~asyncrl.engines.RolloutEngine` over a vLLM ``AsyncLLM``.
+
+    Build it with :meth:`for_policy` (from a run config) or directly from
+    ``vllm.AsyncEngineArgs`` keyword arguments (see
+    :func:`~asyncrl.engines.vllm_setup.engine_args`). Starting vLLM takes tens
+    of seconds and spawns processes: scripts must build the engine under
+    ``if __name__ == "__main__":``. Use it from one event loop only.
+    """
+
+    def __init__(
+        self,
+        args: Mapping[str, Any],
+        tokenizer: Tokenizer,
+        generation: GenerationConfig | None = None,
+        *,
+        weight_version: int = 0,
+        owned_dirs: Sequence[Path] = (),
+        isolate_cores: bool = False,
+    ) -> None:
+        setup.require_vllm()
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.platforms import current_platform
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        self.tokenizer = tokenizer
+        self.generation = generation or GenerationConfig()
+        self._version = weight_version
+        self._owned_dirs = [Path(d) for d in owned_dirs]
+        self._ipc = bool(current_platform.is_cuda()) and args.get("tensor_parallel_size", 1) == 1
+        args = {**args, "logprobs_mode": "processed_logprobs"}
+        if self._ipc:
+            args["weight_transfer_config"] = {"backend": "ipc"}
+            # The IPC handles hold torch types, which only pickle carries; vLLM's
+            # worker accepts pickled handles only with this set before it starts.
+            os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+        before = setup.descendants()
+        try:
+            with setup.own_session():  # a terminal's Ctrl-C reaches asyncrl only
+                self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
+        except Exception as exc:
+            setup.Reaper(setup.descendants() - before).reap()
+            self._remove_dirs()
+            raise ConfigError(
+                f"vLLM failed to start ({exc!r}; its log above has the cause). On CPU "
+                "the usual cause is memory: policy.vllm.gpu_memory_utilization is the "
+                "fraction of the NUMA node's memory vLLM may use for the model, its "
+                "activations and the KV cache - raise it for a larger model, lower it "
+                "when other processes need the memory"
+            ) from exc
+        self._reaper = setup.Reaper(setup.descendants() - before)
+        self._former_cores = setup.isolate_cores(self._reaper.pids) if isolate_cores else None
+        self._weights_dir = Path(tempfile.mkdtemp(prefix="asyncrl-vllm-weights-"))
+        self._owned_dirs.append(self._weights_dir)
+        self._request_ids = itertools.count()
+        self._running: dict[GroupId, asyncio.Future[Any]] = {}  # group -> its vLLM request
+        self._aborted: set[asyncio.Future[Any]] = set()
+        self._sync_lock = asyncio.Lock()
+        self._ipc_ready = False
+        self._closed = False
+        #: Seconds each weight sync took (write, pause, load, resume), in order.
+        self.sync_seconds: list[float] = []
+
+    @classmethod
+    def for_policy(
+        cls,
+        cfg: RunConfig,
+        model: torch.nn.Module,
+        tokenizer: Tokenizer,
+        *,
+        work_dir: str | Path | None = None,
+        weights: Mapping[str, Any] | None = None,
+        weight_version: int = 0,
+        seed: int | None = None,
+    ) -> VLLMEngine:
+        """The engine for a run, starting from ``model`` (or ``weights``).
+
+        vLLM loads a Hugging Face directory: ``policy.model_name_or_path`` itself
+        when its files hold the starting weights, else ``model`` (with ``weights``)
+        saved into ``work_dir/vllm_model`` (a temporary directory when None).
+        """
+        from asyncrl.hf import save_policy
+
+        setup.check_config(cfg)
+        owned: list[Path] = []
+        if cfg.policy.model_name_or_path is not None and weights is None:
+            model_dir = Path(cfg.policy.model_name_or_path).expanduser()
+        else:
+            if work_dir is None:
+                base = Path(tempfile.mkdtemp(prefix="asyncrl-vllm-model-"))
+                owned.append(base)
+            else:
+                base = Path(work_dir)
+            model_dir = save_policy(model, tokenizer, base / "vllm_model", state_dict=weights)
+        args = setup.engine_args(cfg, model_dir, seed=seed)
+        return cls(args, tokenizer, cfg.policy.generation, weight_version=weight_version,
+                   owned_dirs=owned, isolate_cores=cfg.policy.vllm.isolate_cpu_cores)
+
+    # ------------------------------------------------------------ protocol
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    @property
+    def healthy(self) -> bool:
+        return not self._closed and not self._llm.errored
+
+    @property
+    def process_ids(self) -> set[int]:
+        """Pids of the processes vLLM started for this engine (engine core, workers)."""
+        return set(self._reaper.pids)
+
+    @property
+    def num_unfinished_requests(self) -> int:
+        """Sequences vLLM holds (running or queued; a group counts once per
+        completion); 0 once every group is done or aborted."""
+        return 0 if self._closed else self._llm.get_num_unfinished_requests()
+
+    async def generate(self, request: GenerationRequest) -> GroupResult:
+        from vllm.inputs import tokens_input
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        if self._closed:
+            raise RuntimeError("VLLMEngine.generate called after close()")
+        gid = request.group_id
+        if gid in self._running:
+            raise ValueError(f"group {gid!r} is already being generated")
+        if request.weight_version not in (None, self._version):
+            raise GenerationError(
+                f"group {gid!r} is pinned to weight version {request.weight_version}, but "
+                f"vLLM holds only version {self._version}; deterministic runs need "
+                "policy.engine: local"
+            )
+        prompt_ids = encode_prompt(self.tokenizer, request.prompt.text)
+        start = self._version
+        stream = self._llm.generate(
+            tokens_input(prompt_ids, cache_salt=f"v{start}"),
+            self._params(request),
+            f"{gid}/{request.attempt}/{next(self._request_ids)}",
+        )
+        # The request runs in a task of its own, so that abort() can cancel it at
+        # any point - also before vLLM has registered it; cancelling vLLM's
+        # generate() aborts the request inside vLLM and frees its KV blocks.
+        task = asyncio.ensure_future(_last(stream))
+        self._running[gid] = task
+        try:
+            final = await task
+        except asyncio.CancelledError:
+            if task in self._aborted:
+                raise GroupAborted(f"group {gid!r} aborted") from None
+            raise
+        except EngineDeadError as exc:
+            raise BackendLost(
+                f"the vLLM engine died while generating group {gid!r} ({exc}); "
+                "its log above says why"
+            ) from exc
+        finally:
+            if self._running.get(gid) is task:
+                del self._running[gid]
+            self._aborted.discard(task)
+        if final is None or any(c.finish_reason == "abort" for c in final.outputs):
+            raise GroupAborted(f"group {gid!r} aborted inside vLLM")
+        return self._result(request, prompt_ids, start, final)
+
+    async def update_weights(self, weights: Any, version: int) -> None:
+        if self._closed:
+            raise RuntimeError("VLLMEngine.update_weights called after close()")
+        if version < self._version:
+            raise ValueError(
+                f"weight version must not go back (holds {self._version}, got {version})"
+            )
+        t0 = time.perf_counter()
+        async with self._sync_lock:
+            if not self._ipc:  # written while generation goes on
+                await asyncio.to_thread(setup.write_safetensors, weights, self._weights_dir)
+            try:
+                await self._control(self._llm.pause_generation(mode="keep", clear_cache=False))
+                if self._ipc:
+                    if not self._ipc_ready:
+                        await self._control(setup.init_ipc_transfer(self._llm))
+                        self._ipc_ready = True
+                    await setup.send_weights_ipc(self._llm, weights, self._control)
+                else:
+                    await self._control(self._llm.collective_rpc(
+                        "reload_weights", kwargs={"weights_path": str(self._weights_dir)}
+                    ))
+                self._version = version
+                await self._control(self._llm.update_weight_version(str(version)))
+                if self._llm.get_num_unfinished_requests() == 0:
+                    # Frees blocks of older weights at once (the salt already keeps
+                    # new requests off them); with requests running it cannot.
+                    await self._control(self._llm.reset_prefix_cache())
+            except BaseException:
+                # Cancelled, or the load failed: generation must not stay paused.
+                with contextlib.suppress(BackendLost):
+                    await self._control(self._llm.resume_generation())
+                raise
+            await self._control(self._llm.resume_generation())
+        self.sync_seconds.append(time.perf_counter() - t0)
+
+    async def abort(self, group_ids: Sequence[GroupId]) -> None:
+        tasks = [self._running[g] for g in group_ids if g in self._running]
+        for task in tasks:
+            self._aborted.add(task)
+            task.cancel()
+        # Returns once vLLM has dropped the requests.
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def invalidate_cache(self) -> None:
+        async with self._sync_lock:
+            await self._control(self._llm.reset_prefix_cache(reset_running_requests=True))
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self.abort(list(self._running))
+            self._llm.shutdown()  # SIGTERM, then SIGKILL for what is left after 5 s
+            await setup.wait_exited(self._reaper.pids, timeout=5)
+        finally:
+            leftover = self._reaper.pids & setup.descendants()
+            if leftover:
+                log.warning("vLLM processes %s outlived shutdown; killing them", sorted(leftover))
+                self._reaper.reap()
+            else:
+                self._reaper.release()
+            if self._former_cores is not None:
+                setup.restore_cores(self._former_cores)
+            self._remove_dirs()
+            # Dropped now, while the interpreter is whole: vLLM's __del__ shuts
+            # down again, which fails during interpreter teardown.
+            self._llm = None
+        if self.sync_seconds:
+            log.info("vLLM weight syncs: %d, mean %.3fs, max %.3fs", len(self.sync_seconds),
+                     sum(self.sync_seconds) / len(self.sync_seconds), max(self.sync_seconds))
+
+    # ------------------------------------------------------------ helpers
+    async def _control(self, call: Awaitable[Any]) -> Any:
+        """Await a control call to vLLM's engine core (pause, load, reset, ...).
+
+        vLLM never answers a call that was pending when its engine core died, so
+        the call races vLLM's output handler, which ends exactly then: a dead
+        engine raises BackendLost instead of hanging the run.
+        """
+        if self._closed or self._llm.errored:
+            if asyncio.iscoroutine(call):
+                call.close()  # never started: no "never awaited" warning
+            if self._closed:
+                raise RuntimeError("VLLMEngine used after close()")
+            raise BackendLost("the vLLM engine is dead; its log above says why")
+        handler = self._llm.output_handler  # started by the first request
+        task = asyncio.ensure_future(call)
+        if handler is None:
+            return await task
+        try:
+            await asyncio.wait({task, handler}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        if not task.done():
+            task.cancel()
+            raise BackendLost("the vLLM engine died during a control call; its log above "
+                              "says why")
+        return task.result()
+
+    def _params(self, request: GenerationRequest) -> Any:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        g = self.generation
+        return SamplingParams(
+            n=request.num_generations,
+            temperature=g.temperature,
+            top_p=g.top_p,
+            max_tokens=g.max_new_tokens,
+            stop_token_ids=[self.tokenizer.eos_id],
+            logprobs=0,  # the sampled token's log-prob only
+            seed=request.seed,
+            detokenize=False,  # texts come from our tokenizer, like LocalEngine's
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
+
+    def _result(self, request: GenerationRequest, prompt_ids: list[int], start: int,
+                final: Any) -> GroupResult:
+        outputs = sorted(final.outputs, key=lambda c: c.index)
+        completions = [list(c.token_ids) for c in outputs]
+        logprobs = [
+            [float(pos[token].logprob) for pos, token in zip(c.logprobs, c.token_ids)]
+            for c in outputs
+        ]
+        end = start
+        for c in outputs:
+            for span in c.weight_versions or ():
+                if span.version.isdigit():
+                    end = max(end, int(span.version))
+        try:
+            texts = [self.tokenizer.decode(c) for c in completions]
+        except Exception as exc:
+            raise GenerationError(f"decoding a completion failed: {exc!r}") from exc
+        return GroupResult(
+            group_id=request.group_id,
+            prompt_ids=prompt_ids,
+            completion_ids=completions,
+            behavior_logprobs=logprobs,
+            completion_texts=texts,
+            start_weight=start,
+            end_weight=end,
+        )
+
+    def _remove_dirs(self) -> None:
+        for d in self._owned_dirs:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+async def _last(stream: Any) -> Any:
+    """The last item of an async iterator (None when it is empty)."""
+    last = None
+    async for last in stream:  # noqa: B007 - only the final output is wanted
+        pass
+    return last

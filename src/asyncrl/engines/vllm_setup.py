@@ -1,0 +1,408 @@
+"""What the vLLM engine needs around vLLM itself: the engine arguments a run config
+implies, the checks to run before starting it, how a sync hands over the weights
+(safetensors files on CPU, CUDA IPC handles on a GPU), the split of CPU cores
+between vLLM and the trainer, and a reaper for vLLM's processes.
+
+Everything that imports vLLM does so inside a function: importing this module
+costs nothing, and a missing vLLM gives one line saying how to install it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import dataclasses
+import json
+import os
+import pickle
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from asyncrl.errors import ConfigError, require
+
+if TYPE_CHECKING:
+    import torch
+
+    from asyncrl.config import RunConfig
+
+#: AsyncEngineArgs fields asyncrl sets itself, and where the user sets them instead
+#: (None: fixed, because the engine's contract depends on the value).
+OWNED_ARGS: dict[str, str | None] = {
+    "model": "policy.model_name_or_path",
+    "tokenizer": "policy.model_name_or_path",
+    "dtype": "policy.vllm.dtype",
+    "gpu_memory_utilization": "policy.vllm.gpu_memory_utilization",
+    "max_model_len": "policy.vllm.max_model_len",
+    "enforce_eager": "policy.vllm.enforce_eager",
+    "tensor_parallel_size": "policy.vllm.tensor_parallel_size",
+    "seed": "policy.vllm.seed",
+    "max_num_seqs": "policy.generation.max_batch_sequences",
+    # Behavior log-probs must be those of the distribution sampled from (after
+    # temperature and top-p), as GroupResult promises.
+    "logprobs_mode": None,
+    # Sampling is what policy.generation says, never defaults read from the
+    # model's generation_config.json (top_k, repetition_penalty, ...).
+    "generation_config": None,
+    "weight_transfer_config": None,
+}
+
+
+def require_vllm() -> Any:
+    """The vllm module, or a MissingDependency saying how to install it."""
+    return require("vllm", "vllm", "policy.engine: vllm")
+
+
+def engine_args(cfg: RunConfig, model_dir: str | Path, *, seed: int | None = None
+                ) -> dict[str, Any]:
+    """Keyword arguments of ``vllm.AsyncEngineArgs`` for a run: the ``policy.vllm``
+    block, ``policy.vllm.engine_args`` passed through, and the fixed settings."""
+    v = cfg.policy.vllm
+    clash = sorted(set(v.engine_args) & set(OWNED_ARGS))
+    if clash:
+        key = clash[0]
+        where = OWNED_ARGS[key]
+        fix = f"set {where} instead" if where else "asyncrl sets it and it cannot be changed"
+        raise ConfigError(f"policy.vllm.engine_args.{key}: {fix}")
+    if seed is None:
+        seed = v.seed if v.seed is not None else cfg.seed
+    args: dict[str, Any] = {
+        "disable_log_stats": True,
+        **v.engine_args,
+        "model": str(model_dir),
+        "tokenizer": str(model_dir),
+        "dtype": v.dtype,
+        "gpu_memory_utilization": v.gpu_memory_utilization,
+        "max_model_len": v.max_model_len,
+        "enforce_eager": v.enforce_eager,
+        "tensor_parallel_size": v.tensor_parallel_size,
+        "seed": seed,
+        "max_num_seqs": cfg.policy.generation.max_batch_sequences,
+        "logprobs_mode": "processed_logprobs",
+        "generation_config": "vllm",
+    }
+    return args
+
+
+def check_engine_args(extra: Mapping[str, Any]) -> None:
+    """Every key of ``policy.vllm.engine_args`` must be an AsyncEngineArgs field."""
+    require_vllm()
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    from asyncrl.config import suggest_key
+
+    fields = [f.name for f in dataclasses.fields(AsyncEngineArgs)]
+    for key in extra:
+        if key not in fields:
+            close = suggest_key(key, fields)
+            hint = f" (did you mean {close!r}?)" if close else ""
+            raise ConfigError(
+                f"policy.vllm.engine_args.{key}: not an argument of vLLM's AsyncEngineArgs"
+                f"{hint}; see `vllm serve --help` for the valid ones"
+            )
+
+
+def is_cpu_platform() -> bool:
+    require_vllm()
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
+
+
+def cpu_head_sizes() -> list[int]:
+    """Head sizes vLLM's CPU attention kernels accept."""
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    return list(CPUAttentionBackend.get_supported_head_sizes())
+
+
+def head_dim(cfg: RunConfig) -> tuple[int, str]:
+    """The policy's attention head size and where it comes from (for messages)."""
+    p = cfg.policy
+    if p.model_name_or_path is None:
+        m = p.model
+        return m.hidden_size // m.num_heads, (
+            f"policy.model.hidden_size={m.hidden_size} / num_heads={m.num_heads}"
+        )
+    config_file = Path(p.model_name_or_path).expanduser() / "config.json"
+    try:
+        hf = json.loads(config_file.read_text())
+    except (OSError, ValueError):
+        return 0, ""  # the model loader reports an unreadable model
+    hf = hf.get("text_config", hf)
+    dim = hf.get("head_dim") or hf.get("hidden_size", 0) // max(hf.get("num_attention_heads", 1), 1)
+    return int(dim), f"the head_dim of {config_file}"
+
+
+def check_config(cfg: RunConfig) -> None:
+    """Every check ``policy.engine: vllm`` needs before vLLM starts (vLLM installed,
+    engine_args, a head size the platform's kernels accept); raise a ConfigError
+    naming the fix. Imports vLLM (seconds) but starts nothing."""
+    check_engine_args(cfg.policy.vllm.engine_args)
+    if not is_cpu_platform():
+        return
+    dim, source = head_dim(cfg)
+    sizes = cpu_head_sizes()
+    if dim and dim not in sizes:
+        fix = "use a model whose heads have one of those sizes, or policy.engine: local"
+        if cfg.policy.model_name_or_path is None:
+            hidden = cfg.policy.model.hidden_size
+            heads = [h for h in range(hidden, 0, -1) if hidden % h == 0 and hidden // h in sizes]
+            if heads:
+                fix = (f"set policy.model.num_heads={heads[0]} (head size {hidden // heads[0]}), "
+                       "or policy.engine: local")
+        raise ConfigError(
+            f"policy.engine: vllm on CPU: {source} gives attention heads of size {dim}, which "
+            f"vLLM's CPU kernels do not support (they take {sizes}); {fix}"
+        )
+
+
+def write_safetensors(weights: Mapping[str, torch.Tensor], directory: Path) -> Path:
+    """Write ``weights`` as ``directory/model.safetensors`` (atomically) for vLLM's
+    ``reload_weights``; returns the directory."""
+    from safetensors.torch import save_file
+
+    tensors: dict[str, Any] = {}
+    storages: set[int] = set()
+    for name, tensor in weights.items():
+        t = tensor.detach().to("cpu").contiguous()
+        ptr = t.untyped_storage().data_ptr()
+        # Tied weights share one storage, which safetensors refuses to write twice.
+        if ptr in storages:
+            t = t.clone()
+        storages.add(ptr)
+        tensors[name] = t
+    partial = directory / "model.safetensors.partial"  # not *.safetensors: never loaded
+    save_file(tensors, str(partial))
+    os.replace(partial, directory / "model.safetensors")
+    return directory
+
+
+async def init_ipc_transfer(llm: Any) -> None:
+    """CUDA: set up vLLM's IPC weight-transfer backend (once per engine)."""
+    from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
+
+    await llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info={"packed": False}))
+
+
+async def send_weights_ipc(llm: Any, weights: Mapping[str, torch.Tensor],
+                           control: Callable[[Awaitable[Any]], Awaitable[Any]]) -> None:
+    """CUDA: hand ``weights`` to vLLM's worker as CUDA IPC handles, each vLLM
+    call awaited through ``control``.
+
+    Untested in this project (its machines have no GPU): written against vLLM
+    0.32's IPC weight-transfer backend (``IPCWeightTransferUpdateInfo``); the
+    engine must have started with ``weight_transfer_config={"backend": "ipc"}``
+    and ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` (pickled handles).
+    """
+    import torch
+    from torch.multiprocessing.reductions import reduce_tensor
+    from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    uuid = str(torch.cuda.get_device_properties(device).uuid)
+    names, dtypes, shapes, handles, keep = [], [], [], [], []
+    for name, tensor in weights.items():
+        t = tensor.detach().to(device).contiguous()
+        keep.append(t)  # the worker maps this memory until the update finishes
+        names.append(name)
+        dtypes.append(str(t.dtype).removeprefix("torch."))
+        shapes.append(list(t.shape))
+        handles.append({uuid: reduce_tensor(t)[1]})
+    info = {"names": names, "dtype_names": dtypes, "shapes": shapes,
+            "ipc_handles_pickled": base64.b64encode(pickle.dumps(handles)).decode()}
+    await control(llm.start_weight_update())
+    await control(llm.update_weights(WeightTransferUpdateRequest(update_info=info)))
+    await control(llm.finish_weight_update())
+    torch.cuda.synchronize(device)
+    del keep
+    torch.cuda.ipc_collect()
+
+
+# ------------------------------------------------------------------ reaper
+#: Run by a separate Python process: it waits until its stdin closes, then kills
+#: the processes it was given - unless the owner said "released" first. So the
+#: engine's processes die with this one even when it is SIGKILLed.
+_REAPER = r"""
+import sys
+import psutil
+procs = []
+for pid in sys.argv[1:]:
+    try:
+        procs.append(psutil.Process(int(pid)))
+    except psutil.Error:
+        pass
+if sys.stdin.buffer.read() != b"released":
+    for p in procs:
+        try:
+            p.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=5)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+"""
+
+
+#: Processes started by :func:`own_session`, kept referenced: a collected Popen of
+#: a live process would be reaped by subprocess, racing multiprocessing's own wait.
+_SPAWNED: list[subprocess.Popen[bytes]] = []
+
+
+@contextlib.contextmanager
+def own_session() -> Iterator[None]:
+    """Meanwhile, processes that multiprocessing spawns start in a session (and
+    process group) of their own.
+
+    vLLM spawns its engine core this way (its worker inherits the session). A
+    terminal's Ctrl-C then reaches the asyncrl process only, which stops the run
+    gracefully - with a last weight sync and a checkpoint - and shuts vLLM down
+    itself; otherwise vLLM would exit at once, under the run's feet.
+    ``multiprocessing.util.spawnv_passfds`` has no option for it, hence this
+    stand-in with the same contract (inherited stdio, ``passfds`` kept open).
+    """
+    from multiprocessing import util
+
+    original = util.spawnv_passfds
+
+    def spawn(path: str, args: list[str], passfds: Iterable[int]) -> int:
+        proc = subprocess.Popen(args, executable=path, pass_fds=sorted(map(int, passfds)),
+                                close_fds=True, restore_signals=False, start_new_session=True)
+        _SPAWNED.append(proc)
+        return proc.pid
+
+    util.spawnv_passfds = spawn
+    try:
+        yield
+    finally:
+        util.spawnv_passfds = original
+
+
+def _threads(pid: int) -> list[int]:
+    try:
+        return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        return []
+
+
+def _pin(pid: int, cores: set[int]) -> None:
+    for tid in _threads(pid):
+        with contextlib.suppress(OSError):  # a thread may end meanwhile
+            os.sched_setaffinity(tid, cores)
+
+
+def isolate_cores(vllm_pids: set[int]) -> set[int] | None:
+    """Keep vLLM's processes on the cores vLLM bound its worker to, and this
+    process on the others; returns this process's former cores (to give back
+    with :func:`restore_cores`), or None when there is nothing to split.
+
+    vLLM's CPU worker binds its threads to all cores of a NUMA node but one,
+    which it leaves to the engine core and the frontend - which here is the
+    process that also trains. The engine core busy-waits on the worker, so
+    training there, or on the worker's core, makes the two slow each other down.
+    """
+    if not hasattr(os, "sched_getaffinity") or not vllm_pids:
+        return None
+    mine = os.sched_getaffinity(0)
+    try:
+        bound = min((os.sched_getaffinity(pid) for pid in vllm_pids), key=len)
+    except OSError:
+        return None
+    rest = mine - bound
+    if not rest or not bound < mine:
+        return None
+    for pid in vllm_pids:
+        _pin(pid, bound)
+    _pin(os.getpid(), rest)
+    return mine
+
+
+def restore_cores(cores: set[int]) -> None:
+    _pin(os.getpid(), cores)
+
+
+async def wait_exited(pids: set[int], timeout: float) -> None:
+    """Wait until the processes ``pids`` have exited (or ``timeout``), without
+    reaping them (Linux pidfds; elsewhere it returns at once)."""
+    loop = asyncio.get_running_loop()
+    waits: list[tuple[int, asyncio.Future[None]]] = []
+    for pid in pids:
+        try:
+            fd = os.pidfd_open(pid)
+        except (AttributeError, OSError):  # gone already, or no pidfds here
+            continue
+        done: asyncio.Future[None] = loop.create_future()
+        loop.add_reader(fd, lambda f=done: f.done() or f.set_result(None))
+        waits.append((fd, done))
+    try:
+        if waits:
+            await asyncio.wait([f for _, f in waits], timeout=timeout)
+    finally:
+        for fd, _ in waits:
+            loop.remove_reader(fd)
+            os.close(fd)
+
+
+def descendants() -> set[int]:
+    """Pids of the live processes started by this one (children of children too),
+    but for multiprocessing's resource tracker, which is shared and ends with us."""
+    import psutil
+
+    pids = set()
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            if "multiprocessing.resource_tracker" in " ".join(proc.cmdline()):
+                continue
+        except psutil.Error:
+            continue
+        pids.add(proc.pid)
+    return pids
+
+
+class Reaper:
+    """Kills ``pids`` if this process ends without calling :meth:`release`.
+
+    vLLM's engine-core and worker processes outlive a parent that is killed
+    (SIGKILL, the OOM killer, a Ray worker being replaced); this watcher, in its
+    own session so that a terminal's Ctrl-C does not stop it first, notices the
+    end of this process because the pipe to it closes.
+    """
+
+    def __init__(self, pids: set[int]) -> None:
+        self.pids = set(pids)
+        self._proc: subprocess.Popen[bytes] | None = None
+        if self.pids:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-c", _REAPER, *map(str, sorted(self.pids))],
+                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+
+    def release(self) -> None:
+        """The processes were shut down properly: stop watching them."""
+        proc, self._proc = self._proc, None
+        if proc is None or proc.stdin is None:
+            return
+        with contextlib.suppress(OSError):
+            proc.stdin.write(b"released")
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=10)
+
+    def reap(self) -> None:
+        """Kill the processes now (e.g. after a failed shutdown)."""
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)

@@ -1,0 +1,155 @@
+"""End to end (real time): ``asyncrl train`` with ``policy.engine=vllm``.
+
+* A synchronous run (in_order, lookahead 0) is exact: the trainer's log-probs
+  equal vLLM's behavior log-probs at every step (what proves the weight sync),
+  its ledger balances and its reward rises.
+* Asynchronous runs (in_order lookahead 1; windowed, which aborts in-flight
+  groups) complete with a balanced ledger.
+* vLLM's processes end with the run: after a normal end, a failure and Ctrl-C
+  (which stops the run gracefully: vLLM, in a session of its own, never sees it).
+  (After a SIGKILL of the ``asyncrl`` process too: the reaper's own test is in
+  tests/engines/test_vllm_setup.py.)
+
+Each run starts its own vLLM (tens of seconds), so runs are few and short.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from asyncrl.cli import main
+from asyncrl.engines.vllm_setup import descendants
+from tests.vllm_support import tagged_env, tagged_processes, wait_gone
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+QUICKSTART = str(ROOT / "examples" / "quickstart.yaml")
+#: The quickstart on vLLM: heads of 32 (vLLM's CPU kernels take no heads of 16),
+#: no files but the ones checked.
+VLLM = ["policy.engine=vllm", "policy.model.num_heads=2", "checkpoint.every_steps=0",
+        "logging.progress=never", "logging.plots=false", "logging.tensorboard=false"]
+#: Synchronous GRPO that learns visibly within 20 steps: 16 groups per step, lr 3e-3.
+SYNC = ["grpo.max_num_steps=20", "grpo.num_prompts_per_step=16",
+        "async_rl.max_buffered_rollouts=32", "async_rl.max_inflight_prompts=32",
+        "async_rl.min_groups_for_streaming_train=16", "async_rl.sampler.max_lookahead_versions=0",
+        "policy.optimizer.lr=3e-3"]
+
+
+def train(run_dir: Path, *overrides: str, config: str = QUICKSTART) -> tuple[int, dict, list]:
+    code = main(["train", "--config", config, "--run-dir", str(run_dir), *VLLM, *overrides])
+    summary = json.loads((run_dir / "summary.json").read_text())
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return code, summary, records
+
+
+def test_a_synchronous_vllm_run_is_exact_balanced_and_learns(tmp_path: Path, capsys) -> None:
+    before = descendants()
+    code, summary, records = train(tmp_path / "run", *SYNC)
+    assert code == 0 and summary["stop_reason"] == "max_num_steps"
+    assert summary["ledger"]["balanced"] and summary["ledger"]["trained"] == 20 * 16
+    assert [r["step"] for r in records] == list(range(20))
+    for r in records:
+        # Every token was sampled with exactly the weights the trainer held.
+        assert r["train/logprob_mismatch"] <= 1e-3, r
+        assert r["train/logprob_mismatch_max"] <= 1e-3, r
+        assert r["staleness_max"] == 0
+        assert r["weight_sync_s"] > 0  # the sync, timed by the controller
+    start = sum(r["reward_mean"] for r in records[:5]) / 5
+    end = sum(r["reward_mean"] for r in records[-5:]) / 5
+    assert end > start + 0.02, f"reward did not rise: {start:.3f} -> {end:.3f}"
+    # The from-scratch model was saved into the run directory for vLLM.
+    assert (tmp_path / "run" / "vllm_model" / "config.json").is_file()
+    assert not descendants() - before, "vLLM processes outlived the run"
+
+
+@pytest.mark.slow
+def test_in_order_with_lookahead_overlaps_and_balances(tmp_path: Path, capsys) -> None:
+    code, summary, records = train(tmp_path / "run", "grpo.max_num_steps=12")
+    assert code == 0 and summary["ledger"]["balanced"]
+    assert summary["steps"] == 12 and summary["staleness_max"] <= 1
+    assert all(r["groups_trained"] == 8 for r in records)
+
+
+@pytest.mark.slow
+def test_windowed_aborts_stale_groups_in_vllm_and_balances(tmp_path: Path, capsys) -> None:
+    # Zero staleness and admission that never waits: every sync finds groups
+    # generating with the old weights, and aborts them inside vLLM.
+    code, summary, records = train(
+        tmp_path / "run", "grpo.max_num_steps=10", "async_rl.sampler.name=windowed",
+        "async_rl.sampler.max_staleness_versions=0", "async_rl.max_buffered_rollouts=24",
+        "async_rl.max_inflight_prompts=24", "async_rl.min_groups_for_streaming_train=4",
+        "policy.generation.max_new_tokens=6")
+    assert code == 0 and summary["ledger"]["balanced"]
+    assert summary["ledger"]["aborted"] > 0
+    for r in records:  # what was trained was generated wholly with the trainer's weights
+        assert r["train/logprob_mismatch_max"] <= 1e-3, r
+
+
+@pytest.mark.slow
+def test_a_failing_run_stops_vllm(tmp_path: Path, capsys) -> None:
+    before = descendants()
+    # Nothing commits within 50 ms (vLLM's first steps take longer): the run
+    # fails with RolloutStall while groups are in flight inside vLLM.
+    code = main(["train", "--config", QUICKSTART, "--run-dir", str(tmp_path / "run"), *VLLM,
+                 "async_rl.stall_timeout_s=0.05"])
+    assert code != 0
+    assert "async_rl.stall_timeout_s" in capsys.readouterr().err
+    assert not descendants() - before, "vLLM processes outlived the failed run"
+
+
+class Run:
+    """``asyncrl -v train`` in a subprocess (own session, tagged environment),
+    its stderr drained by a thread that signals the first checkpoint."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        env, self.tag = tagged_env()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "asyncrl", "-v", "train", "--config", QUICKSTART,
+             "--run-dir", str(tmp_path / "run"), *VLLM, "grpo.max_num_steps=500",
+             "checkpoint.every_steps=1"],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            start_new_session=True,
+        )
+        self.stepped = threading.Event()
+        self.lines: list[str] = []
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _drain(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.lines.append(line)
+            if "checkpoint written" in line:
+                self.stepped.set()
+
+    def wait_for_a_step(self) -> None:
+        if not self.stepped.wait(timeout=240):
+            self.proc.kill()
+            pytest.fail("no step within 240 s:\n" + "".join(self.lines[-40:]))
+        assert len(tagged_processes(self.tag)) >= 3  # asyncrl, vLLM's engine core, its worker
+
+
+def test_ctrl_c_stops_gracefully_and_no_vllm_process_outlives_it(tmp_path: Path) -> None:
+    run = Run(tmp_path)
+    run.wait_for_a_step()
+    # What a terminal sends: SIGINT to the whole foreground process group. vLLM's
+    # processes run in a session of their own, so only asyncrl gets it: the run
+    # stops gracefully (last sync, checkpoint), then shuts vLLM down.
+    os.killpg(run.proc.pid, signal.SIGINT)
+    code = run.proc.wait(timeout=120)
+    ours = "".join(line for line in run.lines if "asyncrl" in line)
+    assert code == 130, ours[-3000:]
+    assert "vLLM engine" not in ours, ours[-3000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["stop_reason"] == "interrupted" and summary["ledger"]["balanced"]
+    assert summary["resume_command"]
+    left = wait_gone(tagged_processes(run.tag), timeout=30)
+    assert not left, f"left behind after Ctrl-C: {[(p.pid, p.name()) for p in left]}"

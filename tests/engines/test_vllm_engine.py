@@ -1,0 +1,256 @@
+"""VLLMEngine on real vLLM (CPU): behavior log-probs equal the trainer's, weight
+updates change the weights and the version together, abort frees vLLM's
+requests, groups run concurrently, and close leaves no process behind.
+
+One engine serves the whole module (starting vLLM takes tens of seconds), so
+the tests share one event loop and keep the engine holding the trainer's weights.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from types import SimpleNamespace
+
+import psutil
+import pytest
+import pytest_asyncio
+import torch
+
+from asyncrl.config import GenerationConfig
+from asyncrl.engines import RolloutEngine, sampling_logprobs
+from asyncrl.engines.vllm import VLLMEngine
+from asyncrl.engines.vllm_setup import descendants
+from asyncrl.errors import BackendLost
+from asyncrl.policy import build_policy
+from asyncrl.tasks import build_task
+from asyncrl.trainers.grpo import GRPOTrainer
+from asyncrl.types import GenerationRequest, GroupAborted, GroupResult, Prompt
+from tests.vllm_support import as_rollout, vllm_run_config
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+TEMPERATURE = 0.8
+CFG = vllm_run_config(policy={"generation": {"max_new_tokens": 8, "temperature": TEMPERATURE}})
+#: The trainer's recomputed log-prob of a sampled token vs vLLM's behavior log-prob.
+TOLERANCE = 1e-4
+ALL_CORES = os.sched_getaffinity(0)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def rig():
+    task = build_task(CFG.task)
+    model, tokenizer = build_policy(CFG.policy, task, seed=CFG.seed)
+    trainer = GRPOTrainer.from_config(CFG, model=model, tokenizer=tokenizer)
+    # Scores groups with the trainer's code on the trainer's model, without
+    # touching the trainer's step (its own token count and optimizer).
+    probe = GRPOTrainer(model, tokenizer, temperature=TEMPERATURE, num_threads=1)
+    engine = VLLMEngine.for_policy(CFG, model, tokenizer)
+    source = task.prompt_source(0)
+    prompts = [source.next_prompt() for _ in range(8)]
+    try:
+        yield SimpleNamespace(engine=engine, trainer=trainer, probe=probe,
+                              tokenizer=tokenizer, prompts=prompts)
+    finally:
+        await engine.close()
+        await trainer.close()
+        await probe.close()
+
+
+async def generate_all(engine: VLLMEngine, prompts: list[Prompt], n: int = 8,
+                       tag: str = "g") -> list[GroupResult]:
+    return list(await asyncio.gather(*(
+        engine.generate(GenerationRequest(f"{tag}{i}", p, n)) for i, p in enumerate(prompts)
+    )))
+
+
+def trainer_mismatch(probe: GRPOTrainer, results: list[GroupResult],
+                     prompts: list[Prompt]) -> float:
+    """Largest |trainer log-prob - behavior log-prob| over every sampled token, as
+    the trainer computes it while training (the gradients are dropped again)."""
+    metrics = probe.train_chunk_sync([as_rollout(r, p) for r, p in zip(results, prompts)])
+    probe.optimizer.zero_grad(set_to_none=True)
+    return metrics["logprob_mismatch_max"]
+
+
+async def sync_engine(rig: SimpleNamespace) -> int:
+    """Push the trainer's weights to the engine as the next version."""
+    version = rig.engine.weight_version + 1
+    await rig.engine.update_weights(rig.trainer.get_weights_sync(), version)
+    return version
+
+
+async def test_it_is_a_rollout_engine(rig):
+    assert isinstance(rig.engine, RolloutEngine)
+    assert rig.engine.healthy
+
+
+async def test_behavior_logprobs_match_the_trainer_before_and_after_a_weight_update(rig):
+    engine, trainer, probe, tok = rig.engine, rig.trainer, rig.probe, rig.tokenizer
+    version = engine.weight_version
+    before = await generate_all(engine, rig.prompts)
+    assert trainer_mismatch(probe, before, rig.prompts) <= TOLERANCE
+
+    ends_at_eos = 0
+    for result in before:
+        assert (result.start_weight, result.end_weight) == (version, version)
+        assert len(result.completion_ids) == 8
+        for ids, logprobs in zip(result.completion_ids, result.behavior_logprobs):
+            assert 1 <= len(ids) <= 8 and len(logprobs) == len(ids)
+            assert tok.eos_id not in ids[:-1]  # generation stops at EOS ...
+            ends_at_eos += ids[-1] == tok.eos_id  # ... which stays in the completion
+            assert all(lp <= 0 for lp in logprobs)
+        assert result.completion_texts == [tok.decode(c) for c in result.completion_ids]
+    assert ends_at_eos > 0
+
+    # A real training step on those groups, then the sync.
+    trainer.train_chunk_sync([as_rollout(r, p) for r, p in zip(before, rig.prompts)])
+    trainer.finish_step_sync()
+    # The step moved the weights enough that a missed sync would show.
+    assert trainer_mismatch(probe, before, rig.prompts) > 100 * TOLERANCE
+    version = await sync_engine(rig)
+    assert engine.weight_version == version
+
+    after = await generate_all(engine, rig.prompts)
+    assert {(r.start_weight, r.end_weight) for r in after} == {(version, version)}
+    assert trainer_mismatch(probe, after, rig.prompts) <= TOLERANCE
+
+
+async def test_behavior_logprobs_are_those_of_the_top_p_nucleus(rig):
+    """With top-p, the behavior log-prob is that of the renormalised nucleus - the
+    distribution LocalEngine samples from and reports (sampling_logprobs)."""
+    engine, model = rig.engine, rig.trainer.model
+    top_p = 0.7
+    engine.generation = GenerationConfig(temperature=TEMPERATURE, top_p=top_p, max_new_tokens=8)
+    try:
+        results = await generate_all(engine, rig.prompts[:4], tag="topp")
+    finally:
+        engine.generation = CFG.policy.generation
+    worst = 0.0
+    with torch.no_grad():
+        for result in results:
+            for ids, behavior in zip(result.completion_ids, result.behavior_logprobs):
+                seq = torch.tensor([result.prompt_ids + ids])
+                logits = model(input_ids=seq).logits[0, len(result.prompt_ids) - 1 : -1]
+                logp = sampling_logprobs(logits, TEMPERATURE, top_p)
+                mine = logp.gather(1, torch.tensor(ids)[:, None])[:, 0]
+                worst = max(worst, float((mine - torch.tensor(behavior)).abs().max()))
+    assert worst <= TOLERANCE
+
+
+async def test_a_weight_update_changes_what_is_generated_and_the_version(rig):
+    engine, trainer = rig.engine, rig.trainer
+    prompt = rig.prompts[0]
+
+    async def seeded() -> GroupResult:
+        return await engine.generate(GenerationRequest("seeded", prompt, 16, seed=1234))
+
+    first, again = await seeded(), await seeded()
+    assert again.completion_ids == first.completion_ids  # a seed makes it reproducible
+
+    weights = trainer.get_weights_sync()
+    rng = torch.Generator().manual_seed(0)
+    changed = {k: v + 0.2 * torch.randn(v.shape, generator=rng) for k, v in weights.items()}
+    version = engine.weight_version
+    await engine.update_weights(changed, version + 1)
+    assert engine.weight_version == version + 1
+    other = await seeded()
+    assert (other.start_weight, other.end_weight) == (version + 1, version + 1)
+    assert other.completion_ids != first.completion_ids
+
+    await engine.update_weights(weights, version + 2)  # back to the trainer's weights
+    back = await seeded()
+    assert (back.start_weight, back.end_weight) == (version + 2, version + 2)
+    assert back.completion_ids == first.completion_ids
+    flat = [x for row in first.behavior_logprobs for x in row]
+    assert [x for row in back.behavior_logprobs for x in row] == pytest.approx(flat, abs=TOLERANCE)
+    assert len(engine.sync_seconds) >= 2 and all(s > 0 for s in engine.sync_seconds)
+
+
+async def test_vllm_and_this_process_keep_to_separate_cores(rig):
+    """vLLM binds its worker to all cores but one (of a NUMA node); the engine
+    keeps vLLM's engine core there too and this process - the trainer - on the
+    rest, so that generation and training do not take each other's cores."""
+    mine = os.sched_getaffinity(0)
+    vllm_cores = set().union(*(os.sched_getaffinity(pid) for pid in rig.engine.process_ids))
+    assert mine and vllm_cores and not (mine & vllm_cores)
+    assert mine | vllm_cores <= ALL_CORES
+
+
+async def test_groups_run_concurrently_abort_frees_them_and_a_sync_lands_mid_group(rig):
+    engine = rig.engine
+    prompt = rig.prompts[1]
+    version = engine.weight_version
+    long_cfg = GenerationConfig(temperature=1.0, max_new_tokens=48)
+    engine.generation = long_cfg
+    long = [asyncio.ensure_future(engine.generate(GenerationRequest(f"long{i}", prompt, 32)))
+            for i in range(4)]
+    await asyncio.sleep(0)  # the four calls take their sampling settings now
+    engine.generation = long_cfg.model_copy(update={"max_new_tokens": 1})
+    try:
+        short = await engine.generate(GenerationRequest("short", prompt, 1))
+    finally:
+        engine.generation = CFG.policy.generation
+    assert len(short.completion_ids[0]) == 1
+    # The long groups went into vLLM together, not one after another.
+    assert engine.num_unfinished_requests > 32
+
+    await engine.abort(["long0", "long1", "long2"])
+    for task in long[:3]:
+        with pytest.raises(GroupAborted):
+            await task
+    # vLLM dropped the aborted sequences: only long3's rows remain.
+    assert 8 <= engine.num_unfinished_requests <= 32
+
+    await sync_engine(rig)  # lands while long3 still generates
+    await engine.invalidate_cache()  # its KV is recomputed with the new weights
+    result = await long[3]
+    assert (result.start_weight, result.end_weight) == (version, version + 1)
+    assert len(result.completion_ids) == 32
+    assert engine.num_unfinished_requests == 0
+
+
+async def test_cancelling_a_generate_call_aborts_its_request(rig):
+    engine = rig.engine
+    engine.generation = GenerationConfig(temperature=1.0, max_new_tokens=48)
+    try:
+        task = asyncio.ensure_future(engine.generate(GenerationRequest("c", rig.prompts[2], 32)))
+        await asyncio.sleep(0)
+    finally:
+        engine.generation = CFG.policy.generation
+    await engine.generate(GenerationRequest("s", rig.prompts[2], 1))
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert engine.num_unfinished_requests == 0
+
+
+async def test_a_dead_vllm_fails_calls_instead_of_hanging_and_close_cleans_up(rig):
+    engine = rig.engine
+    pids = engine.process_ids
+    assert len(pids) >= 2, "vLLM runs its engine core and worker in processes of their own"
+    assert pids <= descendants()
+    # In a session of their own: a terminal's Ctrl-C reaches asyncrl, not vLLM.
+    assert all(os.getsid(pid) != os.getsid(0) for pid in pids)
+    engine.generation = GenerationConfig(temperature=1.0, max_new_tokens=48)
+    running = asyncio.ensure_future(engine.generate(GenerationRequest("x", rig.prompts[3], 32)))
+    await asyncio.sleep(0)  # the call takes its sampling settings now
+    engine.generation = GenerationConfig(temperature=1.0, max_new_tokens=1)
+    await engine.generate(GenerationRequest("y", rig.prompts[3], 1))
+    assert engine.num_unfinished_requests > 0  # x is inside vLLM
+
+    core = next(p for p in map(psutil.Process, pids) if "EngineCore" in p.name())
+    core.kill()  # what the OOM killer would do
+    with pytest.raises(BackendLost, match="vLLM engine died"):
+        await asyncio.wait_for(running, 60)  # vLLM notices within seconds
+    # vLLM never answers a control call once its engine core is gone: no hang.
+    with pytest.raises(BackendLost, match="vLLM engine"):
+        await asyncio.wait_for(
+            engine.update_weights(rig.trainer.get_weights_sync(), engine.weight_version + 1), 60
+        )
+    assert not engine.healthy
+    await engine.close()
+    assert not (pids & descendants())
+    assert os.sched_getaffinity(0) == ALL_CORES  # this process got its cores back
+    with pytest.raises(RuntimeError, match="after close"):
+        await engine.generate(GenerationRequest("late", rig.prompts[0], 1))
