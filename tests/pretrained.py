@@ -18,7 +18,8 @@ CHARS = ("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
          "+-*/=<>:;?!.,$#'\"()[]{}\\ \n")
 
 
-def save_tiny_chat_model(out: Path, *, seed: int = 0) -> Path:
+def save_tiny_chat_model(out: Path, *, seed: int = 0, hidden_size: int = 32) -> Path:
+    """Two heads of ``hidden_size // 2``; vLLM's CPU kernels need ``hidden_size=128``."""
     import torch
     import transformers
 
@@ -29,8 +30,8 @@ def save_tiny_chat_model(out: Path, *, seed: int = 0) -> Path:
     tokenizer = char_tokenizer_to_hf(chars)
     tokenizer.chat_template = CHAT_TEMPLATE
     config = transformers.LlamaConfig(
-        vocab_size=chars.vocab_size, hidden_size=32, num_hidden_layers=1,
-        num_attention_heads=2, num_key_value_heads=2, intermediate_size=64,
+        vocab_size=chars.vocab_size, hidden_size=hidden_size, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=2, intermediate_size=2 * hidden_size,
         max_position_embeddings=512, pad_token_id=chars.pad_id, bos_token_id=chars.bos_id,
         eos_token_id=chars.eos_id,
     )

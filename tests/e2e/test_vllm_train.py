@@ -71,6 +71,50 @@ def test_a_synchronous_vllm_run_is_exact_balanced_and_learns(tmp_path: Path, cap
     assert not descendants() - before, "vLLM processes outlived the run"
 
 
+def test_a_pretrained_chat_model_on_a_dataset_task_trains_exactly_with_vllm(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The workloads and vLLM together: a local model with a chat template, a
+    prompt file, a custom reward function scored in the reward pool."""
+    from asyncrl.backends import build_local_backends
+    from asyncrl.config import load_config
+    from asyncrl.runner import train as run_train
+    from asyncrl.tasks import build_task
+    from tests.e2e.test_workloads import RecordingEngine
+    from tests.pretrained import save_tiny_chat_model
+
+    monkeypatch.syspath_prepend(str(ROOT / "tests" / "tasks"))
+    import reward_fns
+
+    reward_fns.CALLS.clear()
+    model_dir = save_tiny_chat_model(tmp_path / "model", hidden_size=128)
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"question": f"{a}+{b}", "answer": str(a + b),
+                                        "level": a + b}) + "\n"
+                            for a in range(3) for b in range(3)))
+    cfg = load_config(QUICKSTART, [
+        *VLLM, *SYNC[1:], "grpo.max_num_steps=3", f"policy.model_name_or_path={model_dir}",
+        "policy.generation.max_new_tokens=3", "task.name=dataset", f"task.path={data}",
+        "task.prompt_key=question", 'task.template="{question}="', "task.chat_template=true",
+        "task.reward.name=custom", "task.reward.target=reward_fns:graded"])
+    task = build_task(cfg.task)
+    engine, trainer = build_local_backends(cfg, task)
+    recorder = RecordingEngine(engine)
+    summary = run_train(cfg, tmp_path / "run", task=task, backends=([recorder], trainer))
+    assert summary["steps"] == 3 and summary["ledger"]["balanced"]
+    records = [json.loads(line)
+               for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["train/logprob_mismatch_max"] <= 1e-3 for r in records), records
+    # vLLM generated from the chat-templated prompt (one bos) and the reward saw
+    # the prompt before the template, with the record's other fields.
+    assert recorder.texts and all(
+        t.startswith("<bos>[user]") and t.endswith("=\n[assistant]") for t in recorder.texts)
+    bos = engine.tokenizer.bos_id
+    assert all(ids[0] == bos and ids.count(bos) == 1 for ids in recorder.prompt_ids)
+    assert {call[0] for call in reward_fns.CALLS} <= {f"{a}+{b}=" for a in range(3)
+                                                      for b in range(3)}
+    assert len(reward_fns.CALLS) == 3 * 16 * 8  # steps x groups x completions
+
+
 @pytest.mark.slow
 def test_in_order_with_lookahead_overlaps_and_balances(tmp_path: Path, capsys) -> None:
     code, summary, records = train(tmp_path / "run", "grpo.max_num_steps=12")
