@@ -65,7 +65,8 @@ def print_summary(console: Console, summary: dict) -> None:
         "ledger          " + "  ".join(f"{k} {ledger[k]}" for k in
                                        ("dispatched", "trained", "evicted", "aborted", "failed",
                                         "pending"))
-        + ("  [green]balanced[/green]" if ledger["balanced"] else "  [red]UNBALANCED[/red]")
+        + ("  [green]balanced[/green]" if ledger["balanced"] else "  [red]UNBALANCED[/red]"),
+        soft_wrap=True,  # one line to grep for, on a narrow terminal too
     )
     console.print(f"run directory   {summary['run_dir']}")
     if summary.get("final_dir"):
