@@ -202,8 +202,26 @@ def test_a_target_without_a_class_names_the_target_and_the_form(tmp_path, how) -
 def test_an_unquoted_colon_in_yaml_gets_a_quoting_hint(tmp_path) -> None:
     path = tmp_path / "c.yaml"
     path.write_text("async_rl:\n  sampler:\n    name: custom\n    target: mysamp:\n")
-    with pytest.raises(ConfigError, match="must be quoted"):
+    with pytest.raises(ConfigError, match="quote a value that contains"):
         load_config(path)
+    path.write_text("grpo:\n  num_prompts_per_step: 8\n   max_num_steps: 2\n")
+    with pytest.raises(ConfigError, match="Check the indentation at that line"):
+        load_config(path)
+
+
+def test_an_override_value_that_is_not_yaml_gets_a_quoted_example() -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["task.template={wrd} ="])
+    assert """task.template='"{wrd} ="'""" in str(err.value)
+
+
+def test_a_block_swapped_by_an_override_blames_the_override_for_what_it_lacks(tmp_path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("task: {name: dataset, path: d.jsonl, reward: {name: exact_match}}\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path, ["task.reward.name=custom"])
+    assert str(err.value).startswith("invalid command-line override")
+    assert 'task.reward.target: Field required (from the command-line override ' in str(err.value)
 
 
 # ---------------------------------------- issue 12, case 12: overrides are blamed

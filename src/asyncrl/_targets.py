@@ -60,7 +60,7 @@ def load_target(
     except Exception as exc:
         raise error(
             f"{where}: importing module {module_name!r} raised {type(exc).__name__}: {exc}; "
-            "fix the module (the cause is chained below)"
+            "fix the module (asyncrl -v prints its traceback)"
         ) from exc
     obj: Any = module
     for part in attr.split("."):

@@ -41,9 +41,11 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-#: PyYAML problems that usually mean an unquoted value with a colon in it.
+#: PyYAML problems that usually mean an unquoted value with a colon in it, or a
+#: line indented differently from the keys beside it.
 _COLON_HINT = (
-    " A value that contains ': ' or ends with ':' must be quoted, e.g. "
+    " Check the indentation at that line (keys of one block start in the same column), "
+    "and quote a value that contains ': ' or ends with ':', e.g. "
     'target: "my_pkg.samplers:MySampler"'
 )
 

@@ -404,7 +404,11 @@ def parse_override(text: str) -> tuple[str, Any]:
     try:
         value = yaml.safe_load(raw) if raw.strip() else None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"override {text!r}: the value is not valid YAML ({exc})") from None
+        raise ConfigError(
+            f"override {text!r}: the value is not valid YAML ({exc}). Quote a value that is "
+            f"text with YAML's own characters in it ({{ }} [ ] : # ,), e.g. "
+            f"""{key}='"{raw.strip()}"'"""
+        ) from None
     if isinstance(value, str):
         # YAML 1.1 reads "1e-3" as a string; on a command line it is a number.
         with contextlib.suppress(ValueError):
@@ -472,8 +476,11 @@ def _invalid(exc: ValidationError, source: str, overrides: Sequence[str]) -> str
     lines, blamed = [], 0
     for path, problem in explain_errors(exc, RunConfig):
         # The last override that set this path, a block above it or a key below it.
+        # A swap (task.reward.name=custom) replaced its whole block: what the
+        # new block lacks comes from that override too.
         culprit = next((text for key, text in reversed(keys)
-                        if path == key or path.startswith(key + ".") or key.startswith(path + ".")),
+                        if path == key or path.startswith(key + ".") or key.startswith(path + ".")
+                        or (key in _SWAPPABLE and path.startswith(key.rsplit(".", 1)[0] + "."))),
                        None)
         blamed += culprit is not None
         lines.append(f"{path}: {problem}"

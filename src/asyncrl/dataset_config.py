@@ -109,12 +109,14 @@ def template_fields(template: str) -> list[str]:
 
 
 class DatasetTaskConfig(_Block):
-    """Prompts from a local JSONL, JSON, CSV or Parquet file."""
+    """Prompts from a local JSONL, JSON, CSV or Parquet file, or a directory
+    written by ``datasets.Dataset.save_to_disk``."""
 
     name: Literal["dataset"] = "dataset"
     path: str
-    #: File format; ``auto`` reads it from the file name's extension.
-    format: Literal["auto", "jsonl", "json", "csv", "parquet"] = "auto"
+    #: File format; ``auto`` reads it from the file name's extension (a
+    #: directory: ``arrow``, what ``save_to_disk`` writes).
+    format: Literal["auto", "jsonl", "json", "csv", "parquet", "arrow"] = "auto"
     prompt_key: str = "prompt"
     #: The reference answer's field (None: records have none; the reward gets None).
     answer_key: str | None = "answer"

@@ -20,7 +20,7 @@ import yaml
 
 from asyncrl.checkpoint.store import list_checkpoints, load_latest, verify
 from asyncrl.config import RunConfig, config_from_dict
-from asyncrl.errors import CheckpointError
+from asyncrl.errors import CheckpointError, SetupError
 from asyncrl.tasks import Task, build_task
 
 log = logging.getLogger("asyncrl.export")
@@ -64,14 +64,46 @@ async def export_final(run_dir: str | Path, cfg: RunConfig, trainer: Any,
         return None
 
 
-def export_checkpoint(run_dir: str | Path, out_dir: str | Path, *, step: int | None = None) -> tuple[int, Path]:
+#: What ``save_pretrained`` of a model and its tokenizer writes: a directory
+#: holding only such files is a policy (an earlier export) that may be replaced.
+POLICY_FILES = ("config.json", "generation_config.json", "tokenizer.json",
+                "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+
+
+def is_policy_dir(path: Path) -> bool:
+    names = [p.name for p in path.iterdir()]
+    return "config.json" in names and all(
+        n in POLICY_FILES or n.endswith((".safetensors", ".safetensors.index.json"))
+        for n in names)
+
+
+def check_out_dir(run_dir: Path, out_dir: Path, *, force: bool = False) -> None:
+    """Refuse an ``--out`` whose replacement would destroy something: the run
+    itself or a folder holding it, a file, or a non-empty directory that is not
+    an earlier export (unless ``force``)."""
+    out, run = out_dir.resolve(), run_dir.resolve()
+    if out == run or out in run.parents:
+        raise SetupError(f"--out {out_dir} would replace the run directory {run_dir} (the "
+                         f"export replaces --out): name a new directory, e.g. {run_dir}-hf")
+    if out.exists() and not out.is_dir():
+        raise SetupError(f"--out {out_dir} is a file: name a directory to write the policy to")
+    if out.is_dir() and any(out.iterdir()) and not is_policy_dir(out) and not force:
+        raise SetupError(f"--out {out_dir} is a non-empty directory that is not an earlier "
+                         "export, and the export replaces it: name a new or empty directory, "
+                         "or pass --force to replace it")
+
+
+def export_checkpoint(run_dir: str | Path, out_dir: str | Path, *, step: int | None = None,
+                      force: bool = False) -> tuple[int, Path]:
     """``(step, out_dir)``: checkpoint ``step`` of ``run_dir`` (the newest valid
-    one when None) written in Hugging Face format to ``out_dir``."""
+    one when None) written in Hugging Face format to ``out_dir``, which is
+    replaced: it must be new, empty or an earlier export (or ``force``)."""
     import torch
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise CheckpointError(f"{run_dir}: no such run directory")
+    check_out_dir(run_dir, Path(out_dir), force=force)
     if step is None:
         ckpt = load_latest(run_dir)
         step, config_yaml, weights = ckpt.step, ckpt.config_yaml, ckpt.trainer_state["model"]

@@ -121,6 +121,35 @@ def load_tokenizer(cfg: PolicyConfig, task: Task | None = None) -> Tokenizer:
     return HFTokenizer(_from_pretrained(transformers.AutoTokenizer, path))
 
 
+def check_prompts_encode(task: Task, cfg: PolicyConfig, *, seed: int = 0,
+                         sample: int = 64) -> None:
+    """Refuse a pretrained tokenizer that turns characters of the task's prompts
+    into its unknown token (a character-level vocabulary from another task
+    would silently train on prompts with holes in them). The first ``sample``
+    prompts are checked."""
+    if cfg.model_name_or_path is None:
+        return  # a from-scratch vocabulary is the task's own
+    tokenizer = load_tokenizer(cfg, task)
+    unk = getattr(getattr(tokenizer, "tokenizer", None), "unk_token_id", None)
+    if unk is None:
+        return  # byte-level tokenizers encode every text
+    source = task.prompt_source(seed)
+    for _ in range(sample):
+        prompt = source.next_prompt()
+        if prompt is None:
+            return
+        if unk not in tokenizer.encode(prompt.text):
+            continue
+        missing = sorted({ch for ch in prompt.text if unk in tokenizer.encode(ch)})
+        shown = ", ".join(repr(ch) for ch in missing) or "some of its text"
+        raise ConfigError(
+            f"policy.model_name_or_path={cfg.model_name_or_path!r}: its tokenizer cannot encode "
+            f"{shown} of the prompt {prompt.text!r} (they become its unknown token); use a "
+            "model whose tokenizer covers the task's text, or build one from scratch "
+            "(policy.model_name_or_path: null)"
+        )
+
+
 def bind_task_tokenizer(task: Task, cfg: PolicyConfig) -> None:
     """Give a task that formats prompts with the policy's tokenizer (a dataset
     task with ``chat_template: true``) that tokenizer, before any prompt is drawn."""
@@ -146,7 +175,7 @@ def _pretrained_dir(cfg: PolicyConfig) -> Path:
 def _from_pretrained(auto_class: Any, path: Path) -> Any:
     try:
         return auto_class.from_pretrained(path, local_files_only=True)
-    except (OSError, ValueError) as exc:
+    except Exception as exc:  # whatever a broken file makes transformers raise (KeyError too)
         raise ConfigError(
             f"policy.model_name_or_path={str(path)!r}: could not load a causal LM and its "
             f"tokenizer from it ({exc}). The directory needs config.json, the weights and the "

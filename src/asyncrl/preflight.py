@@ -29,7 +29,7 @@ from asyncrl.controller.validation import derived_facts, validate_setup
 from asyncrl.devices import check_device
 from asyncrl.errors import AsyncRLError, ConfigError, require
 from asyncrl.evaluation import Evaluator, build_evaluation
-from asyncrl.policy import bind_task_tokenizer
+from asyncrl.policy import bind_task_tokenizer, check_prompts_encode
 from asyncrl.sampling import create_sampler
 
 if TYPE_CHECKING:
@@ -76,6 +76,8 @@ def preflight(cfg: RunConfig, *, task: Task | None = None,
     # chat template of a dataset task: its prompts need the policy's tokenizer.
     task, evaluator = build_evaluation(cfg, task)
     bind_task_tokenizer(task, cfg.policy)
+    if builtin_backends and cfg.cluster.backend == "local":
+        check_prompts_encode(task, cfg.policy, seed=cfg.seed)
     capacity = cfg.async_rl.max_buffered_rollouts
     sampler = create_sampler(RolloutBuffer(capacity), cfg.async_rl.sampler)
     validate_setup(sampler, cfg.grpo, cfg.async_rl, deterministic=cfg.deterministic)
@@ -144,5 +146,5 @@ def _build_task(cfg: RunConfig) -> Task:
     except Exception as exc:
         raise ConfigError(
             f"task: building the task failed with {type(exc).__name__}: {exc}; check the task "
-            "block (the original error is chained below)"
+            "block (asyncrl -v prints its traceback)"
         ) from exc

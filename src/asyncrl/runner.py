@@ -354,8 +354,10 @@ def nothing_to_do(run_dir: Path, ckpt: LoadedCheckpoint, cfg: RunConfig) -> str 
     if dispatch.get("source_exhausted") and not (
             dispatch.get("source_held") or dispatch.get("inflight") or dispatch.get("queued")
             or state.get("ready")):
+        setting = ("task.epochs (or task.max_prompts)" if cfg.task.name == "dataset"
+                   else "task.num_prompts")
         return (
-            f"asyncrl: nothing to do: {at} and its task has no prompts left (task.num_prompts). "
+            f"asyncrl: nothing to do: {at} and its task has no prompts left ({setting}). "
             "Nothing was changed. Start a new run with more prompts to train further"
         )
     return None

@@ -70,11 +70,15 @@ def test_a_corrupted_newest_checkpoint_falls_back_to_the_previous(tmp_path, dama
 
 
 def test_no_valid_checkpoint_is_a_clear_error(tmp_path) -> None:
+    with pytest.raises(CheckpointError, match="is not a run directory"):
+        load_latest(tmp_path)
+    (tmp_path / "config.yaml").write_text("{}\n")
     with pytest.raises(CheckpointError, match="has no checkpoints"):
         load_latest(tmp_path)
     broken = save(tmp_path, 2)
     (broken / "controller.json").write_text("{}")
-    with pytest.raises(CheckpointError, match=r"no valid checkpoint.*controller\.json has 2 bytes"):
+    with pytest.raises(CheckpointError, match=r"no valid checkpoint.*controller\.json has 2 bytes"
+                       r".*no older checkpoint to fall back to"):
         load_latest(tmp_path)
 
 

@@ -90,8 +90,12 @@ def test_a_model_directory_missing_files_is_named(config: Path, tmp_path: Path, 
     assert "lacks weights" in err and "a tokenizer" in err and "config.json;" not in err
     (model / "model.safetensors").write_bytes(b"")
     (model / "tokenizer.json").write_text("{}")
-    assert main(["validate", "--config", str(config), "--json",
-                 f"policy.model_name_or_path={model}"]) == 0
+    # Every file there, but the tokenizer (loaded to check it encodes the
+    # prompts) is no tokenizer.
+    assert main(["validate", "--config", str(config),
+                 f"policy.model_name_or_path={model}"]) == 2
+    err = capsys.readouterr().err
+    assert "could not load a causal LM and its tokenizer" in err and "Traceback" not in err
     (model / "config.json").write_text('{"model_type": "no_such_architecture"}')
     assert main(["validate", "--config", str(config),
                  f"policy.model_name_or_path={model}"]) == 2
@@ -102,3 +106,32 @@ def test_a_good_custom_sampler_passes_the_same_checks(config: Path, capsys) -> N
     assert main(["validate", "--config", str(config), "--json",
                  CUSTOM % ("NegativeCapacitySampler", ", window: 1")]) == 0
     assert '"required_buffer_capacity": 16' in capsys.readouterr().out
+
+
+def test_a_tokenizer_that_cannot_encode_the_prompts_is_refused(
+        config: Path, tmp_path: Path, capsys) -> None:
+    # A character vocabulary of digits only (what a number task exports): the
+    # arithmetic prompts' "+" and "=" would become its unknown token.
+    from asyncrl.config import PolicyConfig
+    from asyncrl.hf import save_policy
+    from asyncrl.policy import build_policy
+    from asyncrl.tasks import CharTokenizer
+
+    class Digits:
+        tokenizer = CharTokenizer("0123456789")
+
+    model, tokenizer = build_policy(PolicyConfig(), Digits())
+    save_policy(model, tokenizer, tmp_path / "digits")
+    assert main(["validate", "--config", str(config),
+                 f"policy.model_name_or_path={tmp_path / 'digits'}"]) == 2
+    err = capsys.readouterr().err
+    assert "its tokenizer cannot encode '+', '='" in err and "Traceback" not in err
+
+
+def test_verbose_prints_the_traceback_of_the_users_code_that_raised(config: Path, capsys) -> None:
+    overrides = [CUSTOM % ("RaisingSampler", ", window: 3")]
+    assert main(["validate", "--config", str(config), *overrides]) == 2
+    assert "Traceback" not in capsys.readouterr().err
+    assert main(["-v", "validate", "--config", str(config), *overrides]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "bad_samplers.py" in err

@@ -94,3 +94,23 @@ def test_a_reward_that_hangs_hits_its_timeout() -> None:
     assert result.steps == 6 and result.summary["ledger"]["balanced"]
     (hung,) = [r for r in ctl.ledger.records() if r.state == "failed"]
     assert hung.prompt_id == 3 and hung.attempts == 2 and "5" in hung.error
+
+
+def test_rewards_that_are_not_numbers_fail_the_group_with_the_fix() -> None:
+    import numpy as np
+    import pytest
+    import torch
+
+    from asyncrl.controller.attempts import _checked_rewards
+    from asyncrl.errors import RewardError
+    from asyncrl.types import GroupResult
+
+    result = GroupResult(group_id="g", prompt_ids=[0], completion_ids=[[1], [2]],
+                         behavior_logprobs=[[0.0], [0.0]], completion_texts=["a", "b"],
+                         start_weight=0, end_weight=0)
+    assert _checked_rewards([np.float32(0.5), torch.tensor(1.0)], result) == [0.5, 1.0]
+    for bad, says in ((["1", 0.0], r"'1' \(str\) is not a number"),
+                      ([float("nan"), 0.0], "nan is not a finite number"),
+                      ([1.0], "got 1 rewards for 2 completions")):
+        with pytest.raises(RewardError, match=says):
+            _checked_rewards(bad, result)

@@ -217,6 +217,32 @@ def test_export_writes_a_mid_run_checkpoint(quick_run: Path, tmp_path: Path, cap
     assert "no checkpoint of step 4 (checkpoints: 3, 6)" in capsys.readouterr().err
 
 
+def test_export_never_replaces_what_is_not_an_earlier_export(
+        quick_run: Path, tmp_path: Path, capsys) -> None:
+    # An earlier export is replaced without asking ...
+    out = tmp_path / "policy"
+    assert main(["export", str(quick_run), "--step", "3", "--out", str(out)]) == 0
+    assert main(["export", str(quick_run), "--out", str(out)]) == 0
+    check_same_policy(out, model_with(quick_run, 6))
+    capsys.readouterr()
+    # ... the run itself, a folder holding it, a file or someone's folder are not.
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    afile = tmp_path / "afile"
+    afile.write_text("keep me")
+    for target, says in ((quick_run, "would replace the run directory"),
+                         (quick_run.parent, "would replace the run directory"),
+                         (afile, "is a file"), (mine, "pass --force")):
+        assert main(["export", str(quick_run), "--out", str(target)]) == 2
+        assert says in capsys.readouterr().err
+    assert (quick_run / "summary.json").is_file() and (mine / "notes.txt").is_file()
+    assert afile.read_text() == "keep me"
+    assert main(["export", str(quick_run), "--out", str(mine), "--force"]) == 0
+    assert not (mine / "notes.txt").exists()
+    check_same_policy(mine, model_with(quick_run, 6))
+
+
 def test_wandb_offline_writes_the_run_files(quick_run: Path) -> None:
     runs = list((quick_run / "wandb").glob("offline-run-*"))
     assert len(runs) == 1

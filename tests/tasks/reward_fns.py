@@ -43,6 +43,10 @@ def not_a_number(prompt: str, completion: str, answer: Any, **record: Any) -> An
     return "high"
 
 
+def a_numeric_string(prompt: str, completion: str, answer: Any, **record: Any) -> Any:
+    return "1"
+
+
 def not_finite(prompt: str, completion: str, answer: Any, **record: Any) -> float:
     return float("nan")
 

@@ -67,6 +67,23 @@ def test_each_format_loads_the_same_records(tmp_path: Path, suffix: str) -> None
     assert task.record_fields == ["level"]
 
 
+def test_a_save_to_disk_directory_loads_the_same_records(tmp_path: Path) -> None:
+    datasets.Dataset.from_list(RECORDS).save_to_disk(str(tmp_path / "saved"))
+    task = task_for(tmp_path / "saved", shuffle=False, epochs=1)
+    assert task.format == "arrow"
+    assert [p.text for p in drain(task.prompt_source(0))] == [r["question"] for r in RECORDS]
+    with pytest.raises(ConfigError, match=r"is a directory, but task.format is 'jsonl'"):
+        task_for(tmp_path / "saved", format="jsonl")
+
+
+def test_a_broken_file_gets_one_error_and_no_log_lines_of_datasets(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, capsys) -> None:
+    with pytest.raises(ConfigError, match="line 2: not valid JSON"):
+        task_for(bad_jsonl(tmp_path, '{"question": "a", "answer": "1"}\n{"question": \n'))
+    assert not [r for r in caplog.records if r.name.startswith("datasets")]
+    assert "datasets" not in capsys.readouterr().err
+
+
 def test_the_format_can_be_given_for_an_odd_extension(tmp_path: Path) -> None:
     path = tmp_path / "data.txt"
     write(tmp_path / "data.jsonl", RECORDS).rename(path)
@@ -132,6 +149,17 @@ BAD_FILES = {
     "null value": (
         lambda d: bad_jsonl(d, '{"question": "a", "answer": "1"}\n{"question": null, "answer": "2"}\n'),
         ["record 2 (line 2)", "key 'question' is missing or null"]),
+    "csv with only a header": (
+        lambda d: (d / "bad.csv").write_text("question,answer\n\n") and d / "bad.csv",
+        ["bad.csv", "has a header line but no records"]),
+    "directory not saved by datasets": (
+        lambda d: (d / "folder").mkdir() or d / "folder",
+        ["folder", "is a directory but not one written by", "save_to_disk"]),
+    "DatasetDict directory": (
+        lambda d: datasets.DatasetDict({"train": datasets.Dataset.from_list(RECORDS),
+                                        "test": datasets.Dataset.from_list(RECORDS)}
+                                       ).save_to_disk(str(d / "dd")) or d / "dd",
+        ["splits test, train of a DatasetDict", "dd/test"]),
     "csv missing value": (
         lambda d: (d / "bad.csv").write_text("question,answer\na,1\nb,\n") and d / "bad.csv",
         ["bad.csv", "record 2 (row 2 after the header)", "'answer'"]),

@@ -68,6 +68,7 @@ def test_scores_failures_and_recovery(executor: str) -> None:
         assert await bad.score(PROMPT, ["a", "b"]) == [1.0, 1.0]  # the pool goes on
         await bad.close()
         for name, message in (("not_a_number", "returned 'high', not a number"),
+                              ("a_numeric_string", "returned '1', not a number"),
                               ("not_finite", "returned nan; return a finite float")):
             odd = pool_of(name, executor=executor)
             with pytest.raises(RewardError, match=f"completion 0: .*{message}"):

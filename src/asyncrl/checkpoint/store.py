@@ -177,6 +177,11 @@ def load_latest(run_dir: str | Path) -> LoadedCheckpoint:
     """The newest intact checkpoint; corrupted newer ones are skipped and reported
     (one warning each, and listed in ``skipped``)."""
     if not list_checkpoints(run_dir):
+        if not (Path(run_dir) / "config.yaml").is_file():
+            raise CheckpointError(
+                f"{run_dir} is not a run directory (it has no config.yaml and no checkpoints/); "
+                "--resume takes a directory that asyncrl train wrote (its --run-dir)"
+            )
         raise CheckpointError(
             f"{run_dir} has no checkpoints; a run writes them every checkpoint.every_steps "
             "steps and when it ends normally (start it with e.g. checkpoint.every_steps=10)"
@@ -202,9 +207,9 @@ def iter_checkpoints(run_dir: str | Path, *, older_than: int | None = None,
     import torch
 
     notes = skipped if skipped is not None else []
-    for path in list_checkpoints(run_dir):
-        if older_than is not None and _step_of(path) >= older_than:
-            continue
+    paths = [p for p in list_checkpoints(run_dir)
+             if older_than is None or _step_of(p) < older_than]
+    for i, path in enumerate(paths):
         problem = verify(path)
         if problem is None:
             try:
@@ -221,7 +226,9 @@ def iter_checkpoints(run_dir: str | Path, *, older_than: int | None = None,
                                            controller_state, trainer_state, config_yaml,
                                            list(notes))
                     continue
-        note = f"checkpoint {path.name} is invalid: {problem}; falling back to an older one"
+        then = ("falling back to an older one" if i + 1 < len(paths)
+                else "no older checkpoint to fall back to")
+        note = f"checkpoint {path.name} is invalid: {problem}; {then}"
         log.warning("%s", note)
         notes.append(note)
 

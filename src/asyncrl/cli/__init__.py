@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
+import traceback
 from collections.abc import Sequence
 
 from asyncrl.errors import AsyncRLError
@@ -30,11 +32,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if args.verbose:  # our own loggers only: third-party debug output is noise here
         logging.getLogger("asyncrl").setLevel(logging.DEBUG)
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO")  # vLLM's start-up log too
     try:
         return int(args.func(args) or 0)
     except AsyncRLError as exc:
         # Our own errors carry the fix in their message: no traceback needed.
         print(f"asyncrl {args.command}: error: {exc}", file=sys.stderr)
+        if args.verbose and exc.__cause__ is not None:  # e.g. the user's code that raised
+            traceback.print_exception(exc.__cause__, file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:
         from asyncrl.signals import Terminated

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 
 from rich.console import Console
@@ -56,20 +57,21 @@ def print_summary(console: Console, summary: dict) -> None:
     last10 = summary.get("reward_last10_mean", math.nan)
     target = summary.get("target_reward")
     console.rule("run finished")
-    console.print(f"stop reason     {summary['stop_reason']}  {summary.get('stop_message', '')}")
-    console.print(f"steps           {summary['steps']}   wall time {summary['wall_time_s']:.1f}s")
+    # Every line whole, whatever the terminal's width: these are lines to grep for.
+    say = functools.partial(console.print, soft_wrap=True)
+    say(f"stop reason     {summary['stop_reason']}  {summary.get('stop_message', '')}")
+    say(f"steps           {summary['steps']}   wall time {summary['wall_time_s']:.1f}s")
     reached = "[green]reached[/green]" if summary.get("reached_target") else "not reached"
-    console.print(f"reward (last 10 steps) {last10:.3f}   target {target}: {reached}")
-    console.print(f"staleness       mean {summary['staleness_mean']:.2f}  max {summary['staleness_max']}")
-    console.print(
+    say(f"reward (last 10 steps) {last10:.3f}   target {target}: {reached}")
+    say(f"staleness       mean {summary['staleness_mean']:.2f}  max {summary['staleness_max']}")
+    say(
         "ledger          " + "  ".join(f"{k} {ledger[k]}" for k in
                                        ("dispatched", "trained", "evicted", "aborted", "failed",
                                         "pending"))
-        + ("  [green]balanced[/green]" if ledger["balanced"] else "  [red]UNBALANCED[/red]"),
-        soft_wrap=True,  # one line to grep for, on a narrow terminal too
+        + ("  [green]balanced[/green]" if ledger["balanced"] else "  [red]UNBALANCED[/red]")
     )
-    console.print(f"run directory   {summary['run_dir']}")
+    say(f"run directory   {summary['run_dir']}")
     if summary.get("final_dir"):
-        console.print(f"final policy    {summary['final_dir']}  (Hugging Face format)")
+        say(f"final policy    {summary['final_dir']}  (Hugging Face format)")
     for plot in summary.get("plots", []):
-        console.print(f"plot            {plot}")
+        say(f"plot            {plot}")

@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
                   f"{req} (have {facts['max_buffered_rollouts']})" if req is not None
                   else f"none (have {facts['max_buffered_rollouts']})")
     table.add_row("max staleness of a trained group",
-                  f"{bound} versions" if bound is not None else "unbounded (long generations can lag)")
+                  f"{bound} version{'' if bound == 1 else 's'}" if bound is not None else "unbounded (long generations can lag)")
     console.print(table)
     console.print("[green]config is valid[/green]")
     return 0

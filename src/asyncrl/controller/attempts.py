@@ -131,6 +131,12 @@ class AttemptRunner:
 
 
 def _checked_rewards(rewards: Sequence[float], result: GroupResult) -> list[float]:
+    # Anything float() takes as a number (numpy and 0-d torch scalars too), but
+    # not text: float("1") would hide a reward function returning strings.
+    wrong = [r for r in rewards if isinstance(r, (str, bytes)) or not hasattr(r, "__float__")]
+    if wrong:
+        raise RewardError(f"reward {wrong[0]!r} ({type(wrong[0]).__name__}) is not a number; "
+                          "return a float")
     out = [float(r) for r in rewards]
     if len(out) != len(result.completion_ids):
         raise RewardError(

@@ -52,7 +52,14 @@ OWNED_ARGS: dict[str, str | None] = {
 
 
 def require_vllm() -> Any:
-    """The vllm module, or a MissingDependency saying how to install it."""
+    """The vllm module, or a MissingDependency saying how to install it.
+
+    vLLM logs at INFO in every process it starts (over a hundred lines per
+    start-up); a run's log gets its warnings and errors only, unless the user
+    set ``VLLM_LOGGING_LEVEL`` (``asyncrl -v`` sets INFO). The variable is read
+    when vllm is first imported, here, and inherited by its processes.
+    """
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     return require("vllm", "vllm", "policy.engine: vllm")
 
 

@@ -166,7 +166,7 @@ def _load_custom(buffer: RolloutBuffer, cfg: CustomSamplerConfig) -> PromptGroup
             f"async_rl.sampler.target {target!r} could not be constructed: "
             f"{class_name}(buffer, **{cfg.kwargs!r}) raised {type(exc).__name__}: {exc}.{shape} "
             "Fix the constructor or the keys of async_rl.sampler it was given (the original "
-            "error is chained below)"
+            "error's traceback: asyncrl -v)"
         ) from exc
     missing = missing_protocol_members(sampler)
     if missing:

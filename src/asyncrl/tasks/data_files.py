@@ -1,4 +1,5 @@
-"""Reading a dataset file (JSONL, JSON, CSV, Parquet) through Hugging Face ``datasets``.
+"""Reading a dataset file (JSONL, JSON, CSV, Parquet) or a ``save_to_disk``
+directory (Arrow) through Hugging Face ``datasets``.
 
 Local files only: the packaged ``json``/``csv``/``parquet`` builders need no
 network, and their cache goes to a temporary directory that is deleted after
@@ -14,6 +15,7 @@ import codecs
 import contextlib
 import csv
 import json
+import logging
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +31,8 @@ _BUILDER = {"jsonl": "json", "json": "json", "csv": "csv", "parquet": "parquet"}
 def file_format(path: Path, declared: str) -> str:
     if declared != "auto":
         return declared
+    if path.is_dir():
+        return "arrow"
     fmt = EXTENSIONS.get(path.suffix.lower())
     if fmt is None:
         raise ConfigError(
@@ -41,31 +45,68 @@ def file_format(path: Path, declared: str) -> str:
 
 @contextlib.contextmanager
 def _quiet(datasets: Any) -> Iterator[None]:
-    """No progress bars while loading (restored afterwards)."""
+    """No progress bars and no log lines of its own while loading (both
+    restored afterwards): a file it cannot read gets our one error instead."""
     was_on = not datasets.are_progress_bars_disabled()
+    verbosity = datasets.logging.get_verbosity()
     datasets.disable_progress_bars()
+    datasets.logging.set_verbosity(logging.CRITICAL)
     try:
         yield
     finally:
+        datasets.logging.set_verbosity(verbosity)
         if was_on:
             datasets.enable_progress_bars()
+
+
+def _read_saved(path: Path, datasets: Any) -> Any:
+    """A directory written by ``save_to_disk``: one dataset, or one split of a
+    ``DatasetDict`` (its own subdirectory)."""
+    if not (path / "state.json").is_file():
+        splits = sorted(p.name for p in path.iterdir() if (p / "state.json").is_file())
+        if splits:
+            raise ConfigError(
+                f"task.path {str(path)!r} holds the splits {', '.join(splits)} of a "
+                f"DatasetDict: point task.path at one of them, e.g. {str(path / splits[0])!r}")
+        raise ConfigError(
+            f"task.path {str(path)!r} is a directory but not one written by "
+            "datasets.Dataset.save_to_disk (it has no state.json); give a JSONL, JSON, CSV or "
+            "Parquet file, or such a directory")
+    with _quiet(datasets):
+        try:
+            return datasets.load_from_disk(str(path), keep_in_memory=True)
+        except Exception as exc:
+            raise ConfigError(
+                f"task.path {str(path)!r} cannot be read as a saved dataset "
+                f"({type(exc).__name__}: {exc}); save it again with save_to_disk") from None
 
 
 def read_file(path_text: str, declared_format: str = "auto") -> tuple[Any, str]:
     """``(dataset, format)``: the file's records as an in-memory ``datasets.Dataset``."""
     path = Path(path_text).expanduser()
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError(
             f"task.path: dataset file {str(path)!r} does not exist (a relative path is taken "
             "from the current directory); give the path of a local JSONL, JSON, CSV or "
-            "Parquet file"
+            "Parquet file, or of a save_to_disk directory"
         )
     fmt = file_format(path, declared_format)
+    if path.is_dir() != (fmt == "arrow"):
+        raise ConfigError(
+            f"task.path {str(path)!r} is a {'directory' if path.is_dir() else 'file'}, but "
+            f"task.format is {fmt!r}: format 'arrow' is for a save_to_disk directory, the "
+            "others for files; set task.format to auto")
+    datasets = require("datasets", "datasets", "the dataset task (task.name: dataset)")
+    if fmt == "arrow":
+        ds = _read_saved(path, datasets)
+        if len(ds) == 0:
+            raise ConfigError(f"saved dataset {str(path)!r} holds no records; it needs at "
+                              "least one")
+        return ds, fmt
     if path.stat().st_size == 0:
         raise ConfigError(f"dataset file {str(path)!r} is empty; it needs at least one record")
     if fmt != "parquet":
         _check_text(path, fmt)
-    datasets = require("datasets", "datasets", "the dataset task (task.name: dataset)")
     extra = _csv_options(path, datasets) if fmt == "csv" else {}
     with tempfile.TemporaryDirectory(prefix="asyncrl-datasets-") as cache, _quiet(datasets):
         try:
@@ -112,13 +153,18 @@ def _csv_options(path: Path, datasets: Any) -> dict[str, Any]:
     "007"), and only an empty cell counts as missing (not "NA" or "null")."""
     try:
         with path.open(newline="", encoding="utf-8") as fh:
-            header = next(csv.reader(fh), [])
+            rows = csv.reader(fh)
+            header = next(rows, [])
+            has_rows = any(any(cell.strip() for cell in row) for row in rows)
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"dataset file {str(path)!r} cannot be read ({exc}); save it as "
                           "UTF-8 text") from None
     if not header:
         raise ConfigError(f"dataset file {str(path)!r} has no header line; the first line "
                           "must name the columns")
+    if not has_rows:
+        raise ConfigError(f"dataset file {str(path)!r} has a header line but no records; it "
+                          "needs at least one row below the header")
     features = datasets.Features({name: datasets.Value("string") for name in header})
     return {"features": features, "keep_default_na": False, "na_values": [""]}
 

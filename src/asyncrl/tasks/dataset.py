@@ -37,10 +37,17 @@ from asyncrl.types import Prompt
 
 
 def _fingerprint(path: str) -> str:
+    """The content's hash (a resume refuses changed data): of the file, or of
+    every file of a ``save_to_disk`` directory with its relative name."""
+    root = Path(path).expanduser()
+    files = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
     digest = hashlib.sha256()
-    with Path(path).expanduser().open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
+    for file in files:
+        if root.is_dir():
+            digest.update(str(file.relative_to(root)).encode() + b"\0")
+        with file.open("rb") as fh:
+            for block in iter(lambda fh=fh: fh.read(1 << 20), b""):
+                digest.update(block)
     return digest.hexdigest()[:16]
 
 

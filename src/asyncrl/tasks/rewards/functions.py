@@ -222,6 +222,8 @@ def _check(reward: Any, value: Any) -> float:
     if isinstance(value, bool):
         return float(value)
     try:
+        if isinstance(value, (str, bytes)):  # float("1") would hide text rewards
+            raise TypeError
         number = float(value)
     except (TypeError, ValueError):
         raise RewardError(
