@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _timeline import busy_time  # benchmarks/, the script's folder
+from _timeline import busy_time, sync_vs_async_blocks  # benchmarks/, the script's folder
 from asyncrl.backends import build_local_backends
 from asyncrl.config import RunConfig, config_from_dict
 from asyncrl.runner import train
@@ -55,14 +55,7 @@ def make_config(engine: str, model: dict[str, int], args: argparse.Namespace, *,
         "seed": 0,
         "grpo": {"num_prompts_per_step": per_step, "num_generations_per_prompt": args.generations,
                  "max_num_steps": args.steps},
-        "async_rl": {
-            "sampler": {"name": "in_order", "max_lookahead_versions": lookahead},
-            "max_buffered_rollouts": per_step * (lookahead + 1),
-            # Whole steps: in the sync run training starts once the step's last
-            # group is in, so nothing overlaps there.
-            "min_groups_for_streaming_train": per_step,
-            "max_inflight_prompts": per_step * (lookahead + 1),
-        },
+        "async_rl": sync_vs_async_blocks(per_step, lookahead),
         "task": {"name": "arithmetic", "max_operand": 99},
         "policy": {
             "engine": engine,

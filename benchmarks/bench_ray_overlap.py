@@ -35,7 +35,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("RAY_DISABLE_IMPORT_WARNING", "1")
 
-from _timeline import busy_time  # benchmarks/, the script's folder
+from _timeline import busy_time, sync_vs_async_blocks  # benchmarks/, the script's folder
 from asyncrl.config import RunConfig, config_from_dict
 from asyncrl.runner import train
 
@@ -46,14 +46,7 @@ def make_config(lookahead: int, args: argparse.Namespace) -> RunConfig:
         "seed": 0,
         "grpo": {"num_prompts_per_step": per_step, "num_generations_per_prompt": args.generations,
                  "max_num_steps": args.steps},
-        "async_rl": {
-            "sampler": {"name": "in_order", "max_lookahead_versions": lookahead},
-            "max_buffered_rollouts": per_step * (lookahead + 1),
-            # Whole steps, no streaming: in the sync run the trainer then starts
-            # only when the step's last group is in, so nothing overlaps there.
-            "min_groups_for_streaming_train": per_step,
-            "max_inflight_prompts": per_step * (lookahead + 1),
-        },
+        "async_rl": sync_vs_async_blocks(per_step, lookahead),
         "task": {"name": "arithmetic", "max_operand": 99},
         "policy": {
             "model": {"hidden_size": args.hidden, "num_layers": args.layers,
