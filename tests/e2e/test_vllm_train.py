@@ -79,23 +79,21 @@ def test_a_pretrained_chat_model_on_a_dataset_task_trains_exactly_with_vllm(
     from asyncrl.config import load_config
     from asyncrl.runner import train as run_train
     from asyncrl.tasks import build_task
-    from tests.e2e.test_workloads import RecordingEngine
-    from tests.pretrained import save_tiny_chat_model
+    from tests.pretrained import (
+        SUMS,
+        RecordingEngine,
+        chat_sums_overrides,
+        save_tiny_chat_model,
+        write_sums,
+    )
 
     monkeypatch.syspath_prepend(str(ROOT / "tests" / "tasks"))
     import reward_fns
 
     reward_fns.CALLS.clear()
     model_dir = save_tiny_chat_model(tmp_path / "model", hidden_size=128)
-    data = tmp_path / "data.jsonl"
-    data.write_text("".join(json.dumps({"question": f"{a}+{b}", "answer": str(a + b),
-                                        "level": a + b}) + "\n"
-                            for a in range(3) for b in range(3)))
-    cfg = load_config(QUICKSTART, [
-        *VLLM, *SYNC[1:], "grpo.max_num_steps=3", f"policy.model_name_or_path={model_dir}",
-        "policy.generation.max_new_tokens=3", "task.name=dataset", f"task.path={data}",
-        "task.prompt_key=question", 'task.template="{question}="', "task.chat_template=true",
-        "task.reward.name=custom", "task.reward.target=reward_fns:graded"])
+    data = write_sums(tmp_path / "data.jsonl")
+    cfg = load_config(QUICKSTART, [*VLLM, *SYNC[1:], *chat_sums_overrides(model_dir, data)])
     task = build_task(cfg.task)
     engine, trainer = build_local_backends(cfg, task)
     recorder = RecordingEngine(engine)
@@ -110,8 +108,7 @@ def test_a_pretrained_chat_model_on_a_dataset_task_trains_exactly_with_vllm(
         t.startswith("<bos>[user]") and t.endswith("=\n[assistant]") for t in recorder.texts)
     bos = engine.tokenizer.bos_id
     assert all(ids[0] == bos and ids.count(bos) == 1 for ids in recorder.prompt_ids)
-    assert {call[0] for call in reward_fns.CALLS} <= {f"{a}+{b}=" for a in range(3)
-                                                      for b in range(3)}
+    assert {call[0] for call in reward_fns.CALLS} <= SUMS
     assert len(reward_fns.CALLS) == 3 * 16 * 8  # steps x groups x completions
 
 

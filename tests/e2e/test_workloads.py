@@ -20,7 +20,13 @@ from asyncrl.cli import main
 from asyncrl.config import load_config
 from asyncrl.policy import build_policy
 from asyncrl.tasks import build_task
-from tests.pretrained import save_tiny_chat_model
+from tests.pretrained import (
+    SUMS,
+    RecordingEngine,
+    chat_sums_overrides,
+    save_tiny_chat_model,
+    write_sums,
+)
 
 pytestmark = pytest.mark.e2e
 transformers = pytest.importorskip("transformers")
@@ -69,37 +75,6 @@ def test_dataset_example_learns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 
 
 # ------------------------------------------------------- pretrained + chat
-class RecordingEngine:
-    """The real local engine, recording the prompt text of every request."""
-
-    def __init__(self, engine: Any) -> None:
-        self.engine = engine
-        self.texts: list[str] = []
-        self.prompt_ids: list[list[int]] = []
-
-    @property
-    def weight_version(self) -> int:
-        return self.engine.weight_version
-
-    async def generate(self, request: Any) -> Any:
-        self.texts.append(request.prompt.text)
-        result = await self.engine.generate(request)
-        self.prompt_ids.append(result.prompt_ids)
-        return result
-
-    async def update_weights(self, weights: Any, version: int) -> None:
-        await self.engine.update_weights(weights, version)
-
-    async def abort(self, group_ids: Any) -> None:
-        await self.engine.abort(group_ids)
-
-    async def invalidate_cache(self) -> None:
-        await self.engine.invalidate_cache()
-
-    async def close(self) -> None:
-        await self.engine.close()
-
-
 def test_a_pretrained_chat_model_trains_on_a_dataset_with_a_custom_reward(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from asyncrl.backends import build_local_backends
@@ -110,16 +85,10 @@ def test_a_pretrained_chat_model_trains_on_a_dataset_with_a_custom_reward(
 
     reward_fns.CALLS.clear()
     model_dir = save_tiny_chat_model(tmp_path / "model")
-    data = tmp_path / "data.jsonl"
-    data.write_text("".join(json.dumps({"question": f"{a}+{b}", "answer": str(a + b),
-                                        "level": a + b}) + "\n"
-                            for a in range(3) for b in range(3)))
+    data = write_sums(tmp_path / "data.jsonl")
     cfg = load_config(ROOT / "examples" / "quickstart.yaml", [
-        *FAST, "grpo.max_num_steps=3", "checkpoint.every_steps=0",
-        f"policy.model_name_or_path={model_dir}", "policy.generation.max_new_tokens=3",
-        "task.name=dataset", f"task.path={data}", "task.prompt_key=question",
-        'task.template="{question}="', "task.chat_template=true", "task.system_prompt=add",
-        "task.reward.name=custom", "task.reward.target=reward_fns:graded"])
+        *FAST, "checkpoint.every_steps=0", *chat_sums_overrides(model_dir, data),
+        "task.system_prompt=add"])
     task = build_task(cfg.task)
     engine, trainer = build_local_backends(cfg, task)
     recorder = RecordingEngine(engine)
@@ -127,7 +96,6 @@ def test_a_pretrained_chat_model_trains_on_a_dataset_with_a_custom_reward(
     assert summary["steps"] == 3 and summary["ledger"]["balanced"]
 
     # The engine generated from the chat-templated prompt, with one bos in front ...
-    raw = {f"{a}+{b}=" for a in range(3) for b in range(3)}
     assert recorder.texts and all(
         t.startswith("<bos>[system]add\n[user]") and t.endswith("=\n[assistant]")
         for t in recorder.texts)
@@ -136,7 +104,7 @@ def test_a_pretrained_chat_model_trains_on_a_dataset_with_a_custom_reward(
     # ... the reward saw the prompt before the template, and the record's other fields;
     # the completions end at EOS (which they do not contain) or after 3 tokens.
     assert len(reward_fns.CALLS) >= 3 * 4 * 4
-    assert {call[0] for call in reward_fns.CALLS} <= raw
+    assert {call[0] for call in reward_fns.CALLS} <= SUMS
     assert all(set(call[3]) == {"level"} for call in reward_fns.CALLS)
     assert all(len(call[1]) <= 3 for call in reward_fns.CALLS)
     # The exported policy keeps the chat template.

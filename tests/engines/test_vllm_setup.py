@@ -125,7 +125,7 @@ def test_weights_are_written_as_safetensors_tied_ones_too(tmp_path):
 OWNER = """
 import os, signal, subprocess, sys
 from asyncrl.engines.vllm_setup import Reaper
-child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"],
+child = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 reaper = Reaper({child.pid})
 print(child.pid, flush=True)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-import time
 from typing import Any
 
 #: (prompt, completion, answer, record) of every call of ``graded`` in this process.
@@ -74,9 +73,10 @@ def hangs_on_h(prompt: str, completion: str, answer: Any, **record: Any) -> floa
 
 
 def sleeps_on_h(prompt: str, completion: str, answer: Any, **record: Any) -> float:
-    """For process workers: never returns for an 'h' (the pool must kill it)."""
+    """For process workers: never returns for an 'h' (the pool must kill it);
+    it blocks on an event nobody sets, as a hung reward would."""
     if "h" in completion:
-        time.sleep(3600)
+        threading.Event().wait()
     return 1.0
 
 
