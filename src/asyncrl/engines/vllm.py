@@ -6,7 +6,10 @@ How the protocol maps onto vLLM:
 * ``generate`` - one vLLM request per prompt group, ``n = num_generations``,
   fed the token ids of :func:`~asyncrl.tasks.tokenizer.encode_prompt` (the ids
   ``LocalEngine`` feeds), sampled with ``policy.generation``'s temperature, top-p
-  and ``max_new_tokens``, stopping at EOS (kept in ``completion_ids``). vLLM runs
+  and ``max_new_tokens`` (or the request's own, as evaluation sets them),
+  stopping at EOS (kept in ``completion_ids``); a prompt for which
+  ``prompt + max_new_tokens`` exceeds ``max_model_len`` raises ``PromptTooLong``
+  instead of being cut short at it (the local engine has no such cut). vLLM runs
   with ``logprobs_mode="processed_logprobs"`` and ``logprobs=0``: the log-prob of
   each sampled token under the distribution it was sampled from, after
   temperature and top-p - exactly what ``LocalEngine`` reports. Concurrent
@@ -43,6 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.config import GenerationConfig
+from asyncrl.context_length import check_prompt_fits
 from asyncrl.engines import vllm_setup as setup
 from asyncrl.errors import BackendLost, ConfigError, GenerationError, GroupAborted
 from asyncrl.tasks.tokenizer import Tokenizer, encode_prompt
@@ -160,6 +164,12 @@ class VLLMEngine:
         return self._version
 
     @property
+    def context_length(self) -> int:
+        """Longest prompt + completion vLLM takes (its ``max_model_len``); a group
+        that does not fit raises PromptTooLong, as in every engine."""
+        return int(self._llm.model_config.max_model_len)
+
+    @property
     def healthy(self) -> bool:
         return not self._closed and not self._llm.errored
 
@@ -190,10 +200,14 @@ class VLLMEngine:
                 "policy.engine: local"
             )
         prompt_ids = encode_prompt(self.tokenizer, request.prompt.text)
+        params = self._params(request)
+        # Checked here, not left to vLLM: it would cut the completions at its
+        # max_model_len, where the local engine has no such cut.
+        check_prompt_fits(gid, len(prompt_ids), params.max_tokens, self.context_length)
         start = self._version
         stream = self._llm.generate(
             tokens_input(prompt_ids, cache_salt=f"v{start}"),
-            self._params(request),
+            params,
             f"{gid}/{request.attempt}/{next(self._request_ids)}",
         )
         # The request runs in a task of its own, so that abort() can cancel it at
@@ -327,11 +341,13 @@ class VLLMEngine:
         from vllm.sampling_params import RequestOutputKind
 
         g = self.generation
+        # The request's overrides (evaluation sets them), as LocalEngine reads them.
         return SamplingParams(
             n=request.num_generations,
-            temperature=g.temperature,
-            top_p=g.top_p,
-            max_tokens=g.max_new_tokens,
+            temperature=g.temperature if request.temperature is None else request.temperature,
+            top_p=g.top_p if request.top_p is None else request.top_p,
+            max_tokens=g.max_new_tokens if request.max_new_tokens is None
+            else request.max_new_tokens,
             stop_token_ids=[self.tokenizer.eos_id],
             logprobs=0,  # the sampled token's log-prob only
             seed=request.seed,
