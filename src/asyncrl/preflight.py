@@ -12,6 +12,7 @@ model weights are built or loaded.
   ``cfg.eval`` and (a dataset task's chat template) the policy's tokenizer;
 * the context length: the longest prompt plus ``max_new_tokens`` fits the
   model's context (:mod:`asyncrl.context_length`);
+* ``logging.wandb``: wandb installed and, online, logged in;
 * the sampler, built as the controller builds it (a ``custom`` one included),
   and its derived facts: plausible values, a buffer large enough, a pinned
   weight version in deterministic mode (:func:`~asyncrl.controller.validation.validate_setup`).
@@ -32,6 +33,7 @@ from asyncrl.controller.validation import derived_facts, validate_setup
 from asyncrl.devices import check_device
 from asyncrl.errors import AsyncRLError, ConfigError, require
 from asyncrl.evaluation import Evaluator, build_evaluation
+from asyncrl.metrics.wandb_sink import check_wandb
 from asyncrl.policy import bind_task_tokenizer, check_prompts_encode, load_tokenizer
 from asyncrl.sampling import create_sampler
 
@@ -73,6 +75,7 @@ def preflight(cfg: RunConfig, *, task: Task | None = None,
             check_config(cfg)
     elif builtin_backends:
         _parse_device(cfg.policy.device)
+    check_wandb(cfg.logging.wandb)
     if task is None:
         task = _build_task(cfg)
     # Held-out prompts (may leave records out of the training task), and the

@@ -48,6 +48,7 @@ from asyncrl.metrics import JsonlSink, MetricsSink, TensorBoardSink
 from asyncrl.metrics.progress import progress_sink
 from asyncrl.metrics.report import write_plots
 from asyncrl.preflight import preflight
+from asyncrl.run_lock import run_dir_lock
 from asyncrl.rundir import check_run_dir, fork_run_dir, prepare_run_dir, truncate_metrics
 from asyncrl.signals import GracefulStop, Terminated, sigterm_as_interrupt
 from asyncrl.tasks import Task, build_scorer
@@ -87,21 +88,23 @@ def train(
         # Every pre-run check, before anything is written (asyncrl validate runs the same).
         checked = preflight(cfg, task=task, builtin_backends=backends is None)
         task, evaluator = checked.task, checked.evaluator
-        if fresh:  # a new run, or a fork of ``resume`` into a run directory of its own
-            prepare_run_dir(run_dir, overwrite=overwrite)
-        engines, trainer = (backends if backends is not None
-                            else build_backends(cfg, task, work_dir=run_dir))
-        run = _Run(cfg, run_dir, task, engines, trainer, evaluator)
-        try:
-            snapshots = None
-            if resume is not None:
-                resume, snapshots = _restore(cfg, task, engines, trainer, resume, run_dir)
-            (run_dir / "config.yaml").write_text(dump_config(cfg))
-            run.build_controller(resume, extra_sinks)
-        except BaseException:
-            asyncio.run(run.close())
-            raise
-        return run.execute(resume, snapshots)
+        # One run at a time in a directory, for the whole run (see asyncrl.run_lock).
+        with run_dir_lock(run_dir):
+            if fresh:  # a new run, or a fork of ``resume`` into a run directory of its own
+                prepare_run_dir(run_dir, overwrite=overwrite)  # checked again, under the lock
+            engines, trainer = (backends if backends is not None
+                                else build_backends(cfg, task, work_dir=run_dir))
+            run = _Run(cfg, run_dir, task, engines, trainer, evaluator)
+            try:
+                snapshots = None
+                if resume is not None:
+                    resume, snapshots = _restore(cfg, task, engines, trainer, resume, run_dir)
+                (run_dir / "config.yaml").write_text(dump_config(cfg))
+                run.build_controller(resume, extra_sinks)
+            except BaseException:
+                asyncio.run(run.close())
+                raise
+            return run.execute(resume, snapshots)
 
 
 class _Run:
