@@ -159,21 +159,21 @@ class _Run:
 
     def execute(self, resume: LoadedCheckpoint | None, snapshots: Any) -> dict[str, Any]:
         """Run the event-loop program; whatever happens, write the run directory."""
-        forced = False
+        forced: BaseException | None = None
         try:
             asyncio.run(self._main(resume, snapshots))
-        except KeyboardInterrupt:
-            forced = True
+        except KeyboardInterrupt as exc:  # a signal outside the loop's handlers (wrap-up)
+            forced = exc
             raise
-        except asyncio.CancelledError:
-            forced = True
+        except asyncio.CancelledError as exc:
+            forced = exc
             if self.stop is not None and self.stop.forced:  # the second signal
                 raise (Terminated if self.stop.reason == "terminated" else KeyboardInterrupt)(
                     "stopped at once on a second signal") from None
             raise
         finally:
             summary = self.finish(forced=forced)
-            if forced:
+            if forced is not None:
                 print(f"asyncrl: the run stopped at once; resume it with: "
                       f"{summary.get('resume_command')}", file=sys.stderr)
         return summary
@@ -223,25 +223,27 @@ class _Run:
             except Exception as exc:  # a failing close must not hide the run's outcome
                 log.warning("closing %s failed: %r", type(backend).__name__, exc)
 
-    def finish(self, *, forced: bool) -> dict[str, Any]:
+    def finish(self, *, forced: BaseException | None) -> dict[str, Any]:
         """Write summary.json, timeline.json, the ledger's pending groups and the plots
-        (also after an error); after a signal, print how to resume."""
+        (also after an error); after a signal, print how to resume. ``forced``: the
+        interrupt that stopped the run at once (None: it was not)."""
         controller = self.controller
         assert controller is not None
         summary = controller.summary()
         stop = self.stop
-        # A graceful stop is the controller's own stop reason; a signal that came
-        # after the run had ended on its own changes nothing. Only a forced end
-        # (second signal, or Ctrl-C outside the event loop) is written here.
-        if forced:
-            summary["stop_reason"] = (stop.reason if stop is not None and stop.reason
-                                      else "interrupted")
-            summary["stop_message"] = ("stopped at once on a second signal"
-                                       if stop is not None and stop.forced
-                                       else "interrupted outside the run's event loop")
+        # A graceful stop is the controller's own stop reason. Only a forced end (a
+        # second signal, or a signal outside the loop's handlers, e.g. while the
+        # backends shut down) is written here.
+        if forced is not None:
+            first = stop.reason if stop is not None else None
+            summary["stop_reason"] = first or (
+                "terminated" if isinstance(forced, Terminated) else "interrupted")
+            summary["stop_message"] = ("stopped at once on a second signal" if first
+                                       else "stopped at once by a signal outside the run's "
+                                            "event loop")
         summary["final_dir"] = None if self.final_dir is None else str(self.final_dir)
         return finish_run_dir(self.run_dir, controller, self.task, self.cfg, summary,
-                              plots=not forced)
+                              plots=forced is None)
 
 
 def _restore(cfg: RunConfig, task: Task, engines: Sequence[RolloutEngine], trainer: Trainer,
