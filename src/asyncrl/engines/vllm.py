@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 from asyncrl.config import GenerationConfig
 from asyncrl.context_length import check_prompt_fits
 from asyncrl.engines import vllm_setup as setup
+from asyncrl.engines.vllm_output import VLLMOutput, quiet_import
 from asyncrl.errors import BackendLost, ConfigError, GenerationError, GroupAborted
 from asyncrl.tasks.tokenizer import Tokenizer, encode_prompt
 from asyncrl.types import GenerationRequest, GroupId, GroupResult
@@ -79,11 +80,16 @@ class VLLMEngine:
         weight_version: int = 0,
         owned_dirs: Sequence[Path] = (),
         isolate_cores: bool = False,
+        log_file: str | Path | None = None,
     ) -> None:
         setup.require_vllm()
-        from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.platforms import current_platform
-        from vllm.v1.engine.async_llm import AsyncLLM
+        with quiet_import():
+            from vllm.engine.arg_utils import AsyncEngineArgs
+            from vllm.platforms import current_platform
+            from vllm.v1.engine.async_llm import AsyncLLM
+
+        #: vLLM's own output: ``log_file`` unless asyncrl is verbose (see vllm_output).
+        self._output = VLLMOutput(log_file)
 
         self.tokenizer = tokenizer
         self.generation = generation or GenerationConfig()
@@ -98,18 +104,21 @@ class VLLMEngine:
             os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
         before = setup.descendants()
         try:
-            with setup.own_session():  # a terminal's Ctrl-C reaches asyncrl only
+            # In a session of its own: a terminal's Ctrl-C reaches asyncrl only.
+            with setup.own_session(self._output.stream):
                 self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
         except Exception as exc:
             setup.Reaper(setup.descendants() - before).reap()
             self._remove_dirs()
+            self._output.close()
             raise ConfigError(
-                f"vLLM failed to start ({exc!r}; its log above has the cause). On CPU "
+                f"vLLM failed to start ({exc!r}; {self._output.where()} has the cause). On CPU "
                 "the usual cause is memory: policy.vllm.gpu_memory_utilization is the "
                 "fraction of the NUMA node's memory vLLM may use for the model, its "
                 "activations and the KV cache - raise it for a larger model, lower it "
                 "when other processes need the memory"
             ) from exc
+        self._output.announce()
         self._reaper = setup.Reaper(setup.descendants() - before)
         self._former_cores = setup.isolate_cores(self._reaper.pids) if isolate_cores else None
         self._weights_dir = Path(tempfile.mkdtemp(prefix="asyncrl-vllm-weights-"))
@@ -156,7 +165,8 @@ class VLLMEngine:
             model_dir = save_policy(model, tokenizer, base / "vllm_model", state_dict=weights)
         args = setup.engine_args(cfg, model_dir, seed=seed)
         return cls(args, tokenizer, cfg.policy.generation, weight_version=weight_version,
-                   owned_dirs=owned, isolate_cores=cfg.policy.vllm.isolate_cpu_cores)
+                   owned_dirs=owned, isolate_cores=cfg.policy.vllm.isolate_cpu_cores,
+                   log_file=None if work_dir is None else Path(work_dir) / "vllm.log")
 
     # ------------------------------------------------------------ protocol
     @property
@@ -224,7 +234,7 @@ class VLLMEngine:
         except EngineDeadError as exc:
             raise BackendLost(
                 f"the vLLM engine died while generating group {gid!r} ({exc}); "
-                "its log above says why"
+                f"{self._output.where()} says why"
             ) from exc
         finally:
             if self._running.get(gid) is task:
@@ -300,6 +310,7 @@ class VLLMEngine:
             if self._former_cores is not None:
                 setup.restore_cores(self._former_cores)
             self._remove_dirs()
+            self._output.close()
             # Dropped now, while the interpreter is whole: vLLM's __del__ shuts
             # down again, which fails during interpreter teardown.
             self._llm = None
@@ -320,7 +331,7 @@ class VLLMEngine:
                 call.close()  # never started: no "never awaited" warning
             if self._closed:
                 raise RuntimeError("VLLMEngine used after close()")
-            raise BackendLost("the vLLM engine is dead; its log above says why")
+            raise BackendLost(f"the vLLM engine is dead; {self._output.where()} says why")
         handler = self._llm.output_handler  # started by the first request
         task = asyncio.ensure_future(call)
         if handler is None:
@@ -332,8 +343,8 @@ class VLLMEngine:
             raise
         if not task.done():
             task.cancel()
-            raise BackendLost("the vLLM engine died during a control call; its log above "
-                              "says why")
+            raise BackendLost("the vLLM engine died during a control call; "
+                              f"{self._output.where()} says why")
         return task.result()
 
     def _params(self, request: GenerationRequest) -> Any:
