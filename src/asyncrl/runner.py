@@ -260,12 +260,15 @@ def _restore(cfg: RunConfig, task: Task, engines: Sequence[RolloutEngine], train
         trainer_state = dict(ckpt.trainer_state)
         snapshots = trainer_state.pop(ENGINE_SNAPSHOTS, None)
         try:
-            trainer.load_state_dict(trainer_state)
+            # The controller first: its prompt source checks that the data is the
+            # checkpoint's (changed data would also change a from-scratch model's
+            # vocabulary, and the trainer would only see a size mismatch).
             Controller(task=task, engines=engines, trainer=trainer, grpo=cfg.grpo,
                        async_rl=cfg.async_rl, seed=cfg.seed, deterministic=cfg.deterministic,
                        ).load_state_dict(ckpt.controller_state)
+            trainer.load_state_dict(trainer_state)
         except ConfigError:
-            raise  # the config is wrong, not the checkpoint: the message says what to fix
+            raise  # the config or the data is wrong, not the checkpoint: the message says so
         except Exception as exc:
             note = (f"checkpoint {ckpt.path.name} does not fit this run "
                     f"({type(exc).__name__}: {exc}); falling back to an older one")
