@@ -76,9 +76,12 @@ def train(
     ``task`` and ``backends`` let library users plug in their own task, engines
     or trainer (built-ins are built from ``cfg`` otherwise). A new run refuses a
     ``run_dir`` that holds anything, unless ``overwrite`` (an old run directory
-    is then emptied of its run files). ``resume`` continues from a loaded
-    checkpoint: in its own run directory, or forked into another, new
-    ``run_dir``; a checkpoint that does not load falls back to an older one.
+    is then emptied of its run files) or it holds a run that never trained a
+    step. The run holds ``run_dir``'s lock (:mod:`asyncrl.run_lock`) from its
+    first write to its end: another run there is refused, naming its pid.
+    ``resume`` continues from a loaded checkpoint: in its own run directory, or
+    forked into another, new ``run_dir``; a checkpoint that does not load falls
+    back to an older one.
     SIGINT / SIGTERM stop the run gracefully (see :mod:`asyncrl.signals`).
     """
     with sigterm_as_interrupt():

@@ -66,7 +66,7 @@ class GracefulStop:
         for sig in STOP_SIGNALS:
             loop.remove_signal_handler(sig)
             previous = self._previous.pop(sig, None)
-            if callable(previous):
+            if previous is not None:  # None: not installed from Python
                 signal.signal(sig, previous)
 
     def _on_signal(self, sig: signal.Signals) -> None:
