@@ -169,3 +169,6 @@ def check_prompt_fits(group_id: Any, prompt_tokens: int, max_new_tokens: int,
         "Shorten or leave out that prompt, or lower max_new_tokens "
         "(policy.generation.max_new_tokens, or eval.max_new_tokens for held-out prompts)"
     )
+
+
+__all__ = ["CONTEXT_ATTRIBUTES", "ContextLimit", "check_context", "check_prompt_fits", "context_of", "engine_context", "model_context"]

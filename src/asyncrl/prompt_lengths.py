@@ -154,3 +154,6 @@ def _cache_write(key: str | None, found: tuple[int, int]) -> None:
         os.replace(tmp, path)
     except OSError:
         pass  # a read-only home: the next run scans again
+
+
+__all__ = ["LongestPrompt", "cache_dir", "longest_of", "longest_prompt", "prompt_lengths"]

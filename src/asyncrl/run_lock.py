@@ -64,3 +64,6 @@ def run_dir_lock(run_dir: str | Path) -> Iterator[Path]:
         yield path
     finally:
         os.close(fd)  # releases the lock
+
+
+__all__ = ["LOCK_FILE", "RunDirInUse", "holder_pid", "run_dir_lock"]

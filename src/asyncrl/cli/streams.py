@@ -93,3 +93,6 @@ def guard_output() -> Iterator[None]:
             with contextlib.suppress(OSError, ValueError):
                 stream.flush()
         sys.stdout, sys.stderr = saved
+
+
+__all__ = ["PipeSafeStream", "guard_output"]

@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import logging.config
 import os
 import sys
 import tempfile
@@ -73,6 +72,23 @@ def _logging_config(path: Path) -> dict[str, Any]:
     }
 
 
+def _log_to(stream: IO[str], level: str) -> tuple[list[logging.Handler], int, bool]:
+    """vLLM's logger in this process writes to ``stream`` (a handler of its own
+    instead of vLLM's stdout one; not dictConfig, which would close every
+    handler of the process); returns what it had, to give back."""
+    logger = logging.getLogger("vllm")
+    saved = (list(logger.handlers), logger.level, logger.propagate)
+    for old in saved[0]:
+        logger.removeHandler(old)
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s [%(name)s] %(message)s",
+                                           "%m-%d %H:%M:%S"))
+    logger.addHandler(handler)
+    logger.setLevel(level)
+    logger.propagate = False
+    return saved
+
+
 class VLLMOutput:
     """vLLM's output for one engine: ``log_file`` (appended to), or this process's
     own stdout and stderr when it is None or asyncrl is verbose."""
@@ -82,6 +98,7 @@ class VLLMOutput:
         #: What vLLM's processes get as stdout and stderr (None: this process's).
         self.stream: IO[str] | None = None
         self._config: Path | None = None
+        self._saved: tuple[list[logging.Handler], int, bool] | None = None
         if self.path is None:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -94,7 +111,7 @@ class VLLMOutput:
             json.dump(config, fh)
         self._config = Path(name)
         os.environ[_CONFIG_ENV] = name  # vLLM's processes, and vLLM here when it reconfigures
-        logging.config.dictConfig(config)  # vLLM's logger in this process, now
+        self._saved = _log_to(self.stream, config["loggers"]["vllm"]["level"])  # here, now
 
     def announce(self) -> None:
         """Say once, where vLLM's output goes (called when vLLM has started)."""
@@ -108,13 +125,31 @@ class VLLMOutput:
 
     def close(self) -> None:
         """After vLLM has shut down (it logs while it does): its processes' stream
-        and the logging config file go. vLLM's logger in this process keeps
-        writing to the log file."""
+        and the logging config file go, and vLLM's logger here gets its
+        handlers back."""
         if self._config is not None:
             if os.environ.get(_CONFIG_ENV) == str(self._config):
                 os.environ.pop(_CONFIG_ENV, None)
             self._config.unlink(missing_ok=True)
             self._config = None
+        if self._saved is not None:  # vLLM's logger here: its handlers back
+            logger = logging.getLogger("vllm")
+            ours = str(self.path.resolve()) if self.path is not None else None
+            for handler in list(logger.handlers):
+                stream = getattr(handler, "stream", None)
+                if stream is self.stream or getattr(handler, "baseFilename", None) == ours:
+                    logger.removeHandler(handler)
+                    if stream is not self.stream:
+                        handler.close()  # vLLM's own file handler from our config
+            handlers, level, propagate = self._saved
+            for handler in handlers:
+                logger.addHandler(handler)
+            logger.setLevel(level)
+            logger.propagate = propagate
+            self._saved = None
         if self.stream is not None:
             self.stream.close()
             self.stream = None
+
+
+__all__ = ["VLLMOutput", "quiet_import", "verbose"]
