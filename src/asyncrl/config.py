@@ -491,7 +491,8 @@ def _invalid(exc: ValidationError, source: str, overrides: Sequence[str]) -> str
         head = f"invalid {source} and command-line override"
     else:
         head = f"invalid {source}"
-    return f"{head}:\n" + "\n".join(lines)
+    # One problem: on the line the CLI starts with "error:" (a log grep finds it).
+    return f"{head}: {lines[0]}" if len(lines) == 1 else f"{head}:\n" + "\n".join(lines)
 
 
 #: What an empty config file is told to hold.

@@ -75,6 +75,14 @@ class GenerationError(AsyncRLError):
     """A generation attempt failed; the controller retries it with backoff."""
 
 
+class PromptTooLong(GenerationError):
+    """A prompt is so long that ``prompt + max_new_tokens`` does not fit the model's
+    context: its completions could be cut short at the context instead of at
+    ``max_new_tokens``. Raised by an engine before it generates anything (every
+    built-in engine, so that they all stop at the same limit); the message names
+    both numbers. A fault of the data, not of the engine."""
+
+
 class RewardError(GenerationError):
     """Scoring a finished group failed (the reward raised or timed out). The
     attempt is retried like a failed generation, then the group is ``failed``."""

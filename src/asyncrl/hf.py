@@ -27,7 +27,9 @@ from asyncrl.tasks.tokenizer import BOS, EOS, PAD, CharTokenizer, Tokenizer
 
 def char_tokenizer_to_hf(tokenizer: CharTokenizer) -> Any:
     """A ``PreTrainedTokenizerFast`` with exactly ``tokenizer``'s ids: pad, bos and
-    eos first, then one token per character, no normalisation and no merges."""
+    eos first, then one token per character, no normalisation and no merges; like
+    training, ``tokenizer(text)`` puts bos in front (``add_special_tokens=False``
+    leaves it out)."""
     transformers = require("transformers", "hf", "saving the policy in Hugging Face format")
     tokenizers = require("tokenizers", "hf", "saving the policy in Hugging Face format")
     vocab = {PAD: tokenizer.pad_id, BOS: tokenizer.bos_id, EOS: tokenizer.eos_id}
@@ -39,6 +41,10 @@ def char_tokenizer_to_hf(tokenizer: CharTokenizer) -> Any:
         tokenizers.Regex(r"[\s\S]"), behavior="isolated"
     )
     backend.decoder = tokenizers.decoders.Fuse()  # join tokens without spaces
+    # tokenizer(text) starts with bos, as every prompt does in training (encode_prompt):
+    # the exported policy reads a prompt exactly as it was trained to.
+    backend.post_processor = tokenizers.processors.TemplateProcessing(
+        single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, tokenizer.bos_id)])
     return transformers.PreTrainedTokenizerFast(
         tokenizer_object=backend,
         pad_token=PAD,

@@ -54,7 +54,11 @@ class HFTokenizer:
         pad = tokenizer.pad_token_id
         self.pad_id = int(pad) if pad is not None else self.eos_id
         bos = tokenizer.bos_token_id
-        self.bos_id = int(bos) if bos is not None else None
+        # Prompts get bos in front exactly when the tokenizer itself puts it there
+        # (``tokenizer(text)``): then training, an exported policy and any inference
+        # stack that tokenizes the text see the same ids. (A tokenizer that has a bos
+        # token but does not add it, as GPT-2's, trains without it.)
+        self.bos_id = int(bos) if bos is not None and _adds_bos(tokenizer, int(bos)) else None
         self.vocab_size = len(tokenizer)
 
     def encode(self, text: str) -> list[int]:
@@ -62,6 +66,15 @@ class HFTokenizer:
 
     def decode(self, ids: Iterable[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+
+def _adds_bos(tokenizer: Any, bos: int) -> bool:
+    """Whether ``tokenizer(text)`` starts with ``bos`` by itself."""
+    try:
+        ids = tokenizer("a")["input_ids"]
+    except Exception:  # cannot tell: put bos in front, as before this was asked
+        return True
+    return bool(ids) and ids[0] == bos
 
 
 def build_policy(

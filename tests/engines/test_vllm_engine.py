@@ -19,9 +19,10 @@ import torch
 
 from asyncrl.config import GenerationConfig
 from asyncrl.engines import RolloutEngine, sampling_logprobs
+from asyncrl.engines.local import LocalEngine
 from asyncrl.engines.vllm import VLLMEngine
 from asyncrl.engines.vllm_setup import descendants
-from asyncrl.errors import BackendLost
+from asyncrl.errors import BackendLost, PromptTooLong
 from asyncrl.policy import build_policy
 from asyncrl.tasks import build_task
 from asyncrl.trainers.grpo import GRPOTrainer
@@ -223,6 +224,33 @@ async def test_cancelling_a_generate_call_aborts_its_request(rig):
     with pytest.raises(asyncio.CancelledError):
         await task
     assert engine.num_unfinished_requests == 0
+
+
+async def test_both_engines_refuse_a_prompt_over_the_context_and_stop_at_the_same_limit(rig):
+    """Issue 18, case 1: vLLM used to cut completions at max_model_len while the
+    local engine went past the model's context; now a prompt that does not fit
+    raises PromptTooLong on both, and both stop at max_new_tokens."""
+    model, _ = build_policy(CFG.policy, build_task(CFG.task), seed=CFG.seed)
+    local = LocalEngine(model, rig.tokenizer, CFG.policy.generation, num_threads=1)
+
+    def request(gid: str, ones: int, **kw) -> GenerationRequest:
+        # "1" * ones + "+1=" and bos: ones + 4 tokens.
+        return GenerationRequest(gid, Prompt(0, "1" * ones + "+1="), 32, seed=3, **kw)
+
+    try:
+        assert rig.engine.context_length == local.context_length == 64
+        for engine in (rig.engine, local):
+            with pytest.raises(PromptTooLong, match="is 57 tokens: with max_new_tokens=8 it "
+                                                    "needs 65 positions"):
+                await engine.generate(request("long", 53))
+            exact = await engine.generate(request("exact", 52))  # 56 + 8 = 64 positions
+            assert max(map(len, exact.completion_ids)) == 8, type(engine).__name__
+            # An eval-style request with a limit of its own (vLLM used to ignore it).
+            longer = await engine.generate(request("eval", 36, max_new_tokens=24))
+            assert 8 < max(map(len, longer.completion_ids)) <= 24, type(engine).__name__
+    finally:
+        await local.close()
+    assert rig.engine.num_unfinished_requests == 0
 
 
 async def test_a_dead_vllm_fails_calls_instead_of_hanging_and_close_cleans_up(rig):

@@ -43,6 +43,13 @@ def run(args: argparse.Namespace) -> int:
                   else f"none (have {facts['max_buffered_rollouts']})")
     table.add_row("max staleness of a trained group",
                   f"{bound} version{'' if bound == 1 else 's'}" if bound is not None else "unbounded (long generations can lag)")
+    context = facts.get("context_length")
+    if context is not None:
+        longest = facts.get("longest_prompt_tokens")
+        need = cfg.policy.generation.max_new_tokens
+        table.add_row("context length", (
+            f"{context} (longest prompt {longest} + {need} new tokens)"
+            if longest is not None else f"{context} (longest prompt unknown)"))
     console.print(table)
     console.print("[green]config is valid[/green]")
     return 0

@@ -136,7 +136,9 @@ class TrainPump:
                       evicted: int) -> None:
         ctx = self.ctx
         self.activity = ("finish_step", ctx.now())
+        t = ctx.now()
         step_metrics = await self.trainer.finish_step(step=v) or {}
+        ctx.timeline.add("step", 0, t, ctx.now(), str(v))  # the optimizer step: trainer-busy
         trained = []
         for slot in taken:
             staleness = v - slot.start_weight
