@@ -7,13 +7,13 @@ import itertools
 
 import pytest
 import torch
+from tests.trainers.shapes import TOKENIZER, small_policy, synthetic_rollouts
 
 from asyncrl.config import LossConfig
 from asyncrl.trainers import GRPOTrainer
 from asyncrl.trainers import packing as packing_module
 from asyncrl.trainers.loss_head import chunk_tokens, chunked_logprobs, full_logprobs
 from asyncrl.trainers.packing import plan_micro_batches
-from tests.trainers.shapes import TOKENIZER, small_policy, synthetic_rollouts
 
 pytest.importorskip("transformers")
 

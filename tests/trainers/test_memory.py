@@ -14,9 +14,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from asyncrl.trainers import GRPOTrainer
-from asyncrl.trainers.memory import LiveTensorBytes, StepPeakMemory
 from tests.trainers.shapes import (
     QWEN2_2_LAYERS,
     SMALL_QWEN2,
@@ -25,6 +22,9 @@ from tests.trainers.shapes import (
     small_policy,
     synthetic_rollouts,
 )
+
+from asyncrl.trainers import GRPOTrainer
+from asyncrl.trainers.memory import LiveTensorBytes, StepPeakMemory
 
 pytest.importorskip("transformers")
 
