@@ -144,6 +144,20 @@ def _largest_divisor(n: int, at_most: int) -> int:
     return max(d for d in range(1, min(n, at_most) + 1) if n % d == 0)
 
 
+def model_skeleton(cfg: PolicyConfig, tokenizer: Tokenizer) -> torch.nn.Module:
+    """The policy's model on the ``meta`` device: every parameter's shape and no
+    memory, nothing loaded or initialised (for memory estimates)."""
+    transformers = require("transformers", "hf", "building the policy model")
+    with torch.device("meta"):
+        if cfg.model_name_or_path is None:
+            m = cfg.model
+            model = _model_class(transformers, m)(model_config(transformers, m, tokenizer))
+        else:
+            config = _from_pretrained(transformers.AutoConfig, _pretrained_dir(cfg))
+            model = transformers.AutoModelForCausalLM.from_config(config)
+    return model.eval()
+
+
 def load_tokenizer(cfg: PolicyConfig, task: Task | None = None) -> Tokenizer:
     """The tokenizer :func:`build_policy` would use, without building the model."""
     if cfg.model_name_or_path is None:

@@ -15,12 +15,13 @@
 from __future__ import annotations
 
 import re
+import threading
+import weakref
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
@@ -95,7 +96,10 @@ class LiveTensorBytes(TorchDispatchMode):
 
     def __init__(self) -> None:
         super().__init__()
-        self._live: dict[int, tuple[Any, int]] = {}
+        self._live: dict[int, int] = {}  # storage -> bytes
+        # Frees may come from autograd's device threads, or from a garbage collection
+        # run inside the bookkeeping itself (reentrant).
+        self._lock = threading.RLock()
         self.current = 0
         self.peak = 0
         self._sdpa: Any = None
@@ -109,24 +113,29 @@ class LiveTensorBytes(TorchDispatchMode):
         F.scaled_dot_product_attention = self._sdpa
         super().__exit__(*exc)
 
-    def reset_peak(self) -> None:
-        self.peak = self.current
-
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         host = _host_read_of_meta(func, args, kwargs)
         if host is not None:
             return host[0]
         out = func(*args, **kwargs)
-        for key in [k for k, (ref, _) in self._live.items() if ref.expired()]:
-            self.current -= self._live.pop(key)[1]
         for t in _allocated(func, out):
             storage = t.untyped_storage()
-            if storage._cdata not in self._live:
-                self._live[storage._cdata] = (StorageWeakRef(storage), storage.nbytes())
+            key = storage._cdata
+            with self._lock:
+                if key in self._live:
+                    continue
+                self._live[key] = storage.nbytes()
                 self.current += storage.nbytes()
-        self.peak = max(self.peak, self.current)
+                self.peak = max(self.peak, self.current)
+            # The storage's Python object lives exactly as long as the storage
+            # (torch preserves it): its finalizer marks the free, when it happens.
+            weakref.finalize(storage, self._freed, key).atexit = False
         return out
+
+    def _freed(self, key: int) -> None:
+        with self._lock:
+            self.current -= self._live.pop(key, 0)
 
 
 def _allocated(func: Any, out: Any) -> list[torch.Tensor]:
