@@ -50,13 +50,19 @@ def step_peaks(completions: list[int], budget: int, **trainer_kw) -> tuple[int, 
 
 def test_peak_is_flat_in_the_number_of_micro_batches():
     """A fixed token budget, four times the data (1 -> 4 micro-batches): the step's
-    peak grows by at most 10%. Nothing is kept per micro-batch: only the
-    gradient accumulators, which exist from the first micro-batch's backward on."""
+    peak grows by at most 10%. Nothing is kept per micro-batch. During the passes
+    alone, what the later micro-batches hold beyond the first one's is exactly the
+    decoder layers' gradient accumulators (the first micro-batch creates them in
+    its backward pass; the output layer's exists from its start)."""
     budget = PROMPT + 1 + 512
     one_passes, one = step_peaks([512], budget)
     four_passes, four = step_peaks([512] * 4, budget)
     assert four <= 1.10 * one, (four / MiB, one / MiB)
-    assert four_passes <= 1.10 * one_passes, (four_passes / MiB, one_passes / MiB)
+    model = meta_model()
+    head = model.get_output_embeddings().weight
+    layer_grads = sum(4 * p.numel() for p in model.parameters() if p is not head)
+    assert 0 <= four_passes - one_passes <= 1.05 * layer_grads, (
+        (four_passes - one_passes) / MiB, layer_grads / MiB)
 
 
 @pytest.mark.parametrize("checkpointing", [False, True])

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from asyncrl.config import dump_config, load_config
+from asyncrl.errors import AsyncRLError
 from asyncrl.preflight import preflight
 
 if TYPE_CHECKING:
@@ -86,6 +87,8 @@ def _estimate(cfg: RunConfig, task: Task) -> MemoryEstimate | None:
 
     try:
         return estimate_step_memory(cfg, task)
+    except AsyncRLError:
+        raise  # a config error: refused, like every other check
     except Exception as exc:  # an exotic model the dry run cannot trace
         log.warning("no memory estimate for this config: %s: %s", type(exc).__name__, exc)
         return None

@@ -136,10 +136,12 @@ class GRPOTrainer:
         )
         self.params = self.precision.master
         head = model.get_output_embeddings().weight
-        #: The output layer's gradient goes straight into its accumulator (one
-        #: [vocabulary, hidden] gradient per step, not one more per micro-batch).
-        self._head_grad = ((lambda: self.precision.grad_accumulator(head))
-                           if head.requires_grad else None)
+        #: Where the loss head adds the output layer's weight gradient: straight
+        #: into its step accumulator (one [vocabulary, hidden] gradient per step,
+        #: not one more per micro-batch). None hands it to autograd like any
+        #: other gradient (what a wrapper whose gradient hooks must see it sets).
+        self.output_grad_sink = ((lambda: self.precision.grad_accumulator(head))
+                                 if head.requires_grad else None)
         self.optimizer = torch.optim.AdamW(
             self.params,
             lr=self.opt_cfg.lr,
@@ -295,7 +297,7 @@ class GRPOTrainer:
 
     def _micro_batch(self, batch: Packed) -> torch.Tensor:
         """Forward and backward of one micro-batch; its :data:`STATS` on the device."""
-        logp, entropy = self.scorer(self.model, batch, weight_grad=self._head_grad)
+        logp, entropy = self.scorer(self.model, batch, weight_grad=self.output_grad_sink)
         loss, clipped, weights = token_losses(self.loss_cfg, logp, batch.behavior, batch.adv)
         mask = batch.mask
         kl_sum = torch.zeros((), device=self._device)

@@ -17,6 +17,7 @@ import logging
 import torch
 from torch import Tensor
 
+from asyncrl.errors import ConfigError
 from asyncrl.trainers.loss_head import (
     GradSink,
     chunk_tokens,
@@ -95,11 +96,14 @@ def enable_checkpointing(model: torch.nn.Module) -> None:
     are flagged as training, and nothing inside them (attention dropout reads
     its own module's flag).
     """
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    flagged = 0
+    enable = getattr(model, "gradient_checkpointing_enable", None)
+    try:
+        if enable is None:
+            raise ValueError("not a transformers model")
+        enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    except ValueError as exc:  # transformers: "... does not support gradient checkpointing"
+        raise ConfigError(f"policy.gradient_checkpointing: {type(model).__name__} cannot be "
+                          f"checkpointed ({exc}); set it to false") from None
     for module in model.modules():
         if getattr(module, "gradient_checkpointing", False) is True:
             module.training = True
-            flagged += 1
-    if not flagged:
-        raise ValueError(f"{type(model).__name__} has no layers transformers can checkpoint")
