@@ -235,6 +235,10 @@ class PolicyConfig(Block):
     @classmethod
     def _renamed_keys(cls, data: Any) -> Any:
         if isinstance(data, dict) and "train_micro_batch_sequences" in data:
+            if data["train_micro_batch_sequences"] == 64:
+                # Its old default, as every config.yaml written before the rename
+                # holds it: such runs resume with the token budget's default.
+                return {k: v for k, v in data.items() if k != "train_micro_batch_sequences"}
             raise ValueError(
                 "train_micro_batch_sequences was replaced by train_micro_batch_tokens, a "
                 "token budget per micro-batch (rows x longest row); e.g. "

@@ -142,3 +142,6 @@ def test_the_old_micro_batch_key_names_its_replacement():
 
     with pytest.raises(ConfigError, match="replaced by train_micro_batch_tokens"):
         config_from_dict({"policy": {"train_micro_batch_sequences": 8}})
+    # A run written before the rename (config.yaml holds the old default) resumes.
+    old = config_from_dict({"policy": {"train_micro_batch_sequences": 64}})
+    assert old.policy.train_micro_batch_tokens == 8192
