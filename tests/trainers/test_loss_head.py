@@ -50,8 +50,10 @@ def test_chunked_head_gives_the_full_vocabulary_gradient(correction, kl_coef, en
     loss = LossConfig(off_policy_correction=correction, kl_coef=kl_coef,
                       entropy_coef=entropy_coef, clip_eps=0.1)
     data = synthetic_rollouts(LENGTHS, vocab=VOCAB)
-    full = trainer(loss=loss, full_vocab_loss=True)
-    chunked = trainer(loss=loss)
+    # One padded micro-batch of all twelve completions (micro-batching has tests of
+    # its own below); the loss chunks of 7 tokens cut through its rows.
+    full = trainer(loss=loss, full_vocab_loss=True, micro_batch_tokens=10_000)
+    chunked = trainer(loss=loss, micro_batch_tokens=10_000)
     assert chunked.scorer.chunked and not full.scorer.chunked
     if kl_coef:  # a reference that differs from the policy
         for t in (full, chunked):
