@@ -24,6 +24,9 @@ from typing import Any
 from asyncrl.errors import ConfigError, require
 from asyncrl.tasks.tokenizer import BOS, EOS, PAD, CharTokenizer, Tokenizer
 
+#: Where a LoRA run's ``final/`` (and an export of it) keeps the adapter.
+ADAPTER_DIR = "adapter"
+
 
 def char_tokenizer_to_hf(tokenizer: CharTokenizer) -> Any:
     """A ``PreTrainedTokenizerFast`` with exactly ``tokenizer``'s ids: pad, bos and
@@ -74,9 +77,11 @@ def save_policy(
     out_dir: str | Path,
     *,
     state_dict: Mapping[str, Any] | None = None,
+    adapter_dir: str | Path | None = None,
 ) -> Path:
     """Write ``model`` (with ``state_dict`` loaded into a copy of it, when given) and
-    its tokenizer to ``out_dir`` in Hugging Face format, atomically.
+    its tokenizer to ``out_dir`` in Hugging Face format, atomically; the directory
+    ``adapter_dir`` (a LoRA adapter as peft saves it) is copied in as ``out_dir/adapter``.
 
     The directory is written under a temporary name next to ``out_dir`` and
     renamed into place, so a reader never sees half a model; an existing
@@ -95,6 +100,8 @@ def save_policy(
         with _no_progress_bars():
             model.save_pretrained(tmp, safe_serialization=True)
             hf_tok.save_pretrained(tmp)
+            if adapter_dir is not None:
+                shutil.copytree(adapter_dir, tmp / ADAPTER_DIR)
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)

@@ -34,7 +34,12 @@ from asyncrl.devices import check_device
 from asyncrl.errors import AsyncRLError, ConfigError, require
 from asyncrl.evaluation import Evaluator, build_evaluation
 from asyncrl.metrics.wandb_sink import check_wandb
-from asyncrl.policy import bind_task_tokenizer, check_prompts_encode, load_tokenizer
+from asyncrl.policy import (
+    bind_task_tokenizer,
+    check_model_shape,
+    check_prompts_encode,
+    load_tokenizer,
+)
 from asyncrl.sampling import create_sampler
 
 if TYPE_CHECKING:
@@ -84,6 +89,9 @@ def preflight(cfg: RunConfig, *, task: Task | None = None,
     bind_task_tokenizer(task, cfg.policy)
     if builtin_backends and cfg.cluster.backend == "local":
         check_prompts_encode(task, cfg.policy, seed=cfg.seed)
+    if builtin_backends and cfg.policy.model_name_or_path is None:
+        # The output layer must cover the task tokenizer's ids (policy.model.vocab_size).
+        check_model_shape(cfg.policy.model, load_tokenizer(cfg.policy, task).vocab_size)
     context: dict[str, Any] = {}
     # On Ray a pretrained model's files are the workers' (their engines check
     # every prompt at run time); a from-scratch shape is known everywhere.
@@ -113,8 +121,6 @@ def _parse_device(device: str) -> Any:
 
 def check_model_source(policy: PolicyConfig) -> None:
     """A from-scratch shape that divides, or a local model directory that loads."""
-    from asyncrl.policy import check_model_shape
-
     if policy.model_name_or_path is None:
         check_model_shape(policy.model)
         return

@@ -253,6 +253,35 @@ async def test_both_engines_refuse_a_prompt_over_the_context_and_stop_at_the_sam
     assert rig.engine.num_unfinished_requests == 0
 
 
+async def test_a_lora_trainer_stays_on_policy_through_merged_weight_syncs(rig):
+    """policy.lora on vLLM: each step's merged weights reach vLLM, and the tokens
+    it samples with them score the same under the trainer's adapted model."""
+    pytest.importorskip("peft")
+    from asyncrl.config import LoraConfig, OptimizerConfig
+
+    model, tok = build_policy(CFG.policy, build_task(CFG.task), seed=CFG.seed)
+    base_weights = {k: v.clone() for k, v in model.state_dict().items()}  # before adapters
+    lora = GRPOTrainer(model, tok, temperature=TEMPERATURE, lora=LoraConfig(r=8),
+                       optimizer=OptimizerConfig(lr=1e-2), num_threads=1)
+    prompts = rig.prompts[:4]
+    try:
+        for step in range(2):
+            await rig.engine.update_weights(lora.get_weights_sync(), rig.engine.weight_version + 1)
+            results = await generate_all(rig.engine, prompts, n=4, tag=f"lora{step}-")
+            metrics = lora.train_chunk_sync([as_rollout(r, p) for r, p in zip(results, prompts)])
+            assert metrics["logprob_mismatch_max"] <= 1e-3, (step, metrics)
+            assert lora.finish_step_sync()["grad_norm"] > 0
+        # The syncs mattered: the base model scores those tokens differently.
+        plain, _ = build_policy(CFG.policy, build_task(CFG.task), seed=CFG.seed)
+        plain.load_state_dict(base_weights)
+        probe = GRPOTrainer(plain, tok, temperature=TEMPERATURE, num_threads=1)
+        assert trainer_mismatch(probe, results, prompts) > 1e-3
+        await probe.close()
+    finally:
+        await sync_engine(rig)  # back to the module trainer's weights
+        await lora.close()
+
+
 async def test_a_dead_vllm_fails_calls_instead_of_hanging_and_close_cleans_up(rig):
     engine = rig.engine
     pids = engine.process_ids

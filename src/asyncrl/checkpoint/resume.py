@@ -34,6 +34,7 @@ IMMUTABLE = (
     "task",
     "policy.model",
     "policy.model_name_or_path",
+    "policy.lora",
     "cluster.backend",
 )
 
