@@ -17,3 +17,17 @@ def _private_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pat
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("ASYNCRL_CACHE_DIR", str(path))
         yield path
+
+
+@pytest.fixture(autouse=True)
+def _asyncrl_verbosity_restored(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """``asyncrl -v`` run in-process (``cli.main([...])``) sets the ``asyncrl``
+    logger to DEBUG and ``VLLM_LOGGING_LEVEL``; neither may leak into the next
+    test (vLLM's output routing, for one, depends on the verbosity)."""
+    import logging
+
+    logger = logging.getLogger("asyncrl")
+    level = logger.level
+    monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)
+    yield
+    logger.setLevel(level)
