@@ -32,6 +32,14 @@ from asyncrl._validation import explain_errors
 from asyncrl._yaml import load_yaml
 from asyncrl.dataset_config import DatasetTaskConfig
 from asyncrl.errors import ConfigError
+from asyncrl.failure_config import (
+    GenerationFleetHealthConfig,
+    GenerationRouterConfig,
+    RolloutFailureConfig,
+    StallWatchdogConfig,
+    refuse_renamed,
+)
+from asyncrl.interpolation import resolve_interpolations
 from asyncrl.sampling.config import InOrderSamplerConfig, SamplerConfig
 
 # Numbers are strict: YAML's `true` is not 1. A float field still takes a YAML int.
@@ -53,24 +61,51 @@ class GRPOConfig(Block):
 
 
 # ----------------------------------------------------------------- async RL
-class RolloutFailureConfig(Block):
-    max_attempts: PosInt = 3
-    backoff_s: NonNegFloat = 0.5
-    max_backoff_s: NonNegFloat = 30.0
-    max_failed_groups: NonNegInt = 16
+#: Keys of the async_rl block of asyncrl before NeMo-RL's names.
+_RENAMED_ASYNC_KEYS = {
+    "stall_timeout_s": "stall_watchdog: {stall_timeout_s: ..., stall_action: abort}",
+}
 
 
 class AsyncRLConfig(Block):
+    """NeMo-RL's ``async_rl`` block: a block pasted from NeMo-RL's single-controller
+    configs loads as written (docs/training.md lists what each key does here)."""
+
     sampler: SamplerConfig = Field(default_factory=InOrderSamplerConfig)
     max_buffered_rollouts: PosInt = 16
     min_groups_for_streaming_train: PosInt = 8
     max_inflight_prompts: PosInt = 16
     recompute_kv_cache_after_weight_updates: bool = False
+    #: One log line per finished rollout (prompt and completion previews, attempt,
+    #: weight versions, rewards) on the asyncrl.diagnostics logger.
+    diagnostics: bool = False
     rollout_failure: RolloutFailureConfig = Field(default_factory=RolloutFailureConfig)
-    #: Raise RolloutStall, naming the side that stalled, when no group commits and no
-    #: step finishes for this long (None: off). Generous by default: a real stall
-    #: (a hung engine, trainer or reward) must end the run, slow generation must not.
-    stall_timeout_s: PosFloat | None = 1800.0
+    #: None: no watchdog (asyncrl's own extension; simulate always runs without one).
+    stall_watchdog: StallWatchdogConfig | None = Field(default_factory=StallWatchdogConfig)
+    generation_fleet_health: GenerationFleetHealthConfig = Field(
+        default_factory=GenerationFleetHealthConfig)
+    generation_router: GenerationRouterConfig = Field(default_factory=GenerationRouterConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        return refuse_renamed(data, _RENAMED_ASYNC_KEYS)
+
+    @model_validator(mode="after")
+    def _watchdog_outlasts_deadlines(self) -> AsyncRLConfig:
+        # A rollout that is merely slow fails on its own deadline first; a
+        # watchdog firing before that would call every slow rollout a stall.
+        if self.stall_watchdog is None:
+            return self
+        native = self.rollout_failure.native
+        for key in ("generation_timeout_s", "env_timeout_s"):
+            deadline = getattr(native, key)
+            if deadline is not None and self.stall_watchdog.stall_timeout_s <= deadline:
+                raise ValueError(
+                    f"stall_watchdog.stall_timeout_s={self.stall_watchdog.stall_timeout_s:g} "
+                    f"must be above rollout_failure.native.{key}={deadline:g}, or a rollout "
+                    "that would time out on its own is reported as a stall")
+        return self
 
 
 # --------------------------------------------------------------------- task
@@ -463,12 +498,21 @@ def _fill_default_tags(tree: dict[str, Any]) -> None:
 
 def config_from_dict(tree: dict[str, Any], *, source: str = "config",
                      overrides: Sequence[str] = ()) -> RunConfig:
-    """Validate a config tree; errors name the field, and the override that set it, if any."""
+    """Validate a config tree; errors name the field, and the override that set it, if any.
+
+    ``${a.b}`` references are resolved first (:mod:`asyncrl.interpolation`): after
+    the overrides, which the caller has applied to ``tree``.
+    """
+    tree = resolve_interpolations(tree, source=source, defaults=_default_tree)
     _fill_default_tags(tree)
     try:
         return RunConfig.model_validate(tree)
     except ValidationError as exc:
         raise ConfigError(_invalid(exc, source, overrides)) from None
+
+
+def _default_tree() -> dict[str, Any]:
+    return RunConfig().model_dump(mode="json")
 
 
 def _invalid(exc: ValidationError, source: str, overrides: Sequence[str]) -> str:

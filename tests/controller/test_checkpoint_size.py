@@ -13,6 +13,7 @@ from asyncrl.controller import Controller, MemoryHistory
 from asyncrl.sim.backends import SimEngine, SimTask, SimTrainer
 from asyncrl.sim.clock import run_virtual
 from asyncrl.sim.latency import make_latency_model
+from tests.controller.conftest import FORGIVING
 
 
 def checkpoint_after(steps: int) -> tuple[dict, int]:
@@ -28,7 +29,7 @@ def checkpoint_after(steps: int) -> tuple[dict, int]:
             async_rl=AsyncRLConfig(sampler={"name": "windowed", "max_staleness_versions": 2},
                                    max_buffered_rollouts=8, min_groups_for_streaming_train=1,
                                    max_inflight_prompts=8,
-                                   rollout_failure={"max_failed_groups": 10**6}),
+                                   rollout_failure=FORGIVING),
             ledger_history=history,
         )
         await ctl.run()

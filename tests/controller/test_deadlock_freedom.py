@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from asyncrl.errors import SetupError
 from asyncrl.sim.clock import run_virtual
-from tests.controller.conftest import make_controller
+from tests.controller.conftest import FORGIVING, make_controller
 from tests.fakes import FakeEngine, FakeTrainer
 
 SAMPLER_WINDOW_KEY = {
@@ -64,7 +64,7 @@ def test_validated_setups_never_deadlock(setup) -> None:
             trainer=FakeTrainer(step_time=setup["step_time"], chunk_time=setup["chunk_time"]),
             steps=steps, per_step=setup["per_step"], capacity=setup["capacity"],
             min_chunk=setup["min_chunk"], inflight=setup["inflight"],
-            rollout_failure={"max_attempts": 3, "backoff_s": 0.5, "max_failed_groups": 10_000},
+            rollout_failure=FORGIVING,
         )
     except SetupError as exc:
         # Refused: the reason must be one of the two documented capacity rules.

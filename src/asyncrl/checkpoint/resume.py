@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from asyncrl._bounded import append_bounded
 from asyncrl._yaml import load_yaml
 from asyncrl.checkpoint.store import (
     LoadedCheckpoint,
@@ -55,6 +56,7 @@ class CheckpointHook:
         self.every = cfg.checkpoint.every_steps
         self.keep_last = cfg.checkpoint.keep_last
         self.config_yaml = dump_config(cfg)
+        #: Checkpoints written (the newest ones of a long run).
         self.written: list[Path] = []
 
     async def __call__(self, controller: Any, version: int) -> None:
@@ -79,7 +81,7 @@ class CheckpointHook:
             trainer_state=state.trainer_state, config_yaml=self.config_yaml,
             keep_last=self.keep_last,
         )
-        self.written.append(path)
+        append_bounded(self.written, path)
         log.info("checkpoint written: %s", path)
         return path
 
