@@ -92,7 +92,7 @@ class FakeEngine:
     ) -> None:
         self.latency = latency if callable(latency) else (lambda _r, x=latency: x)
         self.fail = fail or (lambda _r: False)
-        self.error = error
+        self.fail_error = error
         self.weight_version = 0
         self.versions_seen: list[int] = []
         self.aborted: list[Any] = []
@@ -113,7 +113,7 @@ class FakeEngine:
         if request.group_id in self.aborted:
             raise GroupAborted(request.group_id)
         if self.fail(request):
-            raise self.error(f"injected failure of group {request.group_id}")
+            raise self.fail_error(f"injected failure of group {request.group_id}")
         self.generated += 1
         n = request.num_generations
         texts = [str((request.prompt.prompt_id + i) % 7) for i in range(n)]

@@ -197,6 +197,17 @@ class MissingDependency(AsyncRLError, ImportError):
     """An optional dependency is needed for the requested feature."""
 
 
+def add_note(error: BaseException, note: str) -> None:
+    """``error.add_note(note)`` (PEP 678), also on Python 3.10, once per note."""
+    notes = list(getattr(error, "__notes__", ()))
+    if note in notes:
+        return
+    if hasattr(error, "add_note"):
+        error.add_note(note)
+    else:  # Python 3.10: the exceptiongroup backport prints __notes__
+        error.__notes__ = [*notes, note]  # type: ignore[attr-defined]
+
+
 def require(module: str, extra: str, feature: str):
     """Import an optional dependency lazily, or explain how to install it."""
     import importlib

@@ -61,18 +61,26 @@ class CheckpointHook:
 
     async def __call__(self, controller: Any, version: int) -> None:
         if self.every and version % self.every == 0:
-            await self._write(self._capture(controller, version))
+            await self._write(await self._capture(controller, version))
 
-    def _capture(self, controller: Any, version: int) -> _Captured:
-        # Capture both states now, between steps, before any other task runs;
-        # only the file writing happens off the event loop.
+    async def _capture(self, controller: Any, version: int) -> _Captured:
+        """Both states of the same moment, without blocking the event loop.
+
+        The controller's state is small and taken at once, on the loop, before
+        any other task runs. The trainer's (a copy of the model and optimizer:
+        seconds for a large model) is taken in a worker thread while the loop
+        keeps serving the rollout side: the trainer does not change meanwhile,
+        because the train pump is waiting for this hook (or has stopped).
+        """
         controller_state = controller.state_dict()
-        trainer_state = controller.trainer.state_dict()
         # Deterministic mode: in-flight groups are pinned to recent weight versions
         # the trainer no longer holds; the engine's copies make the replay exact.
+        # (They change only in a weight sync, which waits for this hook too.)
         retained = getattr(controller.engines[0], "retained_weights", None)
-        if controller.deterministic and retained is not None:
-            trainer_state = {**trainer_state, ENGINE_SNAPSHOTS: retained()}
+        snapshots = retained() if controller.deterministic and retained is not None else None
+        trainer_state = await asyncio.to_thread(controller.trainer.state_dict)
+        if snapshots is not None:
+            trainer_state = {**trainer_state, ENGINE_SNAPSHOTS: snapshots}
         return _Captured(version, controller_state, trainer_state)
 
     async def _write(self, state: _Captured) -> Path:
@@ -90,7 +98,7 @@ class CheckpointHook:
         returned, before the backends close. Groups in flight then (cancelled by
         the stop) and the groups of a step a stop interrupted are in it, as in
         every checkpoint; it replaces a periodic one of the same step."""
-        return await self._write(self._capture(controller, controller.version.value))
+        return await self._write(await self._capture(controller, controller.version.value))
 
 
 def _get(tree: dict[str, Any], dotted: str) -> Any:

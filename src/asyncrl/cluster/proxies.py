@@ -396,8 +396,8 @@ class RayTrainer:
         return weights
 
     def state_dict(self) -> dict[str, Any]:
-        # The protocol is synchronous: this blocks the driver's loop while the
-        # state travels (between steps, when checkpoints are written).
+        # Synchronous, as the protocol says: the checkpoint hook calls it in a
+        # worker thread, so the driver's loop keeps serving while the state travels.
         return self._get("state_dict", self.actor.state_dict.remote())
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -16,9 +16,9 @@ raised it classified (:class:`~asyncrl.errors.RolloutFailure`, docs/controller.m
 * anything else is a bug: not retried, reported as :class:`Fatal` naming the
   component (the engine's or scorer's class), and the run stops.
 
-An error raised while the group is being aborted is never a failed attempt:
-the group is already accounted for. A bug is still reported (:class:`Fatal`),
-a classified error only logged.
+An error raised while the group is being aborted (or cancelled at the end of
+the run) is never a failed attempt: the group is already accounted for. A bug
+is still reported (:class:`Fatal`), a classified error only logged.
 """
 
 from __future__ import annotations
@@ -122,8 +122,8 @@ class AttemptRunner:
                     return None
                 raise
             except Exception as exc:
-                if entry.aborted:
-                    return self._while_aborting(entry, exc)
+                if entry.aborted or entry.stopping:
+                    return self._while_cancelled(entry, exc)
                 if isinstance(exc, BackendLost):
                     raise  # no engine is left to retry on: the run fails
                 kind = failure_kind(exc)
@@ -226,13 +226,16 @@ class AttemptRunner:
         error.__cause__ = exc
         return error
 
-    def _while_aborting(self, entry: Entry, exc: BaseException) -> Fatal | None:
-        """An error raised while the group was being aborted: never a failed attempt."""
+    def _while_cancelled(self, entry: Entry, exc: BaseException) -> Fatal | None:
+        """An error raised while the group was being aborted (or cancelled because
+        the run ends): never a failed attempt, the group is accounted for already
+        (aborted, or pending). A bug is still reported; a classified error is logged."""
+        doing = "aborted" if entry.aborted else "cancelled at the end of the run"
         if failure_kind(exc) is None and not isinstance(exc, BackendLost):
             bug = self._bug(entry, exc)
-            return Fatal(BackendBug(f"while group {entry.group_id!r} was being aborted: {bug}"))
-        log.warning("group %s raised %r while being aborted; it was aborted anyway",
-                    entry.group_id, exc)
+            return Fatal(BackendBug(f"while group {entry.group_id!r} was being {doing}: {bug}"))
+        log.warning("group %s raised %r while being %s; it was %s anyway",
+                    entry.group_id, exc, doing, doing.split(" ")[0])
         return None
 
     def _diagnose(self, entry: Entry, rollout: Rollout) -> None:

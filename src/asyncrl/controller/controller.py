@@ -43,7 +43,13 @@ from asyncrl.controller.validation import validate_setup
 from asyncrl.controller.watchdog import StallWatchdog, stall_message
 from asyncrl.controller.weight_sync import WeightSync
 from asyncrl.engines.base import RolloutEngine
-from asyncrl.errors import BackendBug, CheckpointError, LedgerImbalance, UsageError
+from asyncrl.errors import (
+    BackendBug,
+    CheckpointError,
+    LedgerImbalance,
+    UsageError,
+    add_note,
+)
 from asyncrl.evaluation import Evaluator
 from asyncrl.metrics import MetricsSink, Timeline
 from asyncrl.sampling import PromptGroupSampler, create_sampler
@@ -383,13 +389,7 @@ def _reported(errors: list[BaseException]) -> BaseException:
     first, *others = unique
     if others:
         lines = "\n".join(f"  {type(e).__name__}: {_first_line(e)}" for e in others)
-        note = f"{len(others)} more error(s) stopped this run too:\n{lines}"
-        notes = getattr(first, "__notes__", None)
-        if note not in (notes or ()):
-            if hasattr(first, "add_note"):
-                first.add_note(note)
-            else:  # Python 3.10: the exceptiongroup backport prints __notes__
-                first.__notes__ = [*(notes or ()), note]  # type: ignore[attr-defined]
+        add_note(first, f"{len(others)} more error(s) stopped this run too:\n{lines}")
         for other in others:
             log.error("this error stopped the run too: %r", other)
     return first

@@ -160,6 +160,7 @@ class Dispatcher:
         """End of the run: stop every group's task; reserved groups stay pending."""
         for entry in self.active.values():
             if entry.task is not None:
+                entry.stopping = True
                 entry.task.cancel()
 
     # ========================================================== transitions

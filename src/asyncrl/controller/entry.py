@@ -81,4 +81,6 @@ class Entry:
     #: The engine whose infra failure the next attempt should steer clear of.
     avoid: int | None = None
     aborted: bool = False
+    #: The run is ending and cancelled the group's task (it stays pending).
+    stopping: bool = False
     task: asyncio.Task[None] | None = None
