@@ -61,9 +61,9 @@ class CheckpointHook:
 
     async def __call__(self, controller: Any, version: int) -> None:
         if self.every and version % self.every == 0:
-            await self._write(await self._capture(controller, version))
+            await self._write(await self.capture(controller, version))
 
-    async def _capture(self, controller: Any, version: int) -> _Captured:
+    async def capture(self, controller: Any, version: int) -> _Captured:
         """Both states of the same moment, without blocking the event loop.
 
         The controller's state is small and taken at once, on the loop, before
@@ -84,21 +84,30 @@ class CheckpointHook:
         return _Captured(version, controller_state, trainer_state)
 
     async def _write(self, state: _Captured) -> Path:
-        path = await asyncio.to_thread(
-            write_checkpoint, self.run_dir, state.step, controller_state=state.controller_state,
-            trainer_state=state.trainer_state, config_yaml=self.config_yaml,
-            keep_last=self.keep_last,
-        )
+        path = await asyncio.to_thread(self._write_and_free, state)
         append_bounded(self.written, path)
         log.info("checkpoint written: %s", path)
         return path
+
+    def _write_and_free(self, state: _Captured) -> Path:
+        """In a worker thread: write the checkpoint, then let go of the states here
+        too (the captured copies are freed now, in this thread: freeing a gigabyte
+        of tensors takes tens of ms, which would otherwise stall the event loop
+        when the coroutine that holds them ends)."""
+        try:
+            return write_checkpoint(
+                self.run_dir, state.step, controller_state=state.controller_state,
+                trainer_state=state.trainer_state, config_yaml=self.config_yaml,
+                keep_last=self.keep_last)
+        finally:
+            state.trainer_state, state.controller_state = {}, {}
 
     async def write_final(self, controller: Any) -> Path:
         """The checkpoint of the state the run stopped in: after ``controller.run()``
         returned, before the backends close. Groups in flight then (cancelled by
         the stop) and the groups of a step a stop interrupted are in it, as in
         every checkpoint; it replaces a periodic one of the same step."""
-        return await self._write(await self._capture(controller, controller.version.value))
+        return await self._write(await self.capture(controller, controller.version.value))
 
 
 def _get(tree: dict[str, Any], dotted: str) -> Any:
