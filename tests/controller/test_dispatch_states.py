@@ -138,7 +138,7 @@ def test_every_run_finishes_or_names_the_side_that_stalled(sc) -> None:
         elif fault == "trainer":
             assert "trainer side stalled" in message and "finish_step" in message, message
         else:
-            raise AssertionError(f"a rollout-side stall must stop gracefully: {message}")
+            raise AssertionError(f"a rollout-side stall must stop gracefully: {message}") from exc
         return
     if result.stop_reason == "stalled":  # stall_action: abort, on the rollout side
         assert fault in ("engine", "reward"), ctl.stop_message
