@@ -227,3 +227,15 @@ def test_validate_prints_the_resolved_config(tmp_path: Path, capsys) -> None:
     assert main(["validate", "--config", str(path), "--json"]) == 0
     facts = json.loads(capsys.readouterr().out)
     assert facts["required_buffer_capacity"] == 32
+
+
+def test_validate_warns_of_drop_budgets_the_step_floor_forbids(tmp_path: Path, capsys) -> None:
+    tree = pasted("sync")  # 32 prompts per step: the default floor 0.9 leaves 29
+    tree["grpo"]["num_prompts_per_step"] = 8  # a floor of 8: no step may shrink
+    tree["async_rl"]["rollout_failure"] = {"max_skipped_prompts": 5}
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    assert main(["validate", "--config", str(path)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "warning: async_rl.rollout_failure.min_step_batch_fraction=0.9 makes the floor" in out
+    assert "smallest step (min_step_batch_fraction) │ 8 groups" in out

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.buffer import RolloutBuffer
-from asyncrl.controller.validation import derived_facts, validate_setup
+from asyncrl.controller.validation import derived_facts, failure_warnings, validate_setup
 from asyncrl.devices import check_device
 from asyncrl.errors import AsyncRLError, ConfigError, require
 from asyncrl.evaluation import Evaluator, build_evaluation
@@ -83,6 +83,8 @@ def preflight(cfg: RunConfig, *, task: Task | None = None,
     validate_setup(sampler, cfg.grpo, cfg.async_rl, deterministic=cfg.deterministic)
     facts = derived_facts(sampler, cfg.grpo)
     facts["max_buffered_rollouts"] = capacity
+    facts["min_step_groups"] = cfg.async_rl.rollout_failure.step_floor(cfg.grpo.num_prompts_per_step)
+    facts["warnings"] = failure_warnings(cfg.grpo, cfg.async_rl)
     return Preflight(task=task, facts=facts, evaluator=evaluator)
 
 

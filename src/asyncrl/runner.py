@@ -94,6 +94,8 @@ def train(
         # Every pre-run check, before anything is written (asyncrl validate runs the same).
         checked = preflight(cfg, task=task, builtin_backends=backends is None)
         task, evaluator = checked.task, checked.evaluator
+        for warning in checked.facts.get("warnings", ()):
+            log.warning("%s", warning)
         if fresh:  # a new run, or a fork of ``resume`` into a run directory of its own
             prepare_run_dir(run_dir, overwrite=overwrite)
         engines, trainer = (backends if backends is not None

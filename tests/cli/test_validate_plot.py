@@ -21,7 +21,7 @@ def test_validate_prints_derived_facts(tmp_path, capsys) -> None:
     facts = json.loads(capsys.readouterr().out)
     assert facts == {"sampler": "InOrderSampler", "is_on_policy": False,
                      "required_buffer_capacity": 12, "max_staleness": 2,
-                     "max_buffered_rollouts": 12}
+                     "max_buffered_rollouts": 12, "min_step_groups": 4, "warnings": []}
     assert main(["validate", "--config", cfg]) == 0
     out = capsys.readouterr().out
     assert "required buffer capacity" in out and "config is valid" in out
