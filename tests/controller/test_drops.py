@@ -58,8 +58,9 @@ def test_shrink_trains_at_the_floor_or_above_and_never_strands_a_step(sampler) -
     assert result.steps == 12 and result.summary["ledger"]["balanced"]
     sizes = [r["groups_trained"] for r in ctl.step_records]
     assert all(N // 2 <= s <= N for s in sizes) and min(sizes) < N, sizes
-    skipped = result.summary["failures"]["prompts_skipped"]
-    assert N * 12 - sum(sizes) <= skipped  # every short step is a dropped prompt's
+    failures = result.summary["failures"]
+    assert N * 12 - sum(sizes) == failures["groups_shrunk"] <= failures["prompts_skipped"]
+    assert failures["steps_shrunk"] == sum(s < N for s in sizes)
 
 
 def test_a_step_below_the_floor_stops_the_run_naming_the_budget() -> None:

@@ -122,7 +122,7 @@ class AttemptRunner:
                     return None
                 raise
             except Exception as exc:
-                if entry.aborted or entry.stopping:
+                if entry.aborted or entry.stopping or _being_cancelled():
                     return self._while_cancelled(entry, exc)
                 if isinstance(exc, BackendLost):
                     raise  # no engine is left to retry on: the run fails
@@ -248,6 +248,15 @@ class AttemptRunner:
             result.start_weight, result.end_weight,
             ", ".join(f"{r:.3g}" for r in rollout.rewards), _preview(entry.prompt.text),
             completions, f", +{more} more" if more > 0 else "")
+
+
+def _being_cancelled() -> bool:
+    """True while this task is being cancelled (the run is failing): an error
+    raised meanwhile is not a failed attempt. (Python 3.11+; 3.10 relies on
+    the flags the dispatcher sets.)"""
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)
+    return bool(cancelling is not None and cancelling())
 
 
 async def _deadline(call: Awaitable[T], seconds: float | None,

@@ -39,6 +39,8 @@ from asyncrl.types import Prompt, prompt_from_dict, prompt_to_dict
 KEEP_DROPPED = 100
 #: Counters reported per step and in total.
 COUNTERS = ("groups_failed_infra", "groups_failed_data", "prompts_skipped", "prompts_replaced")
+#: Counters reported in total only.
+TOTALS = ("steps_shrunk", "groups_shrunk")
 
 Draw = Callable[[int], list[Prompt]]
 
@@ -76,7 +78,10 @@ class DropPolicy:
 
     def step_done(self, step: int) -> dict[str, int]:
         """Step ``step`` was trained: its counters for ``metrics.jsonl``."""
-        self.credits.pop(step, None)
+        lost = self.credits.pop(step, 0)
+        if lost:
+            self.totals["steps_shrunk"] += 1
+            self.totals["groups_shrunk"] += lost
         counts = {key: self.this_step[key] for key in COUNTERS}
         self.this_step.clear()
         return counts
@@ -151,8 +156,7 @@ class DropPolicy:
     # -------------------------------------------------------------- reports
     def summary(self) -> dict[str, Any]:
         """For ``summary.json``: the counts, why prompts were dropped, the newest ones."""
-        return {**{key: self.totals[key] for key in COUNTERS},
-                "steps_shrunk_by": dict(sorted(self.credits.items())),
+        return {**{key: self.totals[key] for key in (*COUNTERS, *TOTALS)},
                 "dropped_by_reason": dict(self.by_reason),
                 "dropped_prompts": list(self.recent)}
 
