@@ -15,12 +15,10 @@ import contextlib
 import difflib
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal, Union
 
 import yaml
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     StrictFloat,
     StrictInt,
@@ -28,6 +26,7 @@ from pydantic import (
     model_validator,
 )
 
+from asyncrl._blocks import Block, NonNegFloat, NonNegInt, PosFloat, PosInt
 from asyncrl._validation import explain_errors
 from asyncrl._yaml import load_yaml
 from asyncrl.dataset_config import DatasetTaskConfig
@@ -35,22 +34,12 @@ from asyncrl.errors import ConfigError
 from asyncrl.failure_config import (
     GenerationFleetHealthConfig,
     GenerationRouterConfig,
+    RefusesRenamedKeys,
     RolloutFailureConfig,
     StallWatchdogConfig,
-    refuse_renamed,
 )
 from asyncrl.interpolation import resolve_interpolations
 from asyncrl.sampling.config import InOrderSamplerConfig, SamplerConfig
-
-# Numbers are strict: YAML's `true` is not 1. A float field still takes a YAML int.
-PosInt = Annotated[StrictInt, Field(ge=1)]
-NonNegInt = Annotated[StrictInt, Field(ge=0)]
-PosFloat = Annotated[StrictFloat, Field(gt=0)]
-NonNegFloat = Annotated[StrictFloat, Field(ge=0)]
-
-
-class Block(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 # --------------------------------------------------------------------- GRPO
@@ -61,15 +50,12 @@ class GRPOConfig(Block):
 
 
 # ----------------------------------------------------------------- async RL
-#: Keys of the async_rl block of asyncrl before NeMo-RL's names.
-_RENAMED_ASYNC_KEYS = {
-    "stall_timeout_s": "stall_watchdog: {stall_timeout_s: ..., stall_action: abort}",
-}
-
-
-class AsyncRLConfig(Block):
+class AsyncRLConfig(Block, RefusesRenamedKeys):
     """NeMo-RL's ``async_rl`` block: a block pasted from NeMo-RL's single-controller
     configs loads as written (docs/training.md lists what each key does here)."""
+
+    renamed: ClassVar[dict[str, str]] = {
+        "stall_timeout_s": "stall_watchdog: {stall_timeout_s: ..., stall_action: abort}"}
 
     sampler: SamplerConfig = Field(default_factory=InOrderSamplerConfig)
     max_buffered_rollouts: PosInt = 16
@@ -85,11 +71,6 @@ class AsyncRLConfig(Block):
     generation_fleet_health: GenerationFleetHealthConfig = Field(
         default_factory=GenerationFleetHealthConfig)
     generation_router: GenerationRouterConfig = Field(default_factory=GenerationRouterConfig)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _renamed(cls, data: Any) -> Any:
-        return refuse_renamed(data, _RENAMED_ASYNC_KEYS)
 
     @model_validator(mode="after")
     def _watchdog_outlasts_deadlines(self) -> AsyncRLConfig:

@@ -17,25 +17,27 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-PosInt = Annotated[StrictInt, Field(ge=1)]
-NonNegInt = Annotated[StrictInt, Field(ge=0)]
-PosFloat = Annotated[StrictFloat, Field(gt=0)]
-
-
-class _Block(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+from asyncrl._blocks import Block as _Block
+from asyncrl._blocks import NonNegInt, PosFloat, PosInt
 
 
-def refuse_renamed(data: Any, renamed: dict[str, str]) -> Any:
-    """A ``mode="before"`` check: one line naming the new keys of every old key in ``data``."""
-    if isinstance(data, dict):
-        stale = [f"{old} -> {new}" for old, new in renamed.items() if old in data]
-        if stale:
-            raise ValueError("keys replaced by NeMo-RL's names, rewrite them: "
-                             + "; ".join(stale) + " (see docs/training.md)")
-    return data
+class RefusesRenamedKeys(BaseModel):
+    """A block whose keys of an older asyncrl (``renamed``: old -> new) are refused
+    with one line naming the new ones."""
+
+    renamed: ClassVar[dict[str, str]] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            stale = [f"{old} -> {new}" for old, new in cls.renamed.items() if old in data]
+            if stale:
+                raise ValueError("keys replaced by NeMo-RL's names, rewrite them: "
+                                 + "; ".join(stale) + " (see docs/training.md)")
+        return data
 
 
 # ------------------------------------------------------------ rollout failure
@@ -71,17 +73,16 @@ class NemoGymConfig(_Block):
         return data
 
 
-#: Keys of the rollout_failure block of asyncrl before NeMo-RL's names.
-RENAMED_FAILURE_KEYS = {
-    "max_attempts": "max_infra_attempts_per_prompt and max_data_attempts_per_prompt",
-    "backoff_s": "backoff_base_s",
-    "max_failed_groups": "max_skipped_prompts (data) and max_consecutive_dropped_prompts (infra)",
-}
-
-
-class RolloutFailureConfig(_Block):
+class RolloutFailureConfig(_Block, RefusesRenamedKeys):
     """What a failed attempt costs, and what becomes of a prompt that runs out
     of attempts (docs/controller.md, Failures)."""
+
+    renamed: ClassVar[dict[str, str]] = {
+        "max_attempts": "max_infra_attempts_per_prompt and max_data_attempts_per_prompt",
+        "backoff_s": "backoff_base_s",
+        "max_failed_groups":
+            "max_skipped_prompts (data) and max_consecutive_dropped_prompts (infra)",
+    }
 
     #: Attempts that may fail as infra (engine, worker, transport, deadline); each
     #: retry waits a backoff and goes to another engine when there is one.
@@ -110,11 +111,6 @@ class RolloutFailureConfig(_Block):
     replacement_reserve_prompts: NonNegInt = 1
     native: NativeTimeoutsConfig = Field(default_factory=NativeTimeoutsConfig)
     nemo_gym: NemoGymConfig = Field(default_factory=NemoGymConfig)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _renamed(cls, data: Any) -> Any:
-        return refuse_renamed(data, RENAMED_FAILURE_KEYS)
 
     @model_validator(mode="after")
     def _consistent(self) -> RolloutFailureConfig:
@@ -196,12 +192,11 @@ class GenerationRouterConfig(_OffOnly):
 
 
 __all__ = [
-    "RENAMED_FAILURE_KEYS",
     "GenerationFleetHealthConfig",
     "GenerationRouterConfig",
     "NativeTimeoutsConfig",
     "NemoGymConfig",
+    "RefusesRenamedKeys",
     "RolloutFailureConfig",
     "StallWatchdogConfig",
-    "refuse_renamed",
 ]
