@@ -2,7 +2,8 @@
 
 * ``python`` blocks run in order, one namespace per document (later blocks may
   use what earlier ones defined), in a scratch directory that sees the repo's
-  ``examples/``; top-level ``await`` is allowed, as in a notebook.
+  ``examples/``, as plain scripts: no top-level ``await`` (a reader pastes them
+  into a file and runs ``python``).
 * ``yaml`` blocks parse; a block that is a run config (its keys are config
   blocks) is validated like a config file.
 * ``bash`` blocks: every ``asyncrl ...`` line parses with the real CLI parser,
@@ -11,9 +12,6 @@
 
 from __future__ import annotations
 
-import ast
-import asyncio
-import inspect
 import re
 import shlex
 from pathlib import Path
@@ -52,11 +50,8 @@ def test_python_snippets_run(doc: Path, tmp_path: Path, monkeypatch) -> None:
     (tmp_path / "examples").symlink_to(REPO / "examples")
     namespace: dict = {"__name__": f"docs_{doc.stem}"}
     for i, body in enumerate(blocks(doc, "python")):
-        code = compile(body, f"{_id(doc)} python block {i + 1}", "exec",
-                       flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
-        result = eval(code, namespace)  # our own documentation, run as written
-        if inspect.iscoroutine(result):  # the block awaits at top level
-            asyncio.run(result)
+        code = compile(body, f"{_id(doc)} python block {i + 1}", "exec")
+        exec(code, namespace)  # our own documentation, run as written
 
 
 @pytest.mark.parametrize("doc", docs_with("yaml"), ids=_id)

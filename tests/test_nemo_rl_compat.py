@@ -147,7 +147,7 @@ def test_keys_asyncrl_cannot_honour_are_refused_unless_off(path, value, says) ->
     node[key] = value
     with pytest.raises(ConfigError, match=says) as err:
         config_from_dict(tree)
-    assert len(str(err.value).splitlines()) == 2  # the header and one line
+    assert len(str(err.value).splitlines()) == 1  # one line
 
 
 def test_gym_subprocess_check_is_accepted_either_way() -> None:
@@ -166,7 +166,7 @@ def test_gym_subprocess_check_is_accepted_either_way() -> None:
 def test_replaced_keys_get_one_line_naming_the_new_ones(block, new) -> None:
     with pytest.raises(ConfigError, match=new) as err:
         config_from_dict({"async_rl": block})
-    assert len(str(err.value).splitlines()) == 2
+    assert len(str(err.value).splitlines()) == 1
 
 
 def test_max_backoff_below_the_base_is_refused() -> None:
@@ -238,4 +238,4 @@ def test_validate_warns_of_drop_budgets_the_step_floor_forbids(tmp_path: Path, c
     assert main(["validate", "--config", str(path)]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "warning: async_rl.rollout_failure.min_step_batch_fraction=0.9 makes the floor" in out
-    assert "smallest step (min_step_batch_fraction) │ 8 groups" in out
+    assert "smallest step" in out and "8 groups" in out

@@ -132,13 +132,25 @@ TaskConfig = Annotated[
 
 # ------------------------------------------------------------------- policy
 class ModelConfig(Block):
-    """A small causal LM built from scratch (random weights, no download)."""
+    """A causal LM built from scratch (random weights, no download): small by
+    default, or the shape of a real model (examples/qwen2_shape.yaml)."""
 
+    #: llama: no attention biases; qwen2: biases on the q/k/v projections.
+    architecture: Literal["llama", "qwen2"] = "llama"
     hidden_size: PosInt = 64
     num_layers: PosInt = 2
     num_heads: PosInt = 4
+    #: Grouped-query attention: heads of keys and values (None: num_heads).
+    num_key_value_heads: PosInt | None = None
     intermediate_size: PosInt = 128
     max_position_embeddings: PosInt = 64
+    #: Rows of the embedding and output layers (None: the tokenizer's vocabulary).
+    #: Larger than the tokenizer's to give the model a real model's output layer:
+    #: the extra ids decode to nothing.
+    vocab_size: PosInt | None = None
+    #: Input and output embeddings shared (fewer parameters to learn from scratch).
+    tie_word_embeddings: bool = True
+    rope_theta: PosFloat = 10000.0
 
 
 class GenerationConfig(Block):
@@ -185,6 +197,23 @@ class VLLMConfig(Block):
     engine_args: dict[str, Any] = Field(default_factory=dict)
 
 
+class LoraConfig(Block):
+    """Low-rank adapters (peft) on the policy: only they are trained, the engines
+    get the merged weights, and the KL reference is the policy with the adapters
+    off. See docs/training.md, "LoRA"."""
+
+    r: PosInt = 8
+    #: The update is scaled by alpha / r.
+    alpha: PosFloat = 16.0
+    #: Dropout on the adapters' input while training. Above 0 the trainer's
+    #: log-probs differ from the engine's (which has no dropout): it shows up as
+    #: train/logprob_mismatch and is corrected like staleness.
+    dropout: Annotated[StrictFloat, Field(ge=0, lt=1)] = 0.0
+    #: Module names (or suffixes) that get adapters, or "all-linear": every linear
+    #: layer but the output layer.
+    target_modules: str | tuple[str, ...] = "all-linear"
+
+
 class PolicyConfig(Block):
     #: Local path to a transformers causal LM and its tokenizer; None: build `model`.
     model_name_or_path: str | None = None
@@ -206,9 +235,32 @@ class PolicyConfig(Block):
     #: default). 1 suits the small default model: its matrices are too small to gain
     #: from more, and engine and trainer already run in two threads of their own.
     num_threads: PosInt | None = 1
-    #: Largest number of sequences the trainer runs through one forward/backward
-    #: (a chunk is split into micro-batches of this size; bounds its memory).
-    train_micro_batch_sequences: PosInt = 64
+    #: Token budget of one trainer forward/backward: sequences are grouped by length
+    #: into micro-batches of at most this many positions (rows x longest row), so
+    #: activation memory is bounded whatever the completion lengths. A sequence longer
+    #: than the budget gets a micro-batch of its own. See docs/training.md, "Memory".
+    train_micro_batch_tokens: PosInt = 8192
+    #: Recompute each decoder layer's activations in the backward pass (transformers'
+    #: own checkpointing): activation memory per token drops to about one hidden
+    #: state per layer, for about a third more compute. Exact.
+    gradient_checkpointing: bool = False
+    #: Train low-rank adapters instead of the full model (pip install 'asyncrl[lora]').
+    lora: LoraConfig | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_keys(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "train_micro_batch_sequences" in data:
+            if data["train_micro_batch_sequences"] == 64:
+                # Its old default, as every config.yaml written before the rename
+                # holds it: such runs resume with the token budget's default.
+                return {k: v for k, v in data.items() if k != "train_micro_batch_sequences"}
+            raise ValueError(
+                "train_micro_batch_sequences was replaced by train_micro_batch_tokens, a "
+                "token budget per micro-batch (rows x longest row); e.g. "
+                "train_micro_batch_tokens: 8192"
+            )
+        return data
 
 
 # --------------------------------------------------------------------- loss
@@ -516,7 +568,8 @@ def _invalid(exc: ValidationError, source: str, overrides: Sequence[str]) -> str
         head = f"invalid {source} and command-line override"
     else:
         head = f"invalid {source}"
-    return f"{head}:\n" + "\n".join(lines)
+    # One problem: on the line the CLI starts with "error:" (a log grep finds it).
+    return f"{head}: {lines[0]}" if len(lines) == 1 else f"{head}:\n" + "\n".join(lines)
 
 
 #: What an empty config file is told to hold.

@@ -172,6 +172,15 @@ class BackendBug(AsyncRLError, RuntimeError):
     error is the ``__cause__``."""
 
 
+class PromptTooLong(PromptError, GenerationError):
+    """A prompt is so long that ``prompt + max_new_tokens`` does not fit the model's
+    context: its completions could be cut short at the context instead of at
+    ``max_new_tokens``. Raised by an engine before it generates anything (every
+    built-in engine, so that they all stop at the same limit); the message names
+    both numbers. A fault of the data, not of the engine: ``kind`` is ``data``
+    (from :class:`PromptError`, first in its bases)."""
+
+
 class CheckpointError(AsyncRLError, ValueError):
     """A checkpoint is missing, corrupted or incompatible with the config."""
 

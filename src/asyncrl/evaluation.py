@@ -18,6 +18,7 @@ import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.engines.base import RolloutEngine
@@ -121,6 +122,7 @@ def build_evaluation(cfg: RunConfig, task: Task | None = None) -> tuple[Task, Ev
         task = build_task(cfg.task)
     if ev is None:
         return task, None
+    _warn_about(ev, task)
     if not isinstance(task, DatasetTask):
         if ev.path is not None or ev.holdout is not None:
             raise ConfigError(
@@ -161,6 +163,24 @@ def _held_out(cfg: RunConfig, task: Any) -> tuple[Any, list[int]]:
             f"{task.num_records}; hold out fewer")
     first = task.num_records - ev.holdout
     return task, list(range(first, first + min(ev.holdout, ev.num_prompts)))
+
+
+def _warn_about(ev: EvalConfig, task: Task) -> None:
+    """Settings that make the eval numbers mean less than they seem (warnings:
+    each can be meant, e.g. by a docs example with ten records)."""
+    train_path = getattr(getattr(task, "cfg", None), "path", None)
+    if ev.path is not None and train_path is not None and \
+            Path(ev.path).expanduser().resolve() == Path(train_path).expanduser().resolve():
+        log.warning(
+            "eval.path is the training file (task.path=%s): the held-out prompts are training "
+            "prompts, so eval measures recall, not generalisation. Point eval.path at a "
+            "held-out file, or use eval.holdout: N to keep N records out of training", train_path)
+    if ev.temperature == 0 and ev.num_generations > 1:
+        n = ev.num_generations
+        log.warning(
+            "eval.temperature=0 (greedy) with eval.num_generations=%d: the %d completions of a "
+            "prompt are identical, so eval/pass@%d equals eval/pass@1. Set eval.temperature > 0 "
+            "(e.g. 1.0) to sample them, or eval.num_generations: 1", n, n, n)
 
 
 def _settings(ev: EvalConfig) -> EvalSettings:

@@ -6,12 +6,16 @@ the same function that built the trainer's model), load the trained weights
 into it and write it with :func:`asyncrl.hf.save_policy`: safetensors,
 ``config.json`` and the tokenizer, loadable with
 ``AutoModelForCausalLM.from_pretrained`` and usable as ``policy.model_name_or_path``.
+A LoRA run's trainer state holds only the adapters: they are applied to the
+rebuilt base model and merged into it, and the adapter is written beside the
+merged model, in ``adapter/`` (peft's format).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -21,6 +25,7 @@ import yaml
 from asyncrl.checkpoint.store import list_checkpoints, load_latest, verify
 from asyncrl.config import RunConfig, config_from_dict
 from asyncrl.errors import CheckpointError, SetupError
+from asyncrl.hf import ADAPTER_DIR
 from asyncrl.tasks import Task, build_task
 
 log = logging.getLogger("asyncrl.export")
@@ -36,6 +41,14 @@ def export_weights(
     ``task`` gives a from-scratch model its vocabulary (built from ``cfg.task``
     when not given; a dataset task then reads its file again).
     """
+    return export_trainer_state(cfg, {"model": weights}, out_dir, task=task)
+
+
+def export_trainer_state(cfg: RunConfig, state: Mapping[str, Any], out_dir: str | Path, *,
+                         task: Task | None = None) -> Path:
+    """Write the policy a trainer state (``Trainer.state_dict()``, as ``trainer.pt``
+    holds it) describes: its model weights, or the base model of ``cfg`` with its
+    LoRA adapters merged (and the adapter beside it)."""
     from asyncrl.hf import save_policy
     from asyncrl.policy import bind_task_tokenizer, build_policy
 
@@ -43,21 +56,35 @@ def export_weights(
         task = build_task(cfg.task)
         bind_task_tokenizer(task, cfg.policy)
     model, tokenizer = build_policy(cfg.policy, task, seed=cfg.seed)
-    model.load_state_dict(dict(weights))
-    return save_policy(model, tokenizer, out_dir)
+    if "adapter" not in state:
+        model.load_state_dict(dict(state["model"]))
+        return save_policy(model, tokenizer, out_dir)
+    from asyncrl.trainers import lora
+
+    if cfg.policy.lora is None:
+        raise CheckpointError("the checkpoint holds LoRA adapters but its config has no "
+                              "policy.lora block")
+    wrapped = lora.apply_lora(model, cfg.policy.lora)
+    lora.load_adapter_state(model, state["adapter"])
+    merged = {k: v.detach().clone() for k, v in lora.merged_state_dict(model).items()}
+    with tempfile.TemporaryDirectory() as tmp:
+        adapter_dir = lora.save_adapter(wrapped, Path(tmp) / "adapter")
+        base = wrapped.unload()  # the model without adapter layers, then the merged weights
+        base.load_state_dict(merged)
+        return save_policy(base, tokenizer, out_dir, adapter_dir=adapter_dir)
 
 
 async def export_final(run_dir: str | Path, cfg: RunConfig, trainer: Any,
                        task: Task | None = None) -> Path | None:
-    """``RUN_DIR/final/`` from the trainer's weights now (the model state dict of
-    ``trainer.state_dict()``, as a checkpoint would hold it).
+    """``RUN_DIR/final/`` from the trainer's weights now (``trainer.state_dict()``,
+    as a checkpoint would hold it).
 
     Called when a run ends, however it ends; returns None (and logs why) when
     the export fails, so that a failed export never hides the run's outcome.
     """
     try:
         state = await asyncio.to_thread(trainer.state_dict)
-        return await asyncio.to_thread(export_weights, cfg, state["model"],
+        return await asyncio.to_thread(export_trainer_state, cfg, state,
                                        Path(run_dir) / FINAL, task=task)
     except Exception as exc:
         log.warning("could not write %s/%s: %r", run_dir, FINAL, exc)
@@ -73,7 +100,8 @@ POLICY_FILES = ("config.json", "generation_config.json", "tokenizer.json",
 def is_policy_dir(path: Path) -> bool:
     names = [p.name for p in path.iterdir()]
     return "config.json" in names and all(
-        n in POLICY_FILES or n.endswith((".safetensors", ".safetensors.index.json"))
+        n in POLICY_FILES or n == ADAPTER_DIR
+        or n.endswith((".safetensors", ".safetensors.index.json"))
         for n in names)
 
 
@@ -106,7 +134,7 @@ def export_checkpoint(run_dir: str | Path, out_dir: str | Path, *, step: int | N
     check_out_dir(run_dir, Path(out_dir), force=force)
     if step is None:
         ckpt = load_latest(run_dir)
-        step, config_yaml, weights = ckpt.step, ckpt.config_yaml, ckpt.trainer_state["model"]
+        step, config_yaml, state = ckpt.step, ckpt.config_yaml, ckpt.trainer_state
     else:
         found = {int(p.name.split("-")[-1]): p for p in list_checkpoints(run_dir)}
         path = found.get(step)
@@ -120,6 +148,6 @@ def export_checkpoint(run_dir: str | Path, out_dir: str | Path, *, step: int | N
         if problem is not None:
             raise CheckpointError(f"checkpoint {path} is invalid: {problem}; pick another step")
         config_yaml = (path / "config.yaml").read_text()
-        weights = torch.load(path / "trainer.pt", weights_only=True, map_location="cpu")["model"]
+        state = torch.load(path / "trainer.pt", weights_only=True, map_location="cpu")
     cfg = config_from_dict(yaml.safe_load(config_yaml) or {}, source=f"{run_dir} checkpoint config")
-    return step, export_weights(cfg, weights, out_dir)
+    return step, export_trainer_state(cfg, state, out_dir)

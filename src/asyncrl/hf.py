@@ -24,10 +24,15 @@ from typing import Any
 from asyncrl.errors import ConfigError, require
 from asyncrl.tasks.tokenizer import BOS, EOS, PAD, CharTokenizer, Tokenizer
 
+#: Where a LoRA run's ``final/`` (and an export of it) keeps the adapter.
+ADAPTER_DIR = "adapter"
+
 
 def char_tokenizer_to_hf(tokenizer: CharTokenizer) -> Any:
     """A ``PreTrainedTokenizerFast`` with exactly ``tokenizer``'s ids: pad, bos and
-    eos first, then one token per character, no normalisation and no merges."""
+    eos first, then one token per character, no normalisation and no merges; like
+    training, ``tokenizer(text)`` puts bos in front (``add_special_tokens=False``
+    leaves it out)."""
     transformers = require("transformers", "hf", "saving the policy in Hugging Face format")
     tokenizers = require("tokenizers", "hf", "saving the policy in Hugging Face format")
     vocab = {PAD: tokenizer.pad_id, BOS: tokenizer.bos_id, EOS: tokenizer.eos_id}
@@ -39,6 +44,10 @@ def char_tokenizer_to_hf(tokenizer: CharTokenizer) -> Any:
         tokenizers.Regex(r"[\s\S]"), behavior="isolated"
     )
     backend.decoder = tokenizers.decoders.Fuse()  # join tokens without spaces
+    # tokenizer(text) starts with bos, as every prompt does in training (encode_prompt):
+    # the exported policy reads a prompt exactly as it was trained to.
+    backend.post_processor = tokenizers.processors.TemplateProcessing(
+        single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, tokenizer.bos_id)])
     return transformers.PreTrainedTokenizerFast(
         tokenizer_object=backend,
         pad_token=PAD,
@@ -68,9 +77,11 @@ def save_policy(
     out_dir: str | Path,
     *,
     state_dict: Mapping[str, Any] | None = None,
+    adapter_dir: str | Path | None = None,
 ) -> Path:
     """Write ``model`` (with ``state_dict`` loaded into a copy of it, when given) and
-    its tokenizer to ``out_dir`` in Hugging Face format, atomically.
+    its tokenizer to ``out_dir`` in Hugging Face format, atomically; the directory
+    ``adapter_dir`` (a LoRA adapter as peft saves it) is copied in as ``out_dir/adapter``.
 
     The directory is written under a temporary name next to ``out_dir`` and
     renamed into place, so a reader never sees half a model; an existing
@@ -89,6 +100,8 @@ def save_policy(
         with _no_progress_bars():
             model.save_pretrained(tmp, safe_serialization=True)
             hf_tok.save_pretrained(tmp)
+            if adapter_dir is not None:
+                shutil.copytree(adapter_dir, tmp / ADAPTER_DIR)
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)

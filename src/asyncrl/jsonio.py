@@ -1,12 +1,14 @@
 """JSON files a run writes and reads: never NaN or Infinity, and torn lines survived.
 
 Python's ``json`` writes ``NaN`` and ``Infinity`` by default, which no other JSON
-reader accepts. Everything asyncrl writes for people and tools (``summary.json``,
-``metrics.jsonl``, ``timeline.json``, ``ledger.jsonl``, simulate's
-``results.json`` and ``--json``) goes through :func:`dumps`, which writes a
-non-finite number as ``null``. A run killed mid-write can leave a JSONL file
-whose last line is cut short; :func:`read_jsonl` drops such lines with one
-warning instead of failing.
+reader accepts, and every bit of a float (``0.09999999999999981``). Everything
+asyncrl writes for people and tools (``summary.json``, ``metrics.jsonl``,
+``timeline.json``, ``ledger.jsonl``, simulate's ``results.json`` and ``--json``)
+goes through :func:`dumps`, which writes a non-finite number as ``null`` and a
+float with 12 significant digits (checkpoints, which must restore exactly, are
+not written through it). A run killed mid-write can leave a JSONL file whose
+last line is cut short; :func:`read_jsonl` drops such lines with one warning
+instead of failing.
 """
 
 from __future__ import annotations
@@ -20,10 +22,17 @@ from typing import Any
 log = logging.getLogger("asyncrl.jsonio")
 
 
+#: Significant digits a float keeps in these files: float arithmetic's last-bit
+#: noise goes (a mean of 0.1 is written 0.1, not 0.09999999999999981), while a
+#: time of 10^7 s keeps microseconds.
+DIGITS = 12
+
+
 def jsonable(value: Any) -> Any:
-    """``value`` with every non-finite float replaced by None (recursively)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
+    """``value`` with every non-finite float replaced by None and every other
+    float rounded to :data:`DIGITS` significant digits (recursively)."""
+    if isinstance(value, float):
+        return float(f"{value:.{DIGITS}g}") if math.isfinite(value) else None
     if isinstance(value, dict):
         return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

@@ -6,10 +6,13 @@ callers).
 
 Two sources:
 
-* ``policy.model_name_or_path: null`` (the default) - a small Llama-architecture
-  model built from ``policy.model`` with random weights (seeded by the run seed),
-  whose vocabulary is the task's :class:`~asyncrl.tasks.CharTokenizer`. Nothing is
-  downloaded; it trains from scratch on CPU in minutes.
+* ``policy.model_name_or_path: null`` (the default) - a Llama- or
+  Qwen2-architecture model built from ``policy.model`` with random weights (seeded
+  by the run seed), whose tokenizer is the task's
+  :class:`~asyncrl.tasks.CharTokenizer`. Small by default (it trains from scratch
+  on CPU in minutes); ``policy.model`` also takes a real model's shape knobs
+  (vocabulary, grouped-query attention, tied embeddings, rope theta), so a
+  Qwen2.5-0.5B-shaped model exists without a download (examples/qwen2_shape.yaml).
 * ``policy.model_name_or_path: /some/dir`` - ``AutoModelForCausalLM`` and
   ``AutoTokenizer`` loaded from that local directory (never from the network),
   the tokenizer wrapped in :class:`HFTokenizer`.
@@ -54,7 +57,11 @@ class HFTokenizer:
         pad = tokenizer.pad_token_id
         self.pad_id = int(pad) if pad is not None else self.eos_id
         bos = tokenizer.bos_token_id
-        self.bos_id = int(bos) if bos is not None else None
+        # Prompts get bos in front exactly when the tokenizer itself puts it there
+        # (``tokenizer(text)``): then training, an exported policy and any inference
+        # stack that tokenizes the text see the same ids. (A tokenizer that has a bos
+        # token but does not add it, as GPT-2's, trains without it.)
+        self.bos_id = int(bos) if bos is not None and _adds_bos(tokenizer, int(bos)) else None
         self.vocab_size = len(tokenizer)
 
     def encode(self, text: str) -> list[int]:
@@ -62,6 +69,15 @@ class HFTokenizer:
 
     def decode(self, ids: Iterable[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+
+def _adds_bos(tokenizer: Any, bos: int) -> bool:
+    """Whether ``tokenizer(text)`` starts with ``bos`` by itself."""
+    try:
+        ids = tokenizer("a")["input_ids"]
+    except Exception:  # cannot tell: put bos in front, as before this was asked
+        return True
+    return bool(ids) and ids[0] == bos
 
 
 def build_policy(
@@ -79,37 +95,80 @@ def build_policy(
 
     tokenizer = getattr(task, "tokenizer", None) or CharTokenizer()
     m = cfg.model
-    check_model_shape(m)
-    config = transformers.LlamaConfig(
-        vocab_size=tokenizer.vocab_size,
-        hidden_size=m.hidden_size,
-        num_hidden_layers=m.num_layers,
-        num_attention_heads=m.num_heads,
-        num_key_value_heads=m.num_heads,
-        intermediate_size=m.intermediate_size,
-        max_position_embeddings=m.max_position_embeddings,
-        # Input and output embeddings shared: fewer parameters to learn from scratch.
-        tie_word_embeddings=True,
-        pad_token_id=tokenizer.pad_id,
-        bos_token_id=tokenizer.bos_id,
-        eos_token_id=tokenizer.eos_id,
-    )
+    check_model_shape(m, tokenizer.vocab_size)
     # transformers initialises weights from torch's global RNG; fork it so that
     # building a policy neither depends on nor disturbs anyone else's draws.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = transformers.LlamaForCausalLM(config)
+        model = _model_class(transformers, m)(model_config(transformers, m, tokenizer))
     return _prepare(model, cfg), tokenizer
 
 
-def check_model_shape(m: ModelConfig) -> None:
-    """Refuse a from-scratch model shape transformers cannot build."""
+def model_config(transformers: Any, m: ModelConfig, tokenizer: Tokenizer) -> Any:
+    """The transformers config of the from-scratch model ``m`` over ``tokenizer``."""
+    config_class = transformers.Qwen2Config if m.architecture == "qwen2" else transformers.LlamaConfig
+    return config_class(
+        vocab_size=m.vocab_size or tokenizer.vocab_size,
+        hidden_size=m.hidden_size,
+        num_hidden_layers=m.num_layers,
+        num_attention_heads=m.num_heads,
+        num_key_value_heads=m.num_key_value_heads or m.num_heads,
+        intermediate_size=m.intermediate_size,
+        max_position_embeddings=m.max_position_embeddings,
+        tie_word_embeddings=m.tie_word_embeddings,
+        rope_parameters={"rope_type": "default", "rope_theta": m.rope_theta},
+        pad_token_id=tokenizer.pad_id,
+        bos_token_id=tokenizer.bos_id,
+        eos_token_id=tokenizer.eos_id,
+    )
+
+
+def _model_class(transformers: Any, m: ModelConfig) -> Any:
+    return (transformers.Qwen2ForCausalLM if m.architecture == "qwen2"
+            else transformers.LlamaForCausalLM)
+
+
+def check_model_shape(m: ModelConfig, tokenizer_vocab: int | None = None) -> None:
+    """Refuse a from-scratch model shape transformers cannot build (or whose
+    output layer would not cover the tokenizer's ids)."""
     if m.hidden_size % m.num_heads:
         raise ConfigError(
             f"policy.model.hidden_size={m.hidden_size} is not divisible by "
             f"policy.model.num_heads={m.num_heads} (each attention head gets hidden_size / "
             "num_heads dimensions); pick sizes that divide, e.g. hidden_size=64, num_heads=4"
         )
+    kv = m.num_key_value_heads
+    if kv is not None and m.num_heads % kv:
+        raise ConfigError(
+            f"policy.model.num_heads={m.num_heads} is not a multiple of "
+            f"policy.model.num_key_value_heads={kv} (grouped-query attention shares each "
+            "key/value head among num_heads / num_key_value_heads query heads); pick a "
+            f"divisor, e.g. num_key_value_heads={_largest_divisor(m.num_heads, kv)}"
+        )
+    if m.vocab_size is not None and tokenizer_vocab is not None and m.vocab_size < tokenizer_vocab:
+        raise ConfigError(
+            f"policy.model.vocab_size={m.vocab_size} is smaller than the tokenizer's "
+            f"vocabulary ({tokenizer_vocab} ids): the output layer must cover every id; "
+            f"set vocab_size >= {tokenizer_vocab}, or null for exactly the tokenizer's"
+        )
+
+
+def _largest_divisor(n: int, at_most: int) -> int:
+    return max(d for d in range(1, min(n, at_most) + 1) if n % d == 0)
+
+
+def model_skeleton(cfg: PolicyConfig, tokenizer: Tokenizer) -> torch.nn.Module:
+    """The policy's model on the ``meta`` device: every parameter's shape and no
+    memory, nothing loaded or initialised (for memory estimates)."""
+    transformers = require("transformers", "hf", "building the policy model")
+    with torch.device("meta"):
+        if cfg.model_name_or_path is None:
+            m = cfg.model
+            model = _model_class(transformers, m)(model_config(transformers, m, tokenizer))
+        else:
+            config = _from_pretrained(transformers.AutoConfig, _pretrained_dir(cfg))
+            model = transformers.AutoModelForCausalLM.from_config(config)
+    return model.eval()
 
 
 def load_tokenizer(cfg: PolicyConfig, task: Task | None = None) -> Tokenizer:

@@ -10,6 +10,9 @@ model weights are built or loaded.
   ``policy.model_name_or_path`` holding a readable config, weights and a tokenizer;
 * the task, built as ``train`` builds it, with the held-out prompts of
   ``cfg.eval`` and (a dataset task's chat template) the policy's tokenizer;
+* the context length: the longest prompt plus ``max_new_tokens`` fits the
+  model's context (:mod:`asyncrl.context_length`);
+* ``logging.wandb``: wandb installed and, online, logged in;
 * the sampler, built as the controller builds it (a ``custom`` one included),
   and its derived facts: plausible values, a buffer large enough, a pinned
   weight version in deterministic mode (:func:`~asyncrl.controller.validation.validate_setup`).
@@ -25,11 +28,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.buffer import RolloutBuffer
+from asyncrl.context_length import check_context
 from asyncrl.controller.validation import derived_facts, failure_warnings, validate_setup
 from asyncrl.devices import check_device
 from asyncrl.errors import AsyncRLError, ConfigError, require
 from asyncrl.evaluation import Evaluator, build_evaluation
-from asyncrl.policy import bind_task_tokenizer, check_prompts_encode
+from asyncrl.metrics.wandb_sink import check_wandb
+from asyncrl.policy import (
+    bind_task_tokenizer,
+    check_model_shape,
+    check_prompts_encode,
+    load_tokenizer,
+)
 from asyncrl.sampling import create_sampler
 
 if TYPE_CHECKING:
@@ -70,6 +80,7 @@ def preflight(cfg: RunConfig, *, task: Task | None = None,
             check_config(cfg)
     elif builtin_backends:
         _parse_device(cfg.policy.device)
+    check_wandb(cfg.logging.wandb)
     if task is None:
         task = _build_task(cfg)
     # Held-out prompts (may leave records out of the training task), and the
@@ -78,11 +89,21 @@ def preflight(cfg: RunConfig, *, task: Task | None = None,
     bind_task_tokenizer(task, cfg.policy)
     if builtin_backends and cfg.cluster.backend == "local":
         check_prompts_encode(task, cfg.policy, seed=cfg.seed)
+    if builtin_backends and cfg.policy.model_name_or_path is None:
+        # The output layer must cover the task tokenizer's ids (policy.model.vocab_size).
+        check_model_shape(cfg.policy.model, load_tokenizer(cfg.policy, task).vocab_size)
+    context: dict[str, Any] = {}
+    # On Ray a pretrained model's files are the workers' (their engines check
+    # every prompt at run time); a from-scratch shape is known everywhere.
+    if builtin_backends and (cfg.cluster.backend == "local"
+                             or cfg.policy.model_name_or_path is None):
+        context = check_context(cfg, task, load_tokenizer(cfg.policy, task), evaluator)
     capacity = cfg.async_rl.max_buffered_rollouts
     sampler = create_sampler(RolloutBuffer(capacity), cfg.async_rl.sampler)
     validate_setup(sampler, cfg.grpo, cfg.async_rl, deterministic=cfg.deterministic)
     facts = derived_facts(sampler, cfg.grpo)
     facts["max_buffered_rollouts"] = capacity
+    facts.update(context)
     facts["min_step_groups"] = cfg.async_rl.rollout_failure.step_floor(cfg.grpo.num_prompts_per_step)
     facts["warnings"] = failure_warnings(cfg.grpo, cfg.async_rl)
     return Preflight(task=task, facts=facts, evaluator=evaluator)
@@ -102,8 +123,6 @@ def _parse_device(device: str) -> Any:
 
 def check_model_source(policy: PolicyConfig) -> None:
     """A from-scratch shape that divides, or a local model directory that loads."""
-    from asyncrl.policy import check_model_shape
-
     if policy.model_name_or_path is None:
         check_model_shape(policy.model)
         return

@@ -4,7 +4,10 @@ A new run never writes into a directory that already holds something: mixing
 two runs' checkpoints and metrics is how a later ``--resume`` continues from the
 wrong weights. ``--overwrite`` starts over in an old run directory (its run
 files are deleted first); ``--resume RUN --run-dir NEW`` forks a run (see
-:func:`fork_run_dir`).
+:func:`fork_run_dir`). A run directory that never got to a step (no checkpoint,
+no metrics record: a start that failed, e.g. vLLM or wandb not starting) holds
+nothing to lose, and a new run reuses it without ``--overwrite``. The lock file
+of :mod:`asyncrl.run_lock` is not part of a run.
 """
 
 from __future__ import annotations
@@ -14,13 +17,15 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from asyncrl.checkpoint.store import checkpoint_root
+from asyncrl.checkpoint.store import checkpoint_root, list_checkpoints
 from asyncrl.errors import ConfigError
 from asyncrl.jsonio import dumps, read_jsonl
+from asyncrl.run_lock import LOCK_FILE
 
 #: What a run writes into its directory (DESIGN.md §6); --overwrite deletes these only.
-RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json", "timeline.json", "ledger.jsonl")
-RUN_DIRS = ("checkpoints", "tb", "plots", "final")
+RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json", "timeline.json", "ledger.jsonl",
+             "vllm.log")
+RUN_DIRS = ("checkpoints", "tb", "plots", "final", "vllm_model", "wandb")
 
 
 def new_run_dir(prefix: str = "train", base: str | Path = "runs") -> Path:
@@ -54,7 +59,7 @@ def check_run_dir(run_dir: str | Path | None, *, overwrite: bool = False) -> Pat
             f"--run-dir {path} is a file, not a directory; give the path of a directory (it "
             "is created if it does not exist)"
         )
-    contents = sorted(p.name for p in path.iterdir()) if path.is_dir() else []
+    contents = sorted(p.name for p in path.iterdir() if p.name != LOCK_FILE) if path.is_dir() else []
     if not contents:
         return path
     listing = ", ".join(contents[:6]) + (", ..." if len(contents) > 6 else "")
@@ -64,7 +69,7 @@ def check_run_dir(run_dir: str | Path | None, *, overwrite: bool = False) -> Pat
             "a run needs an empty or new directory (--overwrite only ever deletes a run's own "
             "files). Pick another --run-dir"
         )
-    if not overwrite:
+    if not overwrite and not never_trained(path):
         raise ConfigError(
             f"--run-dir {path} already holds a run ({listing}). Continue it with: asyncrl "
             f"train --resume {path}; start it over with --overwrite (deletes its checkpoints, "
@@ -73,11 +78,20 @@ def check_run_dir(run_dir: str | Path | None, *, overwrite: bool = False) -> Pat
     return path
 
 
+def never_trained(path: Path) -> bool:
+    """True when run directory ``path`` holds no checkpoint and no step's metrics."""
+    if list_checkpoints(path):
+        return False
+    metrics = path / "metrics.jsonl"
+    return not metrics.is_file() or not any("step" in r for r in read_jsonl(metrics))
+
+
 def prepare_run_dir(run_dir: str | Path | None, *, overwrite: bool = False) -> Path:
     """:func:`check_run_dir`, then create the directory (emptied of an old run's
-    files with ``overwrite``; nothing else in it is touched)."""
+    files with ``overwrite``, or when the old run never trained; nothing else in
+    it is touched)."""
     path = check_run_dir(run_dir, overwrite=overwrite)
-    if overwrite and path.is_dir():
+    if path.is_dir():
         for name in RUN_FILES:
             (path / name).unlink(missing_ok=True)
         for name in RUN_DIRS:

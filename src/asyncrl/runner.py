@@ -53,6 +53,7 @@ from asyncrl.metrics import JsonlSink, MetricsSink, TensorBoardSink
 from asyncrl.metrics.progress import progress_sink
 from asyncrl.metrics.report import write_plots
 from asyncrl.preflight import preflight
+from asyncrl.run_lock import run_dir_lock
 from asyncrl.rundir import check_run_dir, fork_run_dir, prepare_run_dir, truncate_metrics
 from asyncrl.signals import GracefulStop, Terminated, sigterm_as_interrupt
 from asyncrl.tasks import Task, build_scorer
@@ -82,9 +83,12 @@ def train(
     ``task`` and ``backends`` let library users plug in their own task, engines
     or trainer (built-ins are built from ``cfg`` otherwise). A new run refuses a
     ``run_dir`` that holds anything, unless ``overwrite`` (an old run directory
-    is then emptied of its run files). ``resume`` continues from a loaded
-    checkpoint: in its own run directory, or forked into another, new
-    ``run_dir``; a checkpoint that does not load falls back to an older one.
+    is then emptied of its run files) or it holds a run that never trained a
+    step. The run holds ``run_dir``'s lock (:mod:`asyncrl.run_lock`) from its
+    first write to its end: another run there is refused, naming its pid.
+    ``resume`` continues from a loaded checkpoint: in its own run directory, or
+    forked into another, new ``run_dir``; a checkpoint that does not load falls
+    back to an older one.
     SIGINT / SIGTERM stop the run gracefully (see :mod:`asyncrl.signals`).
     """
     with sigterm_as_interrupt():
@@ -96,21 +100,23 @@ def train(
         task, evaluator = checked.task, checked.evaluator
         for warning in checked.facts.get("warnings", ()):
             log.warning("%s", warning)
-        if fresh:  # a new run, or a fork of ``resume`` into a run directory of its own
-            prepare_run_dir(run_dir, overwrite=overwrite)
-        engines, trainer = (backends if backends is not None
-                            else build_backends(cfg, task, work_dir=run_dir))
-        run = _Run(cfg, run_dir, task, engines, trainer, evaluator)
-        try:
-            snapshots = None
-            if resume is not None:
-                resume, snapshots = _restore(cfg, task, engines, trainer, resume, run_dir)
-            (run_dir / "config.yaml").write_text(dump_config(cfg))
-            run.build_controller(resume, extra_sinks)
-        except BaseException:
-            asyncio.run(run.close())
-            raise
-        return run.execute(resume, snapshots)
+        # One run at a time in a directory, for the whole run (see asyncrl.run_lock).
+        with run_dir_lock(run_dir):
+            if fresh:  # a new run, or a fork of ``resume`` into a run directory of its own
+                prepare_run_dir(run_dir, overwrite=overwrite)  # checked again, under the lock
+            engines, trainer = (backends if backends is not None
+                                else build_backends(cfg, task, work_dir=run_dir))
+            run = _Run(cfg, run_dir, task, engines, trainer, evaluator)
+            try:
+                snapshots = None
+                if resume is not None:
+                    resume, snapshots = _restore(cfg, task, engines, trainer, resume, run_dir)
+                (run_dir / "config.yaml").write_text(dump_config(cfg))
+                run.build_controller(resume, extra_sinks)
+            except BaseException:
+                asyncio.run(run.close())
+                raise
+            return run.execute(resume, snapshots)
 
 
 class _Run:
@@ -165,21 +171,21 @@ class _Run:
 
     def execute(self, resume: LoadedCheckpoint | None, snapshots: Any) -> dict[str, Any]:
         """Run the event-loop program; whatever happens, write the run directory."""
-        forced = False
+        forced: BaseException | None = None
         try:
             asyncio.run(self._main(resume, snapshots))
-        except KeyboardInterrupt:
-            forced = True
+        except KeyboardInterrupt as exc:  # a signal outside the loop's handlers (wrap-up)
+            forced = exc
             raise
-        except asyncio.CancelledError:
-            forced = True
+        except asyncio.CancelledError as exc:
+            forced = exc
             if self.stop is not None and self.stop.forced:  # the second signal
                 raise (Terminated if self.stop.reason == "terminated" else KeyboardInterrupt)(
                     "stopped at once on a second signal") from None
             raise
         finally:
             summary = self.finish(forced=forced)
-            if forced:
+            if forced is not None:
                 print(f"asyncrl: the run stopped at once; resume it with: "
                       f"{summary.get('resume_command')}", file=sys.stderr)
         return summary
@@ -249,25 +255,27 @@ class _Run:
             except Exception as exc:  # a failing close must not hide the run's outcome
                 log.warning("closing %s failed: %r", type(backend).__name__, exc)
 
-    def finish(self, *, forced: bool) -> dict[str, Any]:
+    def finish(self, *, forced: BaseException | None) -> dict[str, Any]:
         """Write summary.json, timeline.json, the ledger's pending groups and the plots
-        (also after an error); after a signal, print how to resume."""
+        (also after an error); after a signal, print how to resume. ``forced``: the
+        interrupt that stopped the run at once (None: it was not)."""
         controller = self.controller
         assert controller is not None
         summary = controller.summary()
         stop = self.stop
-        # A graceful stop is the controller's own stop reason; a signal that came
-        # after the run had ended on its own changes nothing. Only a forced end
-        # (second signal, or Ctrl-C outside the event loop) is written here.
-        if forced:
-            summary["stop_reason"] = (stop.reason if stop is not None and stop.reason
-                                      else "interrupted")
-            summary["stop_message"] = ("stopped at once on a second signal"
-                                       if stop is not None and stop.forced
-                                       else "interrupted outside the run's event loop")
+        # A graceful stop is the controller's own stop reason. Only a forced end (a
+        # second signal, or a signal outside the loop's handlers, e.g. while the
+        # backends shut down) is written here.
+        if forced is not None:
+            first = stop.reason if stop is not None else None
+            summary["stop_reason"] = first or (
+                "terminated" if isinstance(forced, Terminated) else "interrupted")
+            summary["stop_message"] = ("stopped at once on a second signal" if first
+                                       else "stopped at once by a signal outside the run's "
+                                            "event loop")
         summary["final_dir"] = None if self.final_dir is None else str(self.final_dir)
         return finish_run_dir(self.run_dir, controller, self.task, self.cfg, summary,
-                              plots=not forced)
+                              plots=forced is None)
 
 
 def _restore(cfg: RunConfig, task: Task, engines: Sequence[RolloutEngine], trainer: Trainer,
@@ -284,12 +292,15 @@ def _restore(cfg: RunConfig, task: Task, engines: Sequence[RolloutEngine], train
         trainer_state = dict(ckpt.trainer_state)
         snapshots = trainer_state.pop(ENGINE_SNAPSHOTS, None)
         try:
-            trainer.load_state_dict(trainer_state)
+            # The controller first: its prompt source checks that the data is the
+            # checkpoint's (changed data would also change a from-scratch model's
+            # vocabulary, and the trainer would only see a size mismatch).
             Controller(task=task, engines=engines, trainer=trainer, grpo=cfg.grpo,
                        async_rl=cfg.async_rl, seed=cfg.seed, deterministic=cfg.deterministic,
                        ).load_state_dict(ckpt.controller_state)
+            trainer.load_state_dict(trainer_state)
         except ConfigError:
-            raise  # the config is wrong, not the checkpoint: the message says what to fix
+            raise  # the config or the data is wrong, not the checkpoint: the message says so
         except Exception as exc:
             note = (f"checkpoint {ckpt.path.name} does not fit this run "
                     f"({type(exc).__name__}: {exc}); falling back to an older one")

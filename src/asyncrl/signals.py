@@ -9,7 +9,11 @@ signal cancels the run at once: the newest complete checkpoint stays as it was
 
 Outside the event loop (building the model, writing the summary) SIGTERM is
 turned into the same ``KeyboardInterrupt`` as Ctrl-C, so a job scheduler's
-SIGTERM never kills the process without a word.
+SIGTERM never kills the process without a word. The signals stay handled until
+the process exits: the ``asyncrl`` command holds :func:`sigterm_as_interrupt`
+for its whole life, and :meth:`GracefulStop.uninstall` gives the previous
+handlers back (asyncio alone would leave SIGTERM to the default action, which
+kills the process, e.g. while vLLM shuts down after the run).
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ class GracefulStop:
         self.controller = controller
         self.task = task
         self.received: list[signal.Signals] = []
+        self._previous: dict[signal.Signals, Any] = {}
 
     @property
     def reason(self) -> str | None:
@@ -52,11 +57,17 @@ class GracefulStop:
 
     def install(self, loop: asyncio.AbstractEventLoop) -> None:
         for sig in STOP_SIGNALS:
+            self._previous[sig] = signal.getsignal(sig)
             loop.add_signal_handler(sig, self._on_signal, sig)
 
     def uninstall(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Back to the handlers from before :meth:`install` (asyncio's own removal
+        would leave SIGTERM to the default action: death without a word)."""
         for sig in STOP_SIGNALS:
             loop.remove_signal_handler(sig)
+            previous = self._previous.pop(sig, None)
+            if previous is not None:  # None: not installed from Python
+                signal.signal(sig, previous)
 
     def _on_signal(self, sig: signal.Signals) -> None:
         self.received.append(sig)

@@ -24,13 +24,20 @@ from asyncrl.tasks.tokenizer import CharTokenizer
 from asyncrl.trainers.grpo import GRPOTrainer
 
 
+class _Layers(torch.nn.Sequential):
+    """Square layers; the last one stands for the output layer the trainer looks up."""
+
+    def get_output_embeddings(self) -> torch.nn.Module:
+        return self[-1]
+
+
 def big_trainer(params: int = 50_000_000) -> GRPOTrainer:
     """A GRPOTrainer over ``params`` parameters with its optimizer state filled.
     (The weights stay uninitialised: only their size matters here.)"""
     width = 4096
     layers = -(-params // (width * width))
-    model = torch.nn.Sequential(*(torch.nn.Linear(width, width, bias=False, device="meta")
-                                  for _ in range(layers))).to_empty(device="cpu")
+    model = _Layers(*(torch.nn.Linear(width, width, bias=False, device="meta")
+                      for _ in range(layers))).to_empty(device="cpu")
     trainer = GRPOTrainer(model, CharTokenizer())
     for p in trainer.params:  # AdamW's state after a step, without computing one
         trainer.optimizer.state[p] = {"step": torch.tensor(1.0), "exp_avg": torch.zeros_like(p),

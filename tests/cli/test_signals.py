@@ -177,3 +177,55 @@ def test_twenty_sigints_at_random_points_lose_nothing(tmp_path: Path) -> None:
     target = max(target, load_latest(run).step + 2 if list_checkpoints(run) else 0)
     assert main([*argv, f"grpo.max_num_steps={target}"]) == 0
     check_nothing_lost(run, steps=target)
+
+
+# ------------------------------------------- a second signal during wrap-up
+#: ``asyncrl`` with a wrap-up that takes until a signal comes: the engine's
+#: close (where vLLM spends seconds shutting down) says so and then waits.
+SLOW_WRAP_UP = r"""
+import asyncio, sys
+from asyncrl.cli import main
+from asyncrl.engines.local import LocalEngine
+
+async def close(self):
+    print("test: wrap-up began", file=sys.stderr, flush=True)
+    await asyncio.Event().wait()
+
+LocalEngine.close = close
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_second_sigterm_during_wrap_up_still_writes_the_summary_and_exits_143(
+        tmp_path: Path) -> None:
+    """Issue 18, case 6: after the loop had ended, the second SIGTERM met the
+    default handler (exit -15, no message, no summary)."""
+    config = tmp_path / "c.yaml"
+    config.write_text(CONFIG)
+    run = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SLOW_WRAP_UP, "train", "--config", str(config), "--run-dir",
+         str(run)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    err, steps = [], 0
+    for line in proc.stderr:  # blocks on the child's output; no sleeping
+        err.append(line)
+        steps += " step " in line and "reward" in line
+        if steps == 2 and "received; stopping" not in "".join(err):
+            proc.send_signal(signal.SIGTERM)  # the graceful stop
+            steps += 1
+        if "wrap-up began" in line:
+            proc.send_signal(signal.SIGTERM)  # the second one, after the loop ended
+            break
+    _, rest = proc.communicate(timeout=120)
+    err_text = "".join(err) + rest
+    assert proc.returncode == 143, err_text[-2000:]
+    assert "the run stopped at once; resume it with: asyncrl train --resume" in err_text
+    assert "asyncrl train: terminated" in err_text
+    summary = strict_json((run / "summary.json").read_text())
+    assert summary["stop_reason"] == "terminated" and summary["ledger"]["balanced"]
+    assert summary["stop_message"] == "stopped at once on a second signal"
+    # The graceful stop's final checkpoint came before the wrap-up: resume finishes the run.
+    steps_done = load_latest(run).step
+    assert main(["train", "--resume", str(run), f"grpo.max_num_steps={steps_done + 2}"]) == 0
+    check_nothing_lost(run, steps=steps_done + 2)

@@ -19,9 +19,12 @@ def test_validate_prints_derived_facts(tmp_path, capsys) -> None:
                           " max_buffered_rollouts: 12, min_groups_for_streaming_train: 4}\n")
     assert main(["validate", "--config", cfg, "--json"]) == 0
     facts = json.loads(capsys.readouterr().out)
+    memory = facts.pop("memory")  # the training step's estimate (asyncrl.trainers.estimate)
+    assert memory["peak_bytes"] > memory["param_bytes"] > 0 and not memory["exceeds_device"]
     assert facts == {"sampler": "InOrderSampler", "is_on_policy": False,
                      "required_buffer_capacity": 12, "max_staleness": 2,
-                     "max_buffered_rollouts": 12, "min_step_groups": 4, "warnings": []}
+                     "max_buffered_rollouts": 12, "context_length": 64,
+                     "longest_prompt_tokens": 5, "min_step_groups": 4, "warnings": []}
     assert main(["validate", "--config", cfg]) == 0
     out = capsys.readouterr().out
     assert "required buffer capacity" in out and "config is valid" in out

@@ -15,10 +15,11 @@ from asyncrl.runner import train
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
-#: Fields that measure time or momentary occupancy rather than what was trained.
+#: Fields that measure time, momentary occupancy or the process's memory rather
+#: than what was trained.
 TIMING = {"wall_time_s", "step_time_s", "trainer_idle_s", "generator_util", "groups_per_s",
           "weight_sync_s",
-          "buffer_ready", "inflight"}
+          "buffer_ready", "inflight", "train/peak_memory_bytes"}
 STEPS = 16
 
 

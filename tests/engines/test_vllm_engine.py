@@ -19,9 +19,10 @@ import torch
 
 from asyncrl.config import GenerationConfig
 from asyncrl.engines import RolloutEngine, sampling_logprobs
+from asyncrl.engines.local import LocalEngine
 from asyncrl.engines.vllm import VLLMEngine
 from asyncrl.engines.vllm_setup import descendants
-from asyncrl.errors import BackendLost
+from asyncrl.errors import BackendLost, PromptTooLong
 from asyncrl.policy import build_policy
 from asyncrl.tasks import build_task
 from asyncrl.trainers.grpo import GRPOTrainer
@@ -223,6 +224,62 @@ async def test_cancelling_a_generate_call_aborts_its_request(rig):
     with pytest.raises(asyncio.CancelledError):
         await task
     assert engine.num_unfinished_requests == 0
+
+
+async def test_both_engines_refuse_a_prompt_over_the_context_and_stop_at_the_same_limit(rig):
+    """Issue 18, case 1: vLLM used to cut completions at max_model_len while the
+    local engine went past the model's context; now a prompt that does not fit
+    raises PromptTooLong on both, and both stop at max_new_tokens."""
+    model, _ = build_policy(CFG.policy, build_task(CFG.task), seed=CFG.seed)
+    local = LocalEngine(model, rig.tokenizer, CFG.policy.generation, num_threads=1)
+
+    def request(gid: str, ones: int, **kw) -> GenerationRequest:
+        # "1" * ones + "+1=" and bos: ones + 4 tokens.
+        return GenerationRequest(gid, Prompt(0, "1" * ones + "+1="), 32, seed=3, **kw)
+
+    try:
+        assert rig.engine.context_length == local.context_length == 64
+        for engine in (rig.engine, local):
+            with pytest.raises(PromptTooLong, match="is 57 tokens: with max_new_tokens=8 it "
+                                                    "needs 65 positions"):
+                await engine.generate(request("long", 53))
+            exact = await engine.generate(request("exact", 52))  # 56 + 8 = 64 positions
+            assert max(map(len, exact.completion_ids)) == 8, type(engine).__name__
+            # An eval-style request with a limit of its own (vLLM used to ignore it).
+            longer = await engine.generate(request("eval", 36, max_new_tokens=24))
+            assert 8 < max(map(len, longer.completion_ids)) <= 24, type(engine).__name__
+    finally:
+        await local.close()
+    assert rig.engine.num_unfinished_requests == 0
+
+
+async def test_a_lora_trainer_stays_on_policy_through_merged_weight_syncs(rig):
+    """policy.lora on vLLM: each step's merged weights reach vLLM, and the tokens
+    it samples with them score the same under the trainer's adapted model."""
+    pytest.importorskip("peft")
+    from asyncrl.config import LoraConfig, OptimizerConfig
+
+    model, tok = build_policy(CFG.policy, build_task(CFG.task), seed=CFG.seed)
+    base_weights = {k: v.clone() for k, v in model.state_dict().items()}  # before adapters
+    lora = GRPOTrainer(model, tok, temperature=TEMPERATURE, lora=LoraConfig(r=8),
+                       optimizer=OptimizerConfig(lr=1e-2), num_threads=1)
+    prompts = rig.prompts[:4]
+    try:
+        for step in range(2):
+            await rig.engine.update_weights(lora.get_weights_sync(), rig.engine.weight_version + 1)
+            results = await generate_all(rig.engine, prompts, n=4, tag=f"lora{step}-")
+            metrics = lora.train_chunk_sync([as_rollout(r, p) for r, p in zip(results, prompts)])
+            assert metrics["logprob_mismatch_max"] <= 1e-3, (step, metrics)
+            assert lora.finish_step_sync()["grad_norm"] > 0
+        # The syncs mattered: the base model scores those tokens differently.
+        plain, _ = build_policy(CFG.policy, build_task(CFG.task), seed=CFG.seed)
+        plain.load_state_dict(base_weights)
+        probe = GRPOTrainer(plain, tok, temperature=TEMPERATURE, num_threads=1)
+        assert trainer_mismatch(probe, results, prompts) > 1e-3
+        await probe.close()
+    finally:
+        await sync_engine(rig)  # back to the module trainer's weights
+        await lora.close()
 
 
 async def test_a_dead_vllm_fails_calls_instead_of_hanging_and_close_cleans_up(rig):

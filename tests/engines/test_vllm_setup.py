@@ -173,3 +173,33 @@ def test_the_documented_vllm_commands_pass_every_check_before_vllm_starts(doc):
         overrides = [w for w in words if "=" in w]
         cfg = load_config(ROOT / words[words.index("--config") + 1], overrides)
         vllm_setup.check_config(cfg)  # e2e/test_vllm_train.py runs it for real
+
+
+def test_vllm_output_goes_to_the_log_file_unless_verbose(tmp_path: Path, monkeypatch) -> None:
+    """Issue 18, case 5 (the line count on the real quickstart: tests/e2e/test_vllm_output.py)."""
+    import logging
+    import os
+
+    from asyncrl.engines.vllm_output import VLLMOutput
+
+    vllm_setup.require_vllm()
+    monkeypatch.delenv("VLLM_LOGGING_CONFIG_PATH", raising=False)
+    monkeypatch.delenv("VLLM_CONFIGURE_LOGGING", raising=False)
+    vllm_logger = logging.getLogger("vllm")
+    before = list(vllm_logger.handlers)
+    output = VLLMOutput(tmp_path / "vllm.log")
+    try:
+        config = Path(os.environ["VLLM_LOGGING_CONFIG_PATH"])  # vLLM's processes read it
+        assert output.stream is not None and config.is_file()
+        logging.getLogger("vllm.some.module").warning("a note of vLLM's")
+        assert "a note of vLLM's" in (tmp_path / "vllm.log").read_text()
+        assert output.where() == f"vLLM's log ({tmp_path / 'vllm.log'})"
+    finally:
+        output.close()
+    assert "VLLM_LOGGING_CONFIG_PATH" not in os.environ and not config.exists()
+    assert vllm_logger.handlers == before  # vLLM's own handlers back
+    monkeypatch.setattr(logging.getLogger("asyncrl"), "level", logging.DEBUG)  # asyncrl -v
+    verbose = VLLMOutput(tmp_path / "other.log")
+    assert verbose.path is None and verbose.stream is None
+    assert not (tmp_path / "other.log").exists()
+    assert vllm_setup.engine_args(vllm_run_config(), "/m")["use_tqdm_on_load"] is True

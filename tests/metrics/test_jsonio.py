@@ -38,3 +38,12 @@ def test_an_unreadable_json_file_gives_the_default(tmp_path, caplog) -> None:
     with caplog.at_level(logging.WARNING, logger="asyncrl"):
         assert read_json(path, default=[]) == []
     assert "unreadable" in caplog.records[0].getMessage()
+
+
+def test_floats_lose_their_last_bit_noise_but_not_their_precision() -> None:
+    """Issue 18, case 10: a mean of 0.1 was written (and printed) as 0.09999999999999981."""
+    mean = sum([0.1, 0.2, 0.0]) / 3
+    assert repr(mean) == "0.10000000000000002"
+    assert dumps({"reward_mean": mean}) == '{"reward_mean": 0.1}'
+    assert strict(dumps([1e-300, 12345678.123456, 1 / 3, True, 3])) == [
+        1e-300, 12345678.1235, 0.333333333333, True, 3]

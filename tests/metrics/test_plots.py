@@ -46,7 +46,8 @@ def test_run_plots_carry_the_run_name_and_the_timeline_a_legend(tmp_path, figure
         {"kind": "gen", "lane": 0, "start": 0.0, "end": 1.0, "label": "ok"},
         {"kind": "gen", "lane": 1, "start": 0.0, "end": 0.5, "label": "aborted"},
         {"kind": "train", "lane": 0, "start": 1.0, "end": 1.5, "label": "0"},
-        {"kind": "sync", "lane": 0, "start": 1.5, "end": 1.6, "label": "0"},
+        {"kind": "step", "lane": 0, "start": 1.5, "end": 1.55, "label": "0"},
+        {"kind": "sync", "lane": 0, "start": 1.55, "end": 1.6, "label": "0"},
     ]))
     write_plots(run)
     assert set(figures) == {"reward_vs_step.png", "reward_vs_time.png", "staleness_hist.png",
@@ -54,8 +55,8 @@ def test_run_plots_carry_the_run_name_and_the_timeline_a_legend(tmp_path, figure
     for name, fig in figures.items():
         assert any(t.startswith("my-run: ") for t in _texts(fig)), name
     legend = _texts(figures["pump_timeline.png"])
-    assert {"generation", "generation aborted", "training",
-            "finish step + weight sync"} <= set(legend)
+    assert {"generation", "generation aborted", "training", "optimizer step",
+            "weight sync"} <= set(legend)
 
 
 def test_comparison_shows_efficiency_in_percent(tmp_path, figures) -> None:

@@ -151,9 +151,9 @@ async def test_chunking_does_not_change_the_step():
     await engine.close()
 
     results = []
-    for chunks, micro in [([data], 64), ([data[:1], data[1:2], data[2:]], 64), ([data], 2)]:
+    for chunks, micro in [([data], 8192), ([data[:1], data[1:2], data[2:]], 8192), ([data], 20)]:
         model, tok = policy()
-        trainer = GRPOTrainer(model, tok, micro_batch_sequences=micro)
+        trainer = GRPOTrainer(model, tok, micro_batch_tokens=micro)
         for chunk in chunks:
             trainer.train_chunk_sync(chunk)
         step = trainer.finish_step_sync()

@@ -89,7 +89,9 @@ async def test_local_transformers_model_plugs_into_engine_and_trainer(tmp_path):
     save_tiny_hf_model(tmp_path)
     model, tok = build_policy(PolicyConfig(model_name_or_path=str(tmp_path)), ArithmeticTask())
     assert isinstance(tok, HFTokenizer) and isinstance(tok, Tokenizer)
-    assert (tok.pad_id, tok.bos_id, tok.eos_id) == (0, 1, 2)
+    # Its tokenizer has a bos token but does not put it in front by itself (like
+    # GPT-2's): prompts are encoded as it encodes them, without one (issue 18).
+    assert (tok.pad_id, tok.bos_id, tok.eos_id) == (0, None, 2)
     assert tok.decode(tok.encode("3+5=")) == "3+5="
     assert not model.training and next(model.parameters()).dtype == torch.float32
 
@@ -100,7 +102,7 @@ async def test_local_transformers_model_plugs_into_engine_and_trainer(tmp_path):
     results = await asyncio.gather(
         *[engine.generate(GenerationRequest(p.prompt_id, p, 3)) for p in prompts]
     )
-    assert results[0].prompt_ids == [1, *tok.encode("3+5=")]
+    assert results[0].prompt_ids == tok.encode("3+5=") == tok.tokenizer("3+5=")["input_ids"]
     trainer = GRPOTrainer(model, tok, num_threads=1)
     rollouts = [Rollout(r.group_id, p, r, [0.0, 0.5, 1.0]) for p, r in zip(prompts, results)]
     metrics = await trainer.train_chunk(rollouts, step=0)
@@ -109,3 +111,39 @@ async def test_local_transformers_model_plugs_into_engine_and_trainer(tmp_path):
     await engine.update_weights(await trainer.get_weights(), 1)
     await engine.close()
     await trainer.close()
+
+
+# ------------------------------------------------------ real-model shapes
+def test_qwen2_shape_knobs_build_that_model():
+    from tests.trainers.shapes import SMALL_QWEN2, small_policy
+
+    model, tok = small_policy()
+    config = model.config
+    assert type(model).__name__ == "Qwen2ForCausalLM"
+    assert config.vocab_size == SMALL_QWEN2.vocab_size > tok.vocab_size
+    assert config.num_key_value_heads == 2 and config.num_attention_heads == 4
+    assert config.rope_parameters["rope_theta"] == 1e6 and config.tie_word_embeddings
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    attn = model.model.layers[0].self_attn
+    assert attn.q_proj.bias is not None and attn.o_proj.bias is None  # Qwen2's biases
+    assert attn.k_proj.out_features == 2 * 8  # two key/value heads of 8
+    untied, _ = small_policy(model=SMALL_QWEN2.model_copy(update={"tie_word_embeddings": False}))
+    assert untied.lm_head.weight is not untied.model.embed_tokens.weight
+
+
+def test_impossible_shapes_are_config_errors():
+    with pytest.raises(ConfigError, match="num_key_value_heads=3"):
+        build_policy(PolicyConfig(model=ModelConfig(num_heads=4, num_key_value_heads=3)),
+                     ArithmeticTask())
+    with pytest.raises(ConfigError, match=r"vocab_size=5 is smaller than the tokenizer"):
+        build_policy(PolicyConfig(model=ModelConfig(vocab_size=5)), ArithmeticTask())
+
+
+def test_the_old_micro_batch_key_names_its_replacement():
+    from asyncrl.config import config_from_dict
+
+    with pytest.raises(ConfigError, match="replaced by train_micro_batch_tokens"):
+        config_from_dict({"policy": {"train_micro_batch_sequences": 8}})
+    # A run written before the rename (config.yaml holds the old default) resumes.
+    old = config_from_dict({"policy": {"train_micro_batch_sequences": 64}})
+    assert old.policy.train_micro_batch_tokens == 8192

@@ -127,8 +127,8 @@ async def test_bf16_chunking_does_not_change_the_step():
     data = await rollouts(engine)
     await engine.close()
     grads = []
-    for chunks, micro in [([data], 64), ([data[:1], data[1:2], data[2:]], 64), ([data], 2)]:
-        _, trainer = pair("bfloat16", micro_batch_sequences=micro)
+    for chunks, micro in [([data], 8192), ([data[:1], data[1:2], data[2:]], 8192), ([data], 20)]:
+        _, trainer = pair("bfloat16", micro_batch_tokens=micro)
         for chunk in chunks:
             trainer.train_chunk_sync(chunk)
         grads.append(torch.cat([m.grad.flatten() for m in trainer.params]))

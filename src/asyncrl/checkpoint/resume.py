@@ -35,6 +35,7 @@ IMMUTABLE = (
     "task",
     "policy.model",
     "policy.model_name_or_path",
+    "policy.lora",
     "cluster.backend",
 )
 
@@ -120,10 +121,23 @@ def _get(tree: dict[str, Any], dotted: str) -> Any:
 
 
 def config_differences(old: RunConfig, new: RunConfig) -> list[str]:
-    """Immutable settings that differ, as ``path: old -> new`` lines."""
+    """Immutable settings that differ, as ``path: old -> new`` lines: in a block
+    (``task``, ``policy.model``, ...) the keys that changed, not the whole block."""
     a, b = old.model_dump(mode="json"), new.model_dump(mode="json")
-    return [f"{path}: {_get(a, path)!r} -> {_get(b, path)!r}"
-            for path in IMMUTABLE if _get(a, path) != _get(b, path)]
+    lines = []
+    for path in IMMUTABLE:
+        before, after = _get(a, path), _get(b, path)
+        if before == after:
+            continue
+        if isinstance(before, dict) or isinstance(after, dict):
+            flat_a = _flat(before, path + ".") if isinstance(before, dict) else {path: before}
+            flat_b = _flat(after, path + ".") if isinstance(after, dict) else {path: after}
+            lines.extend(f"{k}: {flat_a.get(k)!r} -> {flat_b.get(k)!r}"
+                         for k in sorted(flat_a.keys() | flat_b.keys())
+                         if flat_a.get(k) != flat_b.get(k))
+        else:
+            lines.append(f"{path}: {before!r} -> {after!r}")
+    return lines
 
 
 def config_changes(old: RunConfig, new: RunConfig) -> list[str]:

@@ -27,14 +27,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from asyncrl.cli.streams import guard_output
+
+    with guard_output():  # a closed output pipe (| head, a dead tee) never stops a run
+        return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if args.verbose:  # our own loggers only: third-party debug output is noise here
         logging.getLogger("asyncrl").setLevel(logging.DEBUG)
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO")  # vLLM's start-up log too
+    from asyncrl.signals import sigterm_as_interrupt
+
     try:
-        return int(args.func(args) or 0)
+        with sigterm_as_interrupt():  # SIGTERM is Ctrl-C's twin until the process exits
+            return int(args.func(args) or 0)
     except AsyncRLError as exc:
         # Our own errors carry the fix in their message: no traceback needed.
         print(f"asyncrl {args.command}: error: {exc}", file=sys.stderr)

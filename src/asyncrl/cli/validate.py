@@ -1,16 +1,29 @@
 """``asyncrl validate``: run every check ``train`` runs before its first step
-(:func:`asyncrl.preflight.preflight`) and print what the config implies."""
+(:func:`asyncrl.preflight.preflight`) and print what the config implies: the
+sampler's derived facts and, for the built-in trainer, the estimated peak memory
+of a training step (:mod:`asyncrl.trainers.estimate`), with a warning when it
+exceeds the device."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.table import Table
 
 from asyncrl.config import dump_config, load_config
+from asyncrl.errors import AsyncRLError
 from asyncrl.preflight import preflight
+
+if TYPE_CHECKING:
+    from asyncrl.config import RunConfig
+    from asyncrl.tasks.base import Task
+    from asyncrl.trainers.estimate import MemoryEstimate
+
+log = logging.getLogger("asyncrl.validate")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -18,15 +31,19 @@ def register(sub: argparse._SubParsersAction) -> None:
                                         "print its derived facts")
     p.add_argument("--config", required=True, help="YAML config file")
     p.add_argument("--json", action="store_true", help="print the facts as JSON only")
+    p.add_argument("--no-memory", action="store_true",
+                   help="skip the step's memory estimate (a dry run of a few seconds)")
     p.add_argument("overrides", nargs="*", metavar="key.path=value")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
-    facts = preflight(cfg).facts
+    checked = preflight(cfg)
+    facts = checked.facts
+    memory = None if args.no_memory else _estimate(cfg, checked.task)
     if args.json:
-        print(json.dumps(facts))
+        print(json.dumps({**facts, "memory": memory.as_dict() if memory else None}))
         return 0
     console = Console()
     console.rule("resolved config")
@@ -45,8 +62,44 @@ def run(args: argparse.Namespace) -> int:
                   f"{facts['min_step_groups']} groups")
     table.add_row("max staleness of a trained group",
                   f"{bound} version{'' if bound == 1 else 's'}" if bound is not None else "unbounded (long generations can lag)")
+    context = facts.get("context_length")
+    if context is not None:
+        longest = facts.get("longest_prompt_tokens")
+        need = cfg.policy.generation.max_new_tokens
+        table.add_row("context length", (
+            f"{context} (longest prompt {longest} + {need} new tokens)"
+            if longest is not None else f"{context} (longest prompt unknown)"))
     console.print(table)
+    if memory is not None:
+        from asyncrl.trainers.estimate import describe, format_bytes
+
+        mem = Table(title="training step memory (estimate)")
+        mem.add_column("part")
+        mem.add_column("bytes")
+        for row in describe(memory):
+            mem.add_row(*row)
+        console.print(mem)
+        if memory.exceeds_device:
+            console.print(
+                f"[yellow]warning: the step's estimated peak ({format_bytes(memory.peak_bytes)}) "
+                f"exceeds {memory.device} ({format_bytes(memory.device_bytes or 0)}): lower "
+                "policy.train_micro_batch_tokens, set policy.gradient_checkpointing: true, "
+                "or train LoRA adapters (policy.lora)[/yellow]", highlight=False)
     for warning in facts["warnings"]:
         console.print(f"[yellow]warning:[/yellow] {warning}", markup=True, highlight=False)
     console.print("[green]config is valid[/green]")
     return 0
+
+
+def _estimate(cfg: RunConfig, task: Task) -> MemoryEstimate | None:
+    """The estimate, or None (with a note) when it cannot be made: it informs,
+    it never refuses a config."""
+    from asyncrl.trainers.estimate import estimate_step_memory
+
+    try:
+        return estimate_step_memory(cfg, task)
+    except AsyncRLError:
+        raise  # a config error: refused, like every other check
+    except Exception as exc:  # an exotic model the dry run cannot trace
+        log.warning("no memory estimate for this config: %s: %s", type(exc).__name__, exc)
+        return None

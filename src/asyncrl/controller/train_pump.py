@@ -139,7 +139,9 @@ class TrainPump:
         ctx = self.ctx
         self.activity = ("finish_step", ctx.now())
         ctx.assembling = v + 1  # from here on a dropped group can only shrink a later step
+        t = ctx.now()
         step_metrics = await self.trainer.finish_step(step=v) or {}
+        ctx.timeline.add("step", 0, t, ctx.now(), str(v))  # the optimizer step: trainer-busy
         trained = []
         for slot in taken:
             staleness = v - slot.start_weight

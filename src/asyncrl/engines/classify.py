@@ -23,21 +23,22 @@ def encode_prompt_or_fail(tokenizer: Tokenizer, prompt: Prompt) -> list[int]:
         raise TokenizationError(f"prompt {prompt.prompt_id} cannot be tokenized: {exc}") from exc
 
 
-def vllm_failure(exc: Exception, group_id: GroupId) -> Exception:
+def vllm_failure(exc: Exception, group_id: GroupId, *, where: str = "its log") -> Exception:
     """The typed error for an exception out of vLLM's ``generate`` for one group:
     its engine core died (nothing left to retry on), it rejected the request
-    (vLLM's input checks: data), or it failed to generate (infra)."""
+    (vLLM's input checks: data), or it failed to generate (infra). ``where``:
+    where vLLM's own log says why."""
     from vllm.exceptions import VLLMClientError
     from vllm.v1.engine.exceptions import EngineDeadError
 
     if isinstance(exc, EngineDeadError):
         return BackendLost(f"the vLLM engine died while generating group {group_id!r} "
-                           f"({exc}); its log above says why")
+                           f"({exc}); {where} says why")
     if isinstance(exc, (VLLMClientError, ValueError)):
         return PromptError(f"vLLM rejected group {group_id!r}: {type(exc).__name__}: {exc}")
     cause = exc.__cause__ or exc
     return GenerationError(f"vLLM failed to generate group {group_id!r}: "
-                           f"{type(cause).__name__}: {cause}")
+                           f"{type(cause).__name__}: {cause} ({where} has more)")
 
 
 __all__ = ["encode_prompt_or_fail", "vllm_failure"]

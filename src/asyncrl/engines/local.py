@@ -25,6 +25,9 @@ nucleus and renormalised (:mod:`asyncrl.engines.sampling`); ``behavior_logprobs`
 are log-probs under exactly that distribution. A row ends at EOS (which is kept
 in ``completion_ids``: the policy must learn to stop) or after
 ``max_new_tokens`` tokens. Groups with the same sampling settings share a batch.
+A prompt too long for ``prompt + max_new_tokens`` to fit the model's context
+raises :class:`~asyncrl.errors.PromptTooLong` (as in every engine: none ever
+cuts a completion at the context, see :mod:`asyncrl.context_length`).
 
 Reproducibility: a request with a ``seed`` samples from its own
 ``torch.Generator`` and is decoded in a batch of its own, so its completions
@@ -46,6 +49,7 @@ import torch
 
 from asyncrl import supervision
 from asyncrl.config import GenerationConfig
+from asyncrl.context_length import check_prompt_fits, context_of
 from asyncrl.devices import adopt, check_device, worker_executor
 from asyncrl.engines.classify import encode_prompt_or_fail
 from asyncrl.engines.decode import DecodeBatch, ForwardArgs, Sampling, check_finite
@@ -117,8 +121,13 @@ class LocalEngine:
         seed: int = 0,
         num_threads: int | None = None,
         pin_versions: bool = False,
+        context_length: int | None = None,
     ) -> None:
         self.model = model.eval()
+        #: Longest prompt + completion: a group that does not fit raises PromptTooLong
+        #: (default: the model config's max_position_embeddings; None: no limit).
+        self.context_length = (context_of(getattr(model, "config", None))
+                               if context_length is None else context_length)
         self.tokenizer = tokenizer
         self.generation = generation or GenerationConfig()
         self._version = weight_version
@@ -182,6 +191,7 @@ class LocalEngine:
             start = request.weight_version
         group = _Group(request, asyncio.get_running_loop().create_future(), prompt_ids, start,
                        self.generation, self._device)
+        check_prompt_fits(request.group_id, len(prompt_ids), group.limit, self.context_length)
         self._groups[request.group_id] = group
         self._pending.append(group)
         if self._scheduler is None:

@@ -6,7 +6,10 @@ How the protocol maps onto vLLM:
 * ``generate`` - one vLLM request per prompt group, ``n = num_generations``,
   fed the token ids of :func:`~asyncrl.tasks.tokenizer.encode_prompt` (the ids
   ``LocalEngine`` feeds), sampled with ``policy.generation``'s temperature, top-p
-  and ``max_new_tokens``, stopping at EOS (kept in ``completion_ids``). vLLM runs
+  and ``max_new_tokens`` (or the request's own, as evaluation sets them),
+  stopping at EOS (kept in ``completion_ids``); a prompt for which
+  ``prompt + max_new_tokens`` exceeds ``max_model_len`` raises ``PromptTooLong``
+  instead of being cut short at it (the local engine has no such cut). vLLM runs
   with ``logprobs_mode="processed_logprobs"`` and ``logprobs=0``: the log-prob of
   each sampled token under the distribution it was sampled from, after
   temperature and top-p - exactly what ``LocalEngine`` reports. Concurrent
@@ -44,8 +47,10 @@ from typing import TYPE_CHECKING, Any
 
 from asyncrl._bounded import append_bounded
 from asyncrl.config import GenerationConfig
+from asyncrl.context_length import check_prompt_fits
 from asyncrl.engines import vllm_setup as setup
 from asyncrl.engines.classify import encode_prompt_or_fail, vllm_failure
+from asyncrl.engines.vllm_output import VLLMOutput, quiet_import
 from asyncrl.errors import (
     BackendLost,
     ConfigError,
@@ -83,11 +88,16 @@ class VLLMEngine:
         weight_version: int = 0,
         owned_dirs: Sequence[Path] = (),
         isolate_cores: bool = False,
+        log_file: str | Path | None = None,
     ) -> None:
         setup.require_vllm()
-        from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.platforms import current_platform
-        from vllm.v1.engine.async_llm import AsyncLLM
+        with quiet_import():
+            from vllm.engine.arg_utils import AsyncEngineArgs
+            from vllm.platforms import current_platform
+            from vllm.v1.engine.async_llm import AsyncLLM
+
+        #: vLLM's own output: ``log_file`` unless asyncrl is verbose (see vllm_output).
+        self._output = VLLMOutput(log_file)
 
         self.tokenizer = tokenizer
         self.generation = generation or GenerationConfig()
@@ -102,18 +112,21 @@ class VLLMEngine:
             os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
         before = setup.descendants()
         try:
-            with setup.own_session():  # a terminal's Ctrl-C reaches asyncrl only
+            # In a session of its own: a terminal's Ctrl-C reaches asyncrl only.
+            with setup.own_session(self._output.stream):
                 self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
         except Exception as exc:
             setup.Reaper(setup.descendants() - before).reap()
             self._remove_dirs()
+            self._output.close()
             raise ConfigError(
-                f"vLLM failed to start ({exc!r}; its log above has the cause). On CPU "
+                f"vLLM failed to start ({exc!r}; {self._output.where()} has the cause). On CPU "
                 "the usual cause is memory: policy.vllm.gpu_memory_utilization is the "
                 "fraction of the NUMA node's memory vLLM may use for the model, its "
                 "activations and the KV cache - raise it for a larger model, lower it "
                 "when other processes need the memory"
             ) from exc
+        self._output.announce()
         self._reaper = setup.Reaper(setup.descendants() - before)
         self._former_cores = setup.isolate_cores(self._reaper.pids) if isolate_cores else None
         self._weights_dir = Path(tempfile.mkdtemp(prefix="asyncrl-vllm-weights-"))
@@ -163,12 +176,19 @@ class VLLMEngine:
             model_dir = save_policy(model, tokenizer, base / "vllm_model", state_dict=weights)
         args = setup.engine_args(cfg, model_dir, seed=seed)
         return cls(args, tokenizer, cfg.policy.generation, weight_version=weight_version,
-                   owned_dirs=owned, isolate_cores=cfg.policy.vllm.isolate_cpu_cores)
+                   owned_dirs=owned, isolate_cores=cfg.policy.vllm.isolate_cpu_cores,
+                   log_file=None if work_dir is None else Path(work_dir) / "vllm.log")
 
     # ------------------------------------------------------------ protocol
     @property
     def weight_version(self) -> int:
         return self._version
+
+    @property
+    def context_length(self) -> int:
+        """Longest prompt + completion vLLM takes (its ``max_model_len``); a group
+        that does not fit raises PromptTooLong, as in every engine."""
+        return int(self._llm.model_config.max_model_len)
 
     @property
     def healthy(self) -> bool:
@@ -200,10 +220,14 @@ class VLLMEngine:
                 "policy.engine: local"
             )
         prompt_ids = encode_prompt_or_fail(self.tokenizer, request.prompt)
+        params = self._params(request)
+        # Checked here, not left to vLLM: it would cut the completions at its
+        # max_model_len, where the local engine has no such cut.
+        check_prompt_fits(gid, len(prompt_ids), params.max_tokens, self.context_length)
         start = self._version
         stream = self._llm.generate(
             tokens_input(prompt_ids, cache_salt=f"v{start}"),
-            self._params(request),
+            params,
             f"{gid}/{request.attempt}/{next(self._request_ids)}",
         )
         # The request runs in a task of its own, so that abort() can cancel it at
@@ -218,7 +242,7 @@ class VLLMEngine:
                 raise GroupAborted(f"group {gid!r} aborted") from None
             raise
         except Exception as exc:  # vLLM's errors, classified where they are raised
-            raise vllm_failure(exc, gid) from exc
+            raise vllm_failure(exc, gid, where=self._output.where()) from exc
         finally:
             if self._running.get(gid) is task:
                 del self._running[gid]
@@ -296,6 +320,7 @@ class VLLMEngine:
             if self._former_cores is not None:
                 setup.restore_cores(self._former_cores)
             self._remove_dirs()
+            self._output.close()
             # Dropped now, while the interpreter is whole: vLLM's __del__ shuts
             # down again, which fails during interpreter teardown.
             self._llm = None
@@ -317,7 +342,7 @@ class VLLMEngine:
                 call.close()  # never started: no "never awaited" warning
             if self._closed:
                 raise RuntimeError("VLLMEngine used after close()")
-            raise BackendLost("the vLLM engine is dead; its log above says why")
+            raise BackendLost(f"the vLLM engine is dead; {self._output.where()} says why")
         handler = self._llm.output_handler  # started by the first request
         task = asyncio.ensure_future(call)
         if handler is None:
@@ -329,8 +354,8 @@ class VLLMEngine:
             raise
         if not task.done():
             task.cancel()
-            raise BackendLost("the vLLM engine died during a control call; its log above "
-                              "says why")
+            raise BackendLost("the vLLM engine died during a control call; "
+                              f"{self._output.where()} says why")
         return task.result()
 
     def _params(self, request: GenerationRequest) -> Any:
@@ -338,11 +363,13 @@ class VLLMEngine:
         from vllm.sampling_params import RequestOutputKind
 
         g = self.generation
+        # The request's overrides (evaluation sets them), as LocalEngine reads them.
         return SamplingParams(
             n=request.num_generations,
-            temperature=g.temperature,
-            top_p=g.top_p,
-            max_tokens=g.max_new_tokens,
+            temperature=g.temperature if request.temperature is None else request.temperature,
+            top_p=g.top_p if request.top_p is None else request.top_p,
+            max_tokens=g.max_new_tokens if request.max_new_tokens is None
+            else request.max_new_tokens,
             stop_token_ids=[self.tokenizer.eos_id],
             logprobs=0,  # the sampled token's log-prob only
             seed=request.seed,

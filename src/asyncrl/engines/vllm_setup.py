@@ -13,6 +13,7 @@ import asyncio
 import base64
 import contextlib
 import dataclasses
+import importlib
 import json
 import os
 import pickle
@@ -20,8 +21,9 @@ import subprocess
 import sys
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
+from asyncrl.engines.vllm_output import quiet_import, verbose
 from asyncrl.errors import ConfigError, require
 
 if TYPE_CHECKING:
@@ -60,7 +62,12 @@ def require_vllm() -> Any:
     when vllm is first imported, here, and inherited by its processes.
     """
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    return require("vllm", "vllm", "policy.engine: vllm")
+    with quiet_import():  # vLLM's import-time notes: with asyncrl -v only
+        vllm = require("vllm", "vllm", "policy.engine: vllm")
+        # What check_config and the engine use, imported here, quietly.
+        for module in ("vllm.engine.arg_utils", "vllm.platforms"):
+            importlib.import_module(module)
+    return vllm
 
 
 def engine_args(cfg: RunConfig, model_dir: str | Path, *, seed: int | None = None
@@ -78,6 +85,8 @@ def engine_args(cfg: RunConfig, model_dir: str | Path, *, seed: int | None = Non
         seed = v.seed if v.seed is not None else cfg.seed
     args: dict[str, Any] = {
         "disable_log_stats": True,
+        # A progress bar per weight sync: vLLM's output with -v only.
+        "use_tqdm_on_load": verbose(),
         **v.engine_args,
         "model": str(model_dir),
         "tokenizer": str(model_dir),
@@ -263,7 +272,7 @@ _SPAWNED: list[subprocess.Popen[bytes]] = []
 
 
 @contextlib.contextmanager
-def own_session() -> Iterator[None]:
+def own_session(output: IO[str] | None = None) -> Iterator[None]:
     """Meanwhile, processes that multiprocessing spawns start in a session (and
     process group) of their own.
 
@@ -272,7 +281,8 @@ def own_session() -> Iterator[None]:
     gracefully - with a last weight sync and a checkpoint - and shuts vLLM down
     itself; otherwise vLLM would exit at once, under the run's feet.
     ``multiprocessing.util.spawnv_passfds`` has no option for it, hence this
-    stand-in with the same contract (inherited stdio, ``passfds`` kept open).
+    stand-in with the same contract (``passfds`` kept open). Their stdout and
+    stderr: ``output`` (a file), or this process's when None.
     """
     from multiprocessing import util
 
@@ -280,7 +290,8 @@ def own_session() -> Iterator[None]:
 
     def spawn(path: str, args: list[str], passfds: Iterable[int]) -> int:
         proc = subprocess.Popen(args, executable=path, pass_fds=sorted(map(int, passfds)),
-                                close_fds=True, restore_signals=False, start_new_session=True)
+                                close_fds=True, restore_signals=False, start_new_session=True,
+                                stdout=output, stderr=output)
         _SPAWNED.append(proc)
         return proc.pid
 

@@ -90,7 +90,7 @@ def plot_timeline(intervals: Sequence[dict[str, Any]], out: Path, *, lanes: int 
     t0 = min((i["start"] for i in intervals), default=0.0)
     intervals = [{**i, "start": i["start"] - t0, "end": i["end"] - t0} for i in intervals]
     gens = sorted((i for i in intervals if i["kind"] == "gen"), key=lambda i: i["start"])
-    train = [i for i in intervals if i["kind"] in ("train", "sync")]
+    train = [i for i in intervals if i["kind"] in _TRAIN_COLORS]  # every trainer-busy interval
     if max_time is not None:
         gens = [i for i in gens if i["start"] <= max_time]
         train = [i for i in train if i["start"] <= max_time]
@@ -132,8 +132,8 @@ _GEN_COLORS = {"ok": "#55a868", "failed": "#c44e52", "retry": "#c44e52", "aborte
                "lost": "#937860"}
 _GEN_NAMES = {"ok": "generation", "failed": "generation failed", "retry": "generation failed",
               "aborted": "generation aborted", "lost": "generation lost (worker died)"}
-_TRAIN_COLORS = {"train": "#4c72b0", "sync": "#8172b2"}
-_TRAIN_NAMES = {"train": "training", "sync": "finish step + weight sync"}
+_TRAIN_COLORS = {"train": "#4c72b0", "step": "#2a3f6b", "sync": "#8172b2"}
+_TRAIN_NAMES = {"train": "training", "step": "optimizer step", "sync": "weight sync"}
 
 
 def _timeline_legend(ax: Any, gen_labels: set[str], train_kinds: set[str]) -> None:
@@ -144,7 +144,7 @@ def _timeline_legend(ax: Any, gen_labels: set[str], train_kinds: set[str]) -> No
     for label in sorted(gen_labels, key=lambda x: (x != "ok", x)):
         label = label if label in _GEN_COLORS else "ok"
         entries.setdefault(_GEN_NAMES[label], _GEN_COLORS[label])
-    for kind in ("train", "sync"):
+    for kind in _TRAIN_COLORS:
         if kind in train_kinds:
             entries[_TRAIN_NAMES[kind]] = _TRAIN_COLORS[kind]
     if entries:

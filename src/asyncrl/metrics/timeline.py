@@ -8,7 +8,10 @@ from typing import Any
 
 @dataclass(slots=True)
 class Interval:
-    kind: str  # "gen", "train", "sync"
+    #: "gen" (a generation attempt), or on the trainer's lane every interval it is
+    #: busy: "train" (a chunk's forward/backward), "step" (the optimizer step),
+    #: "sync" (the weight sync to the engines).
+    kind: str
     lane: int  # engine index for "gen"; 0 for the trainer
     start: float
     end: float

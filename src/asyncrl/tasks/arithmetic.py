@@ -41,6 +41,13 @@ class ArithmeticTask:
             "0123456789=-" if "-" in self.operators else "0123456789=", self.operators
         )
 
+    @property
+    def longest_prompt_text(self) -> str:
+        """A prompt as long as any this task makes (both operands at their longest):
+        what the context-length check measures (:mod:`asyncrl.context_length`)."""
+        top = str(self.cfg.max_operand)
+        return f"{top}{self.operators[0]}{top}="
+
     def make_prompt(self, rng: random.Random, position: int) -> tuple[str, str]:
         a = rng.randint(0, self.cfg.max_operand)
         b = rng.randint(0, self.cfg.max_operand)

@@ -51,6 +51,11 @@ def _fingerprint(path: str) -> str:
     return digest.hexdigest()[:16]
 
 
+class DatasetChanged(CheckpointError, ConfigError):
+    """A resumed run's data file is not the one its checkpoint was made with: no
+    older checkpoint fits either (a ConfigError: the data is what to fix)."""
+
+
 class DatasetTask:
     """A :class:`~asyncrl.tasks.Task` over the records of a local file."""
 
@@ -243,7 +248,7 @@ class DatasetPromptSource:
         for key, now in (("num_records", self.task.num_records),
                          ("fingerprint", self.task.fingerprint)):
             if key in state and state[key] != now:
-                raise CheckpointError(
+                raise DatasetChanged(
                     f"the checkpoint was made with a different dataset file {self.task.cfg.path!r} "
                     f"({key} {state[key]!r}, now {now!r}); the position in the data would not "
                     "mean the same records. Restore the original file, or start a new run"

@@ -47,6 +47,12 @@ class _StringTask:
     def transform(s: str) -> str:
         raise NotImplementedError
 
+    @property
+    def longest_prompt_text(self) -> str:
+        """A prompt as long as any this task makes (a string of ``max_length``):
+        what the context-length check measures (:mod:`asyncrl.context_length`)."""
+        return f"{self.word} {self.cfg.alphabet[0] * self.cfg.max_length}="
+
     def make_prompt(self, rng: random.Random, position: int) -> tuple[str, str]:
         n = rng.randint(self.cfg.min_length, self.cfg.max_length)
         s = "".join(rng.choice(self.cfg.alphabet) for _ in range(n))

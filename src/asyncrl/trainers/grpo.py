@@ -5,11 +5,21 @@ One training step (weights ``v`` -> ``v + 1``) is fed chunk by chunk:
 * ``train_chunk`` - for each completion of each group: advantage from the
   group's rewards, a forward pass over prompt + completion, the per-token loss
   of the configured correction (see :mod:`asyncrl.trainers.losses`), plus
-  ``kl_coef * k3`` against a frozen reference when ``kl_coef > 0``. Backward on
-  the *sum* of token losses: gradients accumulate across chunks.
+  ``kl_coef * k3`` against a frozen reference when ``kl_coef > 0``, times the
+  token's loss weight. Backward on the *sum* of token losses: gradients
+  accumulate across chunks. Sequences go through the model in micro-batches of
+  at most ``micro_batch_tokens`` positions, grouped by length
+  (:func:`~asyncrl.trainers.packing.plan_micro_batches`); log-probs, entropy and
+  KL come from the chunked loss head (:mod:`asyncrl.trainers.scoring`), so no
+  ``tokens x vocabulary`` tensor exists.
 * ``finish_step`` - divide the accumulated gradients by the step's token count
-  (so the loss is the mean over every completion token of the step, however the
-  step was chunked), clip them, take one AdamW step.
+  (the sum of its tokens' loss weights, :meth:`GRPOTrainer.step_token_count`:
+  the loss is the mean over the step's tokens, however the step was chunked
+  and cut into micro-batches), clip them, take one AdamW step.
+
+With ``lora`` only low-rank adapters train (:mod:`asyncrl.trainers.lora`): the
+optimizer and checkpoints hold them alone, the engines get merged weights, and
+the KL reference is the model with the adapters off.
 
 The heavy work runs in one worker thread of its own, off the event loop (on
 CUDA, with a stream of its own: see :mod:`asyncrl.devices`). A model in bfloat16
@@ -25,6 +35,7 @@ second forward pass is needed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -33,47 +44,54 @@ import torch
 
 from asyncrl.config import LossConfig, OptimizerConfig
 from asyncrl.devices import hand_over, worker_executor
+from asyncrl.errors import ConfigError
 from asyncrl.tasks.tokenizer import Tokenizer
-from asyncrl.trainers.losses import decoupled_loss, k3_kl, none_loss, tis_loss
-from asyncrl.trainers.packing import Packed, chunk_metrics, flatten, pack
+from asyncrl.trainers import lora as lora_
+from asyncrl.trainers.losses import k3_kl, token_losses
+from asyncrl.trainers.memory import StepPeakMemory
+from asyncrl.trainers.packing import (
+    Flat,
+    Packed,
+    chunk_metrics,
+    flatten,
+    idle_pass,
+    pack,
+    plan_micro_batches,
+)
 from asyncrl.trainers.precision import MasterWeights
+from asyncrl.trainers.scoring import TokenScorer, enable_checkpointing
 from asyncrl.types import Rollout
 
 if TYPE_CHECKING:
-    from asyncrl.config import RunConfig
-
-
-def token_losses(
-    cfg: LossConfig, logp: torch.Tensor, behavior: torch.Tensor, adv: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-token loss of ``cfg.off_policy_correction``, the clipped-token mask, and
-    the untruncated importance weights the correction sees (for the ESS metric)."""
-    clip_low = cfg.clip_eps
-    clip_high = cfg.clip_eps_high if cfg.clip_eps_high is not None else cfg.clip_eps
-    # Proximal = current weights, detached (see the module docstring).
-    prox = logp.detach()
-    weights = torch.exp(prox - behavior)
-    if cfg.off_policy_correction == "none":
-        loss, clipped = none_loss(logp, behavior, adv, clip_low, clip_high)
-    elif cfg.off_policy_correction == "tis":
-        loss, clipped = tis_loss(logp, behavior, adv, cfg.is_cap)
-    else:
-        loss, clipped = decoupled_loss(logp, prox, behavior, adv, clip_low, clip_high, cfg.is_cap)
-    return loss, clipped, weights
+    from asyncrl.config import LoraConfig, RunConfig
 
 
 class GRPOTrainer:
-    """A :class:`~asyncrl.trainers.Trainer` for a torch causal LM, in-process.
+    """A :class:`~asyncrl.trainers.Trainer` for a transformers causal LM, in-process.
 
     ``temperature`` must be the engine's sampling temperature: the trainer scores
     tokens under ``softmax(logits / temperature)``, the distribution they were
     sampled from (top-p truncation is not reproduced; with ``top_p < 1`` the
     difference shows up as ``logprob_mismatch`` and is treated as off-policy).
 
+    ``micro_batch_tokens``: the token budget of one forward/backward
+    (``policy.train_micro_batch_tokens``). ``gradient_checkpointing``: recompute
+    the decoder layers' activations in the backward pass. ``lora``: train
+    adapters only (``policy.lora``). ``loss_chunk_tokens``: tokens per chunk of
+    the loss head (None: 256 MiB of float32 logits, see
+    :func:`~asyncrl.trainers.loss_head.chunk_tokens`); ``full_vocab_loss``: the
+    full-logits path instead (the reference the chunked head is tested against).
+
     ``weights_device``: where :meth:`get_weights` puts its copy of the weights -
     the CPU (default: a state dict that travels anywhere, e.g. to Ray actors), or
     the device of an in-process engine, which then loads them without a trip
     through host memory.
+
+    A data-parallel wrapper drives one trainer per rank through the synchronous
+    API (:meth:`train_chunk_sync`, :meth:`finish_step_sync`,
+    :meth:`get_weights_sync`, :meth:`state_dict`); it overrides
+    :meth:`step_token_count` to sum the ranks' token counts, and runs equal
+    numbers of passes on every rank with :meth:`plan_passes` and ``passes=``.
     """
 
     def __init__(
@@ -85,7 +103,11 @@ class GRPOTrainer:
         optimizer: OptimizerConfig | None = None,
         temperature: float = 1.0,
         num_threads: int | None = None,
-        micro_batch_sequences: int = 64,
+        micro_batch_tokens: int = 8192,
+        gradient_checkpointing: bool = False,
+        lora: LoraConfig | None = None,
+        loss_chunk_tokens: int | None = None,
+        full_vocab_loss: bool = False,
         ref_model: torch.nn.Module | None = None,
         deterministic: bool = False,
         weights_device: str | torch.device = "cpu",
@@ -95,13 +117,31 @@ class GRPOTrainer:
         self.loss_cfg = loss or LossConfig()
         self.opt_cfg = optimizer or OptimizerConfig()
         self.temperature = temperature
-        self.micro_batch_sequences = micro_batch_sequences
+        self.micro_batch_tokens = micro_batch_tokens
         self._device = next(model.parameters()).device
         self.weights_device = torch.device(weights_device)
+        self.scorer = TokenScorer(model, temperature=temperature, chunk=loss_chunk_tokens,
+                                  full_vocab=full_vocab_loss)
+        self.ref_model = None
+        #: peft's wrapper of ``model`` when training LoRA adapters (None: full model).
+        self.lora = lora_.apply_lora(model, lora) if lora is not None else None
+        if self.loss_cfg.kl_coef > 0 and self.lora is None:
+            # The reference is the policy as it starts, frozen (a LoRA policy's is
+            # the same model with its adapters off: no copy).
+            self.ref_model = (ref_model or copy.deepcopy(model)).eval().requires_grad_(False)
+        if gradient_checkpointing:
+            enable_checkpointing(model)
         self.precision = MasterWeights(
             [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         )
         self.params = self.precision.master
+        head = model.get_output_embeddings().weight
+        #: Where the loss head adds the output layer's weight gradient: straight
+        #: into its step accumulator (one [vocabulary, hidden] gradient per step,
+        #: not one more per micro-batch). None hands it to autograd like any
+        #: other gradient (what a wrapper whose gradient hooks must see it sets).
+        self.output_grad_sink = ((lambda: self.precision.grad_accumulator(head))
+                                 if head.requires_grad else None)
         self.optimizer = torch.optim.AdamW(
             self.params,
             lr=self.opt_cfg.lr,
@@ -110,14 +150,10 @@ class GRPOTrainer:
             # One kernel for the whole update instead of a few per tensor.
             **({"fused": True} if self._device.type == "cuda" else {}),
         )
-        self.ref_model = None
-        if self.loss_cfg.kl_coef > 0:
-            # The reference is the policy as it starts, frozen.
-            self.ref_model = (ref_model or copy.deepcopy(model)).eval().requires_grad_(False)
         #: Optimizer steps taken = the version of the weights the trainer holds.
         self.version = 0
-        self._step_tokens = 0
-        self._step_loss_sum = 0.0
+        self._step = _StepSums()
+        self._memory = StepPeakMemory(self._device)
         #: Deterministic mode: chunk boundaries depend on timing and float sums on
         #: their order, so the step's groups are held and trained together, in
         #: prompt order, when the step finishes.
@@ -138,7 +174,9 @@ class GRPOTrainer:
             optimizer=cfg.policy.optimizer,
             temperature=cfg.policy.generation.temperature,
             num_threads=cfg.policy.num_threads,
-            micro_batch_sequences=cfg.policy.train_micro_batch_sequences,
+            micro_batch_tokens=cfg.policy.train_micro_batch_tokens,
+            gradient_checkpointing=cfg.policy.gradient_checkpointing,
+            lora=cfg.policy.lora,
             deterministic=cfg.deterministic,
             weights_device=weights_device,
         )
@@ -167,11 +205,15 @@ class GRPOTrainer:
 
     def state_dict(self) -> dict[str, Any]:
         state = {
-            "model": _cpu_copy(self.model.state_dict()),
             "optimizer": _copied(self.optimizer.state_dict()),
             "version": self.version,
             "torch_rng": torch.get_rng_state(),
         }
+        if self.lora is not None:
+            # The base weights are rebuilt from the config: only the adapters change.
+            state["adapter"] = lora_.adapter_state_dict(self.model)
+        else:
+            state["model"] = _cpu_copy(self.model.state_dict())
         if self.precision.mixed:
             state["master"] = self.precision.state_dict()
         if self.precision.scaler is not None:
@@ -181,16 +223,21 @@ class GRPOTrainer:
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])
+        if self.lora is not None:
+            lora_.load_adapter_state(self.model, _trained_weights(state, "adapter"))
+            weights = state["adapter"]
+        else:
+            weights = _trained_weights(state, "model")
+            self.model.load_state_dict(weights)
         # A checkpoint of a float32 run has no masters: its weights are exact ones.
-        self.precision.load(state.get("master", state["model"]))
+        self.precision.load(state.get("master", weights))
         self.precision.load_scaler_state(state.get("grad_scaler"))
         self.optimizer.load_state_dict(state["optimizer"])
         self.version = int(state["version"])
         torch.set_rng_state(state["torch_rng"])
         if self.ref_model is not None and "ref_model" in state:
             self.ref_model.load_state_dict(state["ref_model"])
-        self._step_tokens, self._step_loss_sum = 0, 0.0
+        self._step = _StepSums()
         self.optimizer.zero_grad(set_to_none=True)
         self.precision.discard_grads()
 
@@ -198,83 +245,120 @@ class GRPOTrainer:
         await asyncio.to_thread(self._executor.shutdown, wait=True)
 
     # ----------------------------------------------------- synchronous API
-    def train_chunk_sync(self, rollouts: Sequence[Rollout]) -> dict[str, float]:
-        """``train_chunk`` without the event loop (scripts, tests)."""
-        flat = flatten(rollouts, scale_advantages=self.loss_cfg.scale_advantages)
-        mb = self.micro_batch_sequences
-        stats, tokens = [], 0
-        for lo in range(0, len(flat.seqs), mb):
-            batch = pack(flat.seqs[lo : lo + mb], flat.starts[lo : lo + mb],
-                         flat.behavior[lo : lo + mb], flat.advs[lo : lo + mb],
-                         pad_id=self.pad_id, device=self._device)
+    def plan_passes(self, rollouts: Sequence[Rollout]) -> int:
+        """The number of forward/backward passes :meth:`train_chunk_sync` runs
+        for ``rollouts`` (its micro-batches), known before any runs."""
+        return len(self._plan(self._flatten(rollouts)))
+
+    def train_chunk_sync(self, rollouts: Sequence[Rollout], *,
+                         passes: int | None = None) -> dict[str, float]:
+        """``train_chunk`` without the event loop (scripts, tests, rank workers).
+
+        ``passes``: run exactly this many forward/backward passes, padding the
+        chunk's micro-batches with passes of loss weight 0 (a data-parallel rank
+        with less data than another); fewer than :meth:`plan_passes` is an error.
+        """
+        flat = self._flatten(rollouts)
+        plan = self._plan(flat)
+        if passes is not None and passes < len(plan):
+            raise ValueError(f"train_chunk_sync(passes={passes}) but the chunk needs "
+                             f"{len(plan)} micro-batches (plan_passes)")
+        self._memory.start()
+        batches = [pack(flat, rows, pad_id=self.pad_id, device=self._device) for rows in plan]
+        batches += [idle_pass(pad_id=self.pad_id, device=self._device)
+                    for _ in range((passes or 0) - len(plan))]
+        stats = []
+        for batch in batches:
             stats.append(self._micro_batch(batch))
-            tokens += batch.tokens
+            self._step.real += batch.real
+            self._step.padded += batch.padded
+        self._step.passes += len(batches)
         # One transfer to the host per chunk: the micro-batches queue up back to back.
         rows = torch.stack(stats).tolist() if stats else []
-        metrics, sums = chunk_metrics(rows, tokens, flat)
-        self._step_tokens += tokens
-        self._step_loss_sum += sums["loss"]
-        if self.ref_model is not None:
-            metrics["kl"] = sums["kl"] / max(tokens, 1)
+        metrics, sums = chunk_metrics(rows, flat)
+        self._step.weight += flat.weight
+        self._step.loss += sums["loss"]
+        if self.loss_cfg.kl_coef > 0:
+            metrics["kl"] = sums["kl"] / (flat.weight or 1.0)
         return metrics
 
-    def _token_logprobs(
-        self, model: torch.nn.Module, batch: Packed
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Log-probs of the completion tokens and the full distributions at their
-        positions, under ``softmax(logits / temperature)``, in float32."""
-        logits = model(input_ids=batch.ids).logits[:, :-1].float()
-        logp_all = torch.log_softmax(logits / self.temperature, dim=-1)
-        chosen = logp_all.gather(-1, batch.ids[:, 1:, None])[..., 0]
-        # index_select with a host-made index, not a boolean mask: no device sync.
-        return (chosen.reshape(-1).index_select(0, batch.index),
-                logp_all.flatten(0, 1).index_select(0, batch.index))
+    def step_token_count(self, local: float) -> float:
+        """The step's token count (sum of its tokens' loss weights) that the
+        accumulated gradient is divided by; ``local``: what this trainer saw.
+        Called once per step by :meth:`finish_step_sync`; a data-parallel wrapper
+        overrides it to sum ``local`` over its ranks."""
+        return local
+
+    def _flatten(self, rollouts: Sequence[Rollout]) -> Flat:
+        return flatten(rollouts, scale_advantages=self.loss_cfg.scale_advantages)
+
+    def _plan(self, flat: Flat) -> list[list[int]]:
+        return plan_micro_batches([len(s) for s in flat.seqs], self.micro_batch_tokens)
 
     def _micro_batch(self, batch: Packed) -> torch.Tensor:
         """Forward and backward of one micro-batch; its :data:`STATS` on the device."""
-        logp, p_all = self._token_logprobs(self.model, batch)
+        logp, entropy = self.scorer(self.model, batch, weight_grad=self.output_grad_sink)
         loss, clipped, weights = token_losses(self.loss_cfg, logp, batch.behavior, batch.adv)
+        mask = batch.mask
         kl_sum = torch.zeros((), device=self._device)
-        if self.ref_model is not None:
-            with torch.no_grad():
-                ref_logp, _ = self._token_logprobs(self.ref_model, batch)
+        if self.loss_cfg.kl_coef > 0:
+            with torch.no_grad(), self._reference() as ref:
+                ref_logp, _ = self.scorer(ref, batch)
             kl = k3_kl(logp, ref_logp)
             loss = loss + self.loss_cfg.kl_coef * kl
-            kl_sum = kl.detach().sum()
-        entropy = -(p_all.exp() * p_all).sum(-1)
+            kl_sum = (kl.detach() * mask).sum()
         if self.loss_cfg.entropy_coef > 0:
             loss = loss - self.loss_cfg.entropy_coef * entropy
+        loss = loss * mask
         self.precision.backward(loss.sum())
 
         with torch.no_grad():
-            mismatch = (logp.detach() - batch.behavior).abs()
+            mismatch = (logp.detach() - batch.behavior).abs() * mask
             truncated = weights > self.loss_cfg.is_cap
             if self.loss_cfg.off_policy_correction == "none":
                 truncated = torch.zeros_like(truncated)
             zero = torch.zeros((), device=self._device)
             values = (loss.detach().sum(), mismatch.sum(),
-                      mismatch.max() if mismatch.numel() else zero, clipped.sum(),
-                      truncated.sum(), entropy.detach().sum(), kl_sum, weights.sum(),
-                      (weights * weights).sum())
+                      mismatch.max() if mismatch.numel() else zero, (clipped * mask).sum(),
+                      (truncated * mask).sum(), (entropy.detach() * mask).sum(), kl_sum,
+                      (weights * mask).sum(), (weights * weights * mask).sum())
             # float64 holds every float32 sum and integer count exactly.
             return torch.stack([v.to(torch.float64) for v in values])
 
+    @contextlib.contextmanager
+    def _reference(self):
+        """The KL reference model: the frozen copy, or this model with its adapters off."""
+        if self.lora is None:
+            yield self.ref_model
+            return
+        with lora_.adapters_disabled(self.lora):
+            yield self.model
+
     def finish_step_sync(self) -> dict[str, float]:
-        """``finish_step`` without the event loop (scripts, tests)."""
-        tokens = self._step_tokens
+        """``finish_step`` without the event loop (scripts, tests, rank workers)."""
+        step, self._step = self._step, _StepSums()
+        tokens = self.step_token_count(step.weight)
         metrics: dict[str, float] = {"step_tokens": float(tokens)}
         metrics.update(self.precision.step(self.optimizer, tokens, self.opt_cfg.grad_clip))
         if tokens > 0:
-            metrics["loss"] = self._step_loss_sum / tokens
-        self._step_tokens, self._step_loss_sum = 0, 0.0
+            metrics["loss"] = step.loss / tokens
+        if step.passes:
+            metrics["micro_batches"] = float(step.passes)
+        if step.padded:
+            metrics["pad_frac"] = 1.0 - step.real / step.padded
+        peak = self._memory.stop()
+        if peak is not None:
+            metrics["peak_memory_bytes"] = peak
         self.version += 1
         return metrics
 
     def get_weights_sync(self) -> dict[str, torch.Tensor]:
         """A copy of the model's state dict on ``weights_device`` (what
         ``LocalEngine.update_weights`` takes), in the model's dtype: the very
-        weights the trainer computes with."""
-        state = self.model.state_dict()
+        weights the trainer computes with (with LoRA: merged into the base
+        weights, under the base model's names)."""
+        state = (lora_.merged_state_dict(self.model) if self.lora is not None
+                 else self.model.state_dict())
         if self.weights_device.type == "cpu":
             return _cpu_copy(state)
         weights = {k: v.detach().to(self.weights_device, copy=True) for k, v in state.items()}
@@ -305,6 +389,27 @@ def _copied(tree: Any) -> Any:
     if isinstance(tree, (list, tuple)):
         return type(tree)(_copied(v) for v in tree)
     return copy.deepcopy(tree)
+
+
+class _StepSums:
+    """What a step accumulates over its chunks."""
+
+    def __init__(self) -> None:
+        self.weight = 0.0  # sum of the tokens' loss weights: the normaliser
+        self.loss = 0.0  # sum of weighted token losses
+        self.real = 0  # tokens in the micro-batches
+        self.padded = 0  # positions in the micro-batches (rows x longest row)
+        self.passes = 0  # forward/backward passes
+
+
+def _trained_weights(state: dict[str, Any], key: str) -> dict[str, torch.Tensor]:
+    if key not in state:
+        other = "full-model" if key == "adapter" else "LoRA"
+        raise ConfigError(
+            f"the checkpoint holds a {other} trainer (no {key!r} weights): resume with the "
+            "policy.lora setting the run was started with"
+        )
+    return state[key]
 
 
 def _cpu_copy(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

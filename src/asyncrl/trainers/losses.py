@@ -14,8 +14,13 @@ gradient the PPO clip zeroed. See docs/training.md for the formulas side by side
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from asyncrl.config import LossConfig
 
 
 def group_advantages(rewards: Tensor, *, scale: bool = True, eps: float = 1e-6) -> Tensor:
@@ -102,6 +107,26 @@ def decoupled_loss(
     w = torch.exp(prox - behavior).clamp(max=is_cap)
     loss, clipped = ppo_clip_loss(logp, prox, adv, clip_low, clip_high)
     return w * loss, clipped
+
+
+def token_losses(
+    cfg: LossConfig, logp: torch.Tensor, behavior: torch.Tensor, adv: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-token loss of ``cfg.off_policy_correction``, the clipped-token mask, and
+    the untruncated importance weights the correction sees (for the ESS metric)."""
+    clip_low = cfg.clip_eps
+    clip_high = cfg.clip_eps_high if cfg.clip_eps_high is not None else cfg.clip_eps
+    # Proximal = the trainer's weights at the start of the step = the current
+    # ones, detached: the optimizer steps only when the step ends (asyncrl.trainers.grpo).
+    prox = logp.detach()
+    weights = torch.exp(prox - behavior)
+    if cfg.off_policy_correction == "none":
+        loss, clipped = none_loss(logp, behavior, adv, clip_low, clip_high)
+    elif cfg.off_policy_correction == "tis":
+        loss, clipped = tis_loss(logp, behavior, adv, cfg.is_cap)
+    else:
+        loss, clipped = decoupled_loss(logp, prox, behavior, adv, clip_low, clip_high, cfg.is_cap)
+    return loss, clipped, weights
 
 
 def k3_kl(logp: Tensor, ref_logp: Tensor) -> Tensor:

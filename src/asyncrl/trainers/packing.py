@@ -3,6 +3,13 @@
 Kept apart from :mod:`asyncrl.trainers.grpo` so that the trainer reads as the
 loss; everything here is host-side bookkeeping plus one copy to the device per
 tensor, made without waiting (no host synchronisation inside a micro-batch).
+
+Every completion token carries a **loss weight** (:attr:`Flat.loss_mask`): it
+multiplies the token's loss (policy gradient, KL and entropy terms alike) and
+its metrics, and the step's loss is normalised by the *sum* of the weights - so
+a token of weight 0 neither contributes gradient nor dilutes the mean. Engines
+that sample every token of a completion give all ones
+(:func:`completion_loss_mask`).
 """
 
 from __future__ import annotations
@@ -13,10 +20,20 @@ from dataclasses import dataclass, field
 import torch
 
 from asyncrl.trainers.losses import group_advantages
-from asyncrl.types import Rollout
+from asyncrl.types import GroupResult, Rollout
 
 #: Per-micro-batch sums (one float64 device tensor, moved to the host once per chunk).
+#: Every sum but ``mismatch_max`` is weighted by the tokens' loss weights.
 STATS = ("loss", "mismatch", "mismatch_max", "clipped", "truncated", "entropy", "kl", "w", "w2")
+
+
+def completion_loss_mask(result: GroupResult, i: int) -> list[float]:
+    """The loss weight of each token of completion ``i`` of ``result``: 1 trains
+    the token, 0 leaves it out of the loss and of the step's token count.
+
+    The one place the trainer reads it: every token an engine sampled counts.
+    """
+    return [1.0] * len(result.completion_ids[i])
 
 
 @dataclass
@@ -26,13 +43,24 @@ class Flat:
     seqs: list[list[int]] = field(default_factory=list)
     starts: list[int] = field(default_factory=list)
     behavior: list[list[float]] = field(default_factory=list)
+    #: Per completion token: its loss weight (see the module docstring).
+    loss_mask: list[list[float]] = field(default_factory=list)
     advs: list[float] = field(default_factory=list)
     group_adv: list[torch.Tensor] = field(default_factory=list)
 
+    @property
+    def weight(self) -> float:
+        """The chunk's share of the step's token normalisation: the sum of its loss weights."""
+        return float(sum(sum(m) for m in self.loss_mask))
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(len(b) for b in self.behavior)
+
 
 def flatten(rollouts: Sequence[Rollout], *, scale_advantages: bool) -> Flat:
-    """Prompt + completion token ids, where completions start, behavior log-probs
-    and advantages of every completion of ``rollouts``."""
+    """Prompt + completion token ids, where completions start, behavior log-probs,
+    loss weights and advantages of every completion of ``rollouts``."""
     flat = Flat()
     for rollout in rollouts:
         res = rollout.result
@@ -46,8 +74,30 @@ def flatten(rollouts: Sequence[Rollout], *, scale_advantages: bool) -> Flat:
             flat.seqs.append(list(res.prompt_ids) + list(completion))
             flat.starts.append(len(res.prompt_ids))
             flat.behavior.append(res.behavior_logprobs[i])
+            flat.loss_mask.append(completion_loss_mask(res, i))
             flat.advs.append(float(adv[i]))
     return flat
+
+
+def plan_micro_batches(lengths: Sequence[int], budget: int) -> list[list[int]]:
+    """Which sequences (by index into ``lengths``) go through one forward/backward together.
+
+    Sequences are taken longest first, and a micro-batch takes the next one while
+    its rows times its longest row stay within ``budget`` tokens; a sequence
+    longer than the budget gets a micro-batch of its own. Sorting by length keeps
+    the padding to the length differences of neighbours. A pure function of the
+    lengths, so the number of passes a chunk takes is known before any is run.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    batches: list[list[int]] = []
+    width = 0
+    for i in order:
+        if batches and (len(batches[-1]) + 1) * width <= budget:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+            width = lengths[i]  # the first row of a batch is its longest
+    return batches
 
 
 @dataclass
@@ -57,56 +107,80 @@ class Packed:
     ``ids`` is right-padded, so every row's positions are the default ``0..L-1``
     and, the model being causal, a real token never attends to a pad: no
     attention mask is needed (which lets SDPA use its causal kernels and spares
-    transformers a host-side check of the mask). ``index`` lists the completion
-    tokens in the flattened ``[rows, positions - 1]`` grid (logits at position
-    ``j`` predict token ``j + 1``), row by row: the order in which the rows'
-    behavior log-probs are concatenated in ``behavior``.
+    transformers a host-side check of the mask). ``positions`` lists, row by row,
+    the flat indices into ``[rows * L]`` of the positions whose output predicts a
+    completion token (position ``j`` predicts token ``j + 1``), ``targets`` those
+    tokens; ``behavior``, ``adv`` and ``mask`` are per completion token, in the
+    same order.
     """
 
     ids: torch.Tensor
-    index: torch.Tensor
+    positions: torch.Tensor
+    targets: torch.Tensor
     behavior: torch.Tensor
     adv: torch.Tensor
+    mask: torch.Tensor
+    #: Host-side counts: the loss weight of the micro-batch, its real tokens and
+    #: its padded positions (rows x longest row).
+    weight: float = 0.0
+    real: int = 0
+    padded: int = 0
 
     @property
     def tokens(self) -> int:
-        return self.index.numel()
+        return self.positions.numel()
 
 
-def pack(
-    seqs: list[list[int]], starts: list[int], behavior: list[list[float]], advs: list[float],
-    *, pad_id: int, device: torch.device,
-) -> Packed:
+def pack(flat: Flat, rows: Sequence[int], *, pad_id: int, device: torch.device) -> Packed:
+    """The micro-batch of ``flat``'s sequences ``rows``."""
+    seqs = [flat.seqs[r] for r in rows]
     width = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    index: list[int] = []
-    for r, (seq, start) in enumerate(zip(seqs, starts)):
-        ids[r, : len(seq)] = torch.tensor(seq)
-        base = r * (width - 1)
-        index.extend(range(base + start - 1, base + len(seq) - 1))
-    behavior_t = torch.tensor([x for b in behavior for x in b])
-    adv_t = torch.tensor([a for a, b in zip(advs, behavior) for _ in b])
+    positions: list[int] = []
+    targets: list[int] = []
+    for row, (r, seq) in enumerate(zip(rows, seqs)):
+        ids[row, : len(seq)] = torch.tensor(seq)
+        start, base = flat.starts[r], row * width
+        positions.extend(range(base + start - 1, base + len(seq) - 1))
+        targets.extend(seq[start:])
+    behavior = [x for r in rows for x in flat.behavior[r]]
+    mask = [x for r in rows for x in flat.loss_mask[r]]
+    adv = [flat.advs[r] for r in rows for _ in flat.behavior[r]]
+    host = (ids, torch.tensor(positions, dtype=torch.long), torch.tensor(targets),
+            torch.tensor(behavior), torch.tensor(adv), torch.tensor(mask))
     # Pageable host memory: the driver stages the copy at once, no device wait.
-    return Packed(
-        *(t.to(device, non_blocking=True)
-          for t in (ids, torch.tensor(index, dtype=torch.long), behavior_t, adv_t))
-    )
+    return Packed(*(t.to(device, non_blocking=True) for t in host),
+                  weight=float(sum(mask)), real=sum(len(s) for s in seqs),
+                  padded=len(seqs) * width)
+
+
+def idle_pass(*, pad_id: int, device: torch.device) -> Packed:
+    """A micro-batch of one pad token with loss weight 0: a forward and backward
+    that change no gradient. A data-parallel trainer runs it on a rank with fewer
+    micro-batches than another, so that every rank runs the same number of passes."""
+    flat = Flat(seqs=[[pad_id, pad_id]], starts=[1], behavior=[[0.0]], loss_mask=[[0.0]],
+                advs=[0.0])
+    packed = pack(flat, [0], pad_id=pad_id, device=device)
+    packed.real = packed.padded = 0  # not data: leave it out of train/pad_frac
+    return packed
 
 
 def chunk_metrics(
-    stats: list[list[float]], tokens: int, flat: Flat
+    stats: list[list[float]], flat: Flat
 ) -> tuple[dict[str, float], dict[str, float]]:
     """``train_chunk``'s metrics from the micro-batches' :data:`STATS` rows, and
-    the sums over the chunk."""
+    the sums over the chunk. Token means are weighted by the loss weights."""
     sums = dict.fromkeys(STATS, 0.0)
     mismatch_max = 0.0
     for row in stats:
         for key, value in zip(STATS, row):
             sums[key] += value
         mismatch_max = max(mismatch_max, row[STATS.index("mismatch_max")])
-    n = max(tokens, 1)
+    weight = flat.weight
+    n = weight if weight > 0 else 1.0
     group_adv = flat.group_adv
     all_adv = torch.cat(group_adv) if group_adv else torch.zeros(1)
+    tokens = flat.completion_tokens
     metrics = {
         "loss": sums["loss"] / n,
         "logprob_mismatch": sums["mismatch"] / n,

@@ -46,12 +46,28 @@ class MasterWeights:
             for p in self.model_params
         ]
         self._pairs = [(p, m) for p, m in zip(self.model_params, self.master) if p is not m]
+        self._index = {id(p): i for i, p in enumerate(self.model_params)}
         fp16 = [p for p in self.model_params if p.dtype == torch.float16]
         # The loss is a sum over a chunk's tokens, not a mean: its gradients are
         # hundreds of times larger than a mean loss's, and torch's default initial
         # scale (2**16) would overflow (skip) the first ten or so steps.
         self.scaler = (torch.amp.GradScaler(fp16[0].device.type, init_scale=2.0**8)
                        if fp16 else None)
+
+    def grad_accumulator(self, param: torch.nn.Parameter) -> Tensor | None:
+        """The float32 tensor the gradient of model parameter ``param`` accumulates
+        in over the step - its master's ``grad``, created as zeros - or None when
+        ``param`` is not trained. A function that computes a parameter's gradient
+        itself adds into it directly instead of handing it to autograd (the loss
+        head does, for the output layer: see :mod:`asyncrl.trainers.loss_head`).
+        Scaled like every gradient when float16 loss scaling is on."""
+        index = self._index.get(id(param))
+        if index is None:
+            return None
+        master = self.master[index]
+        if master.grad is None:
+            master.grad = torch.zeros_like(master)
+        return master.grad
 
     @property
     def mixed(self) -> bool:

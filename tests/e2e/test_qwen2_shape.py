@@ -1,0 +1,58 @@
+"""End to end: the Qwen2.5-0.5B-shaped model of examples/qwen2_shape.yaml at 2
+layers (151,936 ids, GQA, tied embeddings) with 1,024-token completions completes
+a step on this 2-core, 24 GB machine - with the local engine and with vLLM.
+
+Each run is one synchronous step of one prompt and two completions: minutes on
+2 cores, almost all of it the 152k-wide output layer (every generated token reads
+it, every trained one multiplies by it three times). Opt-in (``tests/heavy.py``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from asyncrl.cli import main
+from tests.heavy import HEAVY
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, HEAVY]
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = str(ROOT / "examples" / "qwen2_shape.yaml")
+TOKENS = 1024
+ONE_SMALL_STEP = [
+    "policy.device=cpu", "policy.num_threads=1", "policy.model.num_layers=2",
+    f"policy.generation.max_new_tokens={TOKENS}", "grpo.max_num_steps=1",
+    "grpo.num_prompts_per_step=1", "grpo.num_generations_per_prompt=2",
+    "async_rl.sampler.max_lookahead_versions=0", "async_rl.max_buffered_rollouts=1",
+    "async_rl.min_groups_for_streaming_train=1", "async_rl.max_inflight_prompts=1",
+    "policy.train_micro_batch_tokens=2048", "logging.progress=never",
+    "logging.plots=false", "logging.tensorboard=false",
+]
+
+
+def run_one_step(run_dir: Path, *overrides: str) -> dict:
+    code = main(["train", "--config", EXAMPLE, "--run-dir", str(run_dir), *ONE_SMALL_STEP,
+                 *overrides])
+    assert code == 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["ledger"]["balanced"] and summary["steps"] == 1
+    (record,) = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    # A random model over 151,936 ids all but never samples its EOS: 1,024 tokens each.
+    assert record["train/completion_tokens_mean"] >= 1000
+    assert record["train/step_tokens"] >= 2000
+    assert record["train/micro_batches"] == 2  # 1,088 positions each, budget 2,048
+    assert record["train/peak_memory_bytes"] > 0
+    assert record["train/logprob_mismatch_max"] <= 1e-3
+    return record
+
+
+def test_local_engine(tmp_path: Path, capsys) -> None:
+    run_one_step(tmp_path / "run")
+
+
+def test_vllm_engine(tmp_path: Path, capsys) -> None:
+    run_one_step(tmp_path / "run", "policy.engine=vllm", f"policy.vllm.max_model_len={TOKENS + 64}",
+                 "policy.vllm.gpu_memory_utilization=0.15")
