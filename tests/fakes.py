@@ -12,7 +12,7 @@ import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from asyncrl.errors import RewardError
+from asyncrl.errors import GenerationError, RewardError
 from asyncrl.types import GenerationRequest, GroupAborted, GroupResult, Prompt, Rollout
 
 
@@ -80,16 +80,19 @@ Latency = Callable[[GenerationRequest], float]
 
 
 class FakeEngine:
-    """Generates after ``latency(request)`` virtual seconds; may fail on purpose."""
+    """Generates after ``latency(request)`` virtual seconds; may fail on purpose:
+    ``fail(request)`` true raises ``error`` (an infra GenerationError by default)."""
 
     def __init__(
         self,
         latency: Latency | float = 1.0,
         *,
         fail: Callable[[GenerationRequest], bool] | None = None,
+        error: Callable[[str], BaseException] = GenerationError,
     ) -> None:
         self.latency = latency if callable(latency) else (lambda _r, x=latency: x)
         self.fail = fail or (lambda _r: False)
+        self.fail_error = error
         self.weight_version = 0
         self.versions_seen: list[int] = []
         self.aborted: list[Any] = []
@@ -110,7 +113,7 @@ class FakeEngine:
         if request.group_id in self.aborted:
             raise GroupAborted(request.group_id)
         if self.fail(request):
-            raise RuntimeError(f"injected failure of group {request.group_id}")
+            raise self.fail_error(f"injected failure of group {request.group_id}")
         self.generated += 1
         n = request.num_generations
         texts = [str((request.prompt.prompt_id + i) % 7) for i in range(n)]

@@ -70,7 +70,7 @@ def test_deterministic_needs_the_local_backend() -> None:
         ("policy.optimizer.lr=1e-3", "policy.optimizer.lr", 1e-3),
         ("async_rl.sampler.sample_freshest_first=true", "async_rl.sampler.sample_freshest_first", True),
         ("policy.model_name_or_path=/models/tiny", "policy.model_name_or_path", "/models/tiny"),
-        ("async_rl.stall_timeout_s=null", "async_rl.stall_timeout_s", None),
+        ("async_rl.stall_watchdog=null", "async_rl.stall_watchdog", None),
         ("policy.optimizer.betas=[0.9, 0.95]", "policy.optimizer.betas", [0.9, 0.95]),
     ],
 )

@@ -15,12 +15,10 @@ import contextlib
 import difflib
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal, Union
 
 import yaml
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     StrictFloat,
     StrictInt,
@@ -28,21 +26,20 @@ from pydantic import (
     model_validator,
 )
 
+from asyncrl._blocks import Block, NonNegFloat, NonNegInt, PosFloat, PosInt
 from asyncrl._validation import explain_errors
 from asyncrl._yaml import load_yaml
 from asyncrl.dataset_config import DatasetTaskConfig
 from asyncrl.errors import ConfigError
+from asyncrl.failure_config import (
+    GenerationFleetHealthConfig,
+    GenerationRouterConfig,
+    RefusesRenamedKeys,
+    RolloutFailureConfig,
+    StallWatchdogConfig,
+)
+from asyncrl.interpolation import resolve_interpolations
 from asyncrl.sampling.config import InOrderSamplerConfig, SamplerConfig
-
-# Numbers are strict: YAML's `true` is not 1. A float field still takes a YAML int.
-PosInt = Annotated[StrictInt, Field(ge=1)]
-NonNegInt = Annotated[StrictInt, Field(ge=0)]
-PosFloat = Annotated[StrictFloat, Field(gt=0)]
-NonNegFloat = Annotated[StrictFloat, Field(ge=0)]
-
-
-class Block(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 # --------------------------------------------------------------------- GRPO
@@ -53,24 +50,43 @@ class GRPOConfig(Block):
 
 
 # ----------------------------------------------------------------- async RL
-class RolloutFailureConfig(Block):
-    max_attempts: PosInt = 3
-    backoff_s: NonNegFloat = 0.5
-    max_backoff_s: NonNegFloat = 30.0
-    max_failed_groups: NonNegInt = 16
+class AsyncRLConfig(Block, RefusesRenamedKeys):
+    """NeMo-RL's ``async_rl`` block: a block pasted from NeMo-RL's single-controller
+    configs loads as written (docs/training.md lists what each key does here)."""
 
+    renamed: ClassVar[dict[str, str]] = {
+        "stall_timeout_s": "stall_watchdog: {stall_timeout_s: ..., stall_action: abort}"}
 
-class AsyncRLConfig(Block):
     sampler: SamplerConfig = Field(default_factory=InOrderSamplerConfig)
     max_buffered_rollouts: PosInt = 16
     min_groups_for_streaming_train: PosInt = 8
     max_inflight_prompts: PosInt = 16
     recompute_kv_cache_after_weight_updates: bool = False
+    #: One log line per finished rollout (prompt and completion previews, attempt,
+    #: weight versions, rewards) on the asyncrl.diagnostics logger.
+    diagnostics: bool = False
     rollout_failure: RolloutFailureConfig = Field(default_factory=RolloutFailureConfig)
-    #: Raise RolloutStall, naming the side that stalled, when no group commits and no
-    #: step finishes for this long (None: off). Generous by default: a real stall
-    #: (a hung engine, trainer or reward) must end the run, slow generation must not.
-    stall_timeout_s: PosFloat | None = 1800.0
+    #: None: no watchdog (asyncrl's own extension; simulate always runs without one).
+    stall_watchdog: StallWatchdogConfig | None = Field(default_factory=StallWatchdogConfig)
+    generation_fleet_health: GenerationFleetHealthConfig = Field(
+        default_factory=GenerationFleetHealthConfig)
+    generation_router: GenerationRouterConfig = Field(default_factory=GenerationRouterConfig)
+
+    @model_validator(mode="after")
+    def _watchdog_outlasts_deadlines(self) -> AsyncRLConfig:
+        # A rollout that is merely slow fails on its own deadline first; a
+        # watchdog firing before that would call every slow rollout a stall.
+        if self.stall_watchdog is None:
+            return self
+        native = self.rollout_failure.native
+        for key in ("generation_timeout_s", "env_timeout_s"):
+            deadline = getattr(native, key)
+            if deadline is not None and self.stall_watchdog.stall_timeout_s <= deadline:
+                raise ValueError(
+                    f"stall_watchdog.stall_timeout_s={self.stall_watchdog.stall_timeout_s:g} "
+                    f"must be above rollout_failure.native.{key}={deadline:g}, or a rollout "
+                    "that would time out on its own is reported as a stall")
+        return self
 
 
 # --------------------------------------------------------------------- task
@@ -515,12 +531,21 @@ def _fill_default_tags(tree: dict[str, Any]) -> None:
 
 def config_from_dict(tree: dict[str, Any], *, source: str = "config",
                      overrides: Sequence[str] = ()) -> RunConfig:
-    """Validate a config tree; errors name the field, and the override that set it, if any."""
+    """Validate a config tree; errors name the field, and the override that set it, if any.
+
+    ``${a.b}`` references are resolved first (:mod:`asyncrl.interpolation`): after
+    the overrides, which the caller has applied to ``tree``.
+    """
+    tree = resolve_interpolations(tree, source=source, defaults=_default_tree)
     _fill_default_tags(tree)
     try:
         return RunConfig.model_validate(tree)
     except ValidationError as exc:
         raise ConfigError(_invalid(exc, source, overrides)) from None
+
+
+def _default_tree() -> dict[str, Any]:
+    return RunConfig().model_dump(mode="json")
 
 
 def _invalid(exc: ValidationError, source: str, overrides: Sequence[str]) -> str:

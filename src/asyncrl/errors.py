@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar, Literal
+
 
 class AsyncRLError(Exception):
     """Base class of every error asyncrl raises on purpose."""
@@ -43,11 +45,18 @@ class SetupError(ConfigError):
 
 
 class RolloutStall(AsyncRLError, RuntimeError):
-    """No group committed and no step finished within ``async_rl.stall_timeout_s``."""
+    """No group committed and no step finished within
+    ``async_rl.stall_watchdog.stall_timeout_s`` (``stall_action: abort``), or the
+    pumps deadlocked."""
 
 
 class TooManyFailedGroups(AsyncRLError, RuntimeError):
-    """More prompt groups failed for good than ``async_rl.rollout_failure.max_failed_groups``."""
+    """A failure budget of ``async_rl.rollout_failure`` ran out: more prompts
+    exhausted their data budget than ``max_skipped_prompts``, more consecutive
+    prompts exhausted their infra budget than ``max_consecutive_dropped_prompts``,
+    or a step lost so many groups that it would train on fewer than
+    ``min_step_batch_fraction`` of them. The message names the budget; the
+    failure that used it up is the ``__cause__``."""
 
 
 class LedgerImbalance(AsyncRLError, AssertionError):
@@ -71,33 +80,109 @@ class GroupAborted(AsyncRLError):
     """Raised by an engine's ``generate`` for a group the controller aborted."""
 
 
-class GenerationError(AsyncRLError):
-    """A generation attempt failed; the controller retries it with backoff."""
+# ------------------------------------------------------------ rollout failures
+#: Which budget of ``async_rl.rollout_failure`` a failed attempt is charged to.
+FailureKind = Literal["infra", "data"]
 
 
-class PromptTooLong(GenerationError):
+class RolloutFailure(AsyncRLError):
+    """One attempt of one prompt group failed, and the component that raised it
+    says why: ``kind`` is ``"infra"`` (the engine, a worker, a transport or a
+    deadline failed: retried with backoff, on another engine when there is one,
+    up to ``max_infra_attempts_per_prompt``) or ``"data"`` (this prompt's reward,
+    task or tokenization failed: retried at once, up to
+    ``max_data_attempts_per_prompt``).
+
+    Engines, the Ray proxies and the reward pool raise subclasses of this; the
+    controller treats anything else reaching it from a generation attempt as a
+    bug (not retried: the run stops with the cause and a checkpoint). The class
+    attribute decides, never ``isinstance`` against a sibling: a subclass may
+    say ``kind = "data"`` under an infra parent. Read it with :func:`failure_kind`.
+    """
+
+    kind: ClassVar[FailureKind] = "infra"
+
+
+class GenerationError(RolloutFailure):
+    """The engine failed to generate (a device error, a failed forward, a broken
+    transport): infra."""
+
+    kind: ClassVar[FailureKind] = "infra"
+
+
+class GenerationTimeout(GenerationError):
+    """A generation attempt ran past
+    ``async_rl.rollout_failure.native.generation_timeout_s``: infra."""
+
+
+class PromptError(RolloutFailure):
+    """The engine cannot generate for this prompt, and would not on any other
+    engine: it cannot be tokenized, does not fit, or the engine's input checks
+    reject it. Data."""
+
+    kind: ClassVar[FailureKind] = "data"
+
+
+class TokenizationError(PromptError):
+    """The prompt cannot be encoded (or a completion decoded) by the tokenizer: data."""
+
+
+class RewardError(RolloutFailure):
+    """Scoring a finished group failed: the reward function raised or returned
+    something that is not a finite number. Data: another attempt samples new
+    completions, a second failure says the prompt (or its record) is at fault."""
+
+    kind: ClassVar[FailureKind] = "data"
+
+
+class RewardTimeout(RewardError):
+    """A reward call ran past its deadline (``task.reward.timeout_s`` or
+    ``async_rl.rollout_failure.native.env_timeout_s``), or every worker is held
+    by calls that did: infra."""
+
+    kind: ClassVar[FailureKind] = "infra"
+
+
+class RewardWorkerLost(RewardError):
+    """The reward worker process died (or the pool is gone) while scoring: infra."""
+
+    kind: ClassVar[FailureKind] = "infra"
+
+
+class EngineUnavailable(RolloutFailure, RuntimeError):
+    """A rollout engine lost a generation attempt through no fault of the prompt
+    group: the worker process running it died (Ray backend). Infra, but the
+    controller retries the group at once on another engine and charges nothing
+    to its budgets (the worker's restart budget bounds it). An engine raises
+    it only for a real loss, never twice in a row without waiting for a change."""
+
+    kind: ClassVar[FailureKind] = "infra"
+
+
+def failure_kind(exc: BaseException) -> FailureKind | None:
+    """``"infra"`` or ``"data"`` for a classified attempt failure, None for
+    anything else (which the controller treats as a bug)."""
+    return type(exc).kind if isinstance(exc, RolloutFailure) else None
+
+
+class BackendBug(AsyncRLError, RuntimeError):
+    """An engine or scorer raised an error that does not say whether it is infra
+    or data (not a :class:`RolloutFailure`): a bug in that component, named in
+    the message. Not retried; the run stops with a checkpoint. The original
+    error is the ``__cause__``."""
+
+
+class PromptTooLong(PromptError, GenerationError):
     """A prompt is so long that ``prompt + max_new_tokens`` does not fit the model's
     context: its completions could be cut short at the context instead of at
     ``max_new_tokens``. Raised by an engine before it generates anything (every
     built-in engine, so that they all stop at the same limit); the message names
-    both numbers. A fault of the data, not of the engine."""
-
-
-class RewardError(GenerationError):
-    """Scoring a finished group failed (the reward raised or timed out). The
-    attempt is retried like a failed generation, then the group is ``failed``."""
+    both numbers. A fault of the data, not of the engine: ``kind`` is ``data``
+    (from :class:`PromptError`, first in its bases)."""
 
 
 class CheckpointError(AsyncRLError, ValueError):
     """A checkpoint is missing, corrupted or incompatible with the config."""
-
-
-class EngineUnavailable(AsyncRLError, RuntimeError):
-    """A rollout engine lost a generation attempt through no fault of the prompt
-    group: the worker process running it died (Ray backend). The controller
-    retries the group at once on another engine and does not count the lost
-    attempt against ``async_rl.rollout_failure.max_attempts``. An engine raises
-    it only for a real loss, never twice in a row without waiting for a change."""
 
 
 class BackendLost(AsyncRLError, RuntimeError):
@@ -119,6 +204,17 @@ class ActorStartError(AsyncRLError, RuntimeError):
 
 class MissingDependency(AsyncRLError, ImportError):
     """An optional dependency is needed for the requested feature."""
+
+
+def add_note(error: BaseException, note: str) -> None:
+    """``error.add_note(note)`` (PEP 678), also on Python 3.10, once per note."""
+    notes = list(getattr(error, "__notes__", ()))
+    if note in notes:
+        return
+    if hasattr(error, "add_note"):
+        error.add_note(note)
+    else:  # Python 3.10: the exceptiongroup backport prints __notes__
+        error.__notes__ = [*notes, note]  # type: ignore[attr-defined]
 
 
 def require(module: str, extra: str, feature: str):

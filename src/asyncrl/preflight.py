@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from asyncrl.buffer import RolloutBuffer
 from asyncrl.context_length import check_context
-from asyncrl.controller.validation import derived_facts, validate_setup
+from asyncrl.controller.validation import derived_facts, failure_warnings, validate_setup
 from asyncrl.devices import check_device
 from asyncrl.errors import AsyncRLError, ConfigError, require
 from asyncrl.evaluation import Evaluator, build_evaluation
@@ -104,6 +104,8 @@ def preflight(cfg: RunConfig, *, task: Task | None = None,
     facts = derived_facts(sampler, cfg.grpo)
     facts["max_buffered_rollouts"] = capacity
     facts.update(context)
+    facts["min_step_groups"] = cfg.async_rl.rollout_failure.step_floor(cfg.grpo.num_prompts_per_step)
+    facts["warnings"] = failure_warnings(cfg.grpo, cfg.async_rl)
     return Preflight(task=task, facts=facts, evaluator=evaluator)
 
 

@@ -7,11 +7,16 @@ final policy in Hugging Face format under ``final/``.
 
 A run ends in one of three ways, and each leaves the run directory whole:
 
-* normally (``max_num_steps``, the prompts used up) or on a first SIGINT /
-  SIGTERM (a graceful stop): a final checkpoint, ``final/``, the summary, the
-  ledger and the plots; after a signal, the command that resumes it;
-* on an error: ``final/`` when the trainer still answers, the summary (with the
-  error as the stop reason), the ledger; the newest periodic checkpoint stays;
+* normally (``max_num_steps``, the prompts used up), on a first SIGINT /
+  SIGTERM or a stall with ``stall_action: abort`` (a graceful stop): a final
+  checkpoint, ``final/``, the summary, the ledger and the plots; after a
+  signal or a stall, the command that resumes it;
+* on an error a component reported at run time (a bug in an engine or the
+  scorer, a failure budget used up): the pumps stop at a safe point, so a final
+  checkpoint is written too, and the error says how to resume;
+* on any other error: ``final/`` when the trainer still answers, the summary
+  (with the error as the stop reason), the ledger; the newest periodic
+  checkpoint stays;
 * on a second signal (forced): the summary and the ledger, quickly; the newest
   complete checkpoint stays.
 """
@@ -40,7 +45,7 @@ from asyncrl.checkpoint.store import set_aside_newer
 from asyncrl.config import RunConfig, config_from_dict, dump_config
 from asyncrl.controller import Controller, JsonlHistory
 from asyncrl.engines.base import RolloutEngine
-from asyncrl.errors import CheckpointError, ConfigError
+from asyncrl.errors import CheckpointError, ConfigError, add_note
 from asyncrl.evaluation import Evaluator
 from asyncrl.export import export_final
 from asyncrl.jsonio import write_json
@@ -58,7 +63,9 @@ log = logging.getLogger("asyncrl.runner")
 
 #: Stop reasons after which the run's state is whole and worth a final checkpoint.
 CHECKPOINTED_ENDS = ("max_num_steps", "source_exhausted", "incomplete_step",
-                     "interrupted", "terminated")
+                     "interrupted", "terminated", "stalled")
+#: Stop reasons whose summary carries the command that resumes the run.
+RESUMABLE_ENDS = ("interrupted", "terminated", "stalled")
 
 
 def train(
@@ -91,6 +98,8 @@ def train(
         # Every pre-run check, before anything is written (asyncrl validate runs the same).
         checked = preflight(cfg, task=task, builtin_backends=backends is None)
         task, evaluator = checked.task, checked.evaluator
+        for warning in checked.facts.get("warnings", ()):
+            log.warning("%s", warning)
         # One run at a time in a directory, for the whole run (see asyncrl.run_lock).
         with run_dir_lock(run_dir):
             if fresh:  # a new run, or a fork of ``resume`` into a run directory of its own
@@ -198,7 +207,12 @@ class _Run:
                 for engine in self.engines:
                     if snapshots and hasattr(engine, "restore_retained"):
                         engine.restore_retained(snapshots)
-            await controller.run()
+            try:
+                await controller.run()
+            except Exception as exc:
+                if controller.stopped_at_safe_point:  # the state is whole: keep it
+                    await self._checkpoint_at_error(exc)
+                raise
             await self._end_of_run()
         finally:
             if not self.stop.forced:  # the final policy, unless asked to stop at once
@@ -217,6 +231,21 @@ class _Run:
             hook = controller.on_step_end
             assert isinstance(hook, CheckpointHook)
             await hook.write_final(controller)
+
+    async def _checkpoint_at_error(self, error: BaseException) -> None:
+        """A fatal error stopped the pumps at a safe point: checkpoint that state,
+        and say on the error how to resume once the cause is fixed."""
+        controller = self.controller
+        assert controller is not None
+        hook = controller.on_step_end
+        assert isinstance(hook, CheckpointHook)
+        try:
+            path = await hook.write_final(controller)
+        except Exception as exc:  # the error that stopped the run is the one to report
+            log.warning("could not write a checkpoint after the error: %r", exc)
+            return
+        add_note(error, f"the state at the stop is checkpointed ({path.name}); after fixing "
+                         f"the cause, resume with: asyncrl train --resume {self.run_dir}")
 
     async def close(self) -> None:
         eval_scorer = [self.evaluator.scorer] if self.evaluator is not None else []
@@ -301,7 +330,7 @@ def finish_run_dir(run_dir: Path, controller: Controller, task: Task, cfg: RunCo
         target is not None and last10 is not None and last10 == last10 and last10 >= target
     )
     summary["run_dir"] = str(run_dir)
-    if summary["stop_reason"] in ("interrupted", "terminated"):
+    if summary["stop_reason"] in RESUMABLE_ENDS:
         summary["resume_command"] = f"asyncrl train --resume {run_dir}"
     # NaN (e.g. the reward of a run without steps) is written as null: JSON has no NaN.
     write_json(run_dir / "summary.json", summary, indent=2, default=str)
@@ -372,3 +401,4 @@ def nothing_to_do(run_dir: Path, ckpt: LoadedCheckpoint, cfg: RunConfig) -> str 
             "Nothing was changed. Start a new run with more prompts to train further"
         )
     return None
+

@@ -24,7 +24,7 @@ def test_validate_prints_derived_facts(tmp_path, capsys) -> None:
     assert facts == {"sampler": "InOrderSampler", "is_on_policy": False,
                      "required_buffer_capacity": 12, "max_staleness": 2,
                      "max_buffered_rollouts": 12, "context_length": 64,
-                     "longest_prompt_tokens": 5}
+                     "longest_prompt_tokens": 5, "min_step_groups": 4, "warnings": []}
     assert main(["validate", "--config", cfg]) == 0
     out = capsys.readouterr().out
     assert "required buffer capacity" in out and "config is valid" in out

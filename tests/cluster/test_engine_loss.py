@@ -3,7 +3,7 @@
 These pin the controller's side of the Ray backend's contract: an engine that
 reports ``healthy = False`` gets no new groups while another is healthy, an
 :class:`EngineUnavailable` attempt is retried at once and not charged to the
-group's failure budget, and :class:`BackendLost` fails the run.
+group's budgets, and :class:`BackendLost` fails the run.
 """
 
 from __future__ import annotations
@@ -40,26 +40,27 @@ class LosingEngine(FakeEngine):
 
 
 def test_lost_attempts_retry_at_once_without_charging_the_failure_budget() -> None:
-    # Every group loses its first attempt; with max_attempts=1 any charged
-    # failure would fail the group for good.
+    # Every group loses its first attempt; with max_infra_attempts_per_prompt=1
+    # any charged failure would fail the group for good.
     engines = [LosingEngine(1.0, lose=lambda r: r.attempt == 1) for _ in range(2)]
     ctl = make_controller(IN_ORDER, engines=engines, steps=4,
                           trainer=FakeTrainer(step_time=0.0),
-                          rollout_failure={"max_attempts": 1, "backoff_s": 100.0})
+                          rollout_failure={"max_infra_attempts_per_prompt": 1,
+                                           "backoff_base_s": 100.0, "max_backoff_s": 100.0})
     result = run_virtual(ctl.run())
     ledger = result.summary["ledger"]
     assert ledger["balanced"] and ledger["failed"] == 0 and ledger["trained"] == 16
     trained = [r for r in ctl.ledger.records() if r.state == "trained"]
     assert trained and all(r.attempts == 2 for r in trained)
-    # No backoff: a lost attempt is no reason to wait (backoff_s=100 would show).
+    # No backoff: a lost attempt is no reason to wait (backoff_base_s=100 would show).
     assert result.summary["wall_time_s"] < 50
     lost = [i for i in ctl.timeline.intervals if i.label == "lost"]
     assert len(lost) >= len(trained)
 
 
 def test_a_genuine_failure_after_a_lost_attempt_is_still_charged() -> None:
-    # Attempt 1 lost with a worker, attempt 2 fails for real: max_attempts=1 is
-    # spent by the real failure only, so the group fails for good once.
+    # Attempt 1 lost with a worker, attempt 2 fails for real: the infra budget of
+    # 1 is spent by the real failure only, so the group fails for good once.
     def fail(r):
         return r.prompt.prompt_id == 0 and r.attempt == 2
 
@@ -67,7 +68,9 @@ def test_a_genuine_failure_after_a_lost_attempt_is_still_charged() -> None:
                           fail=fail)
     ctl = make_controller(IN_ORDER, engines=[engine], steps=2,
                           trainer=FakeTrainer(step_time=0.0),
-                          rollout_failure={"max_attempts": 1, "max_failed_groups": 4})
+                          rollout_failure={"max_infra_attempts_per_prompt": 1,
+                                           "max_consecutive_dropped_prompts": 4,
+                                           "on_dropped_prompt": "replace"})
     result = run_virtual(ctl.run())
     assert result.summary["ledger"]["failed"] == 1
     assert ctl.ledger[0].state == "failed" and ctl.ledger[0].attempts == 2

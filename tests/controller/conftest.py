@@ -8,6 +8,18 @@ from asyncrl.config import AsyncRLConfig, GRPOConfig
 from asyncrl.controller import Controller, MemoryHistory
 from tests.fakes import FakeEngine, FakeTask, FakeTrainer, InlineScorer
 
+#: rollout_failure settings that absorb every failure: a group out of attempts is
+#: replaced by a fresh prompt with its stamp (tests about other things use it).
+FORGIVING = {
+    "max_infra_attempts_per_prompt": 3,
+    "max_data_attempts_per_prompt": 3,
+    "backoff_base_s": 0.5,
+    "max_skipped_prompts": 10**9,
+    "max_consecutive_dropped_prompts": 10**9,
+    "on_dropped_prompt": "replace",
+    "max_replacement_attempts": 10**9,
+}
+
 
 def make_controller(
     sampler: dict[str, Any],

@@ -18,7 +18,8 @@ IN_ORDER = {"name": "in_order", "max_lookahead_versions": 1}
 def test_transient_failures_are_retried_and_succeed() -> None:
     engine = FakeEngine(1.0, fail=lambda r: r.attempt == 1 and r.prompt.prompt_id % 3 == 0)
     ctl = make_controller(IN_ORDER, engines=[engine], steps=10,
-                          rollout_failure={"max_attempts": 3, "backoff_s": 0.5})
+                          rollout_failure={"max_infra_attempts_per_prompt": 3,
+                                           "backoff_base_s": 0.5})
     result = run_virtual(ctl.run())
     ledger = result.summary["ledger"]
     assert ledger["balanced"] and ledger["failed"] == 0 and ledger["trained"] == 40
@@ -33,37 +34,59 @@ def test_backoff_is_exponential_in_virtual_time() -> None:
     engine = FakeEngine(0.0, fail=lambda r: r.prompt.prompt_id == 0 and r.attempt < 4)
     ctl = make_controller({"name": "in_order", "max_lookahead_versions": 0}, engines=[engine],
                           trainer=FakeTrainer(step_time=0.0), steps=1,
-                          rollout_failure={"max_attempts": 5, "backoff_s": 1.0, "max_backoff_s": 3.0})
+                          rollout_failure={"max_infra_attempts_per_prompt": 5,
+                                           "backoff_base_s": 1.0, "max_backoff_s": 3.0})
     result = run_virtual(ctl.run())
     # attempts 1..3 fail; waits 1 + 2 + 3 (capped) before attempt 4 succeeds
     assert result.summary["wall_time_s"] == pytest.approx(6.0)
 
 
 def test_exhausted_attempts_are_failed_and_replaced_with_the_same_stamp() -> None:
-    bad = {2, 9}
+    # Batches 0 and 1 hold prompts 0-7; the first replacement diverts prompts 8-11
+    # into the spare pool, so batch 2 (step 2) holds prompts 12-15.
+    bad = {2, 13}
     engine = FakeEngine(1.0, fail=lambda r: r.prompt.prompt_id in bad)
     ctl = make_controller(IN_ORDER, engines=[engine], steps=8,
-                          rollout_failure={"max_attempts": 2, "backoff_s": 0.1})
+                          rollout_failure={"max_infra_attempts_per_prompt": 2,
+                                           "backoff_base_s": 0.1,
+                                           "max_consecutive_dropped_prompts": 1,
+                                           "on_dropped_prompt": "replace"})
     result = run_virtual(ctl.run())
     ledger = result.summary["ledger"]
     assert ledger["balanced"] and ledger["failed"] == 2 and ledger["trained"] == 32
+    assert ledger["failed_infra"] == 2 and ledger["failed_data"] == 0
     failed = {r.prompt_id: r for r in ctl.ledger.records() if r.state == "failed"}
     assert set(failed) == bad and all(r.attempts == 2 for r in failed.values())
-    # Step 0 (prompts 0-3) and step 2 (prompts 8-11) still trained 4 groups each,
-    # replacements carrying the failed group's stamp.
+    # Step 0 and step 2 still trained 4 groups each, the replacements (spares 8
+    # and 9) carrying the failed group's stamp.
+    assert {r.prompt_id for r in ctl.ledger.records() if r.end_step in (0, 2)} == {
+        0, 1, 3, 8, 9, 12, 14, 15}
     for step in (0, 2):
         trained = [r for r in ctl.ledger.records() if r.state == "trained" and r.end_step == step]
         assert len(trained) == 4 and {r.target_step for r in trained} == {step}
     assert sum(m["groups_failed"] for m in ctl.step_records) == 2
+    assert sum(m["groups_failed_infra"] for m in ctl.step_records) == 2
+    assert sum(m["prompts_replaced"] for m in ctl.step_records) == 2
+    dropped = result.summary["failures"]["dropped_prompts"]
+    assert {d["prompt_id"] for d in dropped} == bad
+    assert all(d["kind"] == "infra" and d["outcome"] == "replaced" for d in dropped)
 
 
 def test_too_many_failures_stop_the_run_with_a_clear_error() -> None:
     engine = FakeEngine(1.0, fail=lambda r: True)
     ctl = make_controller(IN_ORDER, engines=[engine], steps=5,
-                          rollout_failure={"max_attempts": 2, "backoff_s": 0.1,
-                                           "max_failed_groups": 3})
-    with pytest.raises(TooManyFailedGroups, match="max_failed_groups=3"):
+                          rollout_failure={"max_infra_attempts_per_prompt": 2,
+                                           "backoff_base_s": 0.1,
+                                           "max_consecutive_dropped_prompts": 3,
+                                           "on_dropped_prompt": "replace",
+                                           "max_replacement_attempts": 100})
+    with pytest.raises(TooManyFailedGroups, match="max_consecutive_dropped_prompts=3") as err:
         run_virtual(ctl.run())
+    assert "injected failure" in str(err.value.__cause__)
+    # Stopped at a safe point: the state can be checkpointed, and it balances.
+    assert ctl.stopped_at_safe_point and ctl.summary()["ledger"]["balanced"]
+    # Groups in flight when the budget ran out failed too; the budget error is raised once.
+    assert ctl.ledger.counts()["failed"] >= 4 and not getattr(err.value, "__notes__", None)
 
 
 def test_trainer_exception_cancels_the_rollout_pump_and_surfaces() -> None:

@@ -26,7 +26,7 @@ SAMPLERS = [
 def test_resume_from_a_step_checkpoint_loses_no_prompt(sampler: dict, kill_after: float) -> None:
     steps, ckpt_step = 20, 6
     kw = {"steps": steps, "capacity": 14, "inflight": 6,
-          "rollout_failure": {"max_attempts": 2, "backoff_s": 0.3}}
+          "rollout_failure": {"backoff_base_s": 0.3}}
 
     def engine(seed: int) -> FakeEngine:
         return FakeEngine(lognormal_latency(seed, sigma=1.0),

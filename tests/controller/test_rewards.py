@@ -55,8 +55,9 @@ def test_a_reward_that_raises_fails_its_groups_and_the_run_finishes() -> None:
     scorer = InlineScorer(task, fail=lambda p: p.prompt_id % 5 == 0)
     ctl = make_controller({"name": "in_order", "max_lookahead_versions": 1}, task=task,
                           scorer=scorer, steps=10, per_step=N,
-                          rollout_failure={"max_attempts": 2, "backoff_s": 0.5,
-                                           "max_failed_groups": 100})
+                          rollout_failure={"max_skipped_prompts": 100,
+                                           "on_dropped_prompt": "replace",
+                                           "max_replacement_attempts": 5})
     result = run_virtual(ctl.run())
     assert result.steps == 10 and result.summary["ledger"]["balanced"]
     failed = [r for r in ctl.ledger.records() if r.state == "failed"]
@@ -83,7 +84,10 @@ def test_a_reward_that_hangs_hits_its_timeout() -> None:
     pool = RewardPool(task.reward, num_workers=4, executor="thread", timeout_s=5.0)
     ctl = make_controller({"name": "in_order", "max_lookahead_versions": 1}, task=task,
                           scorer=pool, steps=6, per_step=N,
-                          rollout_failure={"max_attempts": 2, "backoff_s": 0.5})
+                          rollout_failure={"max_consecutive_dropped_prompts": 1,
+                                           "max_infra_attempts_per_prompt": 2,
+                                           "backoff_base_s": 0.5,
+                                           "on_dropped_prompt": "replace"})
     try:
         # The jump loop holds the clock while a reward thread works, until it has
         # run for THREAD_GRACE_S real seconds: then the 5 s (virtual) timeout fires.

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from asyncrl.controller import Ledger, LedgerError, derived_facts
-from asyncrl.errors import RolloutStall, SetupError
+from asyncrl.errors import SetupError
 from asyncrl.sim.clock import run_virtual
 from tests.controller.conftest import make_controller
 from tests.fakes import FakeEngine
@@ -42,9 +44,12 @@ def test_derived_facts() -> None:
 def test_stall_watchdog_names_what_the_controller_waits_for() -> None:
     hung = FakeEngine(latency=lambda r: 1e9 if r.prompt.prompt_id == 2 else 1.0)
     ctl = make_controller({"name": "in_order", "max_lookahead_versions": 0}, engines=[hung],
-                          steps=3, stall_timeout_s=60.0)
-    with pytest.raises(RolloutStall, match=r"rollout side stalled: the train pump waits for groups of step 0 \(0 ready; .*1 in flight"):
-        run_virtual(ctl.run())
+                          steps=3, stall_watchdog={"stall_timeout_s": 60.0, "interval_s": 10.0,
+                                                    "stall_action": "abort"})
+    result = run_virtual(ctl.run())
+    assert result.stop_reason == "stalled"
+    assert re.search(r"rollout side stalled: the train pump waits for groups of step 0 "
+                     r"\(0 ready; .*1 in flight", ctl.stop_message), ctl.stop_message
 
 
 def test_ledger_refuses_a_second_terminal_state() -> None:

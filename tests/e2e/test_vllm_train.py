@@ -138,12 +138,13 @@ def test_windowed_aborts_stale_groups_in_vllm_and_balances(tmp_path: Path, capsy
 @pytest.mark.slow
 def test_a_failing_run_stops_vllm(tmp_path: Path, capsys) -> None:
     before = descendants()
-    # Nothing commits within 50 ms (vLLM's first steps take longer): the run
-    # fails with RolloutStall while groups are in flight inside vLLM.
+    # Nothing commits within 50 ms (vLLM's first steps take longer): the watchdog
+    # stops the run while groups are in flight inside vLLM.
     code = main(["train", "--config", QUICKSTART, "--run-dir", str(tmp_path / "run"), *VLLM,
-                 "async_rl.stall_timeout_s=0.05"])
-    assert code != 0
-    assert "async_rl.stall_timeout_s" in capsys.readouterr().err
+                 "async_rl.stall_watchdog={stall_timeout_s: 0.05, interval_s: 0.01, "
+                 "stall_action: abort}"])
+    assert code == 1
+    assert "async_rl.stall_watchdog.stall_timeout_s" in capsys.readouterr().out
     assert not descendants() - before, "vLLM processes outlived the failed run"
 
 

@@ -11,6 +11,7 @@ import torch
 
 from asyncrl.config import ArithmeticTaskConfig, GenerationConfig, ModelConfig, PolicyConfig
 from asyncrl.engines import LocalEngine, RolloutEngine, sampling_logprobs
+from asyncrl.errors import TokenizationError
 from asyncrl.policy import build_policy
 from asyncrl.tasks import ArithmeticTask
 from asyncrl.types import GenerationError, GenerationRequest, GroupAborted, Prompt
@@ -297,7 +298,7 @@ async def test_a_failing_tokenizer_fails_the_group_instead_of_hanging():
             raise UnicodeError("cannot decode")
 
     engine.tokenizer = BrokenDecode(engine.tokenizer.chars)
-    with pytest.raises(GenerationError, match="cannot decode"):
+    with pytest.raises(TokenizationError, match="cannot decode"):  # data: the completion's
         await engine.generate(GenerationRequest("a", prompts(1)[0], 2))
     engine.tokenizer = type(engine.tokenizer).__mro__[1](engine.tokenizer.chars)
     res = await engine.generate(GenerationRequest("a", prompts(1)[0], 2))  # recovered

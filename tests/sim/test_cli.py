@@ -153,7 +153,9 @@ def test_progress_display_follows_policies_and_steps(capsys) -> None:
 def test_failures_are_counted_not_logged_one_by_one(config_file, tmp_path, capsys) -> None:
     assert main(["simulate", "--config", str(config_file), "--run-dir", str(tmp_path / "r"),
                  "--json", "--no-plots", "simulate.failure_rate=0.3",
-                 "async_rl.rollout_failure.max_failed_groups=1000"]) == 0
+                 "async_rl.rollout_failure.max_consecutive_dropped_prompts=1000",
+                 "async_rl.rollout_failure.on_dropped_prompt=replace",
+                 "async_rl.rollout_failure.max_replacement_attempts=1000"]) == 0
     captured = capsys.readouterr()
     assert json.loads(captured.out)[0]["steps"] == 12
     assert "retrying" not in captured.err

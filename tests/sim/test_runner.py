@@ -34,7 +34,9 @@ def test_ledger_balances_and_staleness_stays_in_the_window(
     cfg = sim_config(
         policy=policy, window=window, n=6, slots=5, latency=latency, train_step_s=4.0,
         failure_rate=failure_rate, inflight=inflight, min_chunk=2, seed=window,
-        rollout_failure={"max_attempts": 4, "backoff_s": 0.5, "max_failed_groups": 1000},
+        rollout_failure={"max_infra_attempts_per_prompt": 4, "backoff_base_s": 0.5,
+                         "max_consecutive_dropped_prompts": 1000, "on_dropped_prompt": "replace",
+                         "max_replacement_attempts": 1000},
     )
     result = simulate(cfg, steps=20)
     ledger = result.ledger
@@ -253,6 +255,8 @@ def test_simulate_restores_gc_and_logging_settings() -> None:
     before = gc.get_threshold()
     level = logging.getLogger("asyncrl.controller").level
     simulate(sim_config(failure_rate=0.2,
-                        rollout_failure={"max_attempts": 5, "max_failed_groups": 100}), steps=3)
+                        rollout_failure={"max_consecutive_dropped_prompts": 100,
+                                         "on_dropped_prompt": "replace",
+                                         "max_replacement_attempts": 100}), steps=3)
     assert gc.get_threshold() == before
     assert logging.getLogger("asyncrl.controller").level == level

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from asyncrl._bounded import append_bounded
 from asyncrl._yaml import load_yaml
 from asyncrl.checkpoint.store import (
     LoadedCheckpoint,
@@ -56,40 +57,58 @@ class CheckpointHook:
         self.every = cfg.checkpoint.every_steps
         self.keep_last = cfg.checkpoint.keep_last
         self.config_yaml = dump_config(cfg)
+        #: Checkpoints written (the newest ones of a long run).
         self.written: list[Path] = []
 
     async def __call__(self, controller: Any, version: int) -> None:
         if self.every and version % self.every == 0:
-            await self._write(self._capture(controller, version))
+            await self._write(await self.capture(controller, version))
 
-    def _capture(self, controller: Any, version: int) -> _Captured:
-        # Capture both states now, between steps, before any other task runs;
-        # only the file writing happens off the event loop.
+    async def capture(self, controller: Any, version: int) -> _Captured:
+        """Both states of the same moment, without blocking the event loop.
+
+        The controller's state is small and taken at once, on the loop, before
+        any other task runs. The trainer's (a copy of the model and optimizer:
+        seconds for a large model) is taken in a worker thread while the loop
+        keeps serving the rollout side: the trainer does not change meanwhile,
+        because the train pump is waiting for this hook (or has stopped).
+        """
         controller_state = controller.state_dict()
-        trainer_state = controller.trainer.state_dict()
         # Deterministic mode: in-flight groups are pinned to recent weight versions
         # the trainer no longer holds; the engine's copies make the replay exact.
+        # (They change only in a weight sync, which waits for this hook too.)
         retained = getattr(controller.engines[0], "retained_weights", None)
-        if controller.deterministic and retained is not None:
-            trainer_state = {**trainer_state, ENGINE_SNAPSHOTS: retained()}
+        snapshots = retained() if controller.deterministic and retained is not None else None
+        trainer_state = await asyncio.to_thread(controller.trainer.state_dict)
+        if snapshots is not None:
+            trainer_state = {**trainer_state, ENGINE_SNAPSHOTS: snapshots}
         return _Captured(version, controller_state, trainer_state)
 
     async def _write(self, state: _Captured) -> Path:
-        path = await asyncio.to_thread(
-            write_checkpoint, self.run_dir, state.step, controller_state=state.controller_state,
-            trainer_state=state.trainer_state, config_yaml=self.config_yaml,
-            keep_last=self.keep_last,
-        )
-        self.written.append(path)
+        path = await asyncio.to_thread(self._write_and_free, state)
+        append_bounded(self.written, path)
         log.info("checkpoint written: %s", path)
         return path
+
+    def _write_and_free(self, state: _Captured) -> Path:
+        """In a worker thread: write the checkpoint, then let go of the states here
+        too (the captured copies are freed now, in this thread: freeing a gigabyte
+        of tensors takes tens of ms, which would otherwise stall the event loop
+        when the coroutine that holds them ends)."""
+        try:
+            return write_checkpoint(
+                self.run_dir, state.step, controller_state=state.controller_state,
+                trainer_state=state.trainer_state, config_yaml=self.config_yaml,
+                keep_last=self.keep_last)
+        finally:
+            state.trainer_state, state.controller_state = {}, {}
 
     async def write_final(self, controller: Any) -> Path:
         """The checkpoint of the state the run stopped in: after ``controller.run()``
         returned, before the backends close. Groups in flight then (cancelled by
         the stop) and the groups of a step a stop interrupted are in it, as in
         every checkpoint; it replaces a periodic one of the same step."""
-        return await self._write(self._capture(controller, controller.version.value))
+        return await self._write(await self.capture(controller, controller.version.value))
 
 
 def _get(tree: dict[str, Any], dotted: str) -> Any:

@@ -79,7 +79,12 @@ def write_checkpoint(
     tmp = Path(tempfile.mkdtemp(prefix=f".{PREFIX}{step:06d}.", dir=root))
     try:
         (tmp / "controller.json").write_text(json.dumps(controller_state))
-        torch.save(trainer_state, tmp / "trainer.pt")
+        with (tmp / "trainer.pt").open("wb") as fh:
+            # A file object, not a path: torch then writes through Python's file,
+            # which lets the event loop run while the kernel takes the bytes (from
+            # a path it writes in C++ holding the GIL: a stall of hundreds of ms
+            # when the disk is slow to take a large checkpoint).
+            torch.save(trainer_state, fh)
         (tmp / "config.yaml").write_text(config_yaml)
         files = {}
         for path in sorted(tmp.iterdir()):

@@ -48,6 +48,8 @@ def _main(argv: Sequence[str] | None) -> int:
     except AsyncRLError as exc:
         # Our own errors carry the fix in their message: no traceback needed.
         print(f"asyncrl {args.command}: error: {exc}", file=sys.stderr)
+        for note in getattr(exc, "__notes__", ()):  # other errors of the run, how to resume
+            print(note, file=sys.stderr)
         if args.verbose and exc.__cause__ is not None:  # e.g. the user's code that raised
             traceback.print_exception(exc.__cause__, file=sys.stderr)
         return 2

@@ -12,6 +12,10 @@ from asyncrl.config import load_config
 from asyncrl.errors import ConfigError
 from asyncrl.signals import EXIT_CODES
 
+#: Exit codes by stop reason (0 for the others): the signals', and 1 for a run the
+#: stall watchdog stopped (stall_action: abort).
+STOP_EXIT_CODES = {**EXIT_CODES, "stalled": 1}
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="run async GRPO training")
@@ -49,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     print_summary(console, summary)
     if summary.get("resume_command"):  # plain print: one line, whatever the terminal width
         print(f"resume with     {summary['resume_command']}")
-    return EXIT_CODES.get(summary["stop_reason"], 0)
+    return STOP_EXIT_CODES.get(summary["stop_reason"], 0)
 
 
 def print_summary(console: Console, summary: dict) -> None:

@@ -58,6 +58,8 @@ def run(args: argparse.Namespace) -> int:
     table.add_row("required buffer capacity",
                   f"{req} (have {facts['max_buffered_rollouts']})" if req is not None
                   else f"none (have {facts['max_buffered_rollouts']})")
+    table.add_row("smallest step (min_step_batch_fraction)",
+                  f"{facts['min_step_groups']} groups")
     table.add_row("max staleness of a trained group",
                   f"{bound} version{'' if bound == 1 else 's'}" if bound is not None else "unbounded (long generations can lag)")
     context = facts.get("context_length")
@@ -83,6 +85,8 @@ def run(args: argparse.Namespace) -> int:
                 f"exceeds {memory.device} ({format_bytes(memory.device_bytes or 0)}): lower "
                 "policy.train_micro_batch_tokens, set policy.gradient_checkpointing: true, "
                 "or train LoRA adapters (policy.lora)[/yellow]", highlight=False)
+    for warning in facts["warnings"]:
+        console.print(f"[yellow]warning:[/yellow] {warning}", markup=True, highlight=False)
     console.print("[green]config is valid[/green]")
     return 0
 

@@ -17,6 +17,8 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from asyncrl._bounded import append_bounded
+
 if TYPE_CHECKING:
     from asyncrl.config import RunConfig
     from asyncrl.tasks.base import Task
@@ -90,7 +92,7 @@ class EngineWorker:
 
     async def update_weights(self, weights: dict[str, Any], version: int) -> int:
         await self.engine.update_weights(weights, version)
-        self.loaded.append(version)
+        append_bounded(self.loaded, version)  # the newest versions of a long run
         return self.engine.weight_version
 
     async def abort(self, group_ids: Sequence[GroupId]) -> None:

@@ -10,6 +10,12 @@ trainer actor just returned - one copy in the object store per version - and
 every ``RayEngine.update_weights`` passes that same ref on to its actor, which
 Ray resolves on the worker's node. The driver never holds the tensors.
 
+Errors of ``generate`` are classified here (docs/controller.md): the worker's
+own error comes back as it was raised there (a ``RayTaskError`` that is also
+an instance of the original class, so a typed infra/data failure keeps its
+kind and anything else stays a bug); any other Ray error (an object or its
+owner lost, a system error) is a transport failure, infra.
+
 Worker loss: a ``RayActorError`` from any call marks the worker lost. Its
 pending ``generate`` calls raise :class:`~asyncrl.errors.EngineUnavailable`, so
 the controller retries those groups elsewhere without charging their failure
@@ -29,12 +35,20 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from asyncrl import supervision
+from asyncrl._bounded import append_bounded
 from asyncrl._signal import ChangeSignal
-from asyncrl.errors import EngineUnavailable, RolloutWorkersLost, TrainerLost, require
+from asyncrl.errors import (
+    EngineUnavailable,
+    GenerationError,
+    RolloutWorkersLost,
+    TrainerLost,
+    require,
+)
 from asyncrl.types import GenerationRequest, GroupId, GroupResult, Rollout
 
 ray = require("ray", "ray", "cluster.backend: ray")
-from ray.exceptions import RayActorError  # noqa: E402
+from ray.exceptions import RayActorError, RayError, RayTaskError  # noqa: E402
 
 log = logging.getLogger("asyncrl.cluster")
 
@@ -139,9 +153,10 @@ class RayEngine:
         self.pid: int = info["pid"]
         self.node_id: str = info["node_id"]
         self._version: int = info["version"]
-        #: Every version a worker acknowledged loading, one list per incarnation.
+        #: The versions a worker acknowledged loading, one list per incarnation (the
+        #: newest ones of a long run: bounded).
         self.versions: list[list[int]] = [[self._version]]
-        #: Group ids whose attempt on this worker was lost when it died.
+        #: Group ids whose attempt on this worker was lost when it died (the newest).
         self.lost_groups: list[GroupId] = []
         #: generate calls waiting on the worker now.
         self.inflight = 0
@@ -172,11 +187,18 @@ class RayEngine:
                 ray.cancel(ref)
             raise
         except RayActorError as exc:
-            self.lost_groups.append(request.group_id)
+            append_bounded(self.lost_groups, request.group_id)
             self._lost(actor, exc)
             raise EngineUnavailable(
                 f"rollout worker {self.index} died while generating group "
                 f"{request.group_id!r} ({_reason(exc)})"
+            ) from exc
+        except RayTaskError:
+            raise  # the worker's own error: classified (or a bug) where it was raised
+        except RayError as exc:
+            raise GenerationError(
+                f"rollout worker {self.index}: Ray failed to return group "
+                f"{request.group_id!r} ({type(exc).__name__}: {_reason(exc)})"
             ) from exc
         finally:
             self.inflight -= 1
@@ -246,7 +268,7 @@ class RayEngine:
             return
         if actor is self.actor:
             self._version = loaded
-            self.versions[-1].append(loaded)
+            append_bounded(self.versions[-1], loaded)
 
     def _lost(self, actor: Any, exc: BaseException) -> None:
         """The worker behind ``actor`` died: restart it, or give it up."""
@@ -257,10 +279,10 @@ class RayEngine:
             log.warning("rollout worker %d (pid %d) died (%s); restarting it (%d of %d)",
                         self.index, self.pid, _reason(exc), self.restarts + 1, self.max_restarts)
             self.state = RESTARTING
-            self._restart_task = asyncio.create_task(
+            # Supervised by the run: an unexpected error of the restart reaches it.
+            self._restart_task = supervision.spawn(
                 self._restart(), name=f"asyncrl-restart-worker-{self.index}"
             )
-            self._restart_task.add_done_callback(self._restart_ended)
         else:
             log.warning("rollout worker %d (pid %d) died (%s) and has no restart left "
                         "(cluster.max_worker_restarts=%d); the run goes on without it",
@@ -305,13 +327,6 @@ class RayEngine:
             if self.state == RESTARTING:
                 self.state = LOST
             self.pool.changed.fire()
-
-    def _restart_ended(self, task: asyncio.Task[None]) -> None:
-        """Supervision: an unexpected error of the restart task is reported, not lost
-        (the worker is LOST by then, see :meth:`_restart`)."""
-        if not task.cancelled() and task.exception() is not None:
-            log.error("restarting rollout worker %d failed unexpectedly: %r; the run goes on "
-                      "without it", self.index, task.exception())
 
     async def _start_incarnation(self) -> tuple[Any, dict[str, Any]]:
         """A new actor holding the newest weights (catching up on any version
@@ -381,8 +396,8 @@ class RayTrainer:
         return weights
 
     def state_dict(self) -> dict[str, Any]:
-        # The protocol is synchronous: this blocks the driver's loop while the
-        # state travels (between steps, when checkpoints are written).
+        # Synchronous, as the protocol says: the checkpoint hook calls it in a
+        # worker thread, so the driver's loop keeps serving while the state travels.
         return self._get("state_dict", self.actor.state_dict.remote())
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -1,11 +1,24 @@
 """Generation attempts of one prompt group: engine routing, retries, scoring.
 
 :meth:`AttemptRunner.run` is the whole life of a group between its reservation
-and its commit. Each attempt goes to the least-loaded healthy engine; a failed
-attempt (the engine raised, or the reward raised or timed out) is retried after
-an exponential backoff until ``rollout_failure.max_attempts`` attempts were
-charged; an attempt lost with a dead engine worker is retried at once and not
-charged. What the runner returns tells the dispatcher how the group ended.
+and its commit. Each attempt goes to the least-loaded healthy engine. How a
+failed attempt is handled is decided by the error, which the component that
+raised it classified (:class:`~asyncrl.errors.RolloutFailure`, docs/controller.md):
+
+* ``infra`` (engine, worker, transport, a deadline): retried after an
+  exponential backoff, on another engine when there is one, until
+  ``max_infra_attempts_per_prompt`` infra failures;
+* ``data`` (reward, task, tokenizer): retried at once, until
+  ``max_data_attempts_per_prompt`` data failures (the two budgets are independent);
+* :class:`~asyncrl.errors.EngineUnavailable` (the worker died under the
+  attempt): retried at once elsewhere, charged to no budget;
+* :class:`~asyncrl.errors.BackendLost` (nothing left to retry on): raised;
+* anything else is a bug: not retried, reported as :class:`Fatal` naming the
+  component (the engine's or scorer's class), and the run stops.
+
+An error raised while the group is being aborted (or cancelled at the end of
+the run) is never a failed attempt: the group is already accounted for. A bug
+is still reported (:class:`Fatal`), a classified error only logged.
 """
 
 from __future__ import annotations
@@ -14,24 +27,55 @@ import asyncio
 import dataclasses
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 from asyncrl.controller.context import RunContext
 from asyncrl.controller.determinism import NoDeterminism
 from asyncrl.controller.entry import Entry, EntryState
 from asyncrl.engines.base import RolloutEngine
-from asyncrl.errors import BackendLost, EngineUnavailable, GroupAborted, RewardError
+from asyncrl.errors import (
+    BackendBug,
+    BackendLost,
+    EngineUnavailable,
+    FailureKind,
+    GenerationTimeout,
+    GroupAborted,
+    RewardError,
+    RewardTimeout,
+    failure_kind,
+)
 from asyncrl.tasks.base import Scorer
 from asyncrl.types import GenerationRequest, GroupResult, Rollout
 
 log = logging.getLogger("asyncrl.controller")
+diagnostics_log = logging.getLogger("asyncrl.diagnostics")
+
+T = TypeVar("T")
 
 
 @dataclasses.dataclass(frozen=True)
 class Exhausted:
-    """Every attempt the group was allowed failed; ``error`` is the last one's."""
+    """The group used up one of its budgets; ``error`` is the last failure."""
+
+    kind: FailureKind
+    error: BaseException
+
+
+@dataclasses.dataclass(frozen=True)
+class Fatal:
+    """An error that stops the run (a bug in a component, named in ``error``)."""
 
     error: BaseException
+
+
+def qualified_name(obj: Any) -> str:
+    cls = type(obj)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _preview(text: str, width: int = 60) -> str:
+    return repr(text if len(text) <= width else text[: width - 1] + "…")
 
 
 class AttemptRunner:
@@ -51,18 +95,22 @@ class AttemptRunner:
         #: Attempts running on each engine now (the least-loaded one gets the next).
         self.load = [0] * len(self.engines)
 
-    def pick_engine(self) -> int:
+    def pick_engine(self, avoid: int | None = None) -> int:
         """The least-loaded engine, skipping engines that report ``healthy = False``
-        (a Ray worker being restarted or gone) while any other is healthy."""
+        (a Ray worker being restarted or gone) while any other is healthy, and
+        ``avoid`` (where the group's last attempt failed as infra) while any
+        other healthy engine is left."""
         if len(self.engines) == 1:
             return 0
         healthy = [i for i, e in enumerate(self.engines) if getattr(e, "healthy", True)]
-        return min(healthy or range(len(self.engines)), key=self.load.__getitem__)
+        elsewhere = [i for i in healthy if i != avoid]
+        return min(elsewhere or healthy or range(len(self.engines)), key=self.load.__getitem__)
 
-    async def run(self, entry: Entry) -> Rollout | Exhausted | None:
-        """Attempts until one succeeds (the rollout), the group runs out of
-        attempts (:class:`Exhausted`), or it is aborted (None). Raises on
-        cancellation, and :class:`~asyncrl.errors.BackendLost` when no engine is left."""
+    async def run(self, entry: Entry) -> Rollout | Exhausted | Fatal | None:
+        """Attempts until one succeeds (the rollout), a budget runs out
+        (:class:`Exhausted`), a component shows a bug (:class:`Fatal`), or the
+        group is aborted (None). Raises on cancellation, and
+        :class:`~asyncrl.errors.BackendLost` when no engine is left."""
         rf = self.ctx.cfg.rollout_failure
         while True:
             entry.attempts += 1
@@ -73,32 +121,52 @@ class AttemptRunner:
                 if entry.aborted:
                     return None
                 raise
-            except BackendLost:
-                raise  # no engine is left to retry on: the run fails
-            except EngineUnavailable as exc:
-                # The engine's worker died, not the group: retry at once on
-                # another engine, without charging the group's failure budget.
-                entry.lost += 1
-                log.warning("group %s attempt %d lost with engine %s (%s); retrying",
-                            entry.group_id, entry.attempts, entry.engine, exc)
-                continue
             except Exception as exc:
-                charged = entry.attempts - entry.lost
-                if charged >= rf.max_attempts:
-                    return Exhausted(exc)
-                delay = min(rf.backoff_s * 2 ** (charged - 1), rf.max_backoff_s)
-                log.warning("group %s attempt %d failed (%s); retrying in %.2fs",
-                            entry.group_id, entry.attempts, exc, delay)
+                if entry.aborted or entry.stopping or _being_cancelled():
+                    return self._while_cancelled(entry, exc)
+                if isinstance(exc, BackendLost):
+                    raise  # no engine is left to retry on: the run fails
+                kind = failure_kind(exc)
+                if kind is None:
+                    return Fatal(self._bug(entry, exc))
+                if isinstance(exc, EngineUnavailable):
+                    # The engine's worker died, not the group: retry at once on
+                    # another engine, without charging the group's budgets.
+                    entry.lost += 1
+                    log.warning("group %s attempt %d lost with engine %s (%s); retrying",
+                                entry.group_id, entry.attempts, entry.engine, exc)
+                    continue
+                if kind == "data":
+                    entry.data_failures += 1
+                    if entry.data_failures >= rf.max_data_attempts_per_prompt:
+                        return Exhausted("data", exc)
+                    log.warning("group %s attempt %d failed as data (%s); retrying",
+                                entry.group_id, entry.attempts, exc)
+                    continue
+                entry.infra_failures += 1
+                if entry.infra_failures >= rf.max_infra_attempts_per_prompt:
+                    return Exhausted("infra", exc)
+                entry.avoid = entry.engine
+                delay = rf.backoff(entry.infra_failures)
+                log.warning("group %s attempt %d failed as infra on engine %s (%s); retrying "
+                            "in %.2fs", entry.group_id, entry.attempts, entry.engine, exc, delay)
                 self._set_state(entry, EntryState.BACKOFF)
                 await asyncio.sleep(delay)  # exponential backoff, not a poll
                 self._set_state(entry, EntryState.GENERATING)
                 continue
+            if self.ctx.cfg.diagnostics:
+                self._diagnose(entry, rollout)
             return rollout
 
+    # ---------------------------------------------------------- one attempt
     async def _attempt(self, entry: Entry) -> Rollout:
         ctx = self.ctx
-        idx = self.pick_engine()
+        native = ctx.cfg.rollout_failure.native
+        if entry.state is not EntryState.GENERATING:  # a retry after a failed scoring
+            self._set_state(entry, EntryState.GENERATING)
+        idx = self.pick_engine(entry.avoid)
         entry.engine = idx
+        engine = self.engines[idx]
         request = GenerationRequest(
             group_id=entry.group_id,
             prompt=entry.prompt,
@@ -111,7 +179,12 @@ class AttemptRunner:
         outcome = "failed"
         self.load[idx] += 1
         try:
-            result = await self.engines[idx].generate(request)
+            result = await _deadline(
+                engine.generate(request), native.generation_timeout_s,
+                lambda: GenerationTimeout(
+                    f"engine {idx} ({type(engine).__name__}) generated group "
+                    f"{entry.group_id!r} for longer than async_rl.rollout_failure.native."
+                    f"generation_timeout_s={native.generation_timeout_s:g}s"))
             outcome = "ok"
         except (asyncio.CancelledError, GroupAborted):
             outcome = "aborted"
@@ -125,9 +198,81 @@ class AttemptRunner:
         rewards = result.rewards
         if rewards is None:
             self._set_state(entry, EntryState.SCORING)
-            rewards = await self.scorer.score(entry.prompt, result.completion_texts)
+            rewards = await _deadline(
+                self.scorer.score(entry.prompt, result.completion_texts), native.env_timeout_s,
+                lambda: RewardTimeout(
+                    f"scoring group {entry.group_id!r} took longer than async_rl."
+                    f"rollout_failure.native.env_timeout_s={native.env_timeout_s:g}s"))
         return Rollout(entry.group_id, entry.prompt, result,
                        _checked_rewards(rewards, result), entry.stamp, entry.attempts)
+
+    # ------------------------------------------------------------- failures
+    def _bug(self, entry: Entry, exc: BaseException) -> BackendBug:
+        """Name the component that raised an unclassified error: the engine of
+        the attempt, or the scorer when it failed while scoring."""
+        if entry.state is EntryState.SCORING:
+            who = f"the scorer {qualified_name(self.scorer)}"
+            contract = "a Scorer raises asyncrl.errors.RewardError (data) or RewardTimeout (infra)"
+        else:
+            engine = self.engines[entry.engine or 0]
+            who = f"engine {entry.engine} ({qualified_name(engine)})"
+            contract = ("an engine raises asyncrl.errors.GenerationError (infra) or "
+                        "PromptError (data) for a failure it expects")
+        error = BackendBug(
+            f"{who} raised {type(exc).__name__}: {exc} (group {entry.group_id!r}, prompt "
+            f"{entry.prompt.prompt_id}, attempt {entry.attempts}). An error that says neither "
+            f"infra nor data is a bug in that component and is not retried ({contract}). "
+            "Fix it, then resume the run from its checkpoint")
+        error.__cause__ = exc
+        return error
+
+    def _while_cancelled(self, entry: Entry, exc: BaseException) -> Fatal | None:
+        """An error raised while the group was being aborted (or cancelled because
+        the run ends): never a failed attempt, the group is accounted for already
+        (aborted, or pending). A bug is still reported; a classified error is logged."""
+        doing = "aborted" if entry.aborted else "cancelled at the end of the run"
+        if failure_kind(exc) is None and not isinstance(exc, BackendLost):
+            bug = self._bug(entry, exc)
+            return Fatal(BackendBug(f"while group {entry.group_id!r} was being {doing}: {bug}"))
+        log.warning("group %s raised %r while being %s; it was %s anyway",
+                    entry.group_id, exc, doing, doing.split(" ")[0])
+        return None
+
+    def _diagnose(self, entry: Entry, rollout: Rollout) -> None:
+        result = rollout.result
+        completions = ", ".join(_preview(t, 40) for t in result.completion_texts[:4])
+        more = len(result.completion_texts) - 4
+        diagnostics_log.info(
+            "group %s prompt %s attempt %d weights %d->%d rewards [%s] prompt %s completions "
+            "[%s%s]", entry.group_id, entry.prompt.prompt_id, entry.attempts,
+            result.start_weight, result.end_weight,
+            ", ".join(f"{r:.3g}" for r in rollout.rewards), _preview(entry.prompt.text),
+            completions, f", +{more} more" if more > 0 else "")
+
+
+def _being_cancelled() -> bool:
+    """True while this task is being cancelled (the run is failing): an error
+    raised meanwhile is not a failed attempt. (Python 3.11+; 3.10 relies on
+    the flags the dispatcher sets.)"""
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)
+    return bool(cancelling is not None and cancelling())
+
+
+async def _deadline(call: Awaitable[T], seconds: float | None,
+                    expired: Callable[[], BaseException]) -> T:
+    """Await ``call``; past ``seconds`` (None: no limit) it is cancelled and
+    ``expired()`` raised. A TimeoutError the call raises itself passes through."""
+    if seconds is None:
+        return await call
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    try:
+        return await asyncio.wait_for(call, seconds)
+    except asyncio.TimeoutError:
+        if loop.time() - start < seconds:
+            raise
+        raise expired() from None
 
 
 def _checked_rewards(rewards: Sequence[float], result: GroupResult) -> list[float]:

@@ -9,16 +9,20 @@ so no role can reach into another's state.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Callable
 
 from asyncrl.buffer import RolloutBuffer
 from asyncrl.config import AsyncRLConfig, GRPOConfig
+from asyncrl.controller.drops import DropPolicy
 from asyncrl.controller.ledger import Ledger
 from asyncrl.controller.stats import RunStats
 from asyncrl.metrics import Timeline
 from asyncrl.sampling import PromptGroupSampler
 from asyncrl.version import TrainerVersion
+
+log = logging.getLogger("asyncrl.controller")
 
 
 @dataclasses.dataclass(eq=False)
@@ -31,6 +35,7 @@ class RunContext:
     ledger: Ledger
     timeline: Timeline
     stats: RunStats
+    drops: DropPolicy
     #: The event loop's clock (virtual under ``asyncrl simulate``); ``run`` binds
     #: it to the running loop's ``time``.
     now: Callable[[], float] = time.monotonic
@@ -40,7 +45,27 @@ class RunContext:
     train_waiting: bool = False
     #: Clock time of the last commit or finished step (read by the stall watchdog).
     last_progress: float = 0.0
+    #: The training step the train pump is filling (a dropped group without a
+    #: stamp shrinks this step at the earliest).
+    assembling: int = 0
+
+    #: Errors that stop the run at its next safe point (a bug in a backend, a
+    #: failure budget used up); ``Controller.run`` raises them once the pumps stopped.
+    fatal: list[BaseException] = dataclasses.field(default_factory=list)
+    #: Set by the controller: stop dispatching and stop the train pump.
+    on_fatal: Callable[[BaseException], None] | None = None
 
     def progress(self) -> None:
         """A group committed or a step finished."""
         self.last_progress = self.now()
+
+    def fail(self, error: BaseException) -> None:
+        """Stop the run for ``error``: nothing more is dispatched, the train pump
+        stops at its next safe point (the state stays whole, so the run can be
+        checkpointed), and ``Controller.run`` raises it."""
+        text = str(error).strip().splitlines()
+        log.warning("stopping the run at its next safe point: %s: %s", type(error).__name__,
+                    text[0] if text else "")
+        self.fatal.append(error)
+        if self.on_fatal is not None:
+            self.on_fatal(error)

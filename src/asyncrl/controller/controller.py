@@ -6,7 +6,7 @@ Who calls whom (docs/controller.md draws it)::
                                  ├─ Dispatcher.run_placer     queue → buffer.reserve → group task
                                  │     └─ group task: AttemptRunner (engine, retries, Scorer)
                                  │                    → commit / failed + replacement
-                                 ├─ watchdog                  RolloutStall naming the stalled side
+                                 ├─ watchdog                  warn / stop naming the stalled side
                                  └─ TrainPump.run (body)      evict → select → train_chunk …
                                        └─ finish_step → WeightSync → stats → on_step_end
 
@@ -28,19 +28,28 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from asyncrl import supervision
 from asyncrl._compat import BaseExceptionGroup, TaskGroup
 from asyncrl.buffer import RolloutBuffer
 from asyncrl.config import AsyncRLConfig, GRPOConfig
 from asyncrl.controller.context import RunContext
 from asyncrl.controller.determinism import Determinism, NoDeterminism
 from asyncrl.controller.dispatch import Dispatcher
+from asyncrl.controller.drops import DropPolicy
 from asyncrl.controller.ledger import Ledger, LedgerHistory
 from asyncrl.controller.stats import RunStats
 from asyncrl.controller.train_pump import TrainPump
 from asyncrl.controller.validation import validate_setup
+from asyncrl.controller.watchdog import StallWatchdog, stall_message
 from asyncrl.controller.weight_sync import WeightSync
 from asyncrl.engines.base import RolloutEngine
-from asyncrl.errors import CheckpointError, LedgerImbalance, RolloutStall, UsageError
+from asyncrl.errors import (
+    BackendBug,
+    CheckpointError,
+    LedgerImbalance,
+    UsageError,
+    add_note,
+)
 from asyncrl.evaluation import Evaluator
 from asyncrl.metrics import MetricsSink, Timeline
 from asyncrl.sampling import PromptGroupSampler, create_sampler
@@ -98,9 +107,12 @@ class Controller:
         self.on_step_end = on_step_end
         self.check_invariants = check_invariants
         # Rewards run in a worker pool, never on the event loop; a pool the
-        # controller made itself is closed with the run.
+        # controller made itself is closed with the run. The task's own config
+        # (if it has one) sets the pool, as it does for `asyncrl train`.
         self._owns_scorer = scorer is None
         self.scorer = scorer if scorer is not None else build_scorer(task)
+        if async_rl.diagnostics:  # its INFO lines reach the root handlers
+            logging.getLogger("asyncrl.diagnostics").setLevel(logging.INFO)
 
         buffer = RolloutBuffer(async_rl.max_buffered_rollouts)
         sampler = create_sampler(buffer, async_rl.sampler)
@@ -109,7 +121,9 @@ class Controller:
             grpo=grpo, cfg=async_rl, buffer=buffer, sampler=sampler, version=TrainerVersion(0),
             ledger=Ledger(ledger_history), timeline=Timeline(),
             stats=RunStats(async_rl.max_inflight_prompts),
+            drops=DropPolicy(async_rl.rollout_failure, grpo.num_prompts_per_step),
         )
+        self.ctx.on_fatal = self._on_fatal
         self.determinism = (Determinism(sampler, self.engines, seed) if deterministic
                             else NoDeterminism())
         self.dispatcher = Dispatcher(self.ctx, task.prompt_source(seed), self.engines,
@@ -119,6 +133,10 @@ class Controller:
         self.train_pump = TrainPump(self.ctx, trainer, self.dispatcher, self.weight_sync,
                                     self.sinks, self._after_step, evaluator)
         self._running = False
+        self.watchdog: StallWatchdog | None = None
+        #: False when the run ended through an error or a cancellation that did not
+        #: wait for a safe point: its state may be mid-step and is not checkpointed.
+        self.stopped_at_safe_point = False
 
     # -------------------------------------------------- shared objects, by name
     @property
@@ -147,7 +165,8 @@ class Controller:
 
     @property
     def step_records(self) -> list[dict[str, Any]]:
-        return self.ctx.stats.records
+        """The newest step records (at most :data:`~asyncrl.controller.stats.KEEP_RECORDS`)."""
+        return list(self.ctx.stats.records)
 
     @property
     def stop_reason(self) -> str:
@@ -160,36 +179,72 @@ class Controller:
     # ================================================================ the run
     async def run(self) -> RunResult:
         """Run until ``grpo.max_num_steps``, the prompt source runs dry, or
-        :meth:`request_stop`."""
+        :meth:`request_stop`.
+
+        Raises the error that stopped the run (with every other error that
+        stopped it too, as notes). An error a component reported as fatal (a bug
+        in an engine, a failure budget used up) stops the pumps at a safe point
+        first: :attr:`stopped_at_safe_point` is then True and :meth:`state_dict`
+        can be checkpointed.
+        """
         ctx = self.ctx
         ctx.now = asyncio.get_running_loop().time
         ctx.stats.start(ctx.now())
         ctx.progress()
         self._running = True
+        self.stopped_at_safe_point = False
+        broken = False
+        token = supervision.install(supervision.Supervisor(self._background_failed))
         try:
             async with TaskGroup() as tg:
                 loops = [
                     tg.create_task(self.dispatcher.run_admitter(), name="asyncrl-admitter"),
                     tg.create_task(self.dispatcher.run_placer(tg), name="asyncrl-placer"),
                 ]
-                if self.cfg.stall_timeout_s:
-                    loops.append(tg.create_task(self._watchdog(), name="asyncrl-watchdog"))
+                self.dispatcher.loops = list(loops)
+                if self.cfg.stall_watchdog is not None:
+                    self.watchdog = StallWatchdog(ctx, self.cfg.stall_watchdog,
+                                                  self._describe_stall, self.request_stop)
+                    loops.append(tg.create_task(self.watchdog.run(), name="asyncrl-watchdog"))
                 await self.train_pump.run()
                 # The train pump decides when the run is over; the dispatcher's
                 # loops may be parked in admit or reserve and must be told.
                 for task in loops:
                     task.cancel()
                 self.dispatcher.cancel()
+            if ctx.fatal:
+                self.train_pump.stop_reason = "error"
+            self.stopped_at_safe_point = True
         except BaseExceptionGroup as group:
+            broken = True
             self.train_pump.stop_reason = "error"
-            raise _first_cause(group) from None
+            raise _reported([*_causes(group), *ctx.fatal]) from None
         except asyncio.CancelledError:
+            broken = True
             self.train_pump.stop_reason = "cancelled"
             raise
         finally:
+            supervision.uninstall(token)
             self._running = False
-            await self._shutdown()
+            await self._shutdown(check_balance=not broken)
+        if ctx.fatal:
+            raise _reported(ctx.fatal)
         return RunResult(self.summary(), self.steps_done, self.stop_reason)
+
+    def _on_fatal(self, error: BaseException) -> None:
+        """A component reported a fatal error: dispatch nothing more, and stop
+        the train pump at its next safe point."""
+        self.dispatcher.stop_dispatching()
+        text = str(error).strip().splitlines()
+        self.train_pump.request_stop("error", f"{type(error).__name__}: "
+                                              f"{text[0] if text else ''}")
+
+    def _background_failed(self, error: BaseException, name: str) -> None:
+        bug = BackendBug(f"the background task {name!r} of a backend failed with "
+                         f"{type(error).__name__}: {error}; a task a backend starts must not "
+                         "end with an error (it is a bug in that backend)")
+        bug.__cause__ = error
+        self.ctx.fail(bug)
 
     def request_stop(self, reason: str = "stopped", message: str = "") -> None:
         """Stop gracefully: the train pump stops at its next safe point (between
@@ -202,7 +257,7 @@ class Controller:
         if self.on_step_end is not None:
             await self.on_step_end(self, version)
 
-    async def _shutdown(self) -> None:
+    async def _shutdown(self, *, check_balance: bool) -> None:
         """Tell the engines to drop what is still in flight; groups stay pending."""
         live = [s.group_id for s in self.buffer.slots() if not s.ready]
         for engine in self.engines:
@@ -216,7 +271,7 @@ class Controller:
                 sink.close(summary)
             except Exception as exc:  # a failing sink must not hide the run's outcome
                 log.warning("closing metrics sink %s failed: %r", type(sink).__name__, exc)
-        if self.check_invariants and self.stop_reason != "error":
+        if self.check_invariants and check_balance:
             ok, why = self.ledger.check_balance(self._holder_ids())
             if not ok:
                 raise LedgerImbalance(f"the ledger does not balance at the end of the run: {why}")
@@ -226,34 +281,13 @@ class Controller:
         return {s.group_id for s in self.buffer.slots()} | {
             s.group_id for s in self.train_pump.taken}
 
-    async def _watchdog(self) -> None:
-        """Raise :class:`RolloutStall` when nothing commits and no step finishes for
-        ``stall_timeout_s``. One timer per period, not one per event."""
-        ctx, timeout = self.ctx, self.cfg.stall_timeout_s
-        assert timeout is not None
-        while True:
-            wait = ctx.last_progress + timeout - ctx.now()
-            if wait > 0:
-                await asyncio.sleep(wait)
-                continue
-            raise RolloutStall(self._stall_message(timeout))
-
-    def _stall_message(self, timeout: float) -> str:
-        doing, since = self.train_pump.activity
+    def _describe_stall(self, stalled_for: float) -> tuple[str, bool]:
         ctx = self.ctx
-        head = (f"no prompt group committed and no training step finished for {timeout:g}s "
-                "(async_rl.stall_timeout_s). ")
-        if doing != "waiting for groups":
-            return head + (
-                f"The trainer side stalled: {doing} of step {ctx.version.value} has been "
-                f"running for {ctx.now() - since:.0f}s. Check the trainer (for a weight sync "
-                "or an evaluation, the engines too), or raise stall_timeout_s for slow steps")
-        return head + (
-            f"The rollout side stalled: the train pump waits for groups of step "
-            f"{ctx.version.value} ({ctx.buffer.ready_count} ready; dispatcher: "
-            f"{self.dispatcher.describe()}; sampler {type(ctx.sampler).__name__}). Check that "
-            "the engines are alive and the reward returns, or raise stall_timeout_s for slow "
-            "generation")
+        assert self.cfg.stall_watchdog is not None
+        waiting = (f"{ctx.buffer.ready_count} ready; dispatcher: {self.dispatcher.describe()}; "
+                   f"sampler {type(ctx.sampler).__name__}")
+        return stall_message(stalled_for, self.cfg.stall_watchdog.stall_timeout_s,
+                             self.train_pump.activity, ctx.now(), ctx.version.value, waiting)
 
     # ========================================================= checkpointing
     def state_dict(self) -> dict[str, Any]:
@@ -321,6 +355,8 @@ class Controller:
             "is_on_policy": bool(self.sampler.is_on_policy),
             "ledger": {**self.ledger.counts(), "balanced": ok,
                        **({"imbalance": why} if not ok else {})},
+            "failures": {**self.ctx.drops.summary(),
+                         "stall_warnings": self.watchdog.warnings if self.watchdog else 0},
             **self.ctx.stats.totals(self._elapsed()),
         }
 
@@ -333,11 +369,32 @@ async def _best_effort(call: Awaitable[Any], what: str) -> None:
         log.warning("%s failed during shutdown: %r", what, exc)
 
 
-def _first_cause(group: BaseExceptionGroup) -> BaseException:
-    """The first real error in a (nested) exception group."""
+def _causes(group: BaseExceptionGroup) -> list[BaseException]:
+    """Every real error in a (nested) exception group, in order."""
+    out: list[BaseException] = []
     for exc in group.exceptions:
         if isinstance(exc, BaseExceptionGroup):
-            return _first_cause(exc)
-        if not isinstance(exc, asyncio.CancelledError):
-            return exc
-    return group
+            out.extend(_causes(exc))
+        elif not isinstance(exc, asyncio.CancelledError):
+            out.append(exc)
+    return out
+
+
+def _reported(errors: list[BaseException]) -> BaseException:
+    """The first error, carrying every other one as a note: when several tasks
+    fail, each error is reported, not just the first."""
+    unique = list({id(e): e for e in errors}.values())
+    if not unique:
+        return asyncio.CancelledError()
+    first, *others = unique
+    if others:
+        lines = "\n".join(f"  {type(e).__name__}: {_first_line(e)}" for e in others)
+        add_note(first, f"{len(others)} more error(s) stopped this run too:\n{lines}")
+        for other in others:
+            log.error("this error stopped the run too: %r", other)
+    return first
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0] if text else ""

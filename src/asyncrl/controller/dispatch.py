@@ -8,8 +8,8 @@ Two small loops share one queue of :class:`~asyncrl.controller.entry.Entry`:
   (``async_rl.max_inflight_prompts``) and a buffer slot, reserves the slot and
   starts the group's task (an :class:`~asyncrl.controller.attempts.AttemptRunner`).
 
-Replacements of failed groups go to the front of the queue; groups in flight
-at a checkpoint come back there on resume. Every prompt is in exactly one
+Replacements of dropped groups (:mod:`asyncrl.controller.drops`) go to the
+front of the queue; groups in flight at a checkpoint come back there on resume. Every prompt is in exactly one
 explicit state, so the train pump can ask :meth:`Dispatcher.starved` — "can
 any group become ready before I act?" — from that state alone.
 """
@@ -24,7 +24,7 @@ from typing import Any
 
 from asyncrl._compat import TaskGroup
 from asyncrl._signal import ChangeSignal
-from asyncrl.controller.attempts import AttemptRunner, Exhausted
+from asyncrl.controller.attempts import AttemptRunner, Exhausted, Fatal
 from asyncrl.controller.context import RunContext
 from asyncrl.controller.determinism import NoDeterminism
 from asyncrl.controller.entry import Entry, EntryState
@@ -96,6 +96,8 @@ class Dispatcher:
         self._queue_changed = ChangeSignal()
         self._permit_freed = ChangeSignal()
         self._tg: TaskGroup | None = None
+        #: The admitter and placer tasks of the run (the controller sets them).
+        self.loops: list[Any] = []
         ctx.version.on_block = self._blocked
 
     # ================================================================ loops
@@ -117,11 +119,12 @@ class Dispatcher:
             pin = self.determinism.pin(self.admitted)
             self.admitted += 1
             self.admit_state = AdmitState.RUNNING
+            batch_index = self.admitted - 1
             for _ in range(n):
                 prompt = self.source.pop()
                 if prompt is None:
                     break
-                self.queue.append(Entry(prompt, stamp, pin, batch=True))
+                self.queue.append(Entry(prompt, stamp, pin, batch=True, batch_index=batch_index))
                 self._batch_left += 1
             self._queue_changed.fire()
 
@@ -157,6 +160,7 @@ class Dispatcher:
         """End of the run: stop every group's task; reserved groups stay pending."""
         for entry in self.active.values():
             if entry.task is not None:
+                entry.stopping = True
                 entry.task.cancel()
 
     # ========================================================== transitions
@@ -206,8 +210,13 @@ class Dispatcher:
         outcome = await self.attempts.run(entry)
         if outcome is None:  # aborted: abort_hopeless did the accounting
             return
+        if isinstance(outcome, Fatal):
+            # The group stays in flight (pending): the checkpoint keeps it and a
+            # resume, after the fix, tries it again.
+            self.ctx.fail(outcome.error)
+            return
         if isinstance(outcome, Exhausted):
-            self._give_up(entry, outcome.error)
+            self._give_up(entry, outcome)
             return
         ready = self.determinism.finished(entry.group_id, (entry, outcome))
         if not any(e is entry for e, _ in ready):
@@ -221,6 +230,7 @@ class Dispatcher:
             end = max(rollout.result.end_weight, entry.start_weight)
             ctx.buffer.commit(gid, rollout, end_weight=end)
             ctx.ledger.committed(gid, end_weight=end, attempts=rollout.attempts, time=ctx.now())
+            ctx.drops.committed()
             self._leave(entry)
             ctx.stats.buffer_size(len(ctx.buffer))
             ctx.progress()
@@ -229,31 +239,42 @@ class Dispatcher:
         self._set_state(entry, EntryState.LEFT)
         del self.active[entry.group_id]
 
-    def _give_up(self, entry: Entry, error: BaseException) -> None:
-        """Retries exhausted: record ``failed`` and queue a replacement with the same stamp."""
+    def _give_up(self, entry: Entry, exhausted: Exhausted) -> None:
+        """A budget ran out: record ``failed``, then replace the group or shrink its
+        step (:class:`~asyncrl.controller.drops.DropPolicy`); a failure budget used
+        up stops the run."""
         ctx = self.ctx
-        gid = entry.group_id
+        gid, error = entry.group_id, exhausted.error
         ctx.buffer.release(gid)
-        ctx.ledger.failed(gid, attempts=entry.attempts, time=ctx.now(), error=repr(error))
+        ctx.ledger.failed(gid, attempts=entry.attempts, time=ctx.now(), error=repr(error),
+                          kind=exhausted.kind)
         self._leave(entry)
         self._commit_all(self.determinism.dropped(gid))
-        rf = ctx.cfg.rollout_failure
-        failed = ctx.stats.group_failed()
-        if failed > rf.max_failed_groups:
-            raise TooManyFailedGroups(
-                f"{failed} prompt groups failed after {rf.max_attempts} attempts each, more "
-                f"than async_rl.rollout_failure.max_failed_groups={rf.max_failed_groups}. Last "
-                f"error: {error!r}. Fix the engine or the reward, or raise max_attempts / "
-                "max_failed_groups"
-            ) from error
-        log.warning("group %s failed for good after %d attempts (%s); replacing its prompt",
-                    gid, entry.attempts, error)
-        replacement = self.source.pop()
+        ctx.stats.group_failed()
+        try:
+            replacement = ctx.drops.drop(entry, exhausted.kind, error, step=ctx.assembling,
+                                         draw=self._draw)
+        except TooManyFailedGroups as exc:
+            # Groups still in flight when a budget ran out may use it up again
+            # before the run stops: that is the same failure, reported once.
+            if not any(isinstance(e, TooManyFailedGroups) for e in ctx.fatal):
+                ctx.fail(exc)
+            return
+        log.warning("group %s failed for good (%s budget, %d attempts: %s); %s", gid,
+                    exhausted.kind, entry.attempts, error,
+                    "replacing its prompt" if replacement is not None else "its step shrinks")
         if replacement is not None:
-            self.queue.appendleft(Entry(replacement, entry.stamp, entry.pin))
+            self.queue.appendleft(replacement)
             self._queue_changed.fire()
         else:
-            ctx.buffer.notify()  # the train pump may now see that nothing more comes
+            ctx.buffer.notify()  # the train pump's step may need fewer groups now
+
+    def _draw(self, count: int) -> list[Prompt]:
+        """Up to ``count`` prompts from the task, for the spare pool."""
+        out = []
+        while len(out) < count and (prompt := self.source.pop()) is not None:
+            out.append(prompt)
+        return out
 
     def abort_hopeless(self, version: int) -> dict[int | None, list[GroupId]]:
         """After a weight sync: abort the in-flight groups the sampler calls hopeless.
@@ -316,6 +337,12 @@ class Dispatcher:
         """True when nothing more can ever reach the buffer."""
         return self.admit_state is AdmitState.EXHAUSTED and not self.queue and not self.active
 
+    def stop_dispatching(self) -> None:
+        """A fatal error: no queued prompt gets a slot any more (the loops are
+        cancelled; the prompts stay queued, in the checkpoint)."""
+        for loop in self.loops:
+            loop.cancel()
+
     def live_pins(self) -> list[int | None]:
         return [e.pin for e in (*self.queue, *self.active.values())]
 
@@ -335,6 +362,7 @@ class Dispatcher:
             "source": self.source.source.state_dict(),
             "source_held": [prompt_to_dict(p) for p in self.source.held],
             "source_exhausted": self.source.exhausted,
+            "drops": self.ctx.drops.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -348,18 +376,24 @@ class Dispatcher:
         self.source.source.load_state_dict(state["source"])
         self.source.held = collections.deque(prompt_from_dict(p) for p in state["source_held"])
         self.source.exhausted = bool(state["source_exhausted"])
+        self.ctx.drops.load_state_dict(state.get("drops", {}))
 
 
 def _entry_dict(entry: Entry) -> dict[str, Any]:
     return {"prompt": prompt_to_dict(entry.prompt), "target_step": entry.stamp, "pin": entry.pin,
             "batch": entry.batch, "group_id": entry.group_id, "attempts": entry.attempts,
-            "start_weight": entry.start_weight}
+            "start_weight": entry.start_weight, "batch_index": entry.batch_index,
+            "infra_failures": entry.infra_failures, "data_failures": entry.data_failures,
+            "replacements": entry.replacements}
 
 
 def _entry_from(data: dict[str, Any]) -> Entry:
-    # A resumed in-flight group keeps its id and attempts but is no longer part
-    # of an admitted batch: its batch already left the queue.
+    # A resumed in-flight group keeps its id, attempts and budgets but is no
+    # longer part of an admitted batch: its batch already left the queue.
     inflight = data["group_id"] is not None
     return Entry(prompt_from_dict(data["prompt"]), data["target_step"], data["pin"],
                  batch=bool(data["batch"]) and not inflight, group_id=data["group_id"],
-                 attempts=int(data["attempts"]))
+                 attempts=int(data["attempts"]), batch_index=data.get("batch_index"),
+                 infra_failures=int(data.get("infra_failures", 0)),
+                 data_failures=int(data.get("data_failures", 0)),
+                 replacements=int(data.get("replacements", 0)))

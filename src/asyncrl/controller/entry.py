@@ -65,10 +65,22 @@ class Entry:
     #: Set when a slot is reserved; a resumed in-flight group keeps its id.
     group_id: GroupId | None = None
     attempts: int = 0
-    #: Attempts lost with a dead engine worker: not charged to the failure budget.
+    #: Attempts lost with a dead engine worker: not charged to any budget.
     lost: int = 0
+    #: Attempts charged to the prompt's infra and data budgets (independent counters).
+    infra_failures: int = 0
+    data_failures: int = 0
+    #: Dispatch index of the batch the prompt was admitted with (a replacement
+    #: keeps its predecessor's): the step a drop shrinks when there is no stamp.
+    batch_index: int | None = None
+    #: Fresh prompts that took the place of this slot's dropped groups so far.
+    replacements: int = 0
     start_weight: int = 0
     state: EntryState = EntryState.QUEUED
     engine: int | None = None
+    #: The engine whose infra failure the next attempt should steer clear of.
+    avoid: int | None = None
     aborted: bool = False
+    #: The run is ending and cancelled the group's task (it stays pending).
+    stopping: bool = False
     task: asyncio.Task[None] | None = None

@@ -33,6 +33,7 @@ class GroupRecord:
         "end_step",
         "end_weight",
         "error",
+        "failure",
         "finish_time",
         "group_id",
         "prompt_id",
@@ -62,6 +63,7 @@ class GroupRecord:
         self.end_step: int | None = None  # trainer version when trained or evicted
         self.staleness: int | None = None
         self.error: str | None = None  # why the last attempt failed (failed groups)
+        self.failure: str | None = None  # the budget a failed group used up: infra or data
 
     def to_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__}
@@ -140,6 +142,8 @@ class Ledger:
         self.history = history
         self._live: dict[GroupId, GroupRecord] = {}
         self._counts: Counter[str] = Counter()
+        #: Failed groups by the budget they used up (they are in ``failed`` too).
+        self._failed_kinds: Counter[str] = Counter()
 
     # ------------------------------------------------------------ transitions
     def dispatch(
@@ -198,8 +202,15 @@ class Ledger:
     def aborted(self, group_id: GroupId, *, attempts: int, time: float) -> None:
         self._end_inflight(group_id, "aborted", attempts, time, None)
 
-    def failed(self, group_id: GroupId, *, attempts: int, time: float, error: str = "") -> None:
+    def failed(self, group_id: GroupId, *, attempts: int, time: float, error: str = "",
+               kind: str | None = None) -> None:
+        """``kind``: the budget the group used up (``infra`` or ``data``)."""
+        rec = self._live.get(group_id)
+        if rec is not None:
+            rec.failure = kind
         self._end_inflight(group_id, "failed", attempts, time, error or None)
+        if kind is not None:
+            self._failed_kinds[kind] += 1
 
     def _end_inflight(
         self, group_id: GroupId, state: str, attempts: int, time: float, error: str | None
@@ -250,6 +261,8 @@ class Ledger:
             "evicted": c["evicted"],
             "aborted": c["aborted"],
             "failed": c["failed"],
+            "failed_infra": self._failed_kinds["infra"],
+            "failed_data": self._failed_kinds["data"],
             "pending": c["inflight"] + c["ready"],
         }
 
@@ -277,6 +290,7 @@ class Ledger:
             "format": 2,
             "live": [r.to_dict() for r in self._live.values()],
             "counts": {s: self._counts[s] for s in TERMINAL},
+            "failed_kinds": dict(self._failed_kinds),
             "history_position": self.history.position() if self.history is not None else None,
         }
 
@@ -285,6 +299,7 @@ class Ledger:
             raise LedgerError("ledger state of an older asyncrl (format 1); start a new run")
         self._live = {}
         self._counts = Counter({s: int(n) for s, n in state["counts"].items()})
+        self._failed_kinds = Counter({k: int(n) for k, n in state.get("failed_kinds", {}).items()})
         for data in state["live"]:
             rec = GroupRecord.from_dict(data)
             if rec.state not in LIVE:

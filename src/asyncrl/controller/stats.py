@@ -7,7 +7,11 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from asyncrl._bounded import KEEP
 from asyncrl.buffer import Slot
+
+#: Step records kept in memory (every one is in metrics.jsonl).
+KEEP_RECORDS = KEEP
 
 
 def mean(values: Sequence[float]) -> float:
@@ -28,7 +32,9 @@ class RunStats:
         #: Wall time of the runs this one resumes.
         self.elapsed_before = 0.0
         self.steps_done = 0
-        self.records: list[dict[str, Any]] = []
+        #: The newest step records (a run of 10^6 steps keeps only these in memory;
+        #: every record is in metrics.jsonl).
+        self.records: collections.deque[dict[str, Any]] = collections.deque(maxlen=KEEP_RECORDS)
         self.staleness_hist: collections.Counter[int] = collections.Counter()
         self.trainer_idle_total = 0.0
         self.failed_groups = 0
@@ -81,6 +87,7 @@ class RunStats:
         sync_s: float,
         buffer_ready: int,
         inflight: int,
+        failures: dict[str, int] | None = None,
     ) -> dict[str, Any]:
         """The ``metrics.jsonl`` record of step ``step``; updates the run totals."""
         duration = max(now - step_start, 1e-12)
@@ -104,6 +111,7 @@ class RunStats:
             "groups_evicted": evicted,
             "groups_aborted": aborted,
             "groups_failed": self.failed_this_step,
+            **(failures or {}),
             "trainer_idle_s": idle,
             "weight_sync_s": sync_s,
             "buffer_ready": buffer_ready,
@@ -125,7 +133,7 @@ class RunStats:
     def totals(self, elapsed: float) -> dict[str, Any]:
         """The summary's statistics (the controller adds ledger and stop reason)."""
         n = sum(self.staleness_hist.values())
-        last = self.records[-10:]
+        last = list(self.records)[-10:]
         return {
             "wall_time_s": elapsed,
             "staleness_mean": (

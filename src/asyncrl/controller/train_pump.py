@@ -1,6 +1,7 @@
 """The train pump: one training step after the other until the run stops.
 
-Per step ``v`` until ``num_prompts_per_step`` groups are trained: ``evict`` →
+Per step ``v`` until its quota of groups is trained (``num_prompts_per_step``
+less the groups it lost to ``on_dropped_prompt: shrink``): ``evict`` →
 ``select(min(min_groups_for_streaming_train, remaining), remaining)`` → train
 the chunk (several chunks accumulate into one optimizer step); when nothing is
 selectable, wait for the buffer to change — or, when the dispatcher reports
@@ -79,7 +80,7 @@ class TrainPump:
     async def _step(self, v: int) -> bool:
         """Train step ``v``; False when the run stops with it."""
         ctx = self.ctx
-        n = ctx.grpo.num_prompts_per_step
+        ctx.assembling = v
         min_chunk = ctx.cfg.min_groups_for_streaming_train
         step_start = ctx.now()
         busy_at_start = ctx.stats.busy_area(step_start)
@@ -87,7 +88,8 @@ class TrainPump:
         chunk_metrics: list[tuple[int, dict[str, float]]] = []
         self.taken = taken = []
         complete = True
-        while len(taken) < n:
+        # The quota is read afresh every round: a group dropped meanwhile may shrink it.
+        while len(taken) < (n := ctx.drops.quota(v)):
             if self._stop_request is not None:
                 self._stop(*self._stop_request)
                 return False
@@ -110,7 +112,7 @@ class TrainPump:
                     self._stop(
                         "incomplete_step",
                         f"the prompt source ran dry in the middle of step {v}: only "
-                        f"{len(taken)} of num_prompts_per_step={n} groups could be trained, "
+                        f"{len(taken)} of the step's {n} groups could be trained, "
                         "so the last optimizer step used fewer groups. Give the task more "
                         "prompts or lower grpo.max_num_steps",
                     )
@@ -136,6 +138,7 @@ class TrainPump:
                       evicted: int) -> None:
         ctx = self.ctx
         self.activity = ("finish_step", ctx.now())
+        ctx.assembling = v + 1  # from here on a dropped group can only shrink a later step
         t = ctx.now()
         step_metrics = await self.trainer.finish_step(step=v) or {}
         ctx.timeline.add("step", 0, t, ctx.now(), str(v))  # the optimizer step: trainer-busy
@@ -158,6 +161,7 @@ class TrainPump:
             trained=trained, chunk_metrics=chunk_metrics, step_metrics=step_metrics,
             evicted=evicted, aborted=aborted, sync_s=sync_s,
             buffer_ready=ctx.buffer.ready_count, inflight=self.dispatcher.inflight,
+            failures=ctx.drops.step_done(v),
         )
         record.update(eval_metrics)
         for sink in self.sinks:

@@ -110,3 +110,29 @@ def validate_setup(
             f"max_buffered_rollouts >= {cfg.min_groups_for_streaming_train} or lower "
             f"min_groups_for_streaming_train"
         )
+
+
+def failure_warnings(grpo: GRPOConfig, cfg: AsyncRLConfig) -> list[str]:
+    """``rollout_failure`` settings that cannot do what they were set for (each a
+    coherent thing to type, so a warning, not an error; printed by ``asyncrl
+    validate`` and logged when a run starts)."""
+    rf = cfg.rollout_failure
+    n = grpo.num_prompts_per_step
+    floor = rf.step_floor(n)
+    out = []
+    drops = rf.max_skipped_prompts + rf.max_consecutive_dropped_prompts
+    if drops and floor >= n and rf.on_dropped_prompt == "shrink":
+        out.append(
+            f"async_rl.rollout_failure.min_step_batch_fraction={rf.min_step_batch_fraction:g} "
+            f"makes the floor of a step {floor} of num_prompts_per_step={n}, so no step may "
+            f"shrink, but max_skipped_prompts={rf.max_skipped_prompts} / "
+            f"max_consecutive_dropped_prompts={rf.max_consecutive_dropped_prompts} allow "
+            "drops: the first drop stops the run anyway. Lower min_step_batch_fraction, or "
+            "set on_dropped_prompt: replace")
+    if (cfg.stall_watchdog is not None and cfg.stall_watchdog.stall_action == "abort"
+            and cfg.stall_watchdog.stall_timeout_s < 60):
+        out.append(
+            f"async_rl.stall_watchdog.stall_timeout_s={cfg.stall_watchdog.stall_timeout_s:g} "
+            "with stall_action: abort stops the run whenever nothing commits for that long, "
+            "model loading and warm-up included")
+    return out

@@ -47,13 +47,16 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from asyncrl import supervision
 from asyncrl.config import GenerationConfig
 from asyncrl.context_length import check_prompt_fits, context_of
 from asyncrl.devices import adopt, check_device, worker_executor
+from asyncrl.engines.classify import encode_prompt_or_fail
 from asyncrl.engines.decode import DecodeBatch, ForwardArgs, Sampling, check_finite
 from asyncrl.engines.sampling import sampling_logprobs
 from asyncrl.engines.versions import PinnedVersions
-from asyncrl.tasks.tokenizer import Tokenizer, encode_prompt
+from asyncrl.errors import TokenizationError
+from asyncrl.tasks.tokenizer import Tokenizer
 from asyncrl.types import GenerationError, GenerationRequest, GroupAborted, GroupId, GroupResult
 
 if TYPE_CHECKING:
@@ -181,7 +184,7 @@ class LocalEngine:
             raise ValueError(f"group {request.group_id!r} is already being generated")
         if request.num_generations < 1:
             raise ValueError(f"num_generations must be >= 1, got {request.num_generations}")
-        prompt_ids = encode_prompt(self.tokenizer, request.prompt.text)
+        prompt_ids = encode_prompt_or_fail(self.tokenizer, request.prompt)
         start = self._version
         if request.weight_version is not None:
             self._pinned.check(request.group_id, request.weight_version)
@@ -192,7 +195,8 @@ class LocalEngine:
         self._groups[request.group_id] = group
         self._pending.append(group)
         if self._scheduler is None:
-            self._scheduler = asyncio.create_task(self._run_ticks(), name="asyncrl-engine")
+            # Supervised by the run: if it ends with an error, the run hears of it.
+            self._scheduler = supervision.spawn(self._run_ticks(), name="asyncrl-engine")
             self._scheduler.add_done_callback(self._scheduler_ended)
         self._wakeup.set()
         try:
@@ -283,15 +287,17 @@ class LocalEngine:
             for batch in batches:
                 exc = failed.get(id(batch))
                 if exc is not None:
-                    # A failed forward fails the groups it was decoding; the
-                    # controller retries them. Other batches are unaffected.
+                    # A failed forward fails the groups it was decoding; other
+                    # batches are unaffected. Torch reports device failures (out of
+                    # memory, a CUDA error) as RuntimeError: infra, retried. Any
+                    # other error is a bug and reaches the controller as it is.
                     self._active.remove(batch)
                     for group in batch.groups:
                         self._forget(group)
                         if not group.future.done():
                             group.future.set_exception(
                                 GenerationError(f"generation failed: {exc!r}")
-                            )
+                                if isinstance(exc, RuntimeError) else exc)
                     continue
                 for group in [g for g in batch.groups if g.open_rows == 0 or g.aborted]:
                     batch.groups.remove(group)
@@ -343,7 +349,8 @@ class LocalEngine:
                 for c in group.completions
             ]
         except Exception as exc:
-            group.future.set_exception(GenerationError(f"decoding a completion failed: {exc!r}"))
+            group.future.set_exception(
+                TokenizationError(f"decoding a completion failed: {exc!r}"))
             return
         group.future.set_result(
             GroupResult(
@@ -409,3 +416,4 @@ class LocalEngine:
                     batch.deliver(wait=True)
                     break
         return failed
+

@@ -45,12 +45,20 @@ from collections.abc import Awaitable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from asyncrl._bounded import append_bounded
 from asyncrl.config import GenerationConfig
 from asyncrl.context_length import check_prompt_fits
 from asyncrl.engines import vllm_setup as setup
+from asyncrl.engines.classify import encode_prompt_or_fail, vllm_failure
 from asyncrl.engines.vllm_output import VLLMOutput, quiet_import
-from asyncrl.errors import BackendLost, ConfigError, GenerationError, GroupAborted
-from asyncrl.tasks.tokenizer import Tokenizer, encode_prompt
+from asyncrl.errors import (
+    BackendLost,
+    ConfigError,
+    GenerationError,
+    GroupAborted,
+    TokenizationError,
+)
+from asyncrl.tasks.tokenizer import Tokenizer
 from asyncrl.types import GenerationRequest, GroupId, GroupResult
 
 if TYPE_CHECKING:
@@ -129,8 +137,11 @@ class VLLMEngine:
         self._sync_lock = asyncio.Lock()
         self._ipc_ready = False
         self._closed = False
-        #: Seconds each weight sync took (write, pause, load, resume), in order.
+        #: Seconds each weight sync took (write, pause, load, resume), the newest ones
+        #: of a long run; ``sync_count`` and ``sync_total_s`` count them all.
         self.sync_seconds: list[float] = []
+        self.sync_count = 0
+        self.sync_total_s = 0.0
 
     @classmethod
     def for_policy(
@@ -196,7 +207,6 @@ class VLLMEngine:
 
     async def generate(self, request: GenerationRequest) -> GroupResult:
         from vllm.inputs import tokens_input
-        from vllm.v1.engine.exceptions import EngineDeadError
 
         if self._closed:
             raise RuntimeError("VLLMEngine.generate called after close()")
@@ -209,7 +219,7 @@ class VLLMEngine:
                 f"vLLM holds only version {self._version}; deterministic runs need "
                 "policy.engine: local"
             )
-        prompt_ids = encode_prompt(self.tokenizer, request.prompt.text)
+        prompt_ids = encode_prompt_or_fail(self.tokenizer, request.prompt)
         params = self._params(request)
         # Checked here, not left to vLLM: it would cut the completions at its
         # max_model_len, where the local engine has no such cut.
@@ -231,11 +241,8 @@ class VLLMEngine:
             if task in self._aborted:
                 raise GroupAborted(f"group {gid!r} aborted") from None
             raise
-        except EngineDeadError as exc:
-            raise BackendLost(
-                f"the vLLM engine died while generating group {gid!r} ({exc}); "
-                f"{self._output.where()} says why"
-            ) from exc
+        except Exception as exc:  # vLLM's errors, classified where they are raised
+            raise vllm_failure(exc, gid, where=self._output.where()) from exc
         finally:
             if self._running.get(gid) is task:
                 del self._running[gid]
@@ -278,7 +285,10 @@ class VLLMEngine:
                     await self._control(self._llm.resume_generation())
                 raise
             await self._control(self._llm.resume_generation())
-        self.sync_seconds.append(time.perf_counter() - t0)
+        took = time.perf_counter() - t0
+        append_bounded(self.sync_seconds, took)
+        self.sync_count += 1
+        self.sync_total_s += took
 
     async def abort(self, group_ids: Sequence[GroupId]) -> None:
         tasks = [self._running[g] for g in group_ids if g in self._running]
@@ -314,9 +324,10 @@ class VLLMEngine:
             # Dropped now, while the interpreter is whole: vLLM's __del__ shuts
             # down again, which fails during interpreter teardown.
             self._llm = None
-        if self.sync_seconds:
-            log.info("vLLM weight syncs: %d, mean %.3fs, max %.3fs", len(self.sync_seconds),
-                     sum(self.sync_seconds) / len(self.sync_seconds), max(self.sync_seconds))
+        if self.sync_count:
+            log.info("vLLM weight syncs: %d, mean %.3fs, max of the last %d %.3fs",
+                     self.sync_count, self.sync_total_s / self.sync_count,
+                     len(self.sync_seconds), max(self.sync_seconds))
 
     # ------------------------------------------------------------ helpers
     async def _control(self, call: Awaitable[Any]) -> Any:
@@ -382,7 +393,7 @@ class VLLMEngine:
         try:
             texts = [self.tokenizer.decode(c) for c in completions]
         except Exception as exc:
-            raise GenerationError(f"decoding a completion failed: {exc!r}") from exc
+            raise TokenizationError(f"decoding a completion failed: {exc!r}") from exc
         return GroupResult(
             group_id=request.group_id,
             prompt_ids=prompt_ids,

@@ -207,7 +207,9 @@ def simulate(
     if num_steps < 1:
         raise ConfigError(f"steps must be >= 1, got {num_steps}")
     grpo = cfg.grpo.model_copy(update={"max_num_steps": num_steps})
-    async_rl = cfg.async_rl
+    # No stall watchdog: a wall-clock safety net means nothing in virtual time,
+    # where a heavy-tailed latency is not a stall and a deadlock is caught exactly.
+    async_rl = cfg.async_rl.model_copy(update={"stall_watchdog": None})
     if sampler_override is not None:
         async_rl = async_rl.model_copy(
             update={"sampler": parse_sampler_config(sampler_override)})

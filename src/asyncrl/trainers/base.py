@@ -31,7 +31,8 @@ class Trainer(Protocol):
         ...
 
     def state_dict(self) -> dict[str, Any]:
-        """Called when a checkpoint is written (model, optimizer, RNG)."""
+        """Called when a checkpoint is written (model, optimizer, RNG), in a worker
+        thread (the event loop keeps serving), while no other trainer call runs."""
         ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

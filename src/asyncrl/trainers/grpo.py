@@ -205,7 +205,7 @@ class GRPOTrainer:
 
     def state_dict(self) -> dict[str, Any]:
         state = {
-            "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+            "optimizer": _copied(self.optimizer.state_dict()),
             "version": self.version,
             "torch_rng": torch.get_rng_state(),
         }
@@ -376,6 +376,19 @@ class GRPOTrainer:
                 f"{self.version}: training step v turns weights v into v + 1 (after a resume, "
                 "load the checkpoint's trainer state first)"
             )
+
+
+def _copied(tree: Any) -> Any:
+    """A deep copy whose tensors are cloned by torch, which lets other threads run
+    meanwhile (``copy.deepcopy`` clones tensor storages holding the GIL: a
+    checkpoint taken off the event loop would still stall it for tens of ms)."""
+    if isinstance(tree, torch.Tensor):
+        return tree.detach().clone()
+    if isinstance(tree, dict):
+        return {k: _copied(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_copied(v) for v in tree)
+    return copy.deepcopy(tree)
 
 
 class _StepSums:

@@ -32,7 +32,15 @@ def build_scorer(task: Task, task_cfg: Any = None) -> RewardPool:
     """The scorer for ``task``: its reward in a :class:`RewardPool` configured by
     ``task_cfg.reward`` (num_workers, executor, timeout_s), or by the
     :class:`~asyncrl.dataset_config.RewardPoolConfig` defaults when the task
-    config has no reward block (the built-in tasks)."""
+    config has no reward block (the built-in tasks).
+
+    ``task_cfg`` defaults to the task's own config (``task.cfg``, which every
+    task :func:`~asyncrl.tasks.build_task` builds has): a script building a
+    :class:`~asyncrl.controller.Controller` from a task gets the pool ``asyncrl
+    train`` builds from the same config.
+    """
+    if task_cfg is None:
+        task_cfg = getattr(task, "cfg", None)
     cfg = getattr(task_cfg, "reward", None) or RewardPoolConfig()
     reward = getattr(task, "pooled_reward", None) or task.reward
     return RewardPool.from_config(reward, cfg, prepare=getattr(task, "prepare_reward", None))

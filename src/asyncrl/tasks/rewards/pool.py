@@ -10,7 +10,7 @@ overhead per group near that of a single hand-off between threads.
 **Timeouts** run on the event loop's clock and apply to every call: the clock
 restarts when the worker begins the next call, and waiting for a free worker
 does not count. A call that passes ``timeout_s`` fails its group with
-:class:`~asyncrl.errors.RewardError` at once, and:
+:class:`~asyncrl.errors.RewardTimeout` at once, and:
 
 * in a **process** the process is killed and a new one starts for the next call;
 * in a **thread** nothing can stop it (Python has no way to kill a thread). The
@@ -36,7 +36,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 from asyncrl.dataset_config import RewardPoolConfig
-from asyncrl.errors import RewardError
+from asyncrl.errors import RewardError, RewardTimeout, RewardWorkerLost
 from asyncrl.tasks.rewards.functions import describe_function, score_many
 from asyncrl.tasks.rewards.workers import DaemonThreads, ProcessWorkers
 from asyncrl.types import Prompt
@@ -113,7 +113,7 @@ class _Call:
             self.state, worker = _EXPIRED, self.worker
         self.pool._expired(worker)
         if not self.result.done():
-            self.result.set_exception(RewardError(
+            self.result.set_exception(RewardTimeout(
                 f"{self.pool.name} timed out: a call ran longer than "
                 f"task.reward.timeout_s={self.pool.timeout_s:g}s"))
 
@@ -131,8 +131,9 @@ class _Call:
         if exc is None:
             self.result.set_result(future.result())
         else:
-            self.result.set_exception(exc if isinstance(exc, RewardError) else RewardError(
-                f"{self.pool.name}: the reward worker failed: {exc!r}"))
+            # The worker functions raise RewardError subclasses for what the reward
+            # did; anything else is a bug of the pool and is passed on as it is.
+            self.result.set_exception(exc)
 
 
 class RewardPool:
@@ -176,12 +177,14 @@ class RewardPool:
                    timeout_s=cfg.timeout_s, prepare=prepare)
 
     async def score(self, prompt: Prompt, completions: Sequence[str]) -> list[float]:
-        """One reward per completion; a failure or timeout of any call raises
-        :class:`RewardError` naming the prompt, the completion and the error."""
+        """One reward per completion. The reward raising or returning a non-number
+        raises :class:`RewardError` (data); a timeout :class:`RewardTimeout` and a
+        dead worker process :class:`RewardWorkerLost` (infra). Each names the
+        prompt, the completion and the error."""
         if self._closed:
-            raise RewardError("the reward pool is closed")
+            raise RewardWorkerLost("the reward pool is closed")
         if self.hung >= self.num_workers:
-            raise RewardError(
+            raise RewardTimeout(
                 f"{self.hung} jobs of {self.name} are still running after timing out and "
                 "threads cannot be stopped; set task.reward.executor: process so that hung "
                 "calls are killed, or fix what makes the reward hang"
@@ -202,8 +205,8 @@ class RewardPool:
         self.groups += 1
         try:
             return await call.result
-        except RewardError as exc:
-            raise RewardError(f"prompt {prompt.prompt_id}: {exc}") from exc
+        except RewardError as exc:  # the same class: infra or data is the raiser's call
+            raise type(exc)(f"prompt {prompt.prompt_id}: {exc}") from exc
         except asyncio.CancelledError:
             call.cancel()
             raise
@@ -231,7 +234,7 @@ class RewardPool:
                 workers.discard(proc, killed=True)
                 return None
             workers.discard(proc)
-            raise RewardError(
+            raise RewardWorkerLost(
                 f"{self.name}: its worker process died (exit code {proc.process.exitcode}) "
                 "while scoring; a new one takes the next group"
             ) from None

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from typing import Any
 
-from asyncrl.errors import ConfigError, RewardError
+from asyncrl.errors import ConfigError, RewardError, RewardWorkerLost
 from asyncrl.tasks.rewards.functions import (
     close_worker_loop,
     describe_function,
@@ -141,13 +141,13 @@ class _Process:
             status, text = self.conn.recv()
         except (EOFError, OSError):
             self.kill()
-            raise RewardError(
+            raise RewardWorkerLost(
                 f"a reward worker process exited while starting (exit code "
                 f"{self.process.exitcode}); its error is printed above"
             ) from None
         if status != "ready":
             self.kill()
-            raise RewardError(text)
+            raise RewardWorkerLost(text)
 
     def call(self, prompt: Prompt, completions: list[str], mark: Callable[[], None]) -> list[float]:
         """Score in the process; ``mark()`` each time it starts a reward call.
@@ -206,7 +206,7 @@ class ProcessWorkers:
         """An idle, ready process (a new one when none is idle). Called in a pool thread."""
         with self._lock:
             if self._closed:
-                raise RewardError("the reward pool is closed")
+                raise RewardWorkerLost("the reward pool is closed")
             if self._idle:
                 return self._idle.pop()
         proc = _Process(self._ctx, self._payload)

@@ -1,0 +1,136 @@
+"""What becomes of a prompt that runs out of attempts: replace or shrink, for
+every sampler, never below the step floor, within the failure budgets."""
+
+from __future__ import annotations
+
+import pytest
+
+from asyncrl.controller.drops import DropPolicy
+from asyncrl.controller.entry import Entry
+from asyncrl.errors import GenerationError, RewardError, TooManyFailedGroups
+from asyncrl.failure_config import RolloutFailureConfig
+from asyncrl.sim.clock import run_virtual
+from asyncrl.types import Prompt
+from tests.controller.conftest import make_controller
+from tests.fakes import FakeEngine, FakeTask, InlineScorer, lognormal_latency
+
+N = 4
+SAMPLERS = [
+    {"name": "in_order", "max_lookahead_versions": 1},
+    {"name": "weight_fifo", "max_staleness_versions": 1},
+    {"name": "ready_first", "max_staleness_versions": 2},
+    {"name": "windowed", "max_staleness_versions": 2},
+]
+
+
+def always_failing(prompt: Prompt) -> bool:
+    """10% of the prompts fail every time (their data is bad)."""
+    return prompt.prompt_id % 10 == 7
+
+
+def run_with_bad_prompts(sampler: dict, steps: int = 12, **failure) -> tuple:
+    task = FakeTask()
+    ctl = make_controller(sampler, task=task, scorer=InlineScorer(task, fail=always_failing),
+                          engines=[FakeEngine(lognormal_latency(3, sigma=0.7))], steps=steps,
+                          per_step=N, capacity=3 * N, min_chunk=2,
+                          rollout_failure={"max_skipped_prompts": 1000, **failure})
+    return ctl, run_virtual(ctl.run())
+
+
+@pytest.mark.parametrize("sampler", SAMPLERS, ids=lambda s: s["name"])
+def test_replace_trains_every_step_at_full_batch_size(sampler) -> None:
+    ctl, result = run_with_bad_prompts(sampler, on_dropped_prompt="replace",
+                                       max_replacement_attempts=2)
+    assert result.steps == 12 and result.summary["ledger"]["balanced"]
+    assert [r["groups_trained"] for r in ctl.step_records] == [N] * 12
+    failures = result.summary["failures"]
+    assert failures["prompts_skipped"] == failures["prompts_replaced"] > 0
+    assert result.summary["ledger"]["failed_data"] == failures["prompts_skipped"]
+    if sampler["name"] == "in_order":  # a replacement keeps the dropped group's stamp
+        for rec in ctl.ledger.records():
+            if rec.state == "trained":
+                assert rec.target_step == rec.end_step
+
+
+@pytest.mark.parametrize("sampler", SAMPLERS, ids=lambda s: s["name"])
+def test_shrink_trains_at_the_floor_or_above_and_never_strands_a_step(sampler) -> None:
+    ctl, result = run_with_bad_prompts(sampler, min_step_batch_fraction=0.5)
+    assert result.steps == 12 and result.summary["ledger"]["balanced"]
+    sizes = [r["groups_trained"] for r in ctl.step_records]
+    assert all(N // 2 <= s <= N for s in sizes) and min(sizes) < N, sizes
+    failures = result.summary["failures"]
+    assert N * 12 - sum(sizes) == failures["groups_shrunk"] <= failures["prompts_skipped"]
+    assert failures["steps_shrunk"] == sum(s < N for s in sizes)
+
+
+def test_a_step_below_the_floor_stops_the_run_naming_the_budget() -> None:
+    with pytest.raises(TooManyFailedGroups, match=r"below the floor of 4 .*"
+                                                  r"min_step_batch_fraction=0\.9") as err:
+        run_with_bad_prompts(SAMPLERS[0])
+    assert "on_dropped_prompt: replace" in str(err.value)
+    assert isinstance(err.value.__cause__, RewardError)
+
+
+def test_replace_falls_back_to_shrinking_when_its_attempts_run_out() -> None:
+    # Prompts 7 and the spare after it both fail: one replacement attempt per
+    # lost group is not enough, so the step shrinks (a floor of 3 allows it).
+    task = FakeTask()
+    ctl = make_controller(SAMPLERS[0], task=task, per_step=N, capacity=2 * N, steps=6,
+                          scorer=InlineScorer(task, fail=lambda p: p.prompt_id in (7, 8)),
+                          rollout_failure={"max_skipped_prompts": 10, "min_step_batch_fraction": 0.75,
+                                           "on_dropped_prompt": "replace"})
+    result = run_virtual(ctl.run())
+    assert result.steps == 6
+    assert sorted(r["groups_trained"] for r in ctl.step_records) == [3] + [N] * 5
+    outcomes = {d["prompt_id"]: d["outcome"] for d in result.summary["failures"]
+                ["dropped_prompts"]}
+    assert outcomes == {7: "replaced", 8: "step 1 shrank"}
+
+
+def test_an_infra_outage_shorter_than_the_budget_is_ridden_out() -> None:
+    # From prompt 19 on, four attempts in a row fail (one group at a time): two
+    # prompts in a row are dropped, then a commit resets the count. A budget of
+    # one would have stopped the run.
+    outage = {"attempts_left": 4}
+
+    def fail(request) -> bool:
+        if request.prompt.prompt_id >= 19 and outage["attempts_left"]:
+            outage["attempts_left"] -= 1
+            return True
+        return False
+
+    def run(budget: int):
+        outage["attempts_left"] = 4
+        ctl = make_controller(SAMPLERS[0], engines=[FakeEngine(1.0, fail=fail)], per_step=N,
+                              capacity=2 * N, inflight=1, steps=10,
+                              rollout_failure={"max_infra_attempts_per_prompt": 2,
+                                               "max_consecutive_dropped_prompts": budget,
+                                               "on_dropped_prompt": "replace",
+                                               "max_replacement_attempts": 3})
+        return ctl, run_virtual(ctl.run())
+
+    ctl, result = run(budget=2)
+    assert result.steps == 10 and result.summary["ledger"]["failed_infra"] == 2
+    assert ctl.ctx.drops.consecutive == 0
+    with pytest.raises(TooManyFailedGroups, match="max_consecutive_dropped_prompts=1"):
+        run(budget=1)
+
+
+def test_drop_state_survives_a_checkpoint() -> None:
+    cfg = RolloutFailureConfig(on_dropped_prompt="replace", max_skipped_prompts=5)
+    drops = DropPolicy(cfg, N)
+    pool = iter(Prompt(i, f"p{i}") for i in range(100, 200))
+    replacement = drops.drop(Entry(Prompt(1, "p1"), 3, None, group_id=1, batch_index=3), "data",
+                             RewardError("bad"), step=2,
+                             draw=lambda k: [next(pool) for _ in range(k)])
+    assert replacement is not None and replacement.stamp == 3 and replacement.replacements == 1
+    shrunk = DropPolicy(RolloutFailureConfig(min_step_batch_fraction=0.5,
+                                             max_consecutive_dropped_prompts=3), N)
+    assert shrunk.drop(Entry(Prompt(2, "p2"), None, None, group_id=2, batch_index=1), "infra",
+                       GenerationError("x"), step=4, draw=lambda k: []) is None
+    assert shrunk.quota(4) == N - 1  # unstamped, its batch's step gone by: the step in progress
+    for policy in (drops, shrunk):
+        copy = DropPolicy(policy.cfg, N)
+        copy.load_state_dict(policy.state_dict())
+        assert copy.state_dict() == policy.state_dict()
+    assert [p.prompt_id for p in drops.spares] == [101, 102, 103]

@@ -1,0 +1,338 @@
+"""Failures are classified where they are raised, and the run does what the class says.
+
+At each boundary (the local engine, the Ray proxy, the reward pool, a custom
+engine, a custom reward) the error raised has a kind: ``infra`` (retried with
+backoff, on another engine), ``data`` (retried at once, then skipped or the
+run fails naming the budget) or none - a bug: not retried, the run stops at
+once, at a safe point, naming the component.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from asyncrl.errors import (
+    BackendBug,
+    EngineUnavailable,
+    GenerationError,
+    GenerationTimeout,
+    PromptError,
+    RewardError,
+    RewardTimeout,
+    RewardWorkerLost,
+    TokenizationError,
+    TooManyFailedGroups,
+    failure_kind,
+)
+from asyncrl.sim.clock import run_virtual
+from asyncrl.types import GenerationRequest, Prompt
+from tests.controller.conftest import make_controller
+from tests.fakes import FakeEngine, FakeTask, FakeTrainer, InlineScorer
+
+IN_ORDER = {"name": "in_order", "max_lookahead_versions": 1}
+
+
+def request(prompt_id: int = 0, text: str = "1+1=") -> GenerationRequest:
+    return GenerationRequest(f"g{prompt_id}", Prompt(prompt_id, text, answer="2"), 2)
+
+
+# ------------------------------------------------------------------ the kinds
+@pytest.mark.parametrize(("error", "kind"), [
+    (GenerationError, "infra"), (GenerationTimeout, "infra"), (EngineUnavailable, "infra"),
+    (RewardTimeout, "infra"), (RewardWorkerLost, "infra"),
+    (RewardError, "data"), (PromptError, "data"), (TokenizationError, "data"),
+    (ValueError, None), (RuntimeError, None), (TooManyFailedGroups, None),
+])
+def test_every_failure_class_says_infra_or_data(error, kind) -> None:
+    assert failure_kind(error("x")) == kind
+
+
+# ------------------------------------------------------- local engine boundary
+def _local_generate(req: GenerationRequest, forward_error: BaseException | None = None):
+    """What the local engine's ``generate`` raises for ``req`` (its forward
+    raising ``forward_error``, if given)."""
+    from tests.engines.test_local_engine import make_engine
+
+    async def main():
+        engine = make_engine(max_new_tokens=2)
+        if forward_error is not None:
+            def explode(module, inputs, output):
+                raise forward_error
+
+            engine.model.lm_head.register_forward_hook(explode)
+        try:
+            return await engine.generate(req)
+        finally:
+            await engine.close()
+
+    return asyncio.run(main())
+
+
+def test_local_engine_device_failure_is_infra() -> None:
+    with pytest.raises(GenerationError) as err:
+        _local_generate(request(), RuntimeError("CUDA error: an illegal memory access"))
+    assert failure_kind(err.value) == "infra"
+
+
+def test_local_engine_bug_in_a_forward_passes_through_unclassified() -> None:
+    with pytest.raises(TypeError):
+        _local_generate(request(), TypeError("forward() got an unexpected keyword argument"))
+
+
+def test_local_engine_prompt_it_cannot_tokenize_is_data() -> None:
+    with pytest.raises(TokenizationError, match="prompt 7 cannot be tokenized") as err:
+        _local_generate(request(7, text="1+1=§"))
+    assert failure_kind(err.value) == "data"
+
+
+# ------------------------------------------------------------ Ray proxy boundary
+class _Ref:
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    def __await__(self):
+        raise self.error
+        yield  # pragma: no cover - makes this a generator
+
+
+class _Actor:
+    def __init__(self, error: BaseException) -> None:
+        self.generate = type("M", (), {"remote": lambda _self, _r: _Ref(error)})()
+
+
+def _ray_generate(error: BaseException) -> BaseException:
+    pytest.importorskip("ray")
+    from asyncrl.cluster.proxies import RayEngine, WorkerPool
+
+    async def main() -> BaseException:
+        engine = RayEngine(WorkerPool(None, 0), 0, lambda *a: None, _Actor(error),
+                           {"pid": 1, "node_id": "n", "version": 0}, max_restarts=0,
+                           startup_timeout_s=1.0)
+        try:
+            await engine.generate(request())
+        except BaseException as exc:
+            return exc
+        raise AssertionError("generate did not raise")
+
+    return asyncio.run(main())
+
+
+def test_ray_worker_death_is_infra_retried_at_once() -> None:
+    from ray.exceptions import RayActorError
+
+    error = _ray_generate(RayActorError(error_msg="the worker died"))
+    assert isinstance(error, EngineUnavailable) and failure_kind(error) == "infra"
+
+
+def test_ray_transport_failure_is_infra() -> None:
+    from ray.exceptions import ObjectLostError
+
+    error = _ray_generate(ObjectLostError("ab" * 14, None, "generate"))
+    assert isinstance(error, GenerationError) and failure_kind(error) == "infra"
+    assert "Ray failed to return group" in str(error)
+
+
+def test_ray_worker_errors_keep_the_class_they_were_raised_with() -> None:
+    from ray.exceptions import RayTaskError
+
+    typed = _ray_generate(RayTaskError("generate", "tb", TokenizationError("bad prompt"))
+                          .as_instanceof_cause())
+    assert failure_kind(typed) == "data"
+    untyped = _ray_generate(RayTaskError("generate", "tb", KeyError("oops"))
+                            .as_instanceof_cause())
+    assert failure_kind(untyped) is None  # a bug in the worker's code
+
+
+# ---------------------------------------------------------- reward pool boundary
+def _raises_on_one(prompt: Prompt, completion: str) -> float:
+    raise ZeroDivisionError("the reward divided by zero")
+
+
+def test_custom_reward_raising_is_data() -> None:
+    from asyncrl.tasks.rewards import RewardPool
+
+    async def main() -> BaseException:
+        pool = RewardPool(_raises_on_one, num_workers=1, timeout_s=None)
+        try:
+            with pytest.raises(RewardError) as err:
+                await pool.score(Prompt(3, "p"), ["a"])
+        finally:
+            await pool.close()
+        return err.value
+
+    error = asyncio.run(main())
+    assert failure_kind(error) == "data" and "ZeroDivisionError" in str(error)
+
+
+# ------------------------------------------------- what the run does, per class
+class Recording(FakeEngine):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.seen: list[tuple[int, int]] = []
+
+    async def generate(self, request):
+        self.seen.append((request.prompt.prompt_id, request.attempt))
+        return await super().generate(request)
+
+
+def test_infra_failure_is_retried_with_backoff_on_another_engine() -> None:
+    engines = [Recording(1.0, fail=lambda r: r.prompt.prompt_id == 0 and r.attempt == 1)
+               for _ in range(2)]
+    ctl = make_controller(IN_ORDER, engines=engines, steps=2,
+                          rollout_failure={"backoff_base_s": 4.0, "max_backoff_s": 4.0})
+    result = run_virtual(ctl.run())
+    assert result.summary["ledger"]["failed"] == 0
+    first = next(i for i, e in enumerate(engines) if (0, 1) in e.seen)
+    assert (0, 2) in engines[1 - first].seen  # the retry went to the other engine
+    retry = next(r for r in ctl.ledger.records() if r.prompt_id == 0)
+    assert retry.attempts == 2 and retry.finish_time >= 1.0 + 4.0 + 1.0  # waited the backoff
+
+
+def test_data_failure_is_retried_at_once_then_skipped_within_the_budget() -> None:
+    task = FakeTask()
+    scorer = InlineScorer(task, fail=lambda p: p.prompt_id == 1)
+    ctl = make_controller(IN_ORDER, task=task, scorer=scorer, steps=3,
+                          rollout_failure={"max_skipped_prompts": 1,
+                                           "on_dropped_prompt": "replace",
+                                           "backoff_base_s": 100.0, "max_backoff_s": 100.0})
+    result = run_virtual(ctl.run())
+    (failed,) = [r for r in ctl.ledger.records() if r.state == "failed"]
+    assert failed.prompt_id == 1 and failed.failure == "data" and failed.attempts == 2
+    assert failed.finish_time < 10  # no backoff between data attempts
+    assert result.steps == 3 and result.summary["failures"]["prompts_skipped"] == 1
+    assert result.summary["ledger"]["failed_data"] == 1
+
+
+def test_data_failure_beyond_max_skipped_prompts_stops_the_run_naming_it() -> None:
+    task = FakeTask()
+    scorer = InlineScorer(task, fail=lambda p: p.prompt_id == 1)
+    ctl = make_controller(IN_ORDER, task=task, scorer=scorer, steps=3)
+    with pytest.raises(TooManyFailedGroups, match="max_skipped_prompts=0") as err:
+        run_virtual(ctl.run())
+    assert isinstance(err.value.__cause__, RewardError)  # the original error, propagated
+    assert ctl.stopped_at_safe_point
+
+
+class BuggyEngine(FakeEngine):
+    """A user's engine with a bug: it raises an error that says neither infra nor data."""
+
+    async def generate(self, request):
+        if request.prompt.prompt_id == 2:
+            raise KeyError("sampling_params")
+        return await super().generate(request)
+
+
+def test_custom_engine_untyped_error_stops_the_run_at_once_naming_the_engine() -> None:
+    engine = BuggyEngine(1.0)
+    ctl = make_controller(IN_ORDER, engines=[engine], steps=10)
+    with pytest.raises(BackendBug) as err:
+        run_virtual(ctl.run())
+    text = str(err.value)
+    assert "tests.controller.test_failure_classes.BuggyEngine" in text and "KeyError" in text
+    assert isinstance(err.value.__cause__, KeyError)
+    record = ctl.ledger[2]
+    assert record.attempts == 1 and record.state == "inflight"  # not retried; kept pending
+    assert ctl.stopped_at_safe_point and ctl.steps_done < 2
+    assert ctl.summary()["ledger"]["balanced"]
+
+
+class BuggyScorer(InlineScorer):
+    async def score(self, prompt, completions):
+        if prompt.prompt_id == 1:
+            raise AttributeError("'NoneType' object has no attribute 'answer'")
+        return await super().score(prompt, completions)
+
+
+def test_scorer_untyped_error_is_a_bug_of_the_scorer() -> None:
+    task = FakeTask()
+    ctl = make_controller(IN_ORDER, task=task, scorer=BuggyScorer(task), steps=5)
+    with pytest.raises(BackendBug, match=r"the scorer tests\.controller\.test_failure_classes"
+                                         r"\.BuggyScorer raised AttributeError"):
+        run_virtual(ctl.run())
+
+
+def test_several_bugs_are_all_reported() -> None:
+    class TwoBugs(FakeEngine):
+        async def generate(self, request):
+            if request.prompt.prompt_id in (0, 1):
+                raise (ValueError if request.prompt.prompt_id else KeyError)("bug")
+            return await super().generate(request)
+
+    ctl = make_controller(IN_ORDER, engines=[TwoBugs(1.0)], steps=5)
+    with pytest.raises(BackendBug) as err:
+        run_virtual(ctl.run())
+    notes = "\n".join(getattr(err.value, "__notes__", ()))
+    assert "1 more error(s) stopped this run too" in notes and "BackendBug" in notes
+
+
+# -------------------------------------- errors raised while a group is aborted
+class RaisesWhenAborted(FakeEngine):
+    """A cancelled attempt raises instead of ending quietly (a cleanup error)."""
+
+    def __init__(self, error: type[BaseException], *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.abort_error = error
+
+    async def generate(self, request):
+        try:
+            return await super().generate(request)
+        except asyncio.CancelledError:
+            raise self.abort_error(f"cleanup of group {request.group_id} failed") from None
+
+
+@pytest.mark.parametrize("max_infra", [1, 3])
+def test_a_typed_error_while_aborting_is_never_a_retry(max_infra, caplog) -> None:
+    # weight_fifo, window 0: every weight sync aborts the groups still generating
+    # with the old weights; each of them raises while it is cancelled.
+    engine = RaisesWhenAborted(GenerationError, latency=lambda r: 5.0 if r.prompt.prompt_id % 4 == 3
+                               else 1.0)
+    ctl = make_controller({"name": "windowed", "max_staleness_versions": 0}, engines=[engine],
+                          steps=6, capacity=8, min_chunk=1,
+                          rollout_failure={"max_infra_attempts_per_prompt": max_infra})
+    with caplog.at_level(logging.WARNING, "asyncrl.controller"):
+        result = run_virtual(ctl.run())
+    ledger = result.summary["ledger"]
+    assert ledger["balanced"] and ledger["aborted"] > 0 and ledger["failed"] == 0
+    assert all(r.attempts == 1 for r in ctl.ledger.records() if r.state == "aborted")
+    assert "while being aborted" in caplog.text
+
+
+def test_a_bug_while_aborting_stops_the_run_and_every_one_is_reported() -> None:
+    engine = RaisesWhenAborted(ValueError, latency=lambda r: 5.0 if r.prompt.prompt_id % 4 == 3
+                               else 1.0)
+    ctl = make_controller({"name": "windowed", "max_staleness_versions": 0}, engines=[engine],
+                          steps=6, capacity=8, min_chunk=1)
+    with pytest.raises(BackendBug, match=r"while group .* was being aborted"):
+        run_virtual(ctl.run())
+    assert ctl.summary()["ledger"]["balanced"]
+
+
+# --------------------------------------------------------------- supervision
+def test_a_failing_background_task_of_a_backend_reaches_the_run() -> None:
+    from asyncrl import supervision
+
+    class SpawningEngine(FakeEngine):
+        async def generate(self, request):
+            if request.prompt.prompt_id == 3:
+                supervision.spawn(self._broken(), name="engine-housekeeping")
+            return await super().generate(request)
+
+        async def _broken(self):
+            await asyncio.sleep(0.5)
+            raise OSError("lost the shared-memory segment")
+
+    ctl = make_controller(IN_ORDER, engines=[SpawningEngine(1.0)], steps=20)
+    with pytest.raises(BackendBug, match=r"background task 'engine-housekeeping'.*OSError"):
+        run_virtual(ctl.run())
+    assert ctl.stopped_at_safe_point and ctl.steps_done < 20
+
+
+def test_trainer_unaffected_by_classification() -> None:
+    # A trainer error is not an attempt failure: it still fails the run as it is.
+    ctl = make_controller(IN_ORDER, trainer=FakeTrainer(fail_at_step=1), steps=4)
+    with pytest.raises(ValueError, match="injected trainer failure"):
+        run_virtual(ctl.run())
+    assert not ctl.stopped_at_safe_point

@@ -1,0 +1,241 @@
+"""NeMo-RL's ``async_rl`` blocks, pasted as they are, validate and train; the
+keys asyncrl cannot honour are accepted switched off and refused otherwise;
+``${a.b}`` references resolve after the overrides.
+
+The blocks below are copies of the ``async_rl`` blocks of NeMo-RL's public
+single-controller configs (plain config values, comments left out):
+``examples/configs/grpo_math_1B_megatron_single_controller.yaml`` and the
+recipes ``grpo-qwen2.5-math-1.5b-instruct-1n8g-megatron-single-controller-sync``
+and ``grpo-llama3.1-8b-instruct-2n8g-async-1off-single-controller-streaming2``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from asyncrl.cli import main
+from asyncrl.config import config_from_dict, load_config
+from asyncrl.errors import ConfigError
+
+EXEMPLAR = """
+async_rl:
+  sampler:
+    name: in_order
+    max_lookahead_versions: 1
+  recompute_kv_cache_after_weight_updates: false
+  min_groups_for_streaming_train: ${grpo.num_prompts_per_step}
+  max_inflight_prompts: ${grpo.num_prompts_per_step}
+  max_buffered_rollouts: 64
+  diagnostics: false
+  rollout_failure:
+    max_infra_attempts_per_prompt: 5
+    max_data_attempts_per_prompt: 2
+    backoff_base_s: 1.0
+    max_backoff_s: 30.0
+    max_skipped_prompts: 0
+    max_consecutive_dropped_prompts: 0
+    min_step_batch_fraction: 0.9
+    on_dropped_prompt: shrink
+    max_replacement_attempts: 1
+    replacement_reserve_prompts: 1
+    native:
+      generation_timeout_s: null
+      env_timeout_s: null
+    nemo_gym:
+      rollout_timeout_s: null
+      max_row_attempts: 3
+  stall_watchdog:
+    interval_s: 30.0
+    stall_timeout_s: 600.0
+    stall_action: warn
+    gym_subprocess_check: true
+  generation_fleet_health:
+    enabled: false
+    probe_interval_s: 5.0
+    probe_timeout_s: 2.0
+    unhealthy_threshold: 3
+    healthy_threshold: 2
+    selection: least_outstanding
+    on_dead_shard: fail_fast
+    max_restart_attempts_per_shard: 5
+    min_healthy_shards: 1
+    refit_timeout_s: 300.0
+  generation_router:
+    enabled: false
+    port_range_low: 1202
+    port_range_high: 1300
+    backend_timeout_s: 600.0
+    connect_timeout_s: 5.0
+    no_healthy_backend_status: 409
+"""
+
+RECIPE_SYNC = """
+async_rl:
+  sampler:
+    name: in_order
+    max_lookahead_versions: 0
+  recompute_kv_cache_after_weight_updates: true
+  min_groups_for_streaming_train: ${grpo.num_prompts_per_step}
+  max_inflight_prompts: ${grpo.num_prompts_per_step}
+  max_buffered_rollouts: 32
+"""
+
+RECIPE_STREAMING = """
+async_rl:
+  sampler:
+    name: windowed
+    max_staleness_versions: 1
+  min_groups_for_streaming_train: 16
+  max_inflight_prompts: ${grpo.num_prompts_per_step}
+  max_buffered_rollouts: 128
+"""
+
+BLOCKS = {"exemplar": EXEMPLAR, "sync": RECIPE_SYNC, "streaming": RECIPE_STREAMING}
+#: The recipes' own batch sizes (the exemplar inherits 32 from grpo_math_1B.yaml).
+GRPO = {"exemplar": 32, "sync": 32, "streaming": 64}
+
+
+def pasted(name: str, **grpo) -> dict:
+    tree = yaml.safe_load(BLOCKS[name])
+    tree["grpo"] = {"num_prompts_per_step": GRPO[name], **grpo}
+    return tree
+
+
+@pytest.mark.parametrize("name", sorted(BLOCKS))
+def test_pasted_blocks_validate_with_their_references_resolved(name, tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(pasted(name)))
+    cfg = load_config(path)
+    n = GRPO[name]
+    assert cfg.async_rl.max_inflight_prompts == n
+    if name != "streaming":
+        assert cfg.async_rl.min_groups_for_streaming_train == n
+    # `asyncrl validate` runs every check train runs, the setup validation included.
+    assert main(["validate", "--config", str(path), "--json"]) == 0
+
+
+def test_the_exemplar_block_trains(tmp_path: Path, capsys) -> None:
+    from asyncrl.runner import train
+
+    tree = pasted("exemplar", num_generations_per_prompt=2, max_num_steps=2)
+    tree["grpo"]["num_prompts_per_step"] = 4
+    tree["policy"] = {"model": {"hidden_size": 16, "num_layers": 1, "num_heads": 2,
+                                "intermediate_size": 32, "max_position_embeddings": 16}}
+    tree["logging"] = {"progress": "never", "tensorboard": False, "plots": False}
+    summary = train(config_from_dict(tree), tmp_path / "run")
+    assert summary["stop_reason"] == "max_num_steps" and summary["ledger"]["balanced"]
+    saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert saved["async_rl"]["max_inflight_prompts"] == 4  # resolved, in the run's config
+
+
+@pytest.mark.parametrize(("path", "value", "says"), [
+    ("generation_fleet_health.enabled", True, "does not probe the health of a generation fleet"),
+    ("generation_router.enabled", True, "NeMo-Gym, which asyncrl does not run"),
+    ("rollout_failure.nemo_gym.rollout_timeout_s", 900.0, "no NeMo-Gym rollout path"),
+    ("rollout_failure.nemo_gym.max_row_attempts", 5, "no NeMo-Gym rollout path"),
+])
+def test_keys_asyncrl_cannot_honour_are_refused_unless_off(path, value, says) -> None:
+    tree = pasted("exemplar")
+    node = tree["async_rl"]
+    *parents, key = path.split(".")
+    for part in parents:
+        node = node[part]
+    node[key] = value
+    with pytest.raises(ConfigError, match=says) as err:
+        config_from_dict(tree)
+    assert len(str(err.value).splitlines()) == 1  # one line
+
+
+def test_gym_subprocess_check_is_accepted_either_way() -> None:
+    tree = pasted("exemplar")
+    tree["async_rl"]["stall_watchdog"]["gym_subprocess_check"] = False
+    assert config_from_dict(tree).async_rl.stall_watchdog.gym_subprocess_check is False
+
+
+# ----------------------------------------------------------------- old keys
+@pytest.mark.parametrize(("block", "new"), [
+    ({"stall_timeout_s": 1800}, "stall_timeout_s -> stall_watchdog"),
+    ({"rollout_failure": {"max_attempts": 3}}, "max_attempts -> max_infra_attempts_per_prompt"),
+    ({"rollout_failure": {"backoff_s": 0.5}}, "backoff_s -> backoff_base_s"),
+    ({"rollout_failure": {"max_failed_groups": 16}}, "max_failed_groups -> max_skipped_prompts"),
+])
+def test_replaced_keys_get_one_line_naming_the_new_ones(block, new) -> None:
+    with pytest.raises(ConfigError, match=new) as err:
+        config_from_dict({"async_rl": block})
+    assert len(str(err.value).splitlines()) == 1
+
+
+def test_max_backoff_below_the_base_is_refused() -> None:
+    # Issue 18, item 13: it was accepted and silently won.
+    with pytest.raises(ConfigError, match=r"max_backoff_s=0\.5 is below backoff_base_s=2"):
+        config_from_dict({"async_rl": {"rollout_failure": {"backoff_base_s": 2.0,
+                                                           "max_backoff_s": 0.5}}})
+
+
+def test_watchdog_must_outlast_interval_and_deadlines() -> None:
+    with pytest.raises(ConfigError, match="must be above interval_s=30"):
+        config_from_dict({"async_rl": {"stall_watchdog": {"stall_timeout_s": 20.0}}})
+    with pytest.raises(ConfigError, match=r"above rollout_failure\.native\.generation_timeout_s"):
+        config_from_dict({"async_rl": {
+            "stall_watchdog": {"stall_timeout_s": 100.0},
+            "rollout_failure": {"native": {"generation_timeout_s": 120.0}}}})
+
+
+# ------------------------------------------------------------ interpolation
+def test_references_resolve_after_the_overrides(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(pasted("sync")))
+    cfg = load_config(path, ["grpo.num_prompts_per_step=8"])
+    assert cfg.async_rl.max_inflight_prompts == cfg.async_rl.min_groups_for_streaming_train == 8
+
+
+def test_a_reference_to_an_unset_key_takes_its_default() -> None:
+    tree = yaml.safe_load(RECIPE_SYNC)  # no grpo block: num_prompts_per_step is 8 by default
+    tree["async_rl"]["max_buffered_rollouts"] = 8
+    cfg = config_from_dict(tree)
+    assert cfg.async_rl.max_inflight_prompts == 8
+    assert cfg.grpo.num_prompts_per_step == 8
+
+
+def test_a_missing_reference_names_the_key_and_the_closest_one() -> None:
+    with pytest.raises(ConfigError, match=r"async_rl\.max_inflight_prompts: the reference "
+                                          r"'\$\{grpo\.num_prompt_per_step\}' names grpo\."
+                                          r"num_prompt_per_step, which is not a key of the "
+                                          r"config; did you mean grpo\.num_prompts_per_step\?"):
+        config_from_dict({"async_rl": {"max_inflight_prompts": "${grpo.num_prompt_per_step}"}})
+
+
+def test_a_circular_reference_is_named() -> None:
+    with pytest.raises(ConfigError, match="circular reference"):
+        config_from_dict({"grpo": {"num_prompts_per_step": "${grpo.max_num_steps}",
+                                   "max_num_steps": "${grpo.num_prompts_per_step}"}})
+
+
+def test_an_escaped_reference_is_literal_text() -> None:
+    cfg = config_from_dict({"task": {"name": "dataset", "path": "x.jsonl",
+                                     "template": "Price: \\${amount}"}})
+    assert cfg.task.template == "Price: ${amount}"
+
+
+def test_validate_prints_the_resolved_config(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(pasted("sync")))
+    assert main(["validate", "--config", str(path), "--json"]) == 0
+    facts = json.loads(capsys.readouterr().out)
+    assert facts["required_buffer_capacity"] == 32
+
+
+def test_validate_warns_of_drop_budgets_the_step_floor_forbids(tmp_path: Path, capsys) -> None:
+    tree = pasted("sync")  # 32 prompts per step: the default floor 0.9 leaves 29
+    tree["grpo"]["num_prompts_per_step"] = 8  # a floor of 8: no step may shrink
+    tree["async_rl"]["rollout_failure"] = {"max_skipped_prompts": 5}
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    assert main(["validate", "--config", str(path)]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "warning: async_rl.rollout_failure.min_step_batch_fraction=0.9 makes the floor" in out
+    assert "smallest step" in out and "8 groups" in out
