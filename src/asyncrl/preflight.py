@@ -83,6 +83,7 @@ def preflight(cfg: RunConfig, *, task: Task | None = None,
     validate_setup(sampler, cfg.grpo, cfg.async_rl, deterministic=cfg.deterministic)
     facts = derived_facts(sampler, cfg.grpo)
     facts["max_buffered_rollouts"] = capacity
+    facts["max_token_staleness"] = cfg.loss.max_token_staleness
     return Preflight(task=task, facts=facts, evaluator=evaluator)
 
 

@@ -43,6 +43,33 @@ def run(args: argparse.Namespace) -> int:
                   else f"none (have {facts['max_buffered_rollouts']})")
     table.add_row("max staleness of a trained group",
                   f"{bound} version{'' if bound == 1 else 's'}" if bound is not None else "unbounded (long generations can lag)")
+    for key, label in staleness_rows(facts):
+        table.add_row(key, label)
     console.print(table)
     console.print("[green]config is valid[/green]")
     return 0
+
+
+def _versions(n: int | None, unbounded: str) -> str:
+    return unbounded if n is None else f"{n} version{'' if n == 1 else 's'}"
+
+
+def staleness_rows(facts: dict) -> list[tuple[str, str]]:
+    """What the window measures, and what bounds the age of a group's tokens."""
+    measure = facts.get("staleness_measure", "start_weight")
+    token_bound = facts.get("max_token_staleness")
+    rows = [
+        ("staleness measured on", "end_weight (a group's newest tokens)" if measure == "end_weight"
+         else "start_weight (when a group was dispatched)"),
+        ("in-flight groups aborted for staleness",
+         "never (they generate with the current weights)" if measure == "end_weight"
+         else "when older than the window"),
+        ("max age of a trained group's newest tokens",
+         _versions(facts.get("max_end_staleness"), "unbounded")),
+        ("max age of a trained token (loss.max_token_staleness)",
+         _versions(token_bound, "unbounded: older tokens are trained")
+         if token_bound is not None or measure == "end_weight"
+         else "bounded by the group's staleness (no token bound set)"),
+    ]
+    return rows
+

@@ -6,6 +6,12 @@ attempt (the engine raised, or the reward raised or timed out) is retried after
 an exponential backoff until ``rollout_failure.max_attempts`` attempts were
 charged; an attempt lost with a dead engine worker is retried at once and not
 charged. What the runner returns tells the dispatcher how the group ended.
+
+Every attempt asks for the group's one start weight (``entry.start_weight``)
+and continues the tokens the group already has (``entry.prefix``); a result
+that breaks the record's contract (:meth:`~asyncrl.types.GroupResult.problem`)
+fails the attempt. The freshest tokens of an attempt are kept on the entry
+(``entry.partial``) for checkpoints and stops.
 """
 
 from __future__ import annotations
@@ -19,8 +25,15 @@ from collections.abc import Callable, Sequence
 from asyncrl.controller.context import RunContext
 from asyncrl.controller.determinism import NoDeterminism
 from asyncrl.controller.entry import Entry, EntryState
+from asyncrl.controller.partials import keep_partial
 from asyncrl.engines.base import RolloutEngine
-from asyncrl.errors import BackendLost, EngineUnavailable, GroupAborted, RewardError
+from asyncrl.errors import (
+    BackendLost,
+    EngineUnavailable,
+    GenerationError,
+    GroupAborted,
+    RewardError,
+)
 from asyncrl.tasks.base import Scorer
 from asyncrl.types import GenerationRequest, GroupResult, Rollout
 
@@ -69,8 +82,11 @@ class AttemptRunner:
             self.ctx.ledger.set_attempts(entry.group_id, entry.attempts)
             try:
                 rollout = await self._attempt(entry)
-            except (asyncio.CancelledError, GroupAborted):
+            except (asyncio.CancelledError, GroupAborted) as exc:
                 if entry.aborted:
+                    return None
+                if entry.stopping and isinstance(exc, GroupAborted):
+                    keep_partial(entry, exc.partial, self.ctx.grpo.num_generations_per_prompt)
                     return None
                 raise
             except BackendLost:
@@ -83,6 +99,7 @@ class AttemptRunner:
                             entry.group_id, entry.attempts, entry.engine, exc)
                 continue
             except Exception as exc:
+                entry.partial = None  # the retry continues from the prefix again
                 charged = entry.attempts - entry.lost
                 if charged >= rf.max_attempts:
                     return Exhausted(exc)
@@ -106,6 +123,8 @@ class AttemptRunner:
             attempt=entry.attempts,
             seed=self.determinism.seed(entry.group_id),
             weight_version=entry.pin,
+            start_weight=entry.start_weight,
+            prefix=entry.prefix,
         )
         start = ctx.now()
         outcome = "failed"
@@ -122,6 +141,13 @@ class AttemptRunner:
         finally:
             self.load[idx] -= 1
             ctx.timeline.add("gen", idx, start, ctx.now(), outcome)
+        problem = result.problem(start_weight=entry.start_weight,
+                                 num_generations=request.num_generations)
+        if problem is not None:
+            raise GenerationError(
+                f"engine {type(self.engines[idx]).__name__} returned an invalid result for group "
+                f"{entry.group_id!r}: {problem}. Fix the engine (see asyncrl.record)")
+        entry.partial = result  # kept by a checkpoint or a stop while it is scored
         rewards = result.rewards
         if rewards is None:
             self._set_state(entry, EntryState.SCORING)

@@ -8,8 +8,12 @@ One training step (weights ``v`` -> ``v + 1``) is fed chunk by chunk:
   ``kl_coef * k3`` against a frozen reference when ``kl_coef > 0``. Backward on
   the *sum* of token losses: gradients accumulate across chunks.
 * ``finish_step`` - divide the accumulated gradients by the step's token count
-  (so the loss is the mean over every completion token of the step, however the
-  step was chunked), clip them, take one AdamW step.
+  (so the loss is the mean over every counted completion token of the step,
+  however the step was chunked), clip them, take one AdamW step.
+
+Token masks (:mod:`asyncrl.trainers.masks`): tokens the policy did not choose,
+tokens older than ``loss.max_token_staleness`` and (``loss.truncated: mask``)
+truncated completions get no gradient and do not count in the token mean.
 
 The heavy work runs in one worker thread of its own, off the event loop (on
 CUDA, with a stream of its own: see :mod:`asyncrl.devices`). A model in bfloat16
@@ -200,19 +204,19 @@ class GRPOTrainer:
     # ----------------------------------------------------- synchronous API
     def train_chunk_sync(self, rollouts: Sequence[Rollout]) -> dict[str, float]:
         """``train_chunk`` without the event loop (scripts, tests)."""
-        flat = flatten(rollouts, scale_advantages=self.loss_cfg.scale_advantages)
+        flat = flatten(rollouts, loss=self.loss_cfg, step=self.version)
         mb = self.micro_batch_sequences
         stats, tokens = [], 0
         for lo in range(0, len(flat.seqs), mb):
             batch = pack(flat.seqs[lo : lo + mb], flat.starts[lo : lo + mb],
                          flat.behavior[lo : lo + mb], flat.advs[lo : lo + mb],
-                         pad_id=self.pad_id, device=self._device)
+                         flat.masks[lo : lo + mb], pad_id=self.pad_id, device=self._device)
             stats.append(self._micro_batch(batch))
             tokens += batch.tokens
         # One transfer to the host per chunk: the micro-batches queue up back to back.
         rows = torch.stack(stats).tolist() if stats else []
         metrics, sums = chunk_metrics(rows, tokens, flat)
-        self._step_tokens += tokens
+        self._step_tokens += int(sums["counted"])
         self._step_loss_sum += sums["loss"]
         if self.ref_model is not None:
             metrics["kl"] = sums["kl"] / max(tokens, 1)
@@ -244,6 +248,7 @@ class GRPOTrainer:
         entropy = -(p_all.exp() * p_all).sum(-1)
         if self.loss_cfg.entropy_coef > 0:
             loss = loss - self.loss_cfg.entropy_coef * entropy
+        loss = loss * batch.mask  # excluded tokens: no gradient, not counted
         self.precision.backward(loss.sum())
 
         with torch.no_grad():
@@ -255,7 +260,7 @@ class GRPOTrainer:
             values = (loss.detach().sum(), mismatch.sum(),
                       mismatch.max() if mismatch.numel() else zero, clipped.sum(),
                       truncated.sum(), entropy.detach().sum(), kl_sum, weights.sum(),
-                      (weights * weights).sum())
+                      (weights * weights).sum(), batch.mask.sum())
             # float64 holds every float32 sum and integer count exactly.
             return torch.stack([v.to(torch.float64) for v in values])
 

@@ -12,11 +12,15 @@ from dataclasses import dataclass, field
 
 import torch
 
+from asyncrl.config import LossConfig
 from asyncrl.trainers.losses import group_advantages
+from asyncrl.trainers.masks import MaskStats, token_masks, training_rewards
 from asyncrl.types import Rollout
 
 #: Per-micro-batch sums (one float64 device tensor, moved to the host once per chunk).
-STATS = ("loss", "mismatch", "mismatch_max", "clipped", "truncated", "entropy", "kl", "w", "w2")
+#: ``counted``: tokens the loss counts (its mask is 1, :mod:`asyncrl.trainers.masks`).
+STATS = ("loss", "mismatch", "mismatch_max", "clipped", "truncated", "entropy", "kl", "w", "w2",
+         "counted")
 
 
 @dataclass
@@ -28,25 +32,32 @@ class Flat:
     behavior: list[list[float]] = field(default_factory=list)
     advs: list[float] = field(default_factory=list)
     group_adv: list[torch.Tensor] = field(default_factory=list)
+    #: Per completion, per token: 1 trained and counted, 0 excluded.
+    masks: list[list[float]] = field(default_factory=list)
+    mask_stats: MaskStats = field(default_factory=MaskStats)
 
 
-def flatten(rollouts: Sequence[Rollout], *, scale_advantages: bool) -> Flat:
-    """Prompt + completion token ids, where completions start, behavior log-probs
-    and advantages of every completion of ``rollouts``."""
+def flatten(rollouts: Sequence[Rollout], *, loss: LossConfig, step: int) -> Flat:
+    """Prompt + completion token ids, where completions start, behavior log-probs,
+    advantages and token masks of every completion of ``rollouts``, for training
+    step ``step``."""
     flat = Flat()
     for rollout in rollouts:
         res = rollout.result
         adv = group_advantages(
-            torch.tensor(rollout.rewards, dtype=torch.float32), scale=scale_advantages
+            torch.tensor(training_rewards(rollout, loss), dtype=torch.float32),
+            scale=loss.scale_advantages,
         )
         flat.group_adv.append(adv)
-        for i, completion in enumerate(res.completion_ids):
-            if not completion:
+        masks = token_masks(rollout, step=step, cfg=loss, stats=flat.mask_stats)
+        for i, completion in enumerate(res.completions):
+            if not completion.token_ids:
                 continue
-            flat.seqs.append(list(res.prompt_ids) + list(completion))
+            flat.seqs.append(list(res.prompt_ids) + list(completion.token_ids))
             flat.starts.append(len(res.prompt_ids))
-            flat.behavior.append(res.behavior_logprobs[i])
+            flat.behavior.append(completion.logprobs)
             flat.advs.append(float(adv[i]))
+            flat.masks.append(masks[i])
     return flat
 
 
@@ -67,6 +78,8 @@ class Packed:
     index: torch.Tensor
     behavior: torch.Tensor
     adv: torch.Tensor
+    #: 1 for tokens the loss trains and counts, 0 for excluded ones.
+    mask: torch.Tensor
 
     @property
     def tokens(self) -> int:
@@ -75,7 +88,7 @@ class Packed:
 
 def pack(
     seqs: list[list[int]], starts: list[int], behavior: list[list[float]], advs: list[float],
-    *, pad_id: int, device: torch.device,
+    masks: list[list[float]], *, pad_id: int, device: torch.device,
 ) -> Packed:
     width = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
@@ -86,10 +99,11 @@ def pack(
         index.extend(range(base + start - 1, base + len(seq) - 1))
     behavior_t = torch.tensor([x for b in behavior for x in b])
     adv_t = torch.tensor([a for a, b in zip(advs, behavior) for _ in b])
+    mask_t = torch.tensor([x for m in masks for x in m], dtype=torch.float32)
     # Pageable host memory: the driver stages the copy at once, no device wait.
     return Packed(
         *(t.to(device, non_blocking=True)
-          for t in (ids, torch.tensor(index, dtype=torch.long), behavior_t, adv_t))
+          for t in (ids, torch.tensor(index, dtype=torch.long), behavior_t, adv_t, mask_t))
     )
 
 
@@ -105,10 +119,11 @@ def chunk_metrics(
             sums[key] += value
         mismatch_max = max(mismatch_max, row[STATS.index("mismatch_max")])
     n = max(tokens, 1)
+    counted = max(sums["counted"], 1.0)
     group_adv = flat.group_adv
     all_adv = torch.cat(group_adv) if group_adv else torch.zeros(1)
     metrics = {
-        "loss": sums["loss"] / n,
+        "loss": sums["loss"] / counted,
         "logprob_mismatch": sums["mismatch"] / n,
         "logprob_mismatch_max": mismatch_max,
         "clip_frac": sums["clipped"] / n,
@@ -123,5 +138,6 @@ def chunk_metrics(
         ),
         "completion_tokens_mean": tokens / max(len(flat.seqs), 1),
         "num_tokens": float(tokens),
+        **flat.mask_stats.metrics(),
     }
     return metrics, sums
