@@ -56,20 +56,16 @@ def _versions(n: int | None, unbounded: str) -> str:
 
 def staleness_rows(facts: dict) -> list[tuple[str, str]]:
     """What the window measures, and what bounds the age of a group's tokens."""
-    measure = facts.get("staleness_measure", "start_weight")
+    end = facts.get("staleness_measure", "start_weight") == "end_weight"
     token_bound = facts.get("max_token_staleness")
-    rows = [
-        ("staleness measured on", "end_weight (a group's newest tokens)" if measure == "end_weight"
-         else "start_weight (when a group was dispatched)"),
-        ("in-flight groups aborted for staleness",
-         "never (they generate with the current weights)" if measure == "end_weight"
-         else "when older than the window"),
-        ("max age of a trained group's newest tokens",
+    if token_bound is not None:
+        tokens = _versions(token_bound, "")
+    else:
+        tokens = "unbounded" if end else "as the group's"
+    return [
+        ("staleness measured on", "end_weight (newest tokens)" if end else "start_weight"),
+        ("in-flight groups aborted when stale", "never" if end else "yes"),
+        ("max age of a group's newest tokens",
          _versions(facts.get("max_end_staleness"), "unbounded")),
-        ("max age of a trained token (loss.max_token_staleness)",
-         _versions(token_bound, "unbounded: older tokens are trained")
-         if token_bound is not None or measure == "end_weight"
-         else "bounded by the group's staleness (no token bound set)"),
+        ("max age of a trained token", tokens),
     ]
-    return rows
-

@@ -181,8 +181,11 @@ class Controller:
                 # loops may be parked in admit or reserve and must be told.
                 for task in loops:
                     task.cancel()
-                # Groups still generating hand back their tokens, kept for the resume.
-                await stop_generating(list(self.dispatcher.active.values()), self.engines)
+                # Groups still generating hand back their tokens, kept for the resume
+                # (a deterministic run regenerates them exactly instead: same seed,
+                # same pinned weights - a continuation would not be bit-identical).
+                if not self.deterministic:
+                    await stop_generating(list(self.dispatcher.active.values()), self.engines)
                 self.dispatcher.cancel()
         except BaseExceptionGroup as group:
             self.train_pump.stop_reason = "error"
@@ -263,8 +266,9 @@ class Controller:
     async def read_partials(self) -> None:
         """Before :meth:`state_dict` while the run goes on: read the tokens the
         groups still generating have so far, so that the checkpoint keeps them."""
-        await read_partials(list(self.dispatcher.active.values()), self.engines,
-                            self.grpo.num_generations_per_prompt)
+        if not self.deterministic:  # see run(): deterministic runs regenerate them exactly
+            await read_partials(list(self.dispatcher.active.values()), self.engines,
+                                self.grpo.num_generations_per_prompt)
 
     def state_dict(self) -> dict[str, Any]:
         """Everything but the trainer's own state needed to resume with nothing lost.
