@@ -192,7 +192,7 @@ class LocalEngine:
         #: Bumped by invalidate_cache (and by every weight load with
         #: recompute_kv_on_update); a batch whose cache is older re-prefills.
         self._cache_epoch = 0
-        self._recompute_on_update = recompute_kv_on_update
+        self.recompute_kv_on_update = recompute_kv_on_update
         #: Deterministic mode: the weight versions pinned requests may ask for.
         self._pinned = PinnedVersions(pin_versions, model, weight_version)
 
@@ -294,7 +294,8 @@ class LocalEngine:
     async def invalidate_cache(self) -> None:
         # Every active batch re-prefills (prompt + tokens so far) at its next step,
         # with the weights held then. Nothing crosses threads but this counter.
-        self._cache_epoch += 1
+        if not self.recompute_kv_on_update:  # else the weight load already did
+            self._cache_epoch += 1
 
     async def close(self) -> None:
         if self._closed:
@@ -426,7 +427,7 @@ class LocalEngine:
     def _load_weights(self, weights: Any, version: int) -> None:
         self.model.load_state_dict(weights)  # converts to the model's dtype and device
         adopt(weights.values())  # the trainer's tensors: not reused before read
-        if self._recompute_on_update:  # before any step can run with the new weights
+        if self.recompute_kv_on_update:  # before any step can run with the new weights
             self._cache_epoch += 1
         self._version = version
         self._pinned.record(version, weights)

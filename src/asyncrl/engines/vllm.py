@@ -97,7 +97,7 @@ class VLLMEngine:
         self._version = weight_version
         #: vLLM labels tokens "default" until the first update sets a version.
         self._first_version = weight_version
-        self._recompute_on_update = recompute_kv_on_update
+        self.recompute_kv_on_update = recompute_kv_on_update
         self._owned_dirs = [Path(d) for d in owned_dirs]
         self._ipc = bool(current_platform.is_cuda()) and args.get("tensor_parallel_size", 1) == 1
         args = {**args, "logprobs_mode": "processed_logprobs"}
@@ -270,7 +270,7 @@ class VLLMEngine:
                     ))
                 self._version = version
                 await self._control(self._llm.update_weight_version(str(version)))
-                if self._recompute_on_update and self._llm.get_num_unfinished_requests():
+                if self.recompute_kv_on_update and self._llm.get_num_unfinished_requests():
                     # Still paused: the running requests recompute their KV with
                     # the new weights before they sample another token.
                     await self._control(self._llm.reset_prefix_cache(reset_running_requests=True))
@@ -314,7 +314,7 @@ class VLLMEngine:
         return out
 
     async def invalidate_cache(self) -> None:
-        if self._recompute_on_update:
+        if self.recompute_kv_on_update:
             return  # every update already recomputed the running requests' KV
         async with self._sync_lock:
             await self._control(self._llm.reset_prefix_cache(reset_running_requests=True))
