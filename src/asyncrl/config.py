@@ -97,6 +97,11 @@ class ReverseTaskConfig(Block):
     alphabet: str = "abcd"
     num_prompts: PosInt | None = None
     partial_credit: PartialCredit = 0.5
+    #: How string lengths are drawn in [min_length, max_length]: uniform, or
+    #: long_tail - lognormal (sigma 1) around median_length, so that a few answers
+    #: are many times the median (see docs/partial_rollouts.md).
+    lengths: Literal["uniform", "long_tail"] = "uniform"
+    median_length: PosInt = 3
 
 
 class SortTaskConfig(Block):
@@ -106,6 +111,11 @@ class SortTaskConfig(Block):
     alphabet: str = "abcd"
     num_prompts: PosInt | None = None
     partial_credit: PartialCredit = 0.5
+    #: How string lengths are drawn in [min_length, max_length]: uniform, or
+    #: long_tail - lognormal (sigma 1) around median_length, so that a few answers
+    #: are many times the median (see docs/partial_rollouts.md).
+    lengths: Literal["uniform", "long_tail"] = "uniform"
+    median_length: PosInt = 3
 
 
 TaskConfig = Annotated[
