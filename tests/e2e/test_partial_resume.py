@@ -19,7 +19,7 @@ from asyncrl.checkpoint import prepare_resume
 from asyncrl.config import config_from_dict
 from asyncrl.runner import train
 from asyncrl.tasks import build_task
-from asyncrl.types import GroupAborted
+from tests.pretrained import RecordingEngine
 
 pytestmark = pytest.mark.e2e
 
@@ -40,12 +40,12 @@ CONFIG = {
 }
 
 
-class Recorder:
+class Recorder(RecordingEngine):
     """The run's engine, recording what each group was asked to continue and what
     it returned; sends this process a SIGINT at its ``sigint_at``-th group."""
 
     def __init__(self, engine: Any, sigint_at: int | None = None) -> None:
-        self.engine = engine
+        super().__init__(engine)
         self.sigint_at = sigint_at
         self.calls = 0
         self.prefixes: dict[Any, Any] = {}  # group id -> prefix of its first request
@@ -58,7 +58,7 @@ class Recorder:
         output[..., self.engine.tokenizer.eos_id] -= 4.0
         return output
 
-    def __getattr__(self, name: str) -> Any:  # weight_version, snapshot, device, ...
+    def __getattr__(self, name: str) -> Any:  # snapshot, device, ...
         return getattr(self.engine, name)
 
     async def generate(self, request: Any) -> Any:
@@ -66,24 +66,9 @@ class Recorder:
         self.prefixes.setdefault(request.group_id, request.prefix)
         if self.calls == self.sigint_at:
             os.kill(os.getpid(), signal.SIGINT)  # handled by the run's event loop
-        try:
-            result = await self.engine.generate(request)
-        except GroupAborted:
-            raise
+        result = await super().generate(request)
         self.results[request.group_id] = result
         return result
-
-    async def update_weights(self, weights: Any, version: int) -> None:
-        await self.engine.update_weights(weights, version)
-
-    async def abort(self, group_ids: Any) -> None:
-        await self.engine.abort(group_ids)
-
-    async def invalidate_cache(self) -> None:
-        await self.engine.invalidate_cache()
-
-    async def close(self) -> None:
-        await self.engine.close()
 
 
 def backends(cfg: Any, run: Path, sigint_at: int | None = None) -> tuple[Any, Any]:

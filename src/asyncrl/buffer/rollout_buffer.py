@@ -286,25 +286,15 @@ class RolloutBuffer:
         *,
         limit: int | None = None,
         freshest_first: bool = False,
+        by: str = "start_weight",
     ) -> list[Slot]:
-        """Ready slots with ``lo <= start_weight <= hi``.
+        """Ready slots with ``lo <= start_weight <= hi`` (``by="end_weight"``: the
+        version of their newest tokens).
 
-        Dispatch order, or newest start_weight first when ``freshest_first``.
+        Dispatch order, or newest weight first when ``freshest_first``.
         """
-        return self._ready_by_weight.in_range(lo, hi, limit=limit, key_desc=freshest_first)
-
-    def ready_in_end_weight_range(
-        self,
-        lo: int | None,
-        hi: int | None,
-        *,
-        limit: int | None = None,
-        freshest_first: bool = False,
-    ) -> list[Slot]:
-        """Ready slots with ``lo <= end_weight <= hi`` (the version of their
-        newest tokens). Dispatch order, or newest end_weight first when
-        ``freshest_first``."""
-        return self._ready_by_end.in_range(lo, hi, limit=limit, key_desc=freshest_first)
+        index = self._ready_by_end if by == "end_weight" else self._ready_by_weight
+        return index.in_range(lo, hi, limit=limit, key_desc=freshest_first)
 
     def min_ready_end_weight(self, lo: int, hi: int) -> int | None:
         """Smallest end_weight in ``[lo, hi]`` over the ready slots."""

@@ -43,9 +43,9 @@ class _MeasuredWindow(BaseSampler):
 
     def _ready_in(self, lo: int | None, hi: int | None, *, limit: int | None = None,
                   freshest_first: bool = False) -> list[Slot]:
-        query = (self.buffer.ready_in_end_weight_range if self.staleness_of == "end_weight"
-                 else self.buffer.ready_in_weight_range)
-        return query(lo, hi, limit=limit, freshest_first=freshest_first)
+        return self.buffer.ready_in_weight_range(lo, hi, limit=limit,
+                                                 freshest_first=freshest_first,
+                                                 by=self.staleness_of)
 
     async def evict(self, *, current_train_weight: int) -> int:
         floor = self._floor(current_train_weight)
