@@ -27,7 +27,7 @@ from asyncrl.sampling import (
     WindowedSampler,
     create_sampler,
 )
-from asyncrl.types import GenerationRequest, GroupResult, Prompt, Rollout
+from asyncrl.types import Completion, GenerationRequest, GroupResult, Prompt, Rollout
 from asyncrl.version import TrainerVersion
 
 __version__ = "0.1.0"
@@ -36,6 +36,7 @@ __all__ = [
     "AsyncRLError",
     "BaseSampler",
     "CheckpointError",
+    "Completion",
     "ConfigError",
     "Controller",
     "GenerationRequest",
