@@ -50,7 +50,7 @@ from asyncrl.policy import model_config  # noqa: E402
 from asyncrl.tasks.tokenizer import CharTokenizer  # noqa: E402
 from asyncrl.trainers import GRPOTrainer  # noqa: E402
 from asyncrl.trainers.memory import LiveTensorBytes  # noqa: E402
-from asyncrl.types import GroupResult, Prompt, Rollout  # noqa: E402
+from asyncrl.types import Completion, GroupResult, Prompt, Rollout  # noqa: E402
 
 SHAPE = ModelConfig(architecture="qwen2", hidden_size=896, num_layers=2, num_heads=14,
                     num_key_value_heads=2, intermediate_size=4864, vocab_size=151936,
@@ -65,7 +65,7 @@ def rollout(completion: int, n: int, seed: int = 0) -> Rollout:
     ids = [torch.randint(3, SHAPE.vocab_size, (completion,), generator=g).tolist()
            for _ in range(n)]
     behavior = [(-12 + torch.rand(completion, generator=g)).tolist() for _ in range(n)]
-    result = GroupResult(0, prompt, ids, behavior, [""] * n, 0, 0)
+    result = GroupResult(0, prompt, [Completion.of(c, b, 0, "stop") for c, b in zip(ids, behavior)], 0)
     return Rollout(0, Prompt(0, ""), result, [float(i % 2) for i in range(n)])
 
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from asyncrl.errors import GenerationError, RewardError
-from asyncrl.types import GenerationRequest, GroupAborted, GroupResult, Prompt, Rollout
+from asyncrl.types import Completion, GenerationRequest, GroupAborted, GroupResult, Prompt, Rollout
 
 
 class FakeSource:
@@ -103,7 +103,7 @@ class FakeEngine:
         self._cancel: dict[Any, asyncio.Future[None]] = {}
 
     async def generate(self, request: GenerationRequest) -> GroupResult:
-        start = self.weight_version
+        start = self.weight_version if request.start_weight is None else request.start_weight
         self.active += 1
         self.max_active = max(self.max_active, self.active)
         try:
@@ -117,15 +117,10 @@ class FakeEngine:
         self.generated += 1
         n = request.num_generations
         texts = [str((request.prompt.prompt_id + i) % 7) for i in range(n)]
-        return GroupResult(
-            group_id=request.group_id,
-            prompt_ids=[1, 2],
-            completion_ids=[[3]] * n,
-            behavior_logprobs=[[-0.5]] * n,
-            completion_texts=texts,
-            start_weight=start,
-            end_weight=self.weight_version,
-        )
+        # One token per completion, sampled with the weights held at the end.
+        completions = [Completion.of([3], [-0.5], self.weight_version, "stop", text)
+                       for text in texts]
+        return GroupResult(request.group_id, [1, 2], completions, start)
 
     async def update_weights(self, weights: Any, version: int) -> None:
         self.versions_seen.append(version)

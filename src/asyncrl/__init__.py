@@ -37,7 +37,7 @@ from asyncrl.sampling import (
     WindowedSampler,
     create_sampler,
 )
-from asyncrl.types import GenerationRequest, GroupResult, Prompt, Rollout
+from asyncrl.types import Completion, GenerationRequest, GroupResult, Prompt, Rollout
 from asyncrl.version import TrainerVersion
 
 __version__ = "0.1.0"
@@ -47,6 +47,7 @@ __all__ = [
     "BackendBug",
     "BaseSampler",
     "CheckpointError",
+    "Completion",
     "ConfigError",
     "Controller",
     "GenerationError",

@@ -113,6 +113,11 @@ class ReverseTaskConfig(Block):
     alphabet: str = "abcd"
     num_prompts: PosInt | None = None
     partial_credit: PartialCredit = 0.5
+    #: How string lengths are drawn in [min_length, max_length]: uniform, or
+    #: long_tail - lognormal (sigma 1) around median_length, so that a few answers
+    #: are many times the median (see docs/partial_rollouts.md).
+    lengths: Literal["uniform", "long_tail"] = "uniform"
+    median_length: PosInt = 3
 
 
 class SortTaskConfig(Block):
@@ -122,6 +127,11 @@ class SortTaskConfig(Block):
     alphabet: str = "abcd"
     num_prompts: PosInt | None = None
     partial_credit: PartialCredit = 0.5
+    #: How string lengths are drawn in [min_length, max_length]: uniform, or
+    #: long_tail - lognormal (sigma 1) around median_length, so that a few answers
+    #: are many times the median (see docs/partial_rollouts.md).
+    lengths: Literal["uniform", "long_tail"] = "uniform"
+    median_length: PosInt = 3
 
 
 TaskConfig = Annotated[
@@ -277,6 +287,16 @@ class LossConfig(Block):
     #: Weight of an entropy bonus (mean token entropy subtracted from the loss);
     #: keeps a policy trained from scratch exploring instead of collapsing early.
     entropy_coef: NonNegFloat = 0.0
+    #: Tokens sampled more than this many versions before the step that trains
+    #: them are left out of the policy-gradient loss (they still count in the
+    #: group's rewards and advantage baseline). None: no bound. See
+    #: docs/partial_rollouts.md.
+    max_token_staleness: NonNegInt | None = None
+    #: What a completion cut at max_new_tokens (finish_reason "length")
+    #: contributes: keep (trained like any other), mask (its tokens left out of
+    #: the loss; its reward still counts in the baseline) or zero_reward (trained
+    #: with reward 0).
+    truncated: Literal["keep", "mask", "zero_reward"] = "keep"
 
 
 # ------------------------------------------------------------------ cluster

@@ -77,7 +77,16 @@ class ControllerBug(AsyncRLError, RuntimeError):
 
 
 class GroupAborted(AsyncRLError):
-    """Raised by an engine's ``generate`` for a group the controller aborted."""
+    """Raised by an engine's ``generate`` for a group the controller aborted.
+
+    ``partial``: the tokens the group had when it stopped (a
+    :class:`~asyncrl.types.GroupResult` whose unfinished completions have no
+    finish reason), when the engine kept them; None otherwise.
+    """
+
+    def __init__(self, message: object = "", partial: object = None) -> None:
+        super().__init__(message)
+        self.partial = partial
 
 
 # ------------------------------------------------------------ rollout failures

@@ -106,6 +106,7 @@ def preflight(cfg: RunConfig, *, task: Task | None = None,
     facts.update(context)
     facts["min_step_groups"] = cfg.async_rl.rollout_failure.step_floor(cfg.grpo.num_prompts_per_step)
     facts["warnings"] = failure_warnings(cfg.grpo, cfg.async_rl)
+    facts["max_token_staleness"] = cfg.loss.max_token_staleness
     return Preflight(task=task, facts=facts, evaluator=evaluator)
 
 

@@ -10,6 +10,11 @@ from typing import Any
 from asyncrl.errors import GenerationError as GenerationError
 from asyncrl.errors import GroupAborted as GroupAborted
 
+# The per-token record (asyncrl.record), re-exported with the other plain data.
+from asyncrl.record import Completion as Completion
+from asyncrl.record import FinishReason as FinishReason
+from asyncrl.record import GroupResult as GroupResult
+
 GroupId = Hashable
 
 
@@ -45,27 +50,15 @@ class GenerationRequest:
     temperature: float | None = None
     top_p: float | None = None
     max_new_tokens: int | None = None
-
-
-@dataclass(slots=True)
-class GroupResult:
-    """What an engine returns for one prompt group.
-
-    ``behavior_logprobs[i][t]`` is the log-probability of token
-    ``completion_ids[i][t]`` under the distribution it was actually sampled
-    from (after temperature / top-p), with the weights the engine held then.
-    """
-
-    group_id: GroupId
-    prompt_ids: list[int]
-    completion_ids: list[list[int]]
-    behavior_logprobs: list[list[float]]
-    completion_texts: list[str]
-    start_weight: int
-    end_weight: int
-    #: Optional rewards computed by the engine (simulated engines); when None
-    #: the controller scores ``completion_texts`` with the task.
-    rewards: list[float] | None = None
+    #: The group's start weight, decided once by the controller when it reserved
+    #: the group's slot; the engine echoes it in ``GroupResult.start_weight``.
+    #: None (direct callers, evaluation): the version the engine holds now.
+    start_weight: int | None = None
+    #: Tokens the group already has (a group stopped mid-generation and resumed):
+    #: completion ``i`` continues from ``prefix.completions[i]`` - from its
+    #: tokens, with ``max_new_tokens`` counting them - and a finished one is
+    #: returned as it is. None: generate from the prompt.
+    prefix: GroupResult | None = None
 
 
 @dataclass(slots=True)
@@ -102,37 +95,17 @@ def prompt_from_dict(data: dict[str, Any]) -> Prompt:
 
 
 def rollout_to_dict(rollout: Rollout) -> dict[str, Any]:
-    r = rollout.result
     return {
         "group_id": rollout.group_id,
         "prompt": prompt_to_dict(rollout.prompt),
         "rewards": list(rollout.rewards),
         "target_step": rollout.target_step,
         "attempts": rollout.attempts,
-        "result": {
-            "prompt_ids": list(r.prompt_ids),
-            "completion_ids": [list(c) for c in r.completion_ids],
-            "behavior_logprobs": [list(c) for c in r.behavior_logprobs],
-            "completion_texts": list(r.completion_texts),
-            "start_weight": r.start_weight,
-            "end_weight": r.end_weight,
-            "rewards": None if r.rewards is None else list(r.rewards),
-        },
+        "result": rollout.result.to_dict(),
     }
 
 
 def rollout_from_dict(data: dict[str, Any]) -> Rollout:
-    r = data["result"]
-    result = GroupResult(
-        group_id=data["group_id"],
-        prompt_ids=[int(t) for t in r["prompt_ids"]],
-        completion_ids=[[int(t) for t in c] for c in r["completion_ids"]],
-        behavior_logprobs=[[float(x) for x in c] for c in r["behavior_logprobs"]],
-        completion_texts=list(r["completion_texts"]),
-        start_weight=int(r["start_weight"]),
-        end_weight=int(r["end_weight"]),
-        rewards=None if r.get("rewards") is None else [float(x) for x in r["rewards"]],
-    )
-    return Rollout(data["group_id"], prompt_from_dict(data["prompt"]), result,
-                   [float(x) for x in data["rewards"]], data.get("target_step"),
-                   int(data.get("attempts", 1)))
+    return Rollout(data["group_id"], prompt_from_dict(data["prompt"]),
+                   GroupResult.from_dict(data["result"]), [float(x) for x in data["rewards"]],
+                   data.get("target_step"), int(data.get("attempts", 1)))

@@ -20,6 +20,11 @@ from pathlib import Path
 
 import pytest
 
+# Imported before any signal: a SIGINT landing inside torch's own first import
+# (which takes seconds on a loaded machine) leaves torch half-initialised for
+# the rest of this process, and every later run fails to import it.
+import torch  # noqa: F401
+
 from asyncrl.checkpoint import list_checkpoints, load_latest
 from asyncrl.cli import main
 

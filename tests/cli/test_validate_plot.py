@@ -24,10 +24,25 @@ def test_validate_prints_derived_facts(tmp_path, capsys) -> None:
     assert facts == {"sampler": "InOrderSampler", "is_on_policy": False,
                      "required_buffer_capacity": 12, "max_staleness": 2,
                      "max_buffered_rollouts": 12, "context_length": 64,
-                     "longest_prompt_tokens": 5, "min_step_groups": 4, "warnings": []}
+                     "longest_prompt_tokens": 5, "min_step_groups": 4, "warnings": [],
+                     "staleness_measure": "start_weight",
+                     "max_end_staleness": 2, "max_token_staleness": None}
     assert main(["validate", "--config", cfg]) == 0
     out = capsys.readouterr().out
     assert "required buffer capacity" in out and "config is valid" in out
+    assert "staleness measured on" in out and "start_weight" in out
+
+
+def test_validate_prints_the_token_staleness_facts(tmp_path, capsys) -> None:
+    cfg = write(tmp_path, "async_rl: {sampler: {name: windowed, max_staleness_versions: 2,"
+                          " staleness_of: end_weight}}\nloss: {max_token_staleness: 4}\n")
+    assert main(["validate", "--config", cfg, "--json"]) == 0
+    facts = json.loads(capsys.readouterr().out)
+    assert (facts["staleness_measure"], facts["max_staleness"], facts["max_end_staleness"],
+            facts["max_token_staleness"]) == ("end_weight", None, 2, 4)
+    assert main(["validate", "--config", cfg]) == 0
+    out = capsys.readouterr().out
+    assert "end_weight (newest tokens)" in out and "4 versions" in out
 
 
 def test_validate_reports_a_deadlocking_config_without_a_traceback(tmp_path, capsys) -> None:

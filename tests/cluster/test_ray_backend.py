@@ -148,3 +148,38 @@ def test_trainer_death_fails_the_run_with_a_resume_hint(ray_local, tmp_path: Pat
         train(cfg, tmp_path, task=task, backends=(engines, trainer))
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["steps"] == 1 and summary["stop_reason"] == "error"
+
+
+def test_partial_tokens_cross_the_actor_boundary(ray_local):
+    """A worker reads a generating group's tokens (snapshot) and hands them back
+    when it is aborted (GroupAborted.partial through Ray); a request continuing
+    them (prefix) comes back with the very same tokens first."""
+    import asyncio
+
+    from asyncrl.types import GenerationRequest, GroupAborted
+
+    cfg = tiny_config(num_rollout_workers=1)
+    task = build_task(cfg.task)
+    (engine,), trainer = build_ray_backends(cfg, task)
+    prompt = task.prompt_source(0).next_prompt()
+
+    async def scenario() -> None:
+        try:
+            running = asyncio.ensure_future(engine.generate(
+                GenerationRequest("long", prompt, 3, max_new_tokens=24, temperature=1.0)))
+            await engine.generate(GenerationRequest("short", prompt, 1, max_new_tokens=1))
+            snap = (await engine.snapshot(["long"]))["long"]
+            await engine.abort(["long"])
+            with pytest.raises(GroupAborted) as stopped:
+                await running
+            partial = stopped.value.partial
+            assert partial.num_tokens >= snap.num_tokens
+            done = await engine.generate(GenerationRequest("long", prompt, 3, max_new_tokens=24,
+                                                           prefix=partial))
+            for kept, whole in zip(partial.completions, done.completions):
+                assert whole.token_ids[: len(kept)] == kept.token_ids and whole.finished
+        finally:
+            await engine.close()
+            await trainer.close()
+
+    asyncio.run(scenario())

@@ -6,7 +6,7 @@ import pytest
 
 from asyncrl.errors import ConfigError
 from asyncrl.sim.clock import run_virtual
-from asyncrl.types import GroupResult
+from asyncrl.types import Completion, GroupResult
 from tests.controller.conftest import make_controller
 from tests.fakes import FakeEngine, FakeTrainer, lognormal_latency
 
@@ -38,10 +38,12 @@ class PinnedEngine(FakeEngine):
         assert request.weight_version <= self.weight_version  # never newer than held
         self.pins[request.group_id] = request.weight_version
         n = request.num_generations
-        result.completion_texts = [str((request.seed + request.weight_version + i) % 7)
-                                   for i in range(n)]
-        result.start_weight = result.end_weight = request.weight_version
-        return result
+        texts = [str((request.seed + request.weight_version + i) % 7) for i in range(n)]
+        # A pinned group's tokens all come from its pinned version.
+        completions = [Completion.of([3], [-0.5], request.weight_version, "stop", text)
+                       for text in texts]
+        return GroupResult(result.group_id, result.prompt_ids, completions,
+                           request.weight_version)
 
 
 SAMPLERS = [

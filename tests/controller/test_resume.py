@@ -59,7 +59,9 @@ def test_resume_from_a_step_checkpoint_loses_no_prompt(sampler: dict, kill_after
     trainer.load_state_dict(saved["trainer"])
     # The resumed run appends to the same ledger history (ledger.jsonl in a run
     # directory), cut back to what it held at the checkpoint.
-    second = make_controller(sampler, engines=[engine(2)], trainer=trainer,
+    resumed_engine = engine(2)
+    resumed_engine.weight_version = ckpt_step  # as the runner loads it on resume
+    second = make_controller(sampler, engines=[resumed_engine], trainer=trainer,
                              history=first.ledger.history, **kw)
     second.load_state_dict(saved["state"])
     result = run_virtual(second.run())

@@ -107,11 +107,10 @@ def test_rewards_that_are_not_numbers_fail_the_group_with_the_fix() -> None:
 
     from asyncrl.controller.attempts import _checked_rewards
     from asyncrl.errors import RewardError
-    from asyncrl.types import GroupResult
+    from asyncrl.types import Completion, GroupResult
 
-    result = GroupResult(group_id="g", prompt_ids=[0], completion_ids=[[1], [2]],
-                         behavior_logprobs=[[0.0], [0.0]], completion_texts=["a", "b"],
-                         start_weight=0, end_weight=0)
+    result = GroupResult("g", [0], [Completion.of([t], [0.0], 0, "stop", text)
+                                    for t, text in ((1, "a"), (2, "b"))], start_weight=0)
     assert _checked_rewards([np.float32(0.5), torch.tensor(1.0)], result) == [0.5, 1.0]
     for bad, says in ((["1", 0.0], r"'1' \(str\) is not a number"),
                       ([float("nan"), 0.0], "nan is not a finite number"),

@@ -38,7 +38,19 @@ def test_derived_facts() -> None:
     ctl = make_controller({"name": "in_order", "max_lookahead_versions": 2}, capacity=12)
     facts = derived_facts(ctl.sampler, ctl.grpo)
     assert facts == {"sampler": "InOrderSampler", "is_on_policy": False,
-                     "required_buffer_capacity": 12, "max_staleness": 2}
+                     "required_buffer_capacity": 12, "max_staleness": 2,
+                     "staleness_measure": "start_weight", "max_end_staleness": 2}
+    ctl = make_controller({"name": "windowed", "max_staleness_versions": 3,
+                           "staleness_of": "end_weight"}, capacity=12)
+    facts = derived_facts(ctl.sampler, ctl.grpo)
+    assert (facts["staleness_measure"], facts["max_staleness"], facts["max_end_staleness"]) == (
+        "end_weight", None, 3)
+
+
+def test_deterministic_runs_refuse_end_weight_staleness() -> None:
+    sampler = {"name": "weight_fifo", "max_staleness_versions": 1, "staleness_of": "end_weight"}
+    with pytest.raises(SetupError, match="staleness_of: start_weight, or deterministic: false"):
+        make_controller(sampler, capacity=12, deterministic=True)
 
 
 def test_stall_watchdog_names_what_the_controller_waits_for() -> None:

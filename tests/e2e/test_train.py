@@ -56,7 +56,7 @@ def test_train_per_sampler(sampler: str, tmp_path: Path, capsys) -> None:
     assert list((run_dir / "tb").glob("events.out.tfevents.*"))
     plots = sorted(p.name for p in (run_dir / "plots").glob("*.png"))
     assert plots == ["pump_timeline.png", "reward_vs_step.png", "reward_vs_time.png",
-                     "staleness_hist.png"]
+                     "staleness_hist.png", "token_staleness_hist.png"]
     for name in plots:
         assert (run_dir / "plots" / name).read_bytes()[:8] == PNG
     assert (run_dir / "config.yaml").is_file()

@@ -49,8 +49,20 @@ class _Request:
 
 
 class _Group:
-    def __init__(self, n: int, prompt_ids: list[int]) -> None:
+    """The part of the engine's group a DecodeBatch reads: rows from the prompt."""
+
+    def __init__(self, n: int, prompt_ids: list[int], limit: int = 6) -> None:
         self.request, self.prompt_ids, self.aborted = _Request(n), prompt_ids, False
+        self.limit = limit
+
+    def open_indices(self) -> list[int]:
+        return list(range(self.request.num_generations))
+
+    def context(self, i: int) -> list[int]:
+        return self.prompt_ids
+
+    def remaining(self, i: int) -> int:
+        return self.limit
 
 
 class _NoCopy:

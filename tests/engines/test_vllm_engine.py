@@ -9,6 +9,7 @@ the tests share one event loop and keep the engine holding the trainer's weights
 from __future__ import annotations
 
 import asyncio
+import copy
 import os
 from types import SimpleNamespace
 
@@ -26,7 +27,7 @@ from asyncrl.errors import BackendLost, PromptTooLong
 from asyncrl.policy import build_policy
 from asyncrl.tasks import build_task
 from asyncrl.trainers.grpo import GRPOTrainer
-from asyncrl.types import GenerationRequest, GroupAborted, GroupResult, Prompt
+from asyncrl.types import Completion, GenerationRequest, GroupAborted, GroupResult, Prompt
 from tests.vllm_support import as_rollout, vllm_run_config
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -280,6 +281,97 @@ async def test_a_lora_trainer_stays_on_policy_through_merged_weight_syncs(rig):
     finally:
         await sync_engine(rig)  # back to the module trainer's weights
         await lora.close()
+def forced_logprobs(model: torch.nn.Module, result: GroupResult, c: Completion,
+                    temperature: float) -> torch.Tensor:
+    """The completion's log-probs under ``model`` with all KV recomputed."""
+    with torch.no_grad():
+        seq = torch.tensor([result.prompt_ids + c.token_ids])
+        logits = model(input_ids=seq).logits[0, len(result.prompt_ids) - 1 : -1]
+        logp = sampling_logprobs(logits, temperature, 1.0)
+        return logp.gather(1, torch.tensor(c.token_ids)[:, None])[:, 0]
+
+
+async def long_groups_running(rig, n: int, tag: str) -> asyncio.Future:
+    """A long group inside vLLM, with tokens generated already (a short request
+    batched with it has finished)."""
+    engine = rig.engine
+    engine.generation = GenerationConfig(temperature=1.0, max_new_tokens=48)
+    task = asyncio.ensure_future(engine.generate(GenerationRequest(tag, rig.prompts[4], n)))
+    await asyncio.sleep(0)  # the call takes its sampling settings now
+    engine.generation = GenerationConfig(temperature=1.0, max_new_tokens=1)
+    try:
+        await engine.generate(GenerationRequest(f"{tag}-short", rig.prompts[4], 1))
+    finally:
+        engine.generation = CFG.policy.generation
+    return task
+
+
+async def test_per_token_versions_and_exact_continuation_after_a_sync(rig):
+    """A sync lands mid-group with recompute_kv_on_update: every token reports the
+    version vLLM labelled it with, and its behaviour log-prob equals the one the
+    labelled weights give with all KV recomputed (<= 1e-3 for every token after
+    the sync) - so the label switch sits at the right token."""
+    engine, trainer = rig.engine, rig.trainer
+    version = engine.weight_version
+    old = copy.deepcopy(trainer.model)
+    weights = trainer.get_weights_sync()
+    rng = torch.Generator().manual_seed(1)
+    changed = {k: v + 0.05 * torch.randn(v.shape, generator=rng) for k, v in weights.items()}
+    new = copy.deepcopy(trainer.model)
+    new.load_state_dict(changed)
+    engine.recompute_kv_on_update = True
+    try:
+        task = await long_groups_running(rig, 16, "span")
+        await engine.update_weights(changed, version + 1)
+        result = await task
+    finally:
+        engine.recompute_kv_on_update = False
+    spanning = 0
+    for c in result.completions:
+        assert c.finish_reason in ("stop", "length")
+        assert (c.finish_reason == "stop") == (c.token_ids[-1] == rig.tokenizer.eos_id)
+        behavior = torch.tensor(c.logprobs)
+        versions = torch.tensor(c.version_list())
+        assert set(versions.tolist()) <= {version, version + 1}
+        for v, model in ((version, old), (version + 1, new)):
+            at = versions == v
+            if at.any():
+                gap = (forced_logprobs(model, result, c, 1.0)[at] - behavior[at]).abs().max()
+                assert float(gap) <= 1e-3, (v, float(gap))
+        spanning += len(c.versions) == 2
+    assert spanning, "the sync landed after every completion had ended"
+    assert result.end_weight == version + 1 and result.start_weight == version
+    await engine.update_weights(weights, version + 2)  # back to the trainer's weights
+
+
+async def test_an_abort_hands_back_the_tokens_and_a_prefix_continues_them(rig):
+    engine = rig.engine
+    task = await long_groups_running(rig, 4, "cut")
+    snap = (await engine.snapshot(["cut"]))["cut"]
+    assert all(c.version_list() == [engine.weight_version] * len(c) for c in snap.completions)
+    await engine.abort(["cut"])
+    with pytest.raises(GroupAborted) as stopped:
+        await task
+    partial = stopped.value.partial
+    assert isinstance(partial, GroupResult) and partial.num_tokens >= 4
+    assert engine.num_unfinished_requests == 0
+    for early, late in zip(snap.completions, partial.completions):
+        assert late.token_ids[: len(early)] == early.token_ids
+    engine.generation = GenerationConfig(temperature=1.0, max_new_tokens=48)
+    try:
+        done = await engine.generate(GenerationRequest("cut", rig.prompts[4], 4, prefix=partial))
+    finally:
+        engine.generation = CFG.policy.generation
+    assert done.finished
+    for kept, whole in zip(partial.completions, done.completions):
+        n = len(kept)
+        assert whole.token_ids[:n] == kept.token_ids and whole.logprobs[:n] == kept.logprobs
+        assert len(whole) <= 48  # max_new_tokens counts the tokens it continued from
+        if kept.finished:
+            assert (whole.token_ids, whole.finish_reason) == (kept.token_ids, kept.finish_reason)
+        else:  # prompt + prefix prefilled: the new tokens' log-probs are the trainer's
+            forced = forced_logprobs(rig.trainer.model, done, whole, 1.0)
+            assert torch.allclose(forced[n:], torch.tensor(whole.logprobs[n:]), atol=TOLERANCE)
 
 
 async def test_a_dead_vllm_fails_calls_instead_of_hanging_and_close_cleans_up(rig):

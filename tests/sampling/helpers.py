@@ -31,17 +31,29 @@ VARIANTS: list[tuple[str, int, bool]] = [
 ]
 
 
-def variant_id(variant: tuple[str, int, bool]) -> str:
-    policy, window, fresh = variant
-    return f"{policy}-s{window}" + ("-freshest" if fresh else "")
+# The same, measuring staleness by end_weight (staleness_of): an optional fourth element.
+END_WEIGHT_VARIANTS: list[tuple[str, int, bool, str]] = [
+    ("weight_fifo", 0, False, "end_weight"),
+    ("weight_fifo", 2, False, "end_weight"),
+    ("windowed", 0, False, "end_weight"),
+    ("windowed", 2, False, "end_weight"),
+    ("windowed", 2, True, "end_weight"),
+]
+
+
+def variant_id(variant: tuple) -> str:
+    policy, window, fresh, *measure = variant
+    return (f"{policy}-s{window}" + ("-freshest" if fresh else "")
+            + ("-end" if measure == ["end_weight"] else ""))
 
 
 def make_twins(
-    variant: tuple[str, int, bool], capacity: int
+    variant: tuple, capacity: int
 ) -> tuple[RolloutBuffer, BaseSampler, ReferenceModel]:
     """Our buffer and sampler, and a reference model of the same policy, both empty."""
-    policy, window, fresh = variant
-    ref = ReferenceModel(policy, window, capacity=capacity, freshest_first=fresh)
+    policy, window, fresh, *measure = variant
+    ref = ReferenceModel(policy, window, capacity=capacity, freshest_first=fresh,
+                         staleness_of=measure[0] if measure else "start_weight")
     buf = RolloutBuffer(capacity)
     sampler = create_sampler(buf, ref.config())
     assert isinstance(sampler, BaseSampler)

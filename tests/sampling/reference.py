@@ -39,12 +39,16 @@ class ReferenceModel:
     """One built-in policy together with its own buffer, as a list of slots."""
 
     def __init__(
-        self, policy: str, window: int, *, capacity: int, freshest_first: bool = False
+        self, policy: str, window: int, *, capacity: int, freshest_first: bool = False,
+        staleness_of: str = "start_weight",
     ) -> None:
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}")
         if freshest_first and policy != "windowed":
             raise ValueError("freshest_first exists only for windowed")
+        if staleness_of != "start_weight" and policy not in ("weight_fifo", "windowed"):
+            raise ValueError("staleness_of exists only for weight_fifo and windowed")
+        self.staleness_of = staleness_of
         self.policy = policy
         self.window = window
         self.capacity = capacity
@@ -57,7 +61,16 @@ class ReferenceModel:
         cfg: dict[str, Any] = {"name": self.policy, WINDOW_KEY[self.policy]: self.window}
         if self.policy == "windowed":
             cfg["sample_freshest_first"] = self.freshest_first
+        if self.staleness_of != "start_weight":
+            cfg["staleness_of"] = self.staleness_of
         return cfg
+
+    def weight(self, slot: Any) -> int:
+        """The weight the window bounds: ``start_weight``, or with ``staleness_of:
+        end_weight`` the ``end_weight`` of a ready slot."""
+        if self.staleness_of == "end_weight" and slot.ready:
+            return slot.end_weight
+        return slot.start_weight
 
     # ------------------------------------------------------------- admission
     def may_admit(self, v: int) -> bool:
@@ -130,17 +143,20 @@ class ReferenceModel:
             return [s for s in ready if s.target_step == v]
         if self.policy == "weight_fifo":
             # The oldest in-window weight over ALL slots: an unfinished group of
-            # the oldest version holds back every newer version.
-            weights = [s.start_weight for s in self.slots if lo <= s.start_weight <= v]
+            # the oldest version holds back every newer version. By end_weight,
+            # over the ready slots only: a group in flight generates with the
+            # current weights, so it holds back no older version.
+            pool = ready if self.staleness_of == "end_weight" else self.slots
+            weights = [self.weight(s) for s in pool if lo <= self.weight(s) <= v]
             if not weights:
                 return []
             oldest = min(weights)
-            return [s for s in ready if s.start_weight == oldest]
+            return [s for s in ready if self.weight(s) == oldest]
         if self.policy == "windowed":
-            in_window = [s for s in ready if lo <= s.start_weight <= v]
+            in_window = [s for s in ready if lo <= self.weight(s) <= v]
             if self.freshest_first:
                 # sorted() is stable: equal lags keep dispatch order.
-                in_window = sorted(in_window, key=lambda s: v - s.start_weight)
+                in_window = sorted(in_window, key=lambda s: v - self.weight(s))
             return in_window
         return [s for s in ready if s.start_weight <= v]
 
@@ -158,7 +174,7 @@ class ReferenceModel:
                 s for s in self.slots if s.ready and s.target_step is not None and s.target_step < v
             ]
         if self.policy in ("weight_fifo", "windowed"):
-            return [s for s in self.slots if s.ready and s.start_weight < self.floor(v)]
+            return [s for s in self.slots if s.ready and self.weight(s) < self.floor(v)]
         return []
 
     def evict(self, v: int) -> list[RefSlot]:
@@ -168,6 +184,8 @@ class ReferenceModel:
 
     # --------------------------------------------------------- derived facts
     def should_abort_inflight(self, start_weight: int, v: int) -> bool:
+        if self.staleness_of == "end_weight":
+            return False
         if self.policy in ("weight_fifo", "windowed"):
             return start_weight < v - self.window
         return False
@@ -182,6 +200,8 @@ class ReferenceModel:
         return groups_per_step * (self.window + 1)
 
     def max_staleness(self) -> int | None:
+        if self.staleness_of == "end_weight":
+            return None
         if self.policy == "ready_first":
             return 0 if self.window == 0 else None
         return self.window
@@ -192,4 +212,4 @@ class ReferenceModel:
             return slot.target_step == v
         if self.policy == "ready_first":
             return slot.start_weight <= v
-        return self.floor(v) <= slot.start_weight <= v
+        return self.floor(v) <= self.weight(slot) <= v

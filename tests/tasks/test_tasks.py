@@ -207,3 +207,15 @@ def test_build_task_from_models_and_dicts():
 def test_invalid_task_configs_name_the_key(make):
     with pytest.raises(ConfigError, match="task\\."):
         make()
+
+
+def test_long_tail_lengths_have_a_heavy_tail():
+    """lengths: long_tail draws lognormal (sigma 1) lengths around median_length,
+    clipped to [min_length, max_length]: a few strings are ~10x the median."""
+    cfg = ReverseTaskConfig(lengths="long_tail", median_length=2, min_length=1, max_length=20)
+    source = ReverseTask(cfg).prompt_source(0)
+    lengths = sorted(len(source.next_prompt().answer) for _ in range(2000))
+    assert lengths[len(lengths) // 2] == 2 and lengths[0] >= 1 and lengths[-1] == 20
+    assert 0.01 < sum(n >= 10 for n in lengths) / len(lengths) < 0.1
+    with pytest.raises(ConfigError, match="median_length=30 is outside"):
+        ReverseTask(ReverseTaskConfig(lengths="long_tail", median_length=30, max_length=20))

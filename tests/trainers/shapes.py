@@ -9,7 +9,7 @@ import torch
 from asyncrl.config import ModelConfig, PolicyConfig
 from asyncrl.policy import build_policy, model_config
 from asyncrl.tasks.tokenizer import CharTokenizer
-from asyncrl.types import GroupResult, Prompt, Rollout
+from asyncrl.types import Completion, GroupResult, Prompt, Rollout
 
 TOKENIZER = CharTokenizer()
 #: A Qwen2-style model small enough for exact comparisons: grouped-query
@@ -48,8 +48,9 @@ def synthetic_rollouts(lengths: list[list[int]], *, vocab: int, prompt_len: int 
         prompt = torch.randint(3, vocab, (prompt_len,), generator=g).tolist()
         completions = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in lens]
         behavior = [(-4 * torch.rand(n, generator=g)).tolist() for n in lens]
-        result = GroupResult((0, group), [1, *prompt], completions, behavior, [""] * len(lens),
-                             0, 0)
+        result = GroupResult((0, group), [1, *prompt],
+                             [Completion.of(c, b, 0, "stop") for c, b in zip(completions, behavior)],
+                             0)
         rewards = torch.rand(len(lens), generator=g).tolist()
         out.append(Rollout((0, group), Prompt(group, "", ""), result, rewards))
     return out

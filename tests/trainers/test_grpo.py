@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import math
 
 import pytest
@@ -172,9 +173,10 @@ async def test_off_policy_data_reports_mismatch_and_lower_ess():
     await engine.close()
     g = torch.Generator().manual_seed(0)
     for r in data:  # pretend another policy sampled these tokens
-        r.result.behavior_logprobs = [
-            [lp - float(torch.rand((), generator=g)) for lp in lps]
-            for lps in r.result.behavior_logprobs
+        r.result.completions = [
+            dataclasses.replace(c, logprobs=[lp - float(torch.rand((), generator=g))
+                                             for lp in c.logprobs])
+            for c in r.result.completions
         ]
     metrics = trainer.train_chunk_sync(data)
     assert 0.3 < metrics["logprob_mismatch"] < 0.7

@@ -3,6 +3,7 @@ exactly the gradient of the full-vocabulary path, however the step is cut."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
@@ -11,9 +12,9 @@ from tests.trainers.shapes import TOKENIZER, small_policy, synthetic_rollouts
 
 from asyncrl.config import LossConfig
 from asyncrl.trainers import GRPOTrainer
-from asyncrl.trainers import packing as packing_module
 from asyncrl.trainers.loss_head import chunk_tokens, chunked_logprobs, full_logprobs
 from asyncrl.trainers.packing import plan_micro_batches
+from asyncrl.types import Completion
 
 pytest.importorskip("transformers")
 
@@ -151,19 +152,16 @@ def test_idle_passes_change_nothing_and_too_few_passes_are_refused():
 
 
 # ------------------------------------------------------------ loss weights
-def test_tokens_of_weight_zero_neither_train_nor_count(monkeypatch):
-    """A completion whose tokens all have loss weight 0 gives exactly the step of
-    the data without it (same advantages): no gradient, no share of the mean."""
+def test_tokens_of_weight_zero_neither_train_nor_count():
+    """A completion whose tokens all have loss weight 0 (the record's
+    ``loss_mask``) gives exactly the step of the data without it (same
+    advantages): no gradient, no share of the mean."""
     data = synthetic_rollouts(LENGTHS, vocab=VOCAB)
     dropped = synthetic_rollouts(LENGTHS, vocab=VOCAB)
-    masked_out = dropped[1].result.completion_ids[2]
-    dropped[1].result.completion_ids[2] = []  # flatten skips empty completions
-
-    def mask(result, i):
-        zero = result.completion_ids[i] is data[1].result.completion_ids[2]
-        return [0.0 if zero else 1.0] * len(result.completion_ids[i])
-
-    monkeypatch.setattr(packing_module, "completion_loss_mask", mask)
+    masked_out = dropped[1].result.completions[2]
+    data[1].result.completions[2] = dataclasses.replace(masked_out,
+                                                        loss_mask=[0] * len(masked_out))
+    dropped[1].result.completions[2] = Completion.of([], [], 0, "stop")  # flatten skips it
     weighted, reference = trainer(), trainer()
     m_weighted = weighted.train_chunk_sync(data)
     m_reference = reference.train_chunk_sync(dropped)

@@ -121,6 +121,10 @@ class RolloutBuffer:
         self._ready_count = 0
         self._ready_by_weight = _ReadyIndex()
         self._ready_by_target = _ReadyIndex()
+        # Ready slots by end_weight (staleness_of: end_weight). Groups finish in
+        # any order, so dispatch order across end weights is a merge.
+        self._ready_by_end = _ReadyIndex()
+        self._ready_by_end.monotone = False
         # start_weight -> number of slots (ready or not) holding it
         self._all_weights: SortedDict = SortedDict()
         self._last_weight = 0
@@ -203,12 +207,16 @@ class RolloutBuffer:
                 f"{slot.start_weight}; an engine's weight version must never go backwards"
             )
         slot.ready, slot.payload, slot.end_weight = True, payload, end
-        self._ready_count += 1
-        self._ready_by_weight.add(slot.start_weight, slot)
-        if slot.target_step is not None:
-            self._ready_by_target.add(slot.target_step, slot)
+        self._index_ready(slot)
         self._changed.fire()
         return slot
+
+    def _index_ready(self, slot: Slot) -> None:
+        self._ready_count += 1
+        self._ready_by_weight.add(slot.start_weight, slot)
+        self._ready_by_end.add(slot.end_weight, slot)
+        if slot.target_step is not None:
+            self._ready_by_target.add(slot.target_step, slot)
 
     def release(self, group_id: GroupId) -> Slot:
         """Drop an UNREADY slot (its generation failed or was aborted)."""
@@ -278,12 +286,21 @@ class RolloutBuffer:
         *,
         limit: int | None = None,
         freshest_first: bool = False,
+        by: str = "start_weight",
     ) -> list[Slot]:
-        """Ready slots with ``lo <= start_weight <= hi``.
+        """Ready slots with ``lo <= start_weight <= hi`` (``by="end_weight"``: the
+        version of their newest tokens).
 
-        Dispatch order, or newest start_weight first when ``freshest_first``.
+        Dispatch order, or newest weight first when ``freshest_first``.
         """
-        return self._ready_by_weight.in_range(lo, hi, limit=limit, key_desc=freshest_first)
+        index = self._ready_by_end if by == "end_weight" else self._ready_by_weight
+        return index.in_range(lo, hi, limit=limit, key_desc=freshest_first)
+
+    def min_ready_end_weight(self, lo: int, hi: int) -> int | None:
+        """Smallest end_weight in ``[lo, hi]`` over the ready slots."""
+        for weight in self._ready_by_end.keys_in(lo, hi):
+            return weight
+        return None
 
     def min_start_weight(self, lo: int, hi: int) -> int | None:
         """Smallest start_weight in ``[lo, hi]`` over ALL slots (ready or not)."""
@@ -349,11 +366,10 @@ class RolloutBuffer:
             self._all_weights[slot.start_weight] = self._all_weights.get(slot.start_weight, 0) + 1
             self._note_order(slot)
             if s.get("ready"):
-                slot.ready, slot.payload, slot.end_weight = True, s.get("payload"), s.get("end_weight")
-                self._ready_count += 1
-                self._ready_by_weight.add(slot.start_weight, slot)
-                if slot.target_step is not None:
-                    self._ready_by_target.add(slot.target_step, slot)
+                end = s.get("end_weight")
+                slot.ready, slot.payload = True, s.get("payload")
+                slot.end_weight = slot.start_weight if end is None else int(end)
+                self._index_ready(slot)
         self._next_seq = next_seq
         self._changed.fire()
         self._space.fire()
@@ -400,6 +416,7 @@ class RolloutBuffer:
         if slot.ready:
             self._ready_count -= 1
             self._ready_by_weight.discard(slot.start_weight, slot)
+            self._ready_by_end.discard(slot.end_weight, slot)
             if slot.target_step is not None:
                 self._ready_by_target.discard(slot.target_step, slot)
         return slot

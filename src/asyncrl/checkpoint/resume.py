@@ -62,6 +62,7 @@ class CheckpointHook:
 
     async def __call__(self, controller: Any, version: int) -> None:
         if self.every and version % self.every == 0:
+            await controller.read_partials()  # groups generating keep their tokens
             await self._write(await self.capture(controller, version))
 
     async def capture(self, controller: Any, version: int) -> _Captured:

@@ -67,7 +67,12 @@ def print_summary(console: Console, summary: dict) -> None:
     say(f"steps           {summary['steps']}   wall time {summary['wall_time_s']:.1f}s")
     reached = "[green]reached[/green]" if summary.get("reached_target") else "not reached"
     say(f"reward (last 10 steps) {last10:.3f}   target {target}: {reached}")
-    say(f"staleness       mean {summary['staleness_mean']:.2f}  max {summary['staleness_max']}")
+    say(f"staleness       groups mean {summary['staleness_mean']:.2f}  max "
+        f"{summary['staleness_max']}   tokens mean {summary.get('token_staleness_mean', 0.0):.2f}"
+        f"  p95 {summary.get('token_staleness_p95', 0)}  max {summary.get('token_staleness_max', 0)}")
+    if summary.get("groups_continued"):
+        say(f"continued       {summary['groups_continued']} groups from the tokens they had "
+            "at the stop")
     say(
         "ledger          " + "  ".join(f"{k} {ledger[k]}" for k in
                                        ("dispatched", "trained", "evicted", "aborted", "failed",

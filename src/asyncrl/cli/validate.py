@@ -69,6 +69,8 @@ def run(args: argparse.Namespace) -> int:
         table.add_row("context length", (
             f"{context} (longest prompt {longest} + {need} new tokens)"
             if longest is not None else f"{context} (longest prompt unknown)"))
+    for key, label in staleness_rows(facts):
+        table.add_row(key, label)
     console.print(table)
     if memory is not None:
         from asyncrl.trainers.estimate import describe, format_bytes
@@ -103,3 +105,22 @@ def _estimate(cfg: RunConfig, task: Task) -> MemoryEstimate | None:
     except Exception as exc:  # an exotic model the dry run cannot trace
         log.warning("no memory estimate for this config: %s: %s", type(exc).__name__, exc)
         return None
+def _versions(n: int | None, unbounded: str) -> str:
+    return unbounded if n is None else f"{n} version{'' if n == 1 else 's'}"
+
+
+def staleness_rows(facts: dict) -> list[tuple[str, str]]:
+    """What the window measures, and what bounds the age of a group's tokens."""
+    end = facts.get("staleness_measure", "start_weight") == "end_weight"
+    token_bound = facts.get("max_token_staleness")
+    if token_bound is not None:
+        tokens = _versions(token_bound, "")
+    else:
+        tokens = "unbounded" if end else "as the group's"
+    return [
+        ("staleness measured on", "end_weight (newest tokens)" if end else "start_weight"),
+        ("in-flight groups aborted when stale", "never" if end else "yes"),
+        ("max age of a group's newest tokens",
+         _versions(facts.get("max_end_staleness"), "unbounded")),
+        ("max age of a trained token", tokens),
+    ]

@@ -81,6 +81,7 @@ class EngineWorker:
                 weight_version=version,
                 seed=seed,
                 num_threads=cfg.policy.num_threads,
+                recompute_kv_on_update=cfg.async_rl.recompute_kv_cache_after_weight_updates,
             )
         self.loaded = [version]
 
@@ -97,6 +98,9 @@ class EngineWorker:
 
     async def abort(self, group_ids: Sequence[GroupId]) -> None:
         await self.engine.abort(group_ids)
+
+    async def snapshot(self, group_ids: Sequence[GroupId]) -> dict[GroupId, GroupResult]:
+        return await self.engine.snapshot(group_ids)
 
     async def invalidate_cache(self) -> None:
         await self.engine.invalidate_cache()

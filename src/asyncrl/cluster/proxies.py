@@ -215,6 +215,13 @@ class RayEngine:
         if self.state == ALIVE and group_ids:
             await self._call(self.actor, "abort", list(group_ids))
 
+    async def snapshot(self, group_ids: Sequence[GroupId]) -> dict[GroupId, GroupResult]:
+        """The tokens the worker's groups have so far (nothing from a worker that
+        is not alive: its groups are retried from their prefix)."""
+        if self.state != ALIVE or not group_ids:
+            return {}
+        return await self._call(self.actor, "snapshot", list(group_ids)) or {}
+
     async def invalidate_cache(self) -> None:
         # A restarting worker builds its caches from scratch anyway.
         if self.state == ALIVE:

@@ -19,6 +19,12 @@ raised it classified (:class:`~asyncrl.errors.RolloutFailure`, docs/controller.m
 An error raised while the group is being aborted (or cancelled at the end of
 the run) is never a failed attempt: the group is already accounted for. A bug
 is still reported (:class:`Fatal`), a classified error only logged.
+
+Every attempt asks for the group's one start weight (``entry.start_weight``)
+and continues the tokens the group already has (``entry.prefix``); a result
+that breaks the record's contract (:meth:`~asyncrl.types.GroupResult.problem`)
+fails the attempt. The freshest tokens of an attempt are kept on the entry
+(``entry.partial``) for checkpoints and stops.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from typing import Any, TypeVar
 from asyncrl.controller.context import RunContext
 from asyncrl.controller.determinism import NoDeterminism
 from asyncrl.controller.entry import Entry, EntryState
+from asyncrl.controller.partials import keep_partial
 from asyncrl.engines.base import RolloutEngine
 from asyncrl.errors import (
     BackendBug,
@@ -117,13 +124,17 @@ class AttemptRunner:
             self.ctx.ledger.set_attempts(entry.group_id, entry.attempts)
             try:
                 rollout = await self._attempt(entry)
-            except (asyncio.CancelledError, GroupAborted):
+            except (asyncio.CancelledError, GroupAborted) as exc:
                 if entry.aborted:
+                    return None
+                if entry.stopping and isinstance(exc, GroupAborted):
+                    keep_partial(entry, exc.partial, self.ctx.grpo.num_generations_per_prompt)
                     return None
                 raise
             except Exception as exc:
                 if entry.aborted or entry.stopping or _being_cancelled():
                     return self._while_cancelled(entry, exc)
+                entry.partial = None  # a retry continues from the prefix again
                 if isinstance(exc, BackendLost):
                     raise  # no engine is left to retry on: the run fails
                 kind = failure_kind(exc)
@@ -174,6 +185,8 @@ class AttemptRunner:
             attempt=entry.attempts,
             seed=self.determinism.seed(entry.group_id),
             weight_version=entry.pin,
+            start_weight=entry.start_weight,
+            prefix=entry.prefix,
         )
         start = ctx.now()
         outcome = "failed"
@@ -195,6 +208,13 @@ class AttemptRunner:
         finally:
             self.load[idx] -= 1
             ctx.timeline.add("gen", idx, start, ctx.now(), outcome)
+        problem = result.problem(start_weight=entry.start_weight,
+                                 num_generations=request.num_generations)
+        if problem is not None:
+            # Unclassified on purpose: a result that breaks the record's contract is
+            # a bug of the engine (reported as BackendBug, naming it), not a retry.
+            raise ValueError(f"it returned an invalid result: {problem} (see asyncrl.record)")
+        entry.partial = result  # kept by a checkpoint or a stop while it is scored
         rewards = result.rewards
         if rewards is None:
             self._set_state(entry, EntryState.SCORING)

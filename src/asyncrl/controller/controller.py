@@ -37,6 +37,7 @@ from asyncrl.controller.determinism import Determinism, NoDeterminism
 from asyncrl.controller.dispatch import Dispatcher
 from asyncrl.controller.drops import DropPolicy
 from asyncrl.controller.ledger import Ledger, LedgerHistory
+from asyncrl.controller.partials import read_partials, stop_generating
 from asyncrl.controller.stats import RunStats
 from asyncrl.controller.train_pump import TrainPump
 from asyncrl.controller.validation import validate_setup
@@ -63,8 +64,9 @@ log = logging.getLogger("asyncrl.controller")
 
 StepHook = Callable[["Controller", int], Awaitable[None]]
 
-#: controller.json format; 1 was written before the controller kept only live groups.
-STATE_FORMAT = 2
+#: controller.json format; 1 was written before the controller kept only live groups,
+#: 2 before the per-token record (completions with versions, in-flight tokens).
+STATE_FORMAT = 3
 
 
 @dataclasses.dataclass
@@ -211,6 +213,11 @@ class Controller:
                 # loops may be parked in admit or reserve and must be told.
                 for task in loops:
                     task.cancel()
+                # Groups still generating hand back their tokens, kept for the resume
+                # (a deterministic run regenerates them exactly instead: same seed,
+                # same pinned weights - a continuation would not be bit-identical).
+                if not self.deterministic:
+                    await stop_generating(list(self.dispatcher.active.values()), self.engines)
                 self.dispatcher.cancel()
             if ctx.fatal:
                 self.train_pump.stop_reason = "error"
@@ -290,13 +297,20 @@ class Controller:
                              self.train_pump.activity, ctx.now(), ctx.version.value, waiting)
 
     # ========================================================= checkpointing
+    async def read_partials(self) -> None:
+        """Before :meth:`state_dict` while the run goes on: read the tokens the
+        groups still generating have so far, so that the checkpoint keeps them."""
+        if not self.deterministic:  # see run(): deterministic runs regenerate them exactly
+            await read_partials(list(self.dispatcher.active.values()), self.engines,
+                                self.grpo.num_generations_per_prompt)
+
     def state_dict(self) -> dict[str, Any]:
         """Everything but the trainer's own state needed to resume with nothing lost.
 
-        Taken between steps (``on_step_end``) or after :meth:`run` returned. Ready
-        groups keep their payloads and stamps (also those of an interrupted step);
-        in-flight groups keep their prompt, stamp and attempt count; queued prompts
-        are kept too. Only live groups are stored: the size does not grow with the
+        Taken between steps (``on_step_end``, after :meth:`read_partials`) or after
+        :meth:`run` returned. Ready groups keep their payloads and stamps (also
+        those of an interrupted step); in-flight groups keep their prompt, stamp,
+        attempt count and the tokens they had; queued prompts are kept too. Only live groups are stored: the size does not grow with the
         length of the run. Every value is plain JSON-able data.
         """
         ready = sorted((s for s in (*self.buffer.slots(), *self.train_pump.taken) if s.ready),

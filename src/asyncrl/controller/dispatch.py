@@ -9,7 +9,9 @@ Two small loops share one queue of :class:`~asyncrl.controller.entry.Entry`:
   starts the group's task (an :class:`~asyncrl.controller.attempts.AttemptRunner`).
 
 Replacements of dropped groups (:mod:`asyncrl.controller.drops`) go to the
-front of the queue; groups in flight at a checkpoint come back there on resume. Every prompt is in exactly one
+front of the queue; groups in flight at a checkpoint come back there on resume,
+with the tokens they had then (:mod:`asyncrl.controller.partials`), and continue
+from them. Every prompt is in exactly one
 explicit state, so the train pump can ask :meth:`Dispatcher.starved` — "can
 any group become ready before I act?" — from that state alone.
 """
@@ -31,7 +33,14 @@ from asyncrl.controller.entry import Entry, EntryState
 from asyncrl.engines.base import RolloutEngine
 from asyncrl.errors import TooManyFailedGroups
 from asyncrl.tasks.base import PromptSource, Scorer
-from asyncrl.types import GroupId, Prompt, Rollout, prompt_from_dict, prompt_to_dict
+from asyncrl.types import (
+    GroupId,
+    GroupResult,
+    Prompt,
+    Rollout,
+    prompt_from_dict,
+    prompt_to_dict,
+)
 
 log = logging.getLogger("asyncrl.controller")
 
@@ -191,7 +200,13 @@ class Dispatcher:
         if gid is None:
             gid = entry.group_id = self.next_group
             self.next_group += 1
-        start = ctx.version.value if entry.pin is None else entry.pin
+        # The group's one start weight: the trainer version now (the engines hold
+        # at least it), the pinned one, or - for a group continuing its tokens -
+        # the start weight it had when they began.
+        if entry.prefix is not None:
+            start = entry.prefix.start_weight
+        else:
+            start = ctx.version.value if entry.pin is None else entry.pin
         ctx.buffer.reserve_nowait(gid, start_weight=start, target_step=entry.stamp)
         if gid in ctx.ledger:
             ctx.ledger[gid].start_weight = start  # a group resumed while in flight
@@ -227,10 +242,12 @@ class Dispatcher:
         ctx = self.ctx
         for entry, rollout in ready:
             gid = entry.group_id
-            end = max(rollout.result.end_weight, entry.start_weight)
+            end = rollout.result.end_weight  # >= start_weight: GroupResult.problem checked it
             ctx.buffer.commit(gid, rollout, end_weight=end)
             ctx.ledger.committed(gid, end_weight=end, attempts=rollout.attempts, time=ctx.now())
             ctx.drops.committed()
+            if entry.continues:
+                ctx.stats.groups_continued += 1
             self._leave(entry)
             ctx.stats.buffer_size(len(ctx.buffer))
             ctx.progress()
@@ -380,20 +397,24 @@ class Dispatcher:
 
 
 def _entry_dict(entry: Entry) -> dict[str, Any]:
+    kept = entry.kept_tokens()
     return {"prompt": prompt_to_dict(entry.prompt), "target_step": entry.stamp, "pin": entry.pin,
             "batch": entry.batch, "group_id": entry.group_id, "attempts": entry.attempts,
             "start_weight": entry.start_weight, "batch_index": entry.batch_index,
             "infra_failures": entry.infra_failures, "data_failures": entry.data_failures,
-            "replacements": entry.replacements}
+            "replacements": entry.replacements,
+            "partial": None if kept is None else kept.to_dict()}
 
 
 def _entry_from(data: dict[str, Any]) -> Entry:
-    # A resumed in-flight group keeps its id, attempts and budgets but is no
+    # A resumed in-flight group keeps its id, attempts, budgets and tokens but is no
     # longer part of an admitted batch: its batch already left the queue.
     inflight = data["group_id"] is not None
+    partial = data.get("partial")
     return Entry(prompt_from_dict(data["prompt"]), data["target_step"], data["pin"],
                  batch=bool(data["batch"]) and not inflight, group_id=data["group_id"],
                  attempts=int(data["attempts"]), batch_index=data.get("batch_index"),
                  infra_failures=int(data.get("infra_failures", 0)),
                  data_failures=int(data.get("data_failures", 0)),
-                 replacements=int(data.get("replacements", 0)))
+                 replacements=int(data.get("replacements", 0)),
+                 prefix=None if partial is None else GroupResult.from_dict(partial))

@@ -22,7 +22,7 @@ import asyncio
 import dataclasses
 import enum
 
-from asyncrl.types import GroupId, Prompt
+from asyncrl.types import GroupId, GroupResult, Prompt
 
 
 class EntryState(enum.Enum):
@@ -84,3 +84,22 @@ class Entry:
     #: The run is ending and cancelled the group's task (it stays pending).
     stopping: bool = False
     task: asyncio.Task[None] | None = None
+    #: Tokens the group had when a run stopped (restored from a checkpoint):
+    #: every attempt continues from them. None: from the prompt.
+    prefix: GroupResult | None = None
+    #: The freshest tokens of the current attempt the controller knows of (read
+    #: for a checkpoint, handed back by an engine at a stop, or the finished
+    #: result while it is scored): what a checkpoint keeps. None: none yet.
+    partial: GroupResult | None = None
+    #: Set at a graceful stop: the engine hands its tokens back and the group
+    #: stays pending.
+    stopping: bool = False
+
+    def kept_tokens(self) -> GroupResult | None:
+        """What a checkpoint keeps of this group's generation."""
+        return self.partial if self.partial is not None else self.prefix
+
+    @property
+    def continues(self) -> bool:
+        """True for a resumed group that continues tokens it already had."""
+        return self.prefix is not None and self.prefix.num_tokens > 0

@@ -18,6 +18,47 @@ def mean(values: Sequence[float]) -> float:
     return float(sum(values) / len(values)) if values else math.nan
 
 
+def hist_quantile(hist: collections.Counter[int], q: float) -> int:
+    """The smallest value at or below which a fraction ``q`` of the counts lie."""
+    total = sum(hist.values())
+    seen = 0
+    for value in sorted(hist):
+        seen += hist[value]
+        if seen >= q * total:
+            return value
+    return 0
+
+
+def token_facts(trained: Sequence[tuple[Slot, int]], step: int) -> dict[str, Any]:
+    """Token-level staleness of the groups a step trains: ``step - version`` of
+    every token, the fraction of tokens sampled after their group's first weight
+    update (``version > start_weight``) and each group's version span
+    (``end_weight - start_weight``)."""
+    hist: collections.Counter[int] = collections.Counter()
+    after = 0
+    spans = []
+    for slot, _ in trained:
+        result = slot.payload.result
+        start = result.start_weight
+        spans.append(result.end_weight - start)
+        for completion in result.completions:
+            for version, count in completion.versions:
+                hist[step - version] += count
+                if version > start:
+                    after += count
+    tokens = sum(hist.values())
+    return {
+        "train/token_staleness_mean": (sum(k * n for k, n in hist.items()) / tokens
+                                       if tokens else math.nan),
+        "train/token_staleness_p95": hist_quantile(hist, 0.95) if tokens else 0,
+        "train/token_staleness_max": max(hist, default=0),
+        "train/tokens_after_update_frac": after / tokens if tokens else 0.0,
+        "train/group_version_span_mean": mean(spans),
+        "train/group_version_span_max": max(spans, default=0),
+        "token_staleness_hist": {str(k): hist[k] for k in sorted(hist)},
+    }
+
+
 class RunStats:
     """Counters the pumps update as they go, turned into one record per step
     (``metrics.jsonl``) and the run summary (``summary.json``).
@@ -36,6 +77,9 @@ class RunStats:
         #: every record is in metrics.jsonl).
         self.records: collections.deque[dict[str, Any]] = collections.deque(maxlen=KEEP_RECORDS)
         self.staleness_hist: collections.Counter[int] = collections.Counter()
+        self.token_staleness_hist: collections.Counter[int] = collections.Counter()
+        #: Groups resumed with the tokens they had at a stop that then finished.
+        self.groups_continued = 0
         self.trainer_idle_total = 0.0
         self.failed_groups = 0
         self.failed_this_step = 0
@@ -118,7 +162,10 @@ class RunStats:
             "inflight": inflight,
             "generator_util": busy / (duration * self.max_inflight),
             "groups_per_s": len(trained) / duration,
+            **token_facts(trained, step),
         }
+        self.token_staleness_hist.update(
+            {int(k): n for k, n in record["token_staleness_hist"].items()})
         self.failed_this_step = 0
         for key in sorted({k for _, m in chunk_metrics for k in m}):
             vals = [(n, m[key]) for n, m in chunk_metrics if key in m]
@@ -141,17 +188,31 @@ class RunStats:
             ),
             "staleness_max": max(self.staleness_hist, default=0),
             "staleness_hist": {str(k): self.staleness_hist[k] for k in sorted(self.staleness_hist)},
+            **self._token_totals(),
+            "groups_continued": self.groups_continued,
             "reward_last10_mean": mean([r["reward_mean"] for r in last]),
             "trainer_idle_s": self.trainer_idle_total,
             "max_inflight_seen": self.max_inflight_seen,
             "max_buffer_seen": self.max_buffer_seen,
         }
 
+    def _token_totals(self) -> dict[str, Any]:
+        hist = self.token_staleness_hist
+        n = sum(hist.values())
+        return {
+            "token_staleness_mean": sum(k * c for k, c in hist.items()) / n if n else 0.0,
+            "token_staleness_p95": hist_quantile(hist, 0.95) if n else 0,
+            "token_staleness_max": max(hist, default=0),
+            "token_staleness_hist": {str(k): hist[k] for k in sorted(hist)},
+        }
+
     # ------------------------------------------------------------ persistence
     def state_dict(self, elapsed: float) -> dict[str, Any]:
         return {
             "failed_groups": self.failed_groups,
+            "groups_continued": self.groups_continued,
             "staleness_hist": {str(k): n for k, n in self.staleness_hist.items()},
+            "token_staleness_hist": {str(k): n for k, n in self.token_staleness_hist.items()},
             "trainer_idle_s": self.trainer_idle_total,
             "elapsed_s": elapsed,
         }
@@ -162,5 +223,9 @@ class RunStats:
         self.staleness_hist = collections.Counter(
             {int(k): int(n) for k, n in state.get("staleness_hist", {}).items()}
         )
+        self.token_staleness_hist = collections.Counter(
+            {int(k): int(n) for k, n in state.get("token_staleness_hist", {}).items()}
+        )
+        self.groups_continued = int(state.get("groups_continued", 0))
         self.trainer_idle_total = float(state.get("trainer_idle_s", 0.0))
         self.elapsed_before = float(state.get("elapsed_s", 0.0))

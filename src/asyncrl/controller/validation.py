@@ -13,12 +13,21 @@ from asyncrl.sampling import PromptGroupSampler
 def derived_facts(sampler: PromptGroupSampler, grpo: GRPOConfig) -> dict[str, object]:
     """What the sampler implies for this setup (printed by ``asyncrl validate``)."""
     max_staleness = getattr(sampler, "max_staleness", None)
+    bound = max_staleness() if callable(max_staleness) else None
+    max_end = getattr(sampler, "max_end_staleness", None)
     return {
         "sampler": type(sampler).__name__,
         "is_on_policy": bool(sampler.is_on_policy),
         "required_buffer_capacity": sampler.required_buffer_capacity(grpo.num_prompts_per_step),
-        "max_staleness": max_staleness() if callable(max_staleness) else None,
+        "max_staleness": bound,
+        "staleness_measure": staleness_measure(sampler),
+        "max_end_staleness": max_end() if callable(max_end) else bound,
     }
+
+
+def staleness_measure(sampler: PromptGroupSampler) -> str:
+    """The sampler's optional ``staleness_measure`` fact (``start_weight`` when it has none)."""
+    return str(getattr(sampler, "staleness_measure", "start_weight"))
 
 
 def pinned_weight_version(sampler: PromptGroupSampler, dispatch_index: int) -> int | None:
@@ -56,7 +65,11 @@ def check_derived_facts(sampler: PromptGroupSampler, grpo: GRPOConfig) -> None:
     if required is not None and not _is_count(required):
         problems.append(f"required_buffer_capacity({n}) is {required!r}, not None or a "
                         "non-negative int")
-    for fact, arg in (("max_staleness", ()), ("pinned_weight_version", (0,))):
+    measure = _fact(sampler, "staleness_measure", lambda: staleness_measure(sampler))
+    if measure not in ("start_weight", "end_weight"):
+        problems.append(f"staleness_measure is {measure!r}, not 'start_weight' or 'end_weight'")
+    for fact, arg in (("max_staleness", ()), ("max_end_staleness", ()),
+                      ("pinned_weight_version", (0,))):
         fn = getattr(sampler, fact, None)
         if callable(fn):
             value = _fact(sampler, fact, lambda fn=fn, arg=arg: fn(*arg))
@@ -91,6 +104,13 @@ def validate_setup(
             "weights generate a batch would depend on timing. Use in_order, weight_fifo or "
             "ready_first (or a custom sampler that reports pinned_weight_version), or set "
             "deterministic: false"
+        )
+    if deterministic and staleness_measure(sampler) == "end_weight":
+        raise SetupError(
+            f"deterministic: true with {name} measuring staleness by end_weight: which groups a "
+            "step trains would depend on when groups in flight finish. A deterministic run "
+            "generates each group with one pinned version, so end_weight equals start_weight "
+            "anyway: set async_rl.sampler.staleness_of: start_weight, or deterministic: false"
         )
     cap = cfg.max_buffered_rollouts
     n = grpo.num_prompts_per_step

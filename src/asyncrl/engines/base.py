@@ -14,8 +14,13 @@ class RolloutEngine(Protocol):
 
     Several ``generate`` calls run concurrently (the controller bounds them by
     ``async_rl.max_inflight_prompts``), and ``update_weights`` may arrive while
-    they run: a group then finishes on newer weights and reports
-    ``end_weight > start_weight``.
+    they run: a group then finishes on newer weights, and each of its tokens
+    reports the version that sampled it (``end_weight > start_weight``).
+
+    Optional: ``async def snapshot(group_ids) -> dict[GroupId, GroupResult]``,
+    called before a checkpoint is written while groups generate: the tokens each
+    has so far (unfinished completions), without stopping it. Without it a
+    checkpoint keeps only those groups' prompts. See docs/partial_rollouts.md.
     """
 
     @property
@@ -26,8 +31,10 @@ class RolloutEngine(Protocol):
 
     async def generate(self, request: GenerationRequest) -> GroupResult:
         """Called by the rollout pump once per attempt of a prompt group. Returns
-        ``request.num_generations`` completions with behavior log-probs and the
-        weight versions at start and end. Raises on failure (the controller
+        ``request.num_generations`` finished completions, each token with its
+        behaviour log-prob and the weight version that sampled it
+        (:mod:`asyncrl.record`), and ``request.start_weight`` echoed as the
+        group's start weight; continues ``request.prefix`` when given. Raises on failure (the controller
         retries with backoff); raises :class:`~asyncrl.errors.EngineUnavailable`
         when the attempt was lost with the engine's worker (retried at once
         elsewhere, not charged to the group); raises
@@ -46,7 +53,10 @@ class RolloutEngine(Protocol):
 
     async def abort(self, group_ids: Sequence[GroupId]) -> None:
         """Called when the sampler calls in-flight groups hopeless after a weight
-        sync, and at shutdown: stop spending compute on them."""
+        sync, at a graceful stop, and at shutdown: stop spending compute on them.
+        Their ``generate`` raises :class:`~asyncrl.types.GroupAborted`, with the
+        tokens they had as ``partial`` when the engine can give them (a stop
+        keeps them for the resume)."""
         ...
 
     async def invalidate_cache(self) -> None:

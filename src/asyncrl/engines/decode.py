@@ -13,10 +13,16 @@ copy has landed - on a GPU typically one step later - and then:
   finished rows stop costing compute.
 
 Rows that stopped but are not dropped yet keep being decoded (their tokens are
-replaced by padding and never reported). A row cannot outrun the batch's
-``limit``: at step ``limit`` every row has stopped, which the host knows
-without asking the device. On the CPU every copy is ready at once, so a row is
-dropped right after the step that finished it.
+replaced by padding and never reported). A row cannot outrun its length limit
+(``max_new_tokens`` less the tokens it continues from); at step ``limit``, the
+largest of them, every row has stopped, which the host knows without asking the
+device. On the CPU every copy is ready at once, so a row is dropped right after
+the step that finished it.
+
+A row *continues* a partial completion (a group resumed from a checkpoint) by
+putting its tokens after the prompt: they are prefilled like the prompt.
+Every step records the weight version it ran with, so each token's version is
+known (:attr:`DecodeBatch.versions`).
 """
 
 from __future__ import annotations
@@ -81,9 +87,9 @@ class DecodeBatch:
 
     Device state, never read by the host while decoding:
 
-    * ``ids [rows, width + limit]``: the prompt, left-padded to ``width``, then
-      sampled token ``t`` in column ``width + t`` (left padding puts every row's
-      next token in the same column);
+    * ``ids [rows, width + limit]``: the prompt (and the tokens a row continues
+      from), left-padded to ``width``, then sampled token ``t`` in column
+      ``width + t`` (left padding puts every row's next token in the same column);
     * ``mask`` (only when some prompt is padded) and ``positions``, which count
       real tokens only, so padding shifts no position;
     * ``logp [rows, limit]``: behavior log-probs; ``finished [rows]``;
@@ -98,18 +104,21 @@ class DecodeBatch:
         #: Groups with rows here or outputs on the way (the engine removes them
         #: as they resolve).
         self.groups = list(groups)
-        self.rows: list[Row] = [(g, i) for g in groups for i in range(g.request.num_generations)]
+        self.rows: list[Row] = [(g, i) for g in groups for i in g.open_indices()]
         self.sampling = sampling
+        #: Steps the longest row may take; a row's own limit is ``g.remaining(i)``.
+        self.limit = max((g.remaining(i) for g, i in self.rows), default=sampling.limit)
         self.pad_id, self.eos_id = pad_id, eos_id
         self.cache_epoch = cache_epoch
         #: The weight version pinned by the batch's group (deterministic mode), or None.
         self.pin = groups[0].request.weight_version if len(groups) == 1 else None
-        self.width = max(len(g.prompt_ids) for g in groups)
+        self.width = max((len(g.context(i)) for g, i in self.rows), default=1)
         self.device = device
         self.ids: torch.Tensor | None = None  # device state: made by the first step
         self.cache: Any = None
         self.t = 0  # steps taken = tokens sampled per row
-        #: Weight version of each step (a group reports the one of its last token).
+        #: Weight version of each step: token ``t`` of every row was sampled with
+        #: ``versions[t]`` (unless pinned).
         self.versions: list[int] = []
         self._flags: deque[tuple[tuple[Row, ...], HostCopy]] = deque()
         self._outputs: deque[tuple[list[Row], HostCopy]] = deque()
@@ -118,15 +127,21 @@ class DecodeBatch:
         """Make the device state (in the engine's worker thread, like every step,
         so that it is made on the engine's stream)."""
         device = self.device
-        width, limit, rows = self.width, self.sampling.limit, len(self.rows)
+        width, limit, rows = self.width, self.limit, len(self.rows)
         ids = torch.full((rows, width + limit), self.pad_id, dtype=torch.long)
         mask = torch.ones((rows, width + limit), dtype=torch.long)
         padded = False
-        for r, (g, _) in enumerate(self.rows):
-            n = len(g.prompt_ids)
-            ids[r, width - n : width] = torch.tensor(g.prompt_ids)
+        for r, (g, i) in enumerate(self.rows):
+            context = g.context(i)
+            n = len(context)
+            ids[r, width - n : width] = torch.tensor(context)
             mask[r, : width - n] = 0
             padded = padded or n < width
+        # Rows with a shorter limit than the batch's (they continue a partial
+        # completion) stop at it; without such rows no tensor at all.
+        row_limit = [g.remaining(i) for g, i in self.rows]
+        self.row_limit = (torch.tensor(row_limit).to(device, non_blocking=True)
+                          if min(row_limit) < limit else None)
         positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
         # Non-blocking from pageable memory: the driver stages it, no device wait.
         self.ids = ids.to(device, non_blocking=True)
@@ -167,17 +182,20 @@ class DecodeBatch:
         self.ids[:, n] = tokens
         self.logp[:, self.t] = chosen
         # Replaced, never written in place: a HostCopy on the CPU aliases it.
-        self.finished = self.finished | (tokens == self.eos_id)
+        finished = self.finished | (tokens == self.eos_id)
+        if self.row_limit is not None:
+            finished = finished | (self.row_limit <= self.t + 1)
+        self.finished = finished
         self.t += 1
         self.versions.append(version)
-        if self.t < s.limit:
+        if self.t < self.limit:
             self._flags.append((tuple(self.rows), HostCopy(self.finished)))
 
     # ------------------------------------------------------- host bookkeeping
     def collect(self) -> None:
         """Start delivering the rows known to have stopped, and drop them and
         the rows of aborted groups from the batch."""
-        if self.t >= self.sampling.limit:
+        if self.t >= self.limit:
             stopped = set(range(len(self.rows)))
         else:
             stopped = self._known_stopped()
@@ -218,6 +236,8 @@ class DecodeBatch:
         idx = _index(keep, self.device)
         self.ids, self.positions = self.ids[idx], self.positions[idx]
         self.logp, self.finished = self.logp[idx], self.finished[idx]
+        if self.row_limit is not None:
+            self.row_limit = self.row_limit[idx]
         if self.mask is not None:
             self.mask = self.mask[idx]
         if self.cache is not None:
@@ -233,11 +253,47 @@ class DecodeBatch:
             rows, copy = self._outputs.popleft()
             tokens, logps = (t.tolist() for t in copy.wait())
             for (group, i), toks, lps in zip(rows, tokens, logps):
-                n = toks.index(self.eos_id) + 1 if self.eos_id in toks else len(toks)
-                pinned = group.request.weight_version is not None
-                group.add_row(i, toks[:n], lps[:n],
-                              group.start_weight if pinned else self.versions[n - 1])
+                n, reason = self._ending(toks, group.remaining(i))
+                group.add_row(i, toks[:n], lps[:n], self._token_versions(group, n), reason)
             wait = False
+
+    def _ending(self, tokens: list[int], limit: int) -> tuple[int, str | None]:
+        """How many of a row's ``tokens`` are its own, and why it ended there
+        (None: it has not ended yet)."""
+        head = tokens[:limit]
+        if self.eos_id in head:
+            return head.index(self.eos_id) + 1, "stop"
+        return len(head), ("length" if len(head) >= limit else None)
+
+    def _token_versions(self, group: _Group, n: int) -> list[int]:
+        if group.request.weight_version is not None:  # pinned: every step used the pin
+            return [group.start_weight] * n
+        return self.versions[:n]
+
+    def read_rows(self, group: _Group) -> dict[int, tuple[list[int], list[float], list[int],
+                                                           str | None]]:
+        """The tokens so far of ``group``'s rows still in this batch, by
+        completion index: ``(tokens, logprobs, versions, finish_reason)``.
+
+        Called between steps (in the engine's thread), after :meth:`flush`;
+        reads the device state back to the host, waiting for it.
+        """
+        found = [(r, i) for r, (g, i) in enumerate(self.rows) if g is group]
+        if not found or self.ids is None:
+            return {i: ([], [], [], None) for _, i in found}
+        idx = _index([r for r, _ in found], self.device)
+        tokens = self.ids.index_select(0, idx)[:, self.width : self.width + self.t].tolist()
+        logps = self.logp.index_select(0, idx)[:, : self.t].tolist()
+        out = {}
+        for (_, i), toks, lps in zip(found, tokens, logps):
+            n, reason = self._ending(toks, group.remaining(i))
+            out[i] = (toks[:n], lps[:n], self._token_versions(group, n), reason)
+        return out
+
+    def flush(self) -> None:
+        """Deliver every output on its way (waiting for it)."""
+        while self._outputs:
+            self.deliver(wait=True)
 
     @property
     def waiting_for_outputs(self) -> bool:
@@ -251,8 +307,8 @@ def _index(rows: list[int], device: torch.device) -> torch.Tensor:
 def check_finite(group: _Group) -> GenerationError | None:
     """A finished group whose behavior log-probs are not all finite (the model
     produced NaN or infinite logits) fails instead of training on garbage."""
-    for row in group.logprobs:
-        if not all(math.isfinite(lp) for lp in row):
+    for row in group.done:
+        if row is not None and not all(math.isfinite(lp) for lp in row.logprobs):
             return GenerationError(
                 f"group {group.request.group_id!r}: the model produced non-finite "
                 "log-probs (NaN or infinite logits); check the weights it was sent"

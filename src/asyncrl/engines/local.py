@@ -12,7 +12,12 @@ How it works, top to bottom:
   a weight update never lands mid-forward, and a group that spans one reports
   ``end_weight > start_weight``.
 * Everything that touches the model (ticks, weight loads) runs in that one
-  thread, in submission order: a weight update waits for at most one tick. On
+  thread, in submission order: a weight update waits for at most one tick.
+  Each decoding step records the weight version it ran with, so every token
+  reports the version that sampled it (``Completion.versions``). With
+  ``recompute_kv_on_update`` a weight load also drops every batch's KV cache in
+  that thread, so the very next step re-prefills with the new weights: no token
+  is ever sampled from new weights over KV computed with old ones. On
   CUDA the thread launches on a stream of its own, so generation overlaps with
   the trainer's work (:mod:`asyncrl.devices`), and a tick only *enqueues* work:
   sampling and stopping happen on the device, and the host reads which rows
@@ -24,10 +29,17 @@ Sampling is from ``softmax(logits / temperature)`` restricted to the top-p
 nucleus and renormalised (:mod:`asyncrl.engines.sampling`); ``behavior_logprobs``
 are log-probs under exactly that distribution. A row ends at EOS (which is kept
 in ``completion_ids``: the policy must learn to stop) or after
-``max_new_tokens`` tokens. Groups with the same sampling settings share a batch.
-A prompt too long for ``prompt + max_new_tokens`` to fit the model's context
-raises :class:`~asyncrl.errors.PromptTooLong` (as in every engine: none ever
-cuts a completion at the context, see :mod:`asyncrl.context_length`).
+``max_new_tokens`` tokens (``finish_reason`` ``stop`` and ``length``). Groups
+with the same sampling settings share a batch. A prompt too long for
+``prompt + max_new_tokens`` to fit the model's context raises
+:class:`~asyncrl.errors.PromptTooLong` (as in every engine: none ever cuts a
+completion at the context, see :mod:`asyncrl.context_length`).
+
+Partial completions: :meth:`LocalEngine.snapshot` reads the tokens a group has
+so far without stopping it (checkpoints), and :meth:`LocalEngine.abort` hands
+them to the aborted ``generate`` (``GroupAborted.partial``). A request with a
+``prefix`` continues those completions: their tokens are prefilled after the
+prompt and ``max_new_tokens`` counts them.
 
 Reproducibility: a request with a ``seed`` samples from its own
 ``torch.Generator`` and is decoded in a batch of its own, so its completions
@@ -52,10 +64,19 @@ from asyncrl.config import GenerationConfig
 from asyncrl.context_length import check_prompt_fits, context_of
 from asyncrl.devices import adopt, check_device, worker_executor
 from asyncrl.engines.classify import encode_prompt_or_fail
+from asyncrl.engines.completions import (
+    empty,
+    joined,
+    partial_result,
+    prefix_of,
+    start_weight,
+    with_texts,
+)
 from asyncrl.engines.decode import DecodeBatch, ForwardArgs, Sampling, check_finite
 from asyncrl.engines.sampling import sampling_logprobs
 from asyncrl.engines.versions import PinnedVersions
 from asyncrl.errors import TokenizationError
+from asyncrl.record import Completion
 from asyncrl.tasks.tokenizer import Tokenizer
 from asyncrl.types import GenerationError, GenerationRequest, GroupAborted, GroupId, GroupResult
 
@@ -66,7 +87,11 @@ __all__ = ["LocalEngine", "sampling_logprobs"]
 
 
 class _Group:
-    """One request being generated: its rows' outputs so far, and its future."""
+    """One request being generated: its rows' outputs so far, and its future.
+
+    Row ``i`` continues ``prefix[i]`` (None: from the prompt); ``done[i]`` is
+    its completion once it ended (a finished prefix is done from the start).
+    """
 
     def __init__(
         self,
@@ -81,12 +106,12 @@ class _Group:
         self.future = future
         self.prompt_ids = prompt_ids
         self.start_weight = start_weight
-        self.end_weight = start_weight
-        n = request.num_generations
-        self.completions: list[list[int]] = [[] for _ in range(n)]
-        self.logprobs: list[list[float]] = [[] for _ in range(n)]
-        self.open_rows = n
+        self.prefix = prefix_of(request)
+        self.done: list[Completion | None] = [
+            p if p is not None and p.finished else None for p in self.prefix]
         self.aborted = False
+        #: The batch decoding the group's rows (None while queued).
+        self.batch: DecodeBatch | None = None
         # Seeded groups draw from their own generator: their samples do not
         # depend on how many other rows were sampled before them.
         self.rng = (None if request.seed is None
@@ -98,12 +123,44 @@ class _Group:
         )
         self.limit = (generation.max_new_tokens if request.max_new_tokens is None
                       else request.max_new_tokens)
+        for i, p in enumerate(self.prefix):  # a prefix at the limit has ended
+            if self.done[i] is None and p is not None and len(p) >= self.limit:
+                self.done[i] = p.continued(Completion([], [], (), "length"))
+        self.open_rows = sum(d is None for d in self.done)
 
-    def add_row(self, i: int, tokens: list[int], logprobs: list[float], version: int) -> None:
-        """Row ``i`` ended; its last token was sampled with weights ``version``."""
-        self.completions[i], self.logprobs[i] = tokens, logprobs
-        self.end_weight = max(self.end_weight, version)
+    def open_indices(self) -> list[int]:
+        return [i for i, d in enumerate(self.done) if d is None]
+
+    def context(self, i: int) -> list[int]:
+        """What row ``i`` is prefilled with: the prompt and the tokens it continues."""
+        p = self.prefix[i]
+        return self.prompt_ids if p is None else [*self.prompt_ids, *p.token_ids]
+
+    def remaining(self, i: int) -> int:
+        """Tokens row ``i`` may still generate."""
+        p = self.prefix[i]
+        return self.limit - (0 if p is None else len(p))
+
+    def add_row(self, i: int, tokens: list[int], logprobs: list[float], versions: list[int],
+                finish_reason: str | None) -> None:
+        """Row ``i`` ended with these new tokens (``versions``: the weights that
+        sampled each)."""
+        new = Completion.of(tokens, logprobs, versions, finish_reason)  # type: ignore[arg-type]
+        self.done[i] = joined(self.prefix[i], new)
         self.open_rows -= 1
+
+    def partial(self, rows: dict[int, tuple[list[int], list[float], list[int], str | None]]
+                ) -> list[Completion]:
+        """Every completion so far: the ended ones, ``rows`` (read from the
+        batch) for the others, else what they continue from."""
+        out = []
+        for i, d in enumerate(self.done):
+            if d is None and i in rows:
+                d = joined(self.prefix[i], Completion.of(*rows[i]))  # type: ignore[arg-type]
+            if d is None:
+                d = self.prefix[i]
+            out.append(d if d is not None else empty())
+        return out
 
 
 class LocalEngine:
@@ -122,6 +179,7 @@ class LocalEngine:
         num_threads: int | None = None,
         pin_versions: bool = False,
         context_length: int | None = None,
+        recompute_kv_on_update: bool = False,
     ) -> None:
         self.model = model.eval()
         #: Longest prompt + completion: a group that does not fit raises PromptTooLong
@@ -143,8 +201,10 @@ class LocalEngine:
         self._wakeup = asyncio.Event()
         self._scheduler: asyncio.Task | None = None
         self._closed = False
-        #: Bumped by invalidate_cache; a batch whose cache is older re-prefills.
+        #: Bumped by invalidate_cache (and by every weight load with
+        #: recompute_kv_on_update); a batch whose cache is older re-prefills.
         self._cache_epoch = 0
+        self.recompute_kv_on_update = recompute_kv_on_update
         #: Deterministic mode: the weight versions pinned requests may ask for.
         self._pinned = PinnedVersions(pin_versions, model, weight_version)
 
@@ -164,6 +224,7 @@ class LocalEngine:
             seed=cfg.seed,
             num_threads=cfg.policy.num_threads,
             pin_versions=cfg.deterministic,
+            recompute_kv_on_update=cfg.async_rl.recompute_kv_cache_after_weight_updates,
         )
 
     # ------------------------------------------------------------ protocol
@@ -185,14 +246,15 @@ class LocalEngine:
         if request.num_generations < 1:
             raise ValueError(f"num_generations must be >= 1, got {request.num_generations}")
         prompt_ids = encode_prompt_or_fail(self.tokenizer, request.prompt)
-        start = self._version
         if request.weight_version is not None:
             self._pinned.check(request.group_id, request.weight_version)
-            start = request.weight_version
-        group = _Group(request, asyncio.get_running_loop().create_future(), prompt_ids, start,
-                       self.generation, self._device)
+        group = _Group(request, asyncio.get_running_loop().create_future(), prompt_ids,
+                       start_weight(request, self._version), self.generation, self._device)
         check_prompt_fits(request.group_id, len(prompt_ids), group.limit, self.context_length)
         self._groups[request.group_id] = group
+        if group.open_rows == 0:  # continues only finished completions
+            self._finish(group)
+            return await group.future
         self._pending.append(group)
         if self._scheduler is None:
             # Supervised by the run: if it ends with an error, the run hears of it.
@@ -216,15 +278,38 @@ class LocalEngine:
         )
 
     async def abort(self, group_ids: Sequence[GroupId]) -> None:
-        for gid in group_ids:
-            group = self._groups.get(gid)
-            if group is not None:
-                self._abort(group)
+        """Stop the groups; their ``generate`` raises GroupAborted with the tokens
+        they had (``partial``)."""
+        groups = [g for g in map(self._groups.get, group_ids) if g is not None]
+        if not groups:
+            return
+        partials = await self._partials(groups)
+        for group, partial in zip(groups, partials):
+            self._abort(group, partial)
+
+    async def snapshot(self, group_ids: Sequence[GroupId]) -> dict[GroupId, GroupResult]:
+        """The tokens each group still generating has so far, without stopping it
+        (called when a checkpoint is written)."""
+        groups = [g for g in map(self._groups.get, group_ids) if g is not None]
+        partials = await self._partials(groups) if groups else []
+        return {g.request.group_id: p for g, p in zip(groups, partials)}
+
+    async def _partials(self, groups: list[_Group]) -> list[GroupResult]:
+        """Read the groups' tokens so far in the engine's thread, between two steps."""
+        def read() -> list[dict[int, Any]]:
+            for batch in {id(g.batch): g.batch for g in groups if g.batch is not None}.values():
+                batch.flush()
+            return [g.batch.read_rows(g) if g.batch is not None else {} for g in groups]
+
+        rows = await asyncio.get_running_loop().run_in_executor(self._executor, read)
+        return [partial_result(g.request, g.prompt_ids, g.start_weight, g.partial(r))
+                for g, r in zip(groups, rows)]
 
     async def invalidate_cache(self) -> None:
         # Every active batch re-prefills (prompt + tokens so far) at its next step,
         # with the weights held then. Nothing crosses threads but this counter.
-        self._cache_epoch += 1
+        if not self.recompute_kv_on_update:  # else the weight load already did
+            self._cache_epoch += 1
 
     async def close(self) -> None:
         if self._closed:
@@ -244,13 +329,14 @@ class LocalEngine:
         if self._groups.get(group.request.group_id) is group:
             del self._groups[group.request.group_id]
 
-    def _abort(self, group: _Group) -> None:
+    def _abort(self, group: _Group, partial: GroupResult | None = None) -> None:
         group.aborted = True  # the next tick drops its rows
         self._forget(group)
         if group in self._pending:
             self._pending.remove(group)
         if not group.future.done():
-            group.future.set_exception(GroupAborted(f"group {group.request.group_id!r} aborted"))
+            group.future.set_exception(
+                GroupAborted(f"group {group.request.group_id!r} aborted", partial=partial))
 
     def _scheduler_ended(self, task: asyncio.Task[None]) -> None:
         """Supervision of the scheduler task: it ends only through :meth:`close`.
@@ -328,11 +414,14 @@ class LocalEngine:
 
     def _batch(self, groups: list[_Group], rng: torch.Generator) -> DecodeBatch:
         temperature, top_p = groups[0].sampling
-        return DecodeBatch(
+        batch = DecodeBatch(
             groups, pad_id=self.tokenizer.pad_id, eos_id=self.tokenizer.eos_id,
             device=self._device, sampling=Sampling(temperature, top_p, rng, groups[0].limit),
             cache_epoch=self._cache_epoch,
         )
+        for group in groups:
+            group.batch = batch
+        return batch
 
     def _finish(self, group: _Group) -> None:
         self._forget(group)
@@ -342,32 +431,20 @@ class LocalEngine:
         if error is not None:
             group.future.set_exception(error)
             return
-        eos = self.tokenizer.eos_id
         try:
-            texts = [
-                self.tokenizer.decode(c[:-1] if c and c[-1] == eos else c)
-                for c in group.completions
-            ]
-        except Exception as exc:
-            group.future.set_exception(
-                TokenizationError(f"decoding a completion failed: {exc!r}"))
+            completions = with_texts(self.tokenizer, [d for d in group.done if d is not None])
+        except TokenizationError as exc:
+            group.future.set_exception(exc)
             return
-        group.future.set_result(
-            GroupResult(
-                group_id=group.request.group_id,
-                prompt_ids=group.prompt_ids,
-                completion_ids=group.completions,
-                behavior_logprobs=group.logprobs,
-                completion_texts=texts,
-                start_weight=group.start_weight,
-                end_weight=group.end_weight,
-            )
-        )
+        group.future.set_result(GroupResult(group.request.group_id, group.prompt_ids,
+                                            completions, group.start_weight))
 
     # ------------------------------------------------- worker-thread side
     def _load_weights(self, weights: Any, version: int) -> None:
         self.model.load_state_dict(weights)  # converts to the model's dtype and device
         adopt(weights.values())  # the trainer's tensors: not reused before read
+        if self.recompute_kv_on_update:  # before any step can run with the new weights
+            self._cache_epoch += 1
         self._version = version
         self._pinned.record(version, weights)
 

@@ -23,10 +23,18 @@ How the protocol maps onto vLLM:
 * Prefix cache: a request's ``cache_salt`` is the version it was submitted
   under, so a new prompt never reuses KV blocks computed with other weights.
   ``invalidate_cache`` preempts the running requests, which then recompute their
-  KV with the new weights.
-* ``end_weight`` - vLLM labels each output token with the weight version that
-  sampled it; ``end_weight`` is the newest label of the group.
-* ``abort`` - vLLM's abort; the aborted ``generate`` raises ``GroupAborted``.
+  KV with the new weights. With ``recompute_kv_on_update`` that happens inside
+  every update, while generation is paused: no token is sampled from new
+  weights over KV of old ones.
+* Per-token versions - vLLM labels each output token with the weight version
+  that sampled it (``update_weight_version``); every token of the record carries
+  its label. Finish reasons are vLLM's (``stop`` at EOS, ``length``).
+* Requests stream their output (:mod:`asyncrl.engines.vllm_stream`), so
+  ``abort`` (vLLM's abort) leaves each group the tokens it had: the aborted
+  ``generate`` raises ``GroupAborted`` with them as ``partial``, and
+  ``snapshot`` reads them without stopping the group. A request with a
+  ``prefix`` continues its completions (prompt + prefix as prompt token ids, the
+  remaining ``max_new_tokens``).
 * ``close`` - shuts vLLM down; a reaper process kills its processes if this
   one dies without closing.
 """
@@ -50,14 +58,10 @@ from asyncrl.config import GenerationConfig
 from asyncrl.context_length import check_prompt_fits
 from asyncrl.engines import vllm_setup as setup
 from asyncrl.engines.classify import encode_prompt_or_fail, vllm_failure
+from asyncrl.engines.completions import partial_result, start_weight, with_texts
 from asyncrl.engines.vllm_output import VLLMOutput, quiet_import
-from asyncrl.errors import (
-    BackendLost,
-    ConfigError,
-    GenerationError,
-    GroupAborted,
-    TokenizationError,
-)
+from asyncrl.engines.vllm_stream import Run, Sub, live_version_starts
+from asyncrl.errors import BackendLost, ConfigError, GenerationError, GroupAborted
 from asyncrl.tasks.tokenizer import Tokenizer
 from asyncrl.types import GenerationRequest, GroupId, GroupResult
 
@@ -89,6 +93,7 @@ class VLLMEngine:
         owned_dirs: Sequence[Path] = (),
         isolate_cores: bool = False,
         log_file: str | Path | None = None,
+        recompute_kv_on_update: bool = False,
     ) -> None:
         setup.require_vllm()
         with quiet_import():
@@ -102,6 +107,9 @@ class VLLMEngine:
         self.tokenizer = tokenizer
         self.generation = generation or GenerationConfig()
         self._version = weight_version
+        #: vLLM labels tokens "default" until the first update sets a version.
+        self._first_version = weight_version
+        self.recompute_kv_on_update = recompute_kv_on_update
         self._owned_dirs = [Path(d) for d in owned_dirs]
         self._ipc = bool(current_platform.is_cuda()) and args.get("tensor_parallel_size", 1) == 1
         args = {**args, "logprobs_mode": "processed_logprobs"}
@@ -132,8 +140,7 @@ class VLLMEngine:
         self._weights_dir = Path(tempfile.mkdtemp(prefix="asyncrl-vllm-weights-"))
         self._owned_dirs.append(self._weights_dir)
         self._request_ids = itertools.count()
-        self._running: dict[GroupId, asyncio.Future[Any]] = {}  # group -> its vLLM request
-        self._aborted: set[asyncio.Future[Any]] = set()
+        self._running: dict[GroupId, Run] = {}
         self._sync_lock = asyncio.Lock()
         self._ipc_ready = False
         self._closed = False
@@ -177,7 +184,8 @@ class VLLMEngine:
         args = setup.engine_args(cfg, model_dir, seed=seed)
         return cls(args, tokenizer, cfg.policy.generation, weight_version=weight_version,
                    owned_dirs=owned, isolate_cores=cfg.policy.vllm.isolate_cpu_cores,
-                   log_file=None if work_dir is None else Path(work_dir) / "vllm.log")
+                   log_file=None if work_dir is None else Path(work_dir) / "vllm.log",
+                   recompute_kv_on_update=cfg.async_rl.recompute_kv_cache_after_weight_updates)
 
     # ------------------------------------------------------------ protocol
     @property
@@ -206,8 +214,6 @@ class VLLMEngine:
         return 0 if self._closed else self._llm.get_num_unfinished_requests()
 
     async def generate(self, request: GenerationRequest) -> GroupResult:
-        from vllm.inputs import tokens_input
-
         if self._closed:
             raise RuntimeError("VLLMEngine.generate called after close()")
         gid = request.group_id
@@ -220,36 +226,50 @@ class VLLMEngine:
                 "policy.engine: local"
             )
         prompt_ids = encode_prompt_or_fail(self.tokenizer, request.prompt)
-        params = self._params(request)
+        limit = request.max_new_tokens or self.generation.max_new_tokens
         # Checked here, not left to vLLM: it would cut the completions at its
         # max_model_len, where the local engine has no such cut.
-        check_prompt_fits(gid, len(prompt_ids), params.max_tokens, self.context_length)
-        start = self._version
-        stream = self._llm.generate(
-            tokens_input(prompt_ids, cache_salt=f"v{start}"),
-            params,
-            f"{gid}/{request.attempt}/{next(self._request_ids)}",
-        )
-        # The request runs in a task of its own, so that abort() can cancel it at
-        # any point - also before vLLM has registered it; cancelling vLLM's
-        # generate() aborts the request inside vLLM and frees its KV blocks.
-        task = asyncio.ensure_future(_last(stream))
-        self._running[gid] = task
+        check_prompt_fits(gid, len(prompt_ids), limit, self.context_length)
+        run = Run.plan(request, prompt_ids, start=start_weight(request, self._version),
+                       limit=limit, tag=f"{gid}/{request.attempt}/{next(self._request_ids)}")
+        # Each request runs in a task of its own, so that cancelling this call
+        # cancels them (cancelling vLLM's generate() aborts the request inside
+        # vLLM and frees its KV blocks), also before vLLM has registered them.
+        run.tasks = [asyncio.ensure_future(self._stream(run, sub)) for sub in run.subs]
+        self._running[gid] = run
         try:
-            final = await task
-        except asyncio.CancelledError:
-            if task in self._aborted:
-                raise GroupAborted(f"group {gid!r} aborted") from None
-            raise
+            await asyncio.gather(*run.tasks)
         except Exception as exc:  # vLLM's errors, classified where they are raised
+            for task in run.tasks:  # the group's other requests end with it
+                task.cancel()
             raise vllm_failure(exc, gid, where=self._output.where()) from exc
         finally:
-            if self._running.get(gid) is task:
+            if self._running.get(gid) is run:
                 del self._running[gid]
-            self._aborted.discard(task)
-        if final is None or any(c.finish_reason == "abort" for c in final.outputs):
-            raise GroupAborted(f"group {gid!r} aborted inside vLLM")
-        return self._result(request, prompt_ids, start, final)
+        completions = run.completions(self._label_version)
+        if run.aborting or not all(c.finished for c in completions):
+            raise GroupAborted(f"group {gid!r} aborted",
+                               partial=partial_result(request, run.prompt_ids, run.start,
+                                                      completions))
+        return GroupResult(gid, run.prompt_ids, with_texts(self.tokenizer, completions),
+                           run.start)
+
+    async def _stream(self, run: Run, sub: Sub) -> None:
+        """Run one vLLM request, adding what it streams to ``sub``."""
+        from vllm.inputs import tokens_input
+
+        if run.aborting:
+            return
+        stream = self._llm.generate(
+            tokens_input(sub.prompt_ids, cache_salt=f"v{self._version}"),
+            self._params(run.request, sub), sub.request_id)
+        async with contextlib.aclosing(stream):
+            async for out in stream:
+                for completion in out.outputs:
+                    sub.add(completion)
+                if run.aborting and not out.finished:
+                    # Aborted before vLLM registered it: closing the stream aborts it.
+                    break
 
     async def update_weights(self, weights: Any, version: int) -> None:
         if self._closed:
@@ -275,7 +295,11 @@ class VLLMEngine:
                     ))
                 self._version = version
                 await self._control(self._llm.update_weight_version(str(version)))
-                if self._llm.get_num_unfinished_requests() == 0:
+                if self.recompute_kv_on_update and self._llm.get_num_unfinished_requests():
+                    # Still paused: the running requests recompute their KV with
+                    # the new weights before they sample another token.
+                    await self._control(self._llm.reset_prefix_cache(reset_running_requests=True))
+                elif self._llm.get_num_unfinished_requests() == 0:
                     # Frees blocks of older weights at once (the salt already keeps
                     # new requests off them); with requests running it cannot.
                     await self._control(self._llm.reset_prefix_cache())
@@ -291,14 +315,35 @@ class VLLMEngine:
         self.sync_total_s += took
 
     async def abort(self, group_ids: Sequence[GroupId]) -> None:
-        tasks = [self._running[g] for g in group_ids if g in self._running]
-        for task in tasks:
-            self._aborted.add(task)
-            task.cancel()
-        # Returns once vLLM has dropped the requests.
-        await asyncio.gather(*tasks, return_exceptions=True)
+        """vLLM aborts the groups' requests and hands back what they streamed:
+        their ``generate`` raises GroupAborted with those tokens as ``partial``.
+        Returns once vLLM has dropped the requests."""
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        runs = [self._running[g] for g in group_ids if g in self._running]
+        for run in runs:
+            run.aborting = True
+        ids = [sub.request_id for run in runs for sub in run.subs]
+        if ids and not self._llm.errored:
+            with contextlib.suppress(EngineDeadError):
+                await self._llm.abort(ids)
+        await asyncio.gather(*(t for run in runs for t in run.tasks), return_exceptions=True)
+
+    async def snapshot(self, group_ids: Sequence[GroupId]) -> dict[GroupId, GroupResult]:
+        """The tokens each group still generating has streamed so far, without
+        stopping it (called when a checkpoint is written)."""
+        out = {}
+        for gid in group_ids:
+            run = self._running.get(gid)
+            if run is not None:
+                completions = run.completions(
+                    self._label_version, lambda sub: live_version_starts(self._llm, sub.request_id))
+                out[gid] = partial_result(run.request, run.prompt_ids, run.start, completions)
+        return out
 
     async def invalidate_cache(self) -> None:
+        if self.recompute_kv_on_update:
+            return  # every update already recomputed the running requests' KV
         async with self._sync_lock:
             await self._control(self._llm.reset_prefix_cache(reset_running_requests=True))
 
@@ -358,60 +403,29 @@ class VLLMEngine:
                               f"{self._output.where()} says why")
         return task.result()
 
-    def _params(self, request: GenerationRequest) -> Any:
+    def _params(self, request: GenerationRequest, sub: Sub) -> Any:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
         g = self.generation
         # The request's overrides (evaluation sets them), as LocalEngine reads them.
         return SamplingParams(
-            n=request.num_generations,
+            n=len(sub.indices),
             temperature=g.temperature if request.temperature is None else request.temperature,
             top_p=g.top_p if request.top_p is None else request.top_p,
-            max_tokens=g.max_new_tokens if request.max_new_tokens is None
-            else request.max_new_tokens,
+            max_tokens=sub.max_tokens,
             stop_token_ids=[self.tokenizer.eos_id],
             logprobs=0,  # the sampled token's log-prob only
-            seed=request.seed,
+            seed=sub.seed,
             detokenize=False,  # texts come from our tokenizer, like LocalEngine's
-            output_kind=RequestOutputKind.FINAL_ONLY,
+            # Streamed: a stopped group keeps the tokens it has.
+            output_kind=RequestOutputKind.DELTA,
         )
 
-    def _result(self, request: GenerationRequest, prompt_ids: list[int], start: int,
-                final: Any) -> GroupResult:
-        outputs = sorted(final.outputs, key=lambda c: c.index)
-        completions = [list(c.token_ids) for c in outputs]
-        logprobs = [
-            [float(pos[token].logprob) for pos, token in zip(c.logprobs, c.token_ids)]
-            for c in outputs
-        ]
-        end = start
-        for c in outputs:
-            for span in c.weight_versions or ():
-                if span.version.isdigit():
-                    end = max(end, int(span.version))
-        try:
-            texts = [self.tokenizer.decode(c) for c in completions]
-        except Exception as exc:
-            raise TokenizationError(f"decoding a completion failed: {exc!r}") from exc
-        return GroupResult(
-            group_id=request.group_id,
-            prompt_ids=prompt_ids,
-            completion_ids=completions,
-            behavior_logprobs=logprobs,
-            completion_texts=texts,
-            start_weight=start,
-            end_weight=end,
-        )
+    def _label_version(self, label: str) -> int:
+        """The weight version of a vLLM label ("default": the first weights)."""
+        return int(label) if label.isdigit() else self._first_version
 
     def _remove_dirs(self) -> None:
         for d in self._owned_dirs:
             shutil.rmtree(d, ignore_errors=True)
-
-
-async def _last(stream: Any) -> Any:
-    """The last item of an async iterator (None when it is empty)."""
-    last = None
-    async for last in stream:  # noqa: B007 - only the final output is wanted
-        pass
-    return last

@@ -67,13 +67,17 @@ def plot_reward(records: Sequence[dict[str, Any]], out_dir: Path,
     return paths
 
 
-def plot_staleness_hist(hist: dict[str, int], out: Path, title: str = "") -> Path:
+def plot_staleness_hist(hist: dict[str, int], out: Path, title: str = "", *,
+                        of: str = "groups") -> Path:
+    """A staleness histogram of trained ``groups`` (``v - start_weight``) or
+    ``tokens`` (``v - token version``)."""
     plt = _plt()
     keys = sorted(int(k) for k in hist)
     fig, ax = plt.subplots(figsize=(5, 3.4))
-    ax.bar([str(k) for k in keys], [hist[str(k)] for k in keys], color="#4c72b0")
-    ax.set_xlabel("staleness of trained group (versions)")
-    ax.set_ylabel("groups")
+    ax.bar([str(k) for k in keys], [hist[str(k)] for k in keys],
+           color="#4c72b0" if of == "groups" else "#dd8452")
+    ax.set_xlabel(f"staleness of trained {of[:-1]} (versions)")
+    ax.set_ylabel(of)
     ax.set_title(title or "staleness histogram")
     return _save(fig, out)
 

@@ -18,7 +18,8 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def write_plots(run_dir: Path) -> list[Path]:
-    """Reward vs step and vs wall time, staleness histogram, pump timeline."""
+    """Reward vs step and vs wall time, staleness histograms (groups and tokens),
+    pump timeline."""
     run_dir = Path(run_dir)
     records = read_metrics(run_dir)
     summary_path = run_dir / "summary.json"
@@ -26,13 +27,15 @@ def write_plots(run_dir: Path) -> list[Path]:
     out = run_dir / "plots"
     name = run_dir.resolve().name
     paths = plot_reward(records, out, target=summary.get("target_reward"), run_name=name)
-    hist: dict[str, int] = {}
-    for r in records:
-        for k, n in (r.get("staleness_hist") or {}).items():
-            hist[k] = hist.get(k, 0) + int(n)
-    if hist:
-        paths.append(plot_staleness_hist(hist, out / "staleness_hist.png",
-                                         title=f"{name}: staleness of trained groups"))
+    for key, of, file in (("staleness_hist", "groups", "staleness_hist.png"),
+                          ("token_staleness_hist", "tokens", "token_staleness_hist.png")):
+        hist: dict[str, int] = {}
+        for r in records:
+            for k, n in (r.get(key) or {}).items():
+                hist[k] = hist.get(k, 0) + int(n)
+        if hist:
+            paths.append(plot_staleness_hist(hist, out / file, of=of,
+                                             title=f"{name}: staleness of trained {of}"))
     timeline = run_dir / "timeline.json"
     if timeline.is_file():
         intervals = read_json(timeline, default=[])

@@ -167,8 +167,21 @@ class BaseSampler:
         return groups_per_step * (self.window + 1)
 
     def max_staleness(self) -> int | None:
-        """Largest staleness a trained group can have, or None if unbounded."""
+        """Largest staleness (``v - start_weight``) a trained group can have, or
+        None if unbounded."""
         return self.window
+
+    @property
+    def staleness_measure(self) -> str:
+        """Which weight of a group the policy's window bounds: ``start_weight``
+        (the version it was dispatched at) or ``end_weight`` (the version of its
+        newest tokens; older tokens are then bounded by ``loss.max_token_staleness``)."""
+        return "start_weight"
+
+    def max_end_staleness(self) -> int | None:
+        """Largest ``v - end_weight`` of a trained group: how old its newest tokens
+        can be (None: unbounded). Never above :meth:`max_staleness`."""
+        return self.max_staleness()
 
     def pinned_weight_version(self, dispatch_index: int) -> int | None:
         """Deterministic mode: the weight version batch ``dispatch_index`` is

@@ -41,15 +41,21 @@ class InOrderSamplerConfig(_Strict):
     max_lookahead_versions: _Window = 1
 
 
+#: Which weight of a group the window bounds (see docs/samplers.md).
+_StalenessOf = Literal["start_weight", "end_weight"]
+
+
 class WeightFifoSamplerConfig(_Strict):
     name: Literal["weight_fifo"] = "weight_fifo"
     max_staleness_versions: _Window = 1
+    staleness_of: _StalenessOf = "start_weight"
 
 
 class WindowedSamplerConfig(_Strict):
     name: Literal["windowed"] = "windowed"
     max_staleness_versions: _Window = 1
     sample_freshest_first: bool = False
+    staleness_of: _StalenessOf = "start_weight"
 
 
 class ReadyFirstSamplerConfig(_Strict):

@@ -35,8 +35,10 @@ import random
 from collections.abc import Collection, Sequence
 from typing import Any
 
+from asyncrl.engines.completions import start_weight
 from asyncrl.sim.latency import LatencyModel
 from asyncrl.types import (
+    Completion,
     GenerationError,
     GenerationRequest,
     GroupAborted,
@@ -78,9 +80,6 @@ def _uniforms(rng: random.Random, k: int) -> list[float]:
     return [uniform() for _ in range(k)]
 
 
-# Per-n shared lists of a GroupResult: prompt ids, completion ids, log-probs,
-# texts, rewards.
-_ResultLists = tuple[list[int], list[list[int]], list[list[float]], list[str], list[float]]
 
 
 def _wake(fut: asyncio.Future[None]) -> None:
@@ -125,7 +124,9 @@ class SimEngine:
         self._running: dict[GroupId, tuple[asyncio.Future[None], asyncio.TimerHandle]] = {}
         self._queued: set[GroupId] = set()
         self._abort_queued: set[GroupId] = set()
-        self._results: dict[int, _ResultLists] = {}
+        # (n, version) -> the shared completions of a group (see _result).
+        self._completions: dict[tuple[int, int], list[Completion]] = {}
+        self._rewards: dict[int, list[float]] = {}
         self.record_intervals = record_intervals
         #: (start, end, outcome) per slot occupancy; outcome ok / failed / aborted.
         #: ``aborts`` counts attempts stopped while they held a slot.
@@ -167,7 +168,7 @@ class SimEngine:
             await slots.acquire()
         # Deterministic mode pins the weight version a group is generated with.
         pinned = request.weight_version
-        start_version = self._version if pinned is None else pinned
+        start_version = start_weight(request, self._version)
         latency, fail = self._draw(request)
         loop = asyncio.get_running_loop()
         t0 = loop.time()
@@ -249,28 +250,18 @@ class SimEngine:
         return self._first.at(prompt_id)
 
     def _result(self, gid: GroupId, n: int, start_version: int, end_version: int) -> GroupResult:
-        # Shared per-n lists: nothing downstream mutates them, and allocating
-        # fresh ones per group is measurable at 64k groups per run.
-        cached = self._results.get(n)
-        if cached is None:
-            cached = self._results[n] = (
-                [0],
-                [[0]] * n,
-                [[0.0]] * n,
-                [""] * n,
-                [0.0] * n,
-            )
-        prompt_ids, completion_ids, logprobs, texts, rewards = cached
-        return GroupResult(
-            group_id=gid,
-            prompt_ids=prompt_ids,
-            completion_ids=completion_ids,
-            behavior_logprobs=logprobs,
-            completion_texts=texts,
-            start_weight=start_version,
-            end_weight=end_version,
-            rewards=rewards,
-        )
+        """``n`` one-token completions sampled at ``end_version`` (the simulator
+        has no token model yet: a group's tokens carry the version that held
+        when it finished). Shared lists and records: nothing downstream mutates
+        them, and allocating fresh ones per group is measurable at 64k groups."""
+        completions = self._completions.get((n, end_version))
+        if completions is None:
+            one = Completion([0], [0.0], ((end_version, 1),), "stop")
+            completions = self._completions[(n, end_version)] = [one] * n
+        rewards = self._rewards.get(n)
+        if rewards is None:
+            rewards = self._rewards[n] = [0.0] * n
+        return GroupResult(gid, [0], completions, start_version, rewards)
 
 
 class SimTrainer:

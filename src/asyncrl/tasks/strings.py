@@ -6,6 +6,7 @@ outputs where partial credit (characters in the right place) matters.
 
 from __future__ import annotations
 
+import math
 import random
 
 from asyncrl.config import ReverseTaskConfig, SortTaskConfig
@@ -40,6 +41,12 @@ class _StringTask:
             raise ConfigError(
                 f"task.alphabet={cfg.alphabet!r}: use distinct lowercase letters and digits"
             )
+        if cfg.lengths == "long_tail" and not cfg.min_length <= cfg.median_length <= cfg.max_length:
+            raise ConfigError(
+                f"task.median_length={cfg.median_length} is outside [min_length, max_length] = "
+                f"[{cfg.min_length}, {cfg.max_length}]; a long tail wants max_length about 10x "
+                "the median"
+            )
         self.cfg = cfg
         self.tokenizer = CharTokenizer.for_text(f"{self.word} =", cfg.alphabet)
 
@@ -52,9 +59,17 @@ class _StringTask:
         """A prompt as long as any this task makes (a string of ``max_length``):
         what the context-length check measures (:mod:`asyncrl.context_length`)."""
         return f"{self.word} {self.cfg.alphabet[0] * self.cfg.max_length}="
+    def length(self, rng: random.Random) -> int:
+        """A string length: uniform in [min_length, max_length], or (long_tail)
+        lognormal with sigma 1 around median_length, clipped to that range."""
+        cfg = self.cfg
+        if cfg.lengths == "uniform":
+            return rng.randint(cfg.min_length, cfg.max_length)
+        n = round(cfg.median_length * math.exp(rng.gauss(0.0, 1.0)))
+        return min(max(n, cfg.min_length), cfg.max_length)
 
     def make_prompt(self, rng: random.Random, position: int) -> tuple[str, str]:
-        n = rng.randint(self.cfg.min_length, self.cfg.max_length)
+        n = self.length(rng)
         s = "".join(rng.choice(self.cfg.alphabet) for _ in range(n))
         return f"{self.word} {s}=", self.transform(s)
 

@@ -21,7 +21,7 @@ import torch
 
 from asyncrl.devices import policy_dtype
 from asyncrl.trainers.memory import LiveTensorBytes
-from asyncrl.types import GroupResult, Prompt, Rollout
+from asyncrl.types import Completion, GroupResult, Prompt, Rollout
 
 if TYPE_CHECKING:
     from asyncrl.config import RunConfig
@@ -110,7 +110,7 @@ def _traced_step(trainer: Any, tokens: int, vocab: int) -> int:
 
 def _rollout(tokens: int, vocab: int) -> Rollout:
     ids = [i % vocab for i in range(3, 3 + tokens)]
-    result = GroupResult(0, [0], [ids, ids], [[-1.0] * tokens] * 2, ["", ""], 0, 0)
+    result = GroupResult(0, [0], [Completion.of(ids, [-1.0] * tokens, 0, "stop")] * 2, 0)
     return Rollout(0, Prompt(0, ""), result, [0.0, 1.0])
 
 

@@ -21,6 +21,10 @@ With ``lora`` only low-rank adapters train (:mod:`asyncrl.trainers.lora`): the
 optimizer and checkpoints hold them alone, the engines get merged weights, and
 the KL reference is the model with the adapters off.
 
+Token masks (:mod:`asyncrl.trainers.masks`): tokens the policy did not choose,
+tokens older than ``loss.max_token_staleness`` and (``loss.truncated: mask``)
+truncated completions get no gradient and do not count in the token mean.
+
 The heavy work runs in one worker thread of its own, off the event loop (on
 CUDA, with a stream of its own: see :mod:`asyncrl.devices`). A model in bfloat16
 or float16 trains with float32 master weights (:mod:`asyncrl.trainers.precision`).
@@ -290,7 +294,7 @@ class GRPOTrainer:
         return local
 
     def _flatten(self, rollouts: Sequence[Rollout]) -> Flat:
-        return flatten(rollouts, scale_advantages=self.loss_cfg.scale_advantages)
+        return flatten(rollouts, loss=self.loss_cfg, step=self.version)
 
     def _plan(self, flat: Flat) -> list[list[int]]:
         return plan_micro_batches([len(s) for s in flat.seqs], self.micro_batch_tokens)

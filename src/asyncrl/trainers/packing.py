@@ -7,9 +7,10 @@ tensor, made without waiting (no host synchronisation inside a micro-batch).
 Every completion token carries a **loss weight** (:attr:`Flat.loss_mask`): it
 multiplies the token's loss (policy gradient, KL and entropy terms alike) and
 its metrics, and the step's loss is normalised by the *sum* of the weights - so
-a token of weight 0 neither contributes gradient nor dilutes the mean. Engines
-that sample every token of a completion give all ones
-(:func:`completion_loss_mask`).
+a token of weight 0 neither contributes gradient nor dilutes the mean. Which
+tokens weigh 0 (a token the policy did not choose, one older than
+``loss.max_token_staleness``, a truncated completion under ``loss.truncated:
+mask``) is decided in one place, :func:`asyncrl.trainers.masks.token_masks`.
 """
 
 from __future__ import annotations
@@ -19,21 +20,14 @@ from dataclasses import dataclass, field
 
 import torch
 
+from asyncrl.config import LossConfig
 from asyncrl.trainers.losses import group_advantages
-from asyncrl.types import GroupResult, Rollout
+from asyncrl.trainers.masks import MaskStats, token_masks, training_rewards
+from asyncrl.types import Rollout
 
 #: Per-micro-batch sums (one float64 device tensor, moved to the host once per chunk).
 #: Every sum but ``mismatch_max`` is weighted by the tokens' loss weights.
 STATS = ("loss", "mismatch", "mismatch_max", "clipped", "truncated", "entropy", "kl", "w", "w2")
-
-
-def completion_loss_mask(result: GroupResult, i: int) -> list[float]:
-    """The loss weight of each token of completion ``i`` of ``result``: 1 trains
-    the token, 0 leaves it out of the loss and of the step's token count.
-
-    The one place the trainer reads it: every token an engine sampled counts.
-    """
-    return [1.0] * len(result.completion_ids[i])
 
 
 @dataclass
@@ -47,6 +41,7 @@ class Flat:
     loss_mask: list[list[float]] = field(default_factory=list)
     advs: list[float] = field(default_factory=list)
     group_adv: list[torch.Tensor] = field(default_factory=list)
+    mask_stats: MaskStats = field(default_factory=MaskStats)
 
     @property
     def weight(self) -> float:
@@ -58,23 +53,26 @@ class Flat:
         return sum(len(b) for b in self.behavior)
 
 
-def flatten(rollouts: Sequence[Rollout], *, scale_advantages: bool) -> Flat:
+def flatten(rollouts: Sequence[Rollout], *, loss: LossConfig, step: int) -> Flat:
     """Prompt + completion token ids, where completions start, behavior log-probs,
-    loss weights and advantages of every completion of ``rollouts``."""
+    loss weights and advantages of every completion of ``rollouts``, for training
+    step ``step`` (the trainer version that trains them)."""
     flat = Flat()
     for rollout in rollouts:
         res = rollout.result
         adv = group_advantages(
-            torch.tensor(rollout.rewards, dtype=torch.float32), scale=scale_advantages
+            torch.tensor(training_rewards(rollout, loss), dtype=torch.float32),
+            scale=loss.scale_advantages,
         )
         flat.group_adv.append(adv)
-        for i, completion in enumerate(res.completion_ids):
-            if not completion:
+        masks = token_masks(rollout, step=step, cfg=loss, stats=flat.mask_stats)
+        for i, completion in enumerate(res.completions):
+            if not completion.token_ids:
                 continue
-            flat.seqs.append(list(res.prompt_ids) + list(completion))
+            flat.seqs.append(list(res.prompt_ids) + list(completion.token_ids))
             flat.starts.append(len(res.prompt_ids))
-            flat.behavior.append(res.behavior_logprobs[i])
-            flat.loss_mask.append(completion_loss_mask(res, i))
+            flat.behavior.append(list(completion.logprobs))
+            flat.loss_mask.append(masks[i])
             flat.advs.append(float(adv[i]))
     return flat
 
@@ -197,5 +195,6 @@ def chunk_metrics(
         ),
         "completion_tokens_mean": tokens / max(len(flat.seqs), 1),
         "num_tokens": float(tokens),
+        **flat.mask_stats.metrics(),
     }
     return metrics, sums

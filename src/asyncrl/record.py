@@ -1,0 +1,248 @@
+"""The per-token record of a generation: what every engine returns, defined once.
+
+A :class:`Completion` carries, per token, its id, its behaviour log-prob, the
+weight version that sampled it and whether the policy chose it (``loss_mask``),
+and per completion why it ended (``finish_reason``). A :class:`GroupResult` is
+one prompt group's completions with the group's start weight. Engines fill the
+record, the controller and the buffer carry it, checkpoints and Ray move it as
+plain data (:meth:`GroupResult.to_dict` / :meth:`GroupResult.from_dict`), and
+the trainer reads it token by token.
+
+Invariants (checked when a record is made, so a broken engine fails at once):
+
+* ``len(logprobs) == len(token_ids)`` and, when given, ``len(loss_mask)``;
+* the weight versions are stored as run-length spans ``((version, count), ...)``
+  whose counts add up to the number of tokens; versions never decrease along a
+  completion (an engine's weights only move forward) and every count is >= 1;
+* ``finish_reason`` is ``"stop"`` (the policy ended it: EOS), ``"length"`` (cut
+  at ``max_new_tokens``) or None: *unfinished*, a partial completion kept at a
+  stop or in a checkpoint, to be continued from its tokens.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Hashable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+FinishReason = Literal["stop", "length"]
+FINISH_REASONS = ("stop", "length")
+
+#: Run-length spans of weight versions: ``((version, count), ...)``.
+VersionSpans = tuple[tuple[int, int], ...]
+
+
+def spans_of(versions: Iterable[int]) -> VersionSpans:
+    """Run-length encode one weight version per token: ``[3, 3, 4] -> ((3, 2), (4, 1))``."""
+    return tuple((int(v), sum(1 for _ in run)) for v, run in itertools.groupby(versions))
+
+
+def _merge(a: VersionSpans, b: VersionSpans) -> VersionSpans:
+    if a and b and a[-1][0] == b[0][0]:
+        return (*a[:-1], (a[-1][0], a[-1][1] + b[0][1]), *b[1:])
+    return (*a, *b)
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """One completion of a prompt group, token by token (see the module docstring).
+
+    The lists are the record's own: treat them as read-only (a completion is
+    shared by the buffer, checkpoints and the trainer).
+    """
+
+    token_ids: list[int]
+    #: Behaviour log-prob of each token: under the distribution it was sampled
+    #: from (after temperature / top-p), with the weights that sampled it.
+    logprobs: list[float]
+    #: The weight version that sampled each token, as run-length spans.
+    versions: VersionSpans
+    #: Why it ended; None: unfinished (a partial completion, to be continued).
+    finish_reason: FinishReason | None
+    #: The decoded completion (EOS left out), what rewards score.
+    text: str = ""
+    #: 1 for tokens the policy chose, 0 for tokens it did not (e.g. a tool's
+    #: output in a multi-turn rollout); None means all ones.
+    loss_mask: list[int] | None = None
+
+    def __post_init__(self) -> None:
+        n = len(self.token_ids)
+        if len(self.logprobs) != n:
+            raise ValueError(f"Completion has {n} token ids but {len(self.logprobs)} logprobs; "
+                             "an engine reports one behaviour log-prob per token")
+        total, last = 0, -1
+        for version, count in self.versions:
+            if count < 1 or version < last or version < 0:
+                raise ValueError(
+                    f"Completion versions {self.versions!r}: spans must be (version, count) "
+                    "with count >= 1 and versions >= 0 that never decrease along the completion")
+            total, last = total + count, version
+        if total != n:
+            raise ValueError(f"Completion versions {self.versions!r} cover {total} tokens, but it "
+                             f"has {n}; give every token the weight version that sampled it")
+        if self.loss_mask is not None:
+            if len(self.loss_mask) != n:
+                raise ValueError(f"Completion loss_mask has {len(self.loss_mask)} entries for "
+                                 f"{n} tokens")
+            if any(m not in (0, 1) for m in self.loss_mask):
+                raise ValueError("Completion loss_mask entries must be 0 or 1")
+        if self.finish_reason is not None and self.finish_reason not in FINISH_REASONS:
+            raise ValueError(f"Completion finish_reason {self.finish_reason!r}: one of "
+                             f"{FINISH_REASONS} (or None for an unfinished completion)")
+
+    # ------------------------------------------------------------ building
+    @classmethod
+    def of(cls, token_ids: Sequence[int], logprobs: Sequence[float],
+           versions: int | Iterable[int], finish_reason: FinishReason | None, text: str = "",
+           loss_mask: Sequence[int] | None = None) -> Completion:
+        """A completion from one version per token (or one version for all)."""
+        ids = [int(t) for t in token_ids]
+        spans = (((int(versions), len(ids)),) if ids else ()) if isinstance(versions, int) \
+            else spans_of(versions)
+        return cls(ids, [float(x) for x in logprobs], spans, finish_reason, text,
+                   None if loss_mask is None else [int(m) for m in loss_mask])
+
+    def continued(self, more: Completion) -> Completion:
+        """This (unfinished) completion followed by ``more``, the tokens generated
+        after it; the text and finish reason are ``more``'s (an engine decodes
+        the whole completion)."""
+        if self.finished:
+            raise ValueError("cannot continue a finished completion")
+        mask = None
+        if self.loss_mask is not None or more.loss_mask is not None:
+            mask = [*(self.loss_mask or [1] * len(self)), *(more.loss_mask or [1] * len(more))]
+        return Completion([*self.token_ids, *more.token_ids], [*self.logprobs, *more.logprobs],
+                          _merge(self.versions, more.versions), more.finish_reason, more.text,
+                          mask)
+
+    # ------------------------------------------------------------- reading
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def first_version(self) -> int | None:
+        return self.versions[0][0] if self.versions else None
+
+    @property
+    def last_version(self) -> int | None:
+        return self.versions[-1][0] if self.versions else None
+
+    def iter_versions(self) -> Iterator[int]:
+        """The weight version of each token, in order."""
+        for version, count in self.versions:
+            yield from itertools.repeat(version, count)
+
+    def version_list(self) -> list[int]:
+        return list(self.iter_versions())
+
+    def mask_list(self) -> list[int]:
+        """``loss_mask`` with None expanded to all ones."""
+        return list(self.loss_mask) if self.loss_mask is not None else [1] * len(self)
+
+    # --------------------------------------------------------- persistence
+    def to_dict(self) -> dict[str, Any]:
+        return {"token_ids": list(self.token_ids), "logprobs": list(self.logprobs),
+                "versions": [list(s) for s in self.versions], "finish_reason": self.finish_reason,
+                "text": self.text,
+                "loss_mask": None if self.loss_mask is None else list(self.loss_mask)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Completion:
+        mask = data.get("loss_mask")
+        return cls([int(t) for t in data["token_ids"]], [float(x) for x in data["logprobs"]],
+                   tuple((int(v), int(c)) for v, c in data["versions"]),
+                   data.get("finish_reason"), str(data.get("text", "")),
+                   None if mask is None else [int(m) for m in mask])
+
+
+@dataclass(slots=True)
+class GroupResult:
+    """What an engine returns for one prompt group (see the module docstring).
+
+    ``start_weight`` is the group's one start weight: the trainer version at
+    which the controller reserved its slot (``GenerationRequest.start_weight``,
+    which the engine echoes). Every token's version is at least that;
+    ``end_weight`` is derived from the tokens: the newest version that sampled
+    any of them.
+    """
+
+    group_id: Hashable
+    prompt_ids: list[int]
+    completions: list[Completion]
+    start_weight: int
+    #: Optional rewards computed by the engine (simulated engines); when None
+    #: the controller scores ``completion_texts`` with the task.
+    rewards: list[float] | None = None
+
+    @property
+    def end_weight(self) -> int:
+        last = [c.last_version for c in self.completions if c.versions]
+        return max([self.start_weight, *last])
+
+    @property
+    def finished(self) -> bool:
+        """Every completion has ended (a partial group has not)."""
+        return all(c.finished for c in self.completions)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(c) for c in self.completions)
+
+    # Read-only views kept for readers of the former per-list layout.
+    @property
+    def completion_ids(self) -> list[list[int]]:
+        return [c.token_ids for c in self.completions]
+
+    @property
+    def behavior_logprobs(self) -> list[list[float]]:
+        return [c.logprobs for c in self.completions]
+
+    @property
+    def completion_texts(self) -> list[str]:
+        return [c.text for c in self.completions]
+
+    @property
+    def finish_reasons(self) -> list[FinishReason | None]:
+        return [c.finish_reason for c in self.completions]
+
+    def problem(self, *, start_weight: int, num_generations: int,
+                finished: bool = True) -> str | None:
+        """What makes this an invalid result of a request with this start weight
+        and number of completions (None: it is valid); with ``finished`` every
+        completion must have ended."""
+        if self.start_weight != start_weight:
+            return (f"start_weight {self.start_weight}, but the request said {start_weight} "
+                    "(an engine echoes GenerationRequest.start_weight)")
+        if len(self.completions) != num_generations:
+            return f"{len(self.completions)} completions for num_generations={num_generations}"
+        for i, c in enumerate(self.completions):
+            if finished and not c.finished:
+                return f"completion {i} has no finish_reason (only a stop may return it unfinished)"
+            if c.first_version is not None and c.first_version < start_weight:
+                return (f"completion {i} has tokens of weight version {c.first_version}, older "
+                        f"than the group's start weight {start_weight}")
+        return None
+
+    # --------------------------------------------------------- persistence
+    def to_dict(self) -> dict[str, Any]:
+        return {"group_id": self.group_id, "prompt_ids": list(self.prompt_ids),
+                "completions": [c.to_dict() for c in self.completions],
+                "start_weight": self.start_weight,
+                "rewards": None if self.rewards is None else list(self.rewards)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> GroupResult:
+        rewards = data.get("rewards")
+        return cls(data["group_id"], [int(t) for t in data["prompt_ids"]],
+                   [Completion.from_dict(c) for c in data["completions"]],
+                   int(data["start_weight"]),
+                   None if rewards is None else [float(x) for x in rewards])
+
+
+__all__ = ["FINISH_REASONS", "Completion", "FinishReason", "GroupResult", "VersionSpans",
+           "spans_of"]
