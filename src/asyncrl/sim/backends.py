@@ -24,6 +24,10 @@ Modelling choices (docs/simulate.md explains them for users):
   before the trainer version advances, so it counts as trainer-busy time, and
   the fleet keeps generating on the old weights meanwhile (as a non-colocated
   engine does while weights stream in).
+* **Tokens** (:mod:`asyncrl.sim.tokens`): a group's completions generate their
+  tokens over its latency, and each token carries the weight version the
+  engine held when it was sampled, so a group that spans an update reports
+  the update at the right token.
 * **Abort** wakes a group's latency wait at once and frees its slot; the
   partial slot time counts as busy (the compute was spent, then wasted).
 """
@@ -36,9 +40,11 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 from asyncrl.engines.completions import start_weight
-from asyncrl.sim.latency import LatencyModel
+from asyncrl.config import LossConfig
+from asyncrl.sim.latency import LatencyModel, Work
+from asyncrl.sim.tokens import CompletionFactory, count_masked
+from asyncrl.trainers.masks import MaskStats
 from asyncrl.types import (
-    Completion,
     GenerationError,
     GenerationRequest,
     GroupAborted,
@@ -80,8 +86,6 @@ def _uniforms(rng: random.Random, k: int) -> list[float]:
     return [uniform() for _ in range(k)]
 
 
-
-
 def _wake(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)
@@ -104,6 +108,7 @@ class SimEngine:
         failure_rate: float = 0.0,
         weight_sync_s: float = 0.0,
         record_intervals: bool = True,
+        tokens_per_s: float = 20.0,
     ) -> None:
         if rollout_slots < 1:
             raise ValueError(f"rollout_slots must be >= 1, got {rollout_slots}")
@@ -113,7 +118,11 @@ class SimEngine:
         self.rollout_slots = rollout_slots
         self.failure_rate = failure_rate
         self.weight_sync_s = weight_sync_s
+        self.tokens_per_s = tokens_per_s
         self._version = 0
+        #: (time, version) of every weight update, in order: splits the tokens
+        #: of the groups generating when it lands.
+        self._updates: list[tuple[float, int]] = []
         self._slots: asyncio.Semaphore | None = None
         self._first = _Stream(component_rng(seed, "latency"), latency.draw)
         self._retry = _Stream(component_rng(seed, "latency-retry"), latency.draw)
@@ -124,8 +133,7 @@ class SimEngine:
         self._running: dict[GroupId, tuple[asyncio.Future[None], asyncio.TimerHandle]] = {}
         self._queued: set[GroupId] = set()
         self._abort_queued: set[GroupId] = set()
-        # (n, version) -> the shared completions of a group (see _result).
-        self._completions: dict[tuple[int, int], list[Completion]] = {}
+        self._completions = CompletionFactory()
         self._rewards: dict[int, list[float]] = {}
         self.record_intervals = record_intervals
         #: (start, end, outcome) per slot occupancy; outcome ok / failed / aborted.
@@ -169,7 +177,10 @@ class SimEngine:
         # Deterministic mode pins the weight version a group is generated with.
         pinned = request.weight_version
         start_version = start_weight(request, self._version)
-        latency, fail = self._draw(request)
+        sample, fail = self._draw(request)
+        work = self.latency.work(sample, self._busy_now + 1, self.tokens_per_s)
+        latency = work.latency
+        held, since = self._version, len(self._updates)
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         fut = loop.create_future()
@@ -200,14 +211,17 @@ class SimEngine:
         if fail:
             self.failures += 1
             raise GenerationError(f"simulated failure of group {gid!r} (attempt {request.attempt})")
-        end_version = self._version if pinned is None else pinned
-        return self._result(gid, request.num_generations, start_version, end_version)
+        if pinned is not None:  # deterministic mode: every token of the pinned version
+            held, since = pinned, len(self._updates)
+        return self._result(gid, request.num_generations, start_version,
+                            work, t0, held, self._updates[since:])
 
     async def update_weights(self, weights: Any, version: int) -> None:
         if self.weight_sync_s > 0:
             await asyncio.sleep(self.weight_sync_s)
         self.syncs += 1
         self._version = version
+        self._updates.append((asyncio.get_running_loop().time(), version))
 
     async def abort(self, group_ids: Sequence[GroupId]) -> None:
         for gid in group_ids:
@@ -232,8 +246,8 @@ class SimEngine:
         return None
 
     # ------------------------------------------------------------- internals
-    def _draw(self, request: GenerationRequest) -> tuple[float, bool]:
-        """Latency and failure of this attempt (see the module docstring)."""
+    def _draw(self, request: GenerationRequest) -> tuple[Any, bool]:
+        """Latency sample and failure of this attempt (see the module docstring)."""
         key = request.prompt.prompt_id
         p = self.failure_rate
         if request.attempt == 1 and isinstance(key, int) and key >= 0:
@@ -246,18 +260,17 @@ class SimEngine:
         return latency, fail
 
     def first_attempt_latency(self, prompt_id: int) -> float:
-        """The latency the first attempt of prompt ``prompt_id`` takes (or would take)."""
-        return self._first.at(prompt_id)
+        """The latency the first attempt of prompt ``prompt_id`` takes (or would
+        take) with the fleet otherwise idle (the time-based models ignore the load)."""
+        return self.latency.work(self._first.at(prompt_id), 1, self.tokens_per_s).latency
 
-    def _result(self, gid: GroupId, n: int, start_version: int, end_version: int) -> GroupResult:
-        """``n`` one-token completions sampled at ``end_version`` (the simulator
-        has no token model yet: a group's tokens carry the version that held
-        when it finished). Shared lists and records: nothing downstream mutates
-        them, and allocating fresh ones per group is measurable at 64k groups."""
-        completions = self._completions.get((n, end_version))
-        if completions is None:
-            one = Completion([0], [0.0], ((end_version, 1),), "stop")
-            completions = self._completions[(n, end_version)] = [one] * n
+    def _result(self, gid: GroupId, n: int, start_version: int, work: Work, t0: float,
+                held: int, updates: Sequence[tuple[float, int]]) -> GroupResult:
+        """The group's ``n`` completions, generated over ``work`` from ``t0`` with
+        version ``held`` and then the ``updates`` that landed meanwhile. The
+        rewards list is shared: nothing downstream mutates it, and allocating a
+        fresh one per group is measurable at 64k groups."""
+        completions = self._completions.group(n, work, t0, held, updates)
         rewards = self._rewards.get(n)
         if rewards is None:
             rewards = self._rewards[n] = [0.0] * n
@@ -265,26 +278,41 @@ class SimEngine:
 
 
 class SimTrainer:
-    """``train_per_group_s`` per group in every chunk, ``train_step_s`` per optimizer step.
+    """``train_per_group_s`` per group and ``train_per_token_s`` per completion
+    token in every chunk, ``train_step_s`` per optimizer step.
 
     Implements :class:`asyncrl.trainers.Trainer`. The weights it hands out are
     just the version number (the engine only needs to know when they arrive).
+    It applies ``loss`` (``max_token_staleness``, ``truncated: mask``) as the
+    real trainer does, and counts the tokens its masks exclude (``mask_stats``).
     """
 
-    def __init__(self, *, train_step_s: float, train_per_group_s: float = 0.0) -> None:
+    def __init__(self, *, train_step_s: float, train_per_group_s: float = 0.0,
+                 train_per_token_s: float = 0.0, loss: LossConfig | None = None) -> None:
         self.train_step_s = train_step_s
         self.train_per_group_s = train_per_group_s
+        self.train_per_token_s = train_per_token_s
+        self.loss = loss if loss is not None else LossConfig()
+        self.mask_stats = MaskStats()
         self.steps = 0
         self.groups = 0
         self.busy_s = 0.0
 
     async def train_chunk(self, rollouts: Sequence[Rollout], *, step: int) -> dict[str, float]:
         self.groups += len(rollouts)
-        cost = self.train_per_group_s * len(rollouts)
+        stats = MaskStats()
+        for rollout in rollouts:
+            count_masked(rollout, step=step, cfg=self.loss, stats=stats)
+        total = self.mask_stats
+        total.tokens += stats.tokens
+        total.masked += stats.masked
+        total.completions += stats.completions
+        total.truncated += stats.truncated
+        cost = self.train_per_group_s * len(rollouts) + self.train_per_token_s * stats.tokens
         if cost > 0:
             self.busy_s += cost
             await asyncio.sleep(cost)
-        return {}
+        return {**stats.metrics(), "num_tokens": float(stats.tokens)}
 
     async def finish_step(self, *, step: int) -> dict[str, float]:
         if self.train_step_s > 0:

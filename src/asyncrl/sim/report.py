@@ -39,7 +39,7 @@ def _num(x: float | None, digits: int = 2, *, thousands: bool = False) -> str:
 
 TABLE_COLUMNS = (
     "policy", "window", "virtual time", "steps/h", "efficiency", "trainer idle",
-    "gen util", "stale mean", "p95", "max", "waste", "note",
+    "gen util", "stale mean", "p95", "max", "tok mean", "tok p95", "waste", "masked", "note",
 )
 
 
@@ -56,7 +56,10 @@ def table_cells(result: SimResult) -> list[str]:
         _num(result.staleness_mean),
         str(result.staleness_p95),
         str(result.staleness_max),
+        _num(result.token_staleness_mean),
+        str(result.token_staleness_p95),
         _pct(result.waste_frac),
+        _pct(result.masked_token_frac),
         result.note,
     ]
 
@@ -107,6 +110,7 @@ def result_record(result: SimResult) -> dict[str, Any]:
         "stop_reason": result.stop_reason,
         "ledger": result.ledger,
         "staleness_hist": result.staleness_hist,
+        "token_staleness_hist": result.token_staleness_hist,
         "engine": None if engine is None else {
             "attempts": engine.attempts,
             "failures": engine.failures,
@@ -158,6 +162,10 @@ def write_run_dir(
                 written.append(plot_staleness_hist(
                     result.staleness_hist, out / f"staleness_{name}.png",
                     title=f"{run}: {result.sampler}, staleness of trained groups"))
+            if result.token_staleness_hist:
+                written.append(plot_staleness_hist(
+                    result.token_staleness_hist, out / f"token_staleness_{name}.png",
+                    title=f"{run}: {result.sampler}, staleness of trained tokens", of="tokens"))
         written.append(plot_comparison([r.row() for r in results], out / "comparison.png",
                                        title=f"{run}: policies on the same workload"))
     payload = {

@@ -1,0 +1,146 @@
+"""The simulator's token model: which weight version sampled each simulated token.
+
+A simulated group generates its completions over its latency (see
+:class:`~asyncrl.sim.latency.Work` for when each token is sampled). A weight
+update that lands while it generates splits every completion's tokens into
+run-length version spans exactly where it landed, so the controller's token
+staleness, ``staleness_of: end_weight`` and the trainer's
+``loss.max_token_staleness`` masks see the same record as in a real run.
+
+Cost: the spans of a completion are built from the updates that landed while
+its group generated, so a group costs O(updates) however many tokens it has;
+the token ids and log-probs are :class:`Repeat` placeholders (a length, no
+storage), since nothing in a simulation reads a token's value.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator, Sequence
+from typing import Any, overload
+
+from asyncrl.config import LossConfig
+from asyncrl.record import Completion, VersionSpans
+from asyncrl.sim.latency import Work
+from asyncrl.trainers.masks import MaskStats, token_masks
+from asyncrl.types import Rollout
+
+
+class Repeat(Sequence[Any]):
+    """``value`` ``length`` times, without storing them: the token ids and
+    log-probs of a simulated completion."""
+
+    __slots__ = ("_length", "_value")
+
+    def __init__(self, value: Any, length: int) -> None:
+        self._value = value
+        self._length = length
+
+    def __len__(self) -> int:
+        return self._length
+
+    @overload
+    def __getitem__(self, index: int) -> Any: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[Any]: ...
+    def __getitem__(self, index: int | slice) -> Any:
+        if isinstance(index, slice):
+            return [self._value] * len(range(*index.indices(self._length)))
+        if -self._length <= index < self._length:
+            return self._value
+        raise IndexError(index)
+
+    def __iter__(self) -> Iterator[Any]:
+        return itertools.repeat(self._value, self._length)
+
+    def __repr__(self) -> str:
+        return f"Repeat({self._value!r}, {self._length})"
+
+
+def version_spans(length: int, work: Work, start: float, version: int,
+                  updates: Sequence[tuple[float, int]]) -> VersionSpans:
+    """Spans of a completion of ``length`` tokens whose group started at
+    ``start`` holding ``version``; ``updates`` are the ``(time, new version)``
+    weight updates that landed since then, in order. A token sampled at the
+    very instant of an update still has the old version."""
+    spans: list[tuple[int, int]] = []
+    done = 0
+    first = start + work.base_s
+    for at, new_version in updates:
+        if done >= length:
+            break
+        # Tokens sampled by ``at``: token j is sampled at first + (j + 1) * token_s.
+        upto = length if work.token_s <= 0 else \
+            min(length, max(0, math.floor((at - first) / work.token_s + 1e-9)))
+        if upto > done:
+            spans.append((version, upto - done))
+            done = upto
+        version = new_version
+    if done < length:
+        spans.append((version, length - done))
+    return tuple(spans)
+
+
+def completion_lengths(work: Work, n: int) -> list[int]:
+    """The lengths of a group's ``n`` completions: one of ``work.longest`` tokens,
+    the others sharing the rest of ``n * work.mean`` as evenly as possible (at
+    least one token each)."""
+    if n == 1:
+        return [work.longest]
+    total = max(round(work.mean * n), work.longest + n - 1)
+    q, r = divmod(total - work.longest, n - 1)
+    return [work.longest, *[q + 1] * r, *[q] * (n - 1 - r)]
+
+
+class CompletionFactory:
+    """Builds the completions of simulated groups, sharing what it can: the
+    placeholders per length, and one record for completions of equal length."""
+
+    def __init__(self) -> None:
+        self._ids: dict[int, Repeat] = {}
+        self._logprobs: dict[int, Repeat] = {}
+
+    def group(self, n: int, work: Work, start: float, version: int,
+              updates: Sequence[tuple[float, int]]) -> list[Completion]:
+        made: dict[int, Completion] = {}
+        out = []
+        for length in completion_lengths(work, n):
+            completion = made.get(length)
+            if completion is None:
+                completion = made[length] = self._completion(
+                    length, version_spans(length, work, start, version, updates))
+            out.append(completion)
+        return out
+
+    def _completion(self, length: int, spans: VersionSpans) -> Completion:
+        ids = self._ids.get(length)
+        if ids is None:
+            ids = self._ids[length] = Repeat(0, length)
+            self._logprobs[length] = Repeat(0.0, length)
+        return Completion(ids, self._logprobs[length], spans, "stop")  # type: ignore[arg-type]
+
+
+def count_masked(rollout: Rollout, *, step: int, cfg: LossConfig, stats: MaskStats) -> None:
+    """Add ``rollout``'s tokens and the ones the trainer's masks exclude at
+    training step ``step`` to ``stats``: :func:`asyncrl.trainers.masks.token_masks`'s
+    rule, counted per span instead of per token (the simulator's completions
+    have no ``loss_mask``; one that has is handed to ``token_masks`` itself)."""
+    completions = rollout.result.completions
+    if any(c.loss_mask is not None for c in completions):
+        token_masks(rollout, step=step, cfg=cfg, stats=stats)
+        return
+    oldest = None if cfg.max_token_staleness is None else step - cfg.max_token_staleness
+    for c in completions:
+        n = len(c)
+        truncated = c.finish_reason == "length"
+        if truncated and cfg.truncated == "mask":
+            masked = n
+        elif oldest is None:
+            masked = 0
+        else:
+            masked = sum(count for version, count in c.versions if version < oldest)
+        stats.tokens += n
+        stats.masked += masked
+        stats.completions += 1
+        stats.truncated += truncated
