@@ -39,8 +39,8 @@ import random
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from asyncrl.engines.completions import start_weight
 from asyncrl.config import LossConfig
+from asyncrl.engines.completions import start_weight
 from asyncrl.sim.latency import LatencyModel, Work
 from asyncrl.sim.tokens import CompletionFactory, count_masked
 from asyncrl.trainers.masks import MaskStats
