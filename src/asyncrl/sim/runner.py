@@ -225,6 +225,10 @@ def simulate(
         raise ConfigError(f"steps must be >= 1, got {num_steps}")
     grpo = cfg.grpo.model_copy(update={"max_num_steps": num_steps})
     async_rl = cfg.async_rl
+    if getattr(async_rl, "stall_timeout_s", None) is not None:
+        # The watchdog guards against engines that hang; a simulated engine cannot,
+        # and a simulated straggler may legitimately run for hours (a heavy tail).
+        async_rl = async_rl.model_copy(update={"stall_timeout_s": None})
     if sampler_override is not None:
         async_rl = async_rl.model_copy(
             update={"sampler": parse_sampler_config(sampler_override)})
