@@ -29,11 +29,15 @@ def plot_frontier(front: Any, out: Path, *, title: str = "") -> Path:
                       edgecolors=["black" if p.on_frontier else "none" for p in points],
                       linewidths=0.8, zorder=3)
     fig.colorbar(dots, ax=ax, label="waste (% of groups evicted or aborted)")
+    middle = (min(xs) + max(xs)) / 2
     for k, p in enumerate(front.frontier):
         x, y = xy(p)
-        # Alternate above and below: neighbours on the frontier often sit close.
+        # Alternate above and below (neighbours on the frontier often sit close),
+        # and write towards the middle so that no label leaves the axes.
+        right = x > middle
         ax.annotate(p.candidate.label, (x, y), textcoords="offset points",
-                    xytext=(6, -10 if k % 2 else 5), fontsize=6.5, color="#333333")
+                    xytext=(-8 if right else 6, -10 if k % 2 else 5), fontsize=6.5,
+                    color="#333333", ha="right" if right else "left")
     ux, uy = xy(front.user)
     ax.scatter([ux], [uy], marker="*", s=260, color="tab:red", edgecolors="black", zorder=4,
                label=f"your config: {front.user.candidate.label}")

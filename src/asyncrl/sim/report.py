@@ -71,7 +71,7 @@ def rich_table(results: Sequence[SimResult], *, title: str = "") -> Any:
     for name in TABLE_COLUMNS:
         numeric = name not in ("policy", "note")
         table.add_column(name, justify="right" if numeric else "left",
-                         overflow="fold", no_wrap=numeric)
+                         overflow="fold", no_wrap=name != "note")
     for result in results:
         table.add_row(*table_cells(result))
     return table
