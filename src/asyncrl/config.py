@@ -350,6 +350,10 @@ class SimulateConfig(Block):
     #: Extra trainer time per trained completion token (streaming cost), on top of
     #: train_per_group_s.
     train_per_token_s: NonNegFloat = 0.0
+    #: The fleet stands still while weights sync (as vLLM does: it pauses its
+    #: running requests while it loads new weights); false: it keeps generating
+    #: with the old weights meanwhile.
+    pause_generation_during_sync: bool = False
 
 
 # --------------------------------------------------------------------- eval

@@ -23,7 +23,10 @@ Modelling choices (docs/simulate.md explains them for users):
   ``weight_sync_s``. The train pump awaits it after the optimizer step and
   before the trainer version advances, so it counts as trainer-busy time, and
   the fleet keeps generating on the old weights meanwhile (as a non-colocated
-  engine does while weights stream in).
+  engine does while weights stream in) - or, with ``pause_during_sync``, stands
+  still until the new weights are in (as vLLM does: it pauses its running
+  requests while it loads weights). Token timings and latencies then run on an
+  *active* clock that stops during pauses.
 * **Tokens** (:mod:`asyncrl.sim.tokens`): a group's completions generate their
   tokens over its latency, and each token carries the weight version the
   engine held when it was sampled, so a group that spans an update reports
@@ -109,6 +112,7 @@ class SimEngine:
         weight_sync_s: float = 0.0,
         record_intervals: bool = True,
         tokens_per_s: float = 20.0,
+        pause_during_sync: bool = False,
     ) -> None:
         if rollout_slots < 1:
             raise ValueError(f"rollout_slots must be >= 1, got {rollout_slots}")
@@ -119,18 +123,24 @@ class SimEngine:
         self.failure_rate = failure_rate
         self.weight_sync_s = weight_sync_s
         self.tokens_per_s = tokens_per_s
+        self.pause_during_sync = pause_during_sync
         self._version = 0
-        #: (time, version) of every weight update, in order: splits the tokens
-        #: of the groups generating when it lands.
+        #: (active time, version) of every weight update, in order: splits the
+        #: tokens of the groups generating when it lands.
         self._updates: list[tuple[float, int]] = []
+        #: Seconds generation stood still for syncs so far, and since when it
+        #: stands still now (None: it runs); see :meth:`_active`.
+        self._paused_s = 0.0
+        self._pause_start: float | None = None
         self._slots: asyncio.Semaphore | None = None
         self._first = _Stream(component_rng(seed, "latency"), latency.draw)
         self._retry = _Stream(component_rng(seed, "latency-retry"), latency.draw)
         self._retries_drawn = 0
         self._first_coin = _Stream(component_rng(seed, "failure"), _uniforms)
         self._retry_coin = component_rng(seed, "failure-retry").random
-        # Group id -> (future the latency wait sleeps on, its timer), while in a slot.
-        self._running: dict[GroupId, tuple[asyncio.Future[None], asyncio.TimerHandle]] = {}
+        # Group id -> [future the latency wait sleeps on, its timer (None while
+        # generation is paused), its deadline (while paused: the work left)].
+        self._running: dict[GroupId, list[Any]] = {}
         self._queued: set[GroupId] = set()
         self._abort_queued: set[GroupId] = set()
         self._completions = CompletionFactory()
@@ -183,9 +193,13 @@ class SimEngine:
         held, since = self._version, len(self._updates)
         loop = asyncio.get_running_loop()
         t0 = loop.time()
+        a0 = self._active(t0)
         fut = loop.create_future()
-        timer = loop.call_at(t0 + latency, _wake, fut)
-        self._running[gid] = (fut, timer)
+        if self._pause_start is None:
+            running = self._running[gid] = [fut, loop.call_at(t0 + latency, _wake, fut),
+                                            t0 + latency]
+        else:  # starts when generation resumes
+            running = self._running[gid] = [fut, None, latency]
         self.attempts += 1
         self._busy_now += 1
         if self._busy_now > self.max_busy:
@@ -196,7 +210,8 @@ class SimEngine:
         except BaseException:
             # Aborted (GroupAborted from abort()) or cancelled by the controller:
             # the timer must not fire into a dead future.
-            timer.cancel()
+            if running[1] is not None:
+                running[1].cancel()
             outcome = "aborted"
             self.aborts += 1
             raise
@@ -214,21 +229,55 @@ class SimEngine:
         if pinned is not None:  # deterministic mode: every token of the pinned version
             held, since = pinned, len(self._updates)
         return self._result(gid, request.num_generations, start_version,
-                            work, t0, held, self._updates[since:])
+                            work, a0, held, self._updates[since:])
 
     async def update_weights(self, weights: Any, version: int) -> None:
-        if self.weight_sync_s > 0:
-            await asyncio.sleep(self.weight_sync_s)
+        loop = asyncio.get_running_loop()
+        pause = self.pause_during_sync and self._pause_start is None
+        if pause:
+            self._pause(loop.time())
+        try:
+            if self.weight_sync_s > 0:
+                await asyncio.sleep(self.weight_sync_s)
+        finally:
+            if pause:
+                self._resume(loop)
         self.syncs += 1
         self._version = version
-        self._updates.append((asyncio.get_running_loop().time(), version))
+        self._updates.append((self._active(loop.time()), version))
+
+    def _active(self, now: float) -> float:
+        """The active clock: seconds generation has been running (not paused)."""
+        paused = self._paused_s
+        if self._pause_start is not None:
+            paused += now - self._pause_start
+        return now - paused
+
+    def _pause(self, now: float) -> None:
+        """Stop every running group's clock: keep the work it has left."""
+        self._pause_start = now
+        for running in self._running.values():
+            if running[1] is not None:
+                running[1].cancel()
+                running[1], running[2] = None, max(running[2] - now, 0.0)
+
+    def _resume(self, loop: asyncio.AbstractEventLoop) -> None:
+        now = loop.time()
+        assert self._pause_start is not None
+        self._paused_s += now - self._pause_start
+        self._pause_start = None
+        for running in self._running.values():
+            if running[1] is None and not running[0].done():
+                deadline = now + running[2]
+                running[1], running[2] = loop.call_at(deadline, _wake, running[0]), deadline
 
     async def abort(self, group_ids: Sequence[GroupId]) -> None:
         for gid in group_ids:
             running = self._running.get(gid)
             if running is not None:
-                fut, timer = running
-                timer.cancel()
+                fut, timer, _ = running
+                if timer is not None:
+                    timer.cancel()
                 if not fut.done():
                     fut.set_exception(GroupAborted(gid))
             elif gid in self._queued:
@@ -264,13 +313,13 @@ class SimEngine:
         take) with the fleet otherwise idle (the time-based models ignore the load)."""
         return self.latency.work(self._first.at(prompt_id), 1, self.tokens_per_s).latency
 
-    def _result(self, gid: GroupId, n: int, start_version: int, work: Work, t0: float,
+    def _result(self, gid: GroupId, n: int, start_version: int, work: Work, a0: float,
                 held: int, updates: Sequence[tuple[float, int]]) -> GroupResult:
-        """The group's ``n`` completions, generated over ``work`` from ``t0`` with
-        version ``held`` and then the ``updates`` that landed meanwhile. The
+        """The group's ``n`` completions, generated over ``work`` from active time
+        ``a0`` with version ``held`` and then the ``updates`` that landed meanwhile. The
         rewards list is shared: nothing downstream mutates it, and allocating a
         fresh one per group is measurable at 64k groups."""
-        completions = self._completions.group(n, work, t0, held, updates)
+        completions = self._completions.group(n, work, a0, held, updates)
         rewards = self._rewards.get(n)
         if rewards is None:
             rewards = self._rewards[n] = [0.0] * n

@@ -3,12 +3,14 @@
 What a run directory records and what is fitted from it (docs/simulate.md, section 8):
 
 * **generation** (``ledger.jsonl``: each group's generation interval and tokens;
-  ``timeline.json``: every generation attempt): a ``tokens`` latency model,
-  ``latency = base_s + longest * (per_token_s + per_token_per_group_s * (c - 1))``
-  with ``longest`` the group's longest completion and ``c`` the groups generating
-  meanwhile (time-averaged, itself included), fitted by least squares with
-  non-negative coefficients; the lengths are the observed groups' ``[longest,
-  mean]``, resampled;
+  ``timeline.json``: every generation attempt and sync): a ``tokens`` latency
+  model, ``latency = base_s + longest * (per_token_s + per_token_per_group_s *
+  (c - 1)) [+ the syncs it spans]`` with ``longest`` the group's longest
+  completion and ``c`` the groups generating when it started (itself included:
+  the load the simulated engine sees), fitted by least squares with
+  non-negative coefficients; a coefficient of the syncs' seconds near 1 means
+  the engine pauses while it loads weights (``pause_generation_during_sync``);
+  the lengths are the observed groups' ``[longest, mean]``, resampled;
 * **training** (``timeline.json``'s train chunks, ``ledger.jsonl``'s tokens per
   trained group): ``train_per_token_s`` = chunk seconds per completion token;
   ``weight_sync_s`` = the mean sync; ``train_step_s`` = the rest of the trainer's
@@ -116,6 +118,7 @@ def calibrate(run_dir: str | Path, overrides: Sequence[str] = ()) -> Calibration
 
     n_gen = cfg.grpo.num_generations_per_prompt
     latency, lat_facts = _fit_latency(fit_groups, intervals, n_gen)
+    pauses = lat_facts.pop("pause_generation_during_sync")
     trainer, trainer_facts = _fit_trainer(used, intervals, groups)
     gens = [i for i in intervals if i["kind"] == "gen"]
     engines = len({i["lane"] for i in gens}) or 1
@@ -125,6 +128,7 @@ def calibrate(run_dir: str | Path, overrides: Sequence[str] = ()) -> Calibration
         "rollout_slots": engines * max(1, cfg.policy.generation.max_batch_sequences // n_gen),
         "generation_latency_s": latency,
         "failure_rate": min(failed / len(gens), 0.99) if gens else 0.0,
+        "pause_generation_during_sync": bool(pauses),
         **trainer,
     }
     tree = cfg.model_dump(mode="json")
@@ -200,14 +204,15 @@ def _mean(values: Sequence[float]) -> float:
 # ----------------------------------------------------------------- fitting
 def concurrency(spans: Sequence[tuple[float, float]],
                 attempts: Sequence[tuple[float, float]]) -> list[float]:
-    """For each span, the time-averaged number of ``attempts`` running during it."""
+    """For each span (in dispatch order), the number of generations running when
+    it started, itself included: the load the simulated engine sees when it
+    times a group. ``attempts`` started earlier and not yet ended count; of
+    spans that start at the same instant, the ones dispatched before it."""
+    same: dict[float, int] = defaultdict(int)
     out = []
-    for s, e in spans:
-        if e <= s:
-            out.append(1.0)
-            continue
-        overlap = math.fsum(max(0.0, min(e, b) - max(s, a)) for a, b in attempts)
-        out.append(max(overlap / (e - s), 1.0))
+    for s, _ in spans:
+        same[s] += 1
+        out.append(float(sum(a < s < b for a, b in attempts) + same[s]))
     return out
 
 
@@ -235,14 +240,22 @@ def fit_nonnegative(rows: Sequence[Sequence[float]], y: Sequence[float]) -> list
 
 def _fit_latency(groups: Sequence[dict[str, Any]], intervals: Sequence[dict[str, Any]],
                  n_gen: int) -> tuple[dict[str, Any], dict[str, float]]:
+    groups = sorted(groups, key=lambda g: (float(g["gen_start"]), _order(g)))
     spans = [(float(g["gen_start"]), float(g["gen_end"])) for g in groups]
     attempts = [(float(i["start"]), float(i["end"])) for i in intervals if i["kind"] == "gen"]
+    syncs = [(float(i["start"]), float(i["end"])) for i in intervals if i["kind"] == "sync"]
     busy = concurrency(spans, attempts)
+    # Seconds of weight sync inside each generation: an engine that pauses while
+    # it loads weights (vLLM) takes that much longer (coefficient ~1), one that
+    # keeps generating does not (~0).
+    stalled = [math.fsum(max(0.0, min(e, b) - max(s, a)) for a, b in syncs) for s, e in spans]
     longest = [int(g["tokens_longest"]) for g in groups]
     latency = [e - s for s, e in spans]
-    rows = [(1.0, n, n * (c - 1.0)) for n, c in zip(longest, busy)]
-    base, per_token, per_group = fit_nonnegative(rows, latency)
-    predicted = [base + n * (per_token + per_group * (c - 1.0)) for n, c in zip(longest, busy)]
+    rows = [(1.0, n, n * (c - 1.0), w) for n, c, w in zip(longest, busy, stalled)]
+    base, per_token, per_group, pause = fit_nonnegative(rows, latency)
+    pauses = pause >= 0.5
+    predicted = [base + n * (per_token + per_group * (c - 1.0)) + (w if pauses else 0.0)
+                 for n, c, w in zip(longest, busy, stalled)]
     mean = _mean(latency)
     sse = math.fsum((p - y) ** 2 for p, y in zip(predicted, latency))
     sst = math.fsum((y - mean) ** 2 for y in latency)
@@ -252,9 +265,17 @@ def _fit_latency(groups: Sequence[dict[str, Any]], intervals: Sequence[dict[str,
         pair[1] = min(pair[1], pair[0])
     return ({"distribution": "tokens", "lengths": lengths, "base_s": base,
              "per_token_s": per_token, "per_token_per_group_s": per_group},
-            {"latency_mean_s": mean, "latency_rel_error": math.sqrt(sse / len(latency)) / mean
+            {"pause_generation_during_sync": pauses, "sync_stall_coefficient": pause,
+             "latency_mean_s": mean, "latency_rel_error": math.sqrt(sse / len(latency)) / mean
              if mean > 0 else 0.0, "latency_r2": 1 - sse / sst if sst > 0 else 1.0,
              "concurrency_mean": _mean(busy)})
+
+
+def _order(group: dict[str, Any]) -> tuple[float, str]:
+    """Dispatch order: by dispatch time, then by id (numbered in dispatch order)."""
+    gid = group.get("group_id")
+    return (float(group.get("dispatch_time") or 0.0),
+            f"{gid:020d}" if isinstance(gid, int) else str(gid))
 
 
 def _fit_trainer(steps: Sequence[dict[str, Any]], intervals: Sequence[dict[str, Any]],
