@@ -27,6 +27,11 @@ Modelling choices (docs/simulate.md explains them for users):
   still until the new weights are in (as vLLM does: it pauses its running
   requests while it loads weights). Token timings and latencies then run on an
   *active* clock that stops during pauses.
+* **Load**: with the time-based latency models a group's latency is fixed when
+  it starts. With ``tokens`` (lengths and a per-token cost that grows with the
+  groups decoding) the fleet is a continuous-batching engine: after ``base_s``
+  a group decodes one token per decode step, and a step takes longer the more
+  groups decode, whenever they join or leave (:mod:`asyncrl.sim.sharing`).
 * **Tokens** (:mod:`asyncrl.sim.tokens`): a group's completions generate their
   tokens over its latency, and each token carries the weight version the
   engine held when it was sampled, so a group that spans an update reports
@@ -45,6 +50,7 @@ from typing import Any
 from asyncrl.config import LossConfig
 from asyncrl.engines.completions import start_weight
 from asyncrl.sim.latency import LatencyModel, Work
+from asyncrl.sim.sharing import SharedDecoder
 from asyncrl.sim.tokens import CompletionFactory, count_masked
 from asyncrl.trainers.masks import MaskStats
 from asyncrl.types import (
@@ -94,6 +100,20 @@ def _wake(fut: asyncio.Future[None]) -> None:
         fut.set_result(None)
 
 
+class _Run:
+    """A group in a slot: the future its generation waits on, and either its
+    timer (None while generation is paused) with its deadline (while paused:
+    the seconds it has left), or - decoding on a shared fleet - its join number."""
+
+    __slots__ = ("deadline", "fut", "joined", "timer")
+
+    def __init__(self, fut: asyncio.Future[None]) -> None:
+        self.fut = fut
+        self.timer: asyncio.TimerHandle | None = None
+        self.deadline = 0.0
+        self.joined: int | None = None
+
+
 class SimEngine:
     """A fleet of ``rollout_slots`` generation slots with sampled latencies.
 
@@ -138,9 +158,10 @@ class SimEngine:
         self._retries_drawn = 0
         self._first_coin = _Stream(component_rng(seed, "failure"), _uniforms)
         self._retry_coin = component_rng(seed, "failure-retry").random
-        # Group id -> [future the latency wait sleeps on, its timer (None while
-        # generation is paused), its deadline (while paused: the work left)].
-        self._running: dict[GroupId, list[Any]] = {}
+        self._running: dict[GroupId, _Run] = {}
+        #: Load-dependent latency: the fleet decodes as one shared engine.
+        self._decoder = (SharedDecoder(latency.seconds_per_token)
+                         if latency.load_dependent else None)
         self._queued: set[GroupId] = set()
         self._abort_queued: set[GroupId] = set()
         self._completions = CompletionFactory()
@@ -194,24 +215,28 @@ class SimEngine:
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         a0 = self._active(t0)
-        fut = loop.create_future()
-        if self._pause_start is None:
-            running = self._running[gid] = [fut, loop.call_at(t0 + latency, _wake, fut),
-                                            t0 + latency]
-        else:  # starts when generation resumes
-            running = self._running[gid] = [fut, None, latency]
+        run = self._running[gid] = _Run(loop.create_future())
+        # A shared fleet: the timer covers base_s, then the group decodes.
+        self._start_timer(loop, run, work.base_s if self._decoder is not None else latency)
         self.attempts += 1
         self._busy_now += 1
         if self._busy_now > self.max_busy:
             self.max_busy = self._busy_now
         outcome = "failed" if fail else "ok"
         try:
-            await fut
+            await run.fut
+            if self._decoder is not None:
+                run.fut = loop.create_future()
+                run.joined, a0 = self._decoder.join(loop, run.fut, work.longest)
+                work = Work(work.latency, 0.0, 1.0, work.longest, work.mean)  # clock: tokens
+                await run.fut
         except BaseException:
             # Aborted (GroupAborted from abort()) or cancelled by the controller:
             # the timer must not fire into a dead future.
-            if running[1] is not None:
-                running[1].cancel()
+            if run.timer is not None:
+                run.timer.cancel()
+            if run.joined is not None and run.fut.cancelled():
+                self._decoder.leave(loop, run.joined)  # type: ignore[union-attr]
             outcome = "aborted"
             self.aborts += 1
             raise
@@ -244,7 +269,16 @@ class SimEngine:
                 self._resume(loop)
         self.syncs += 1
         self._version = version
-        self._updates.append((self._active(loop.time()), version))
+        now = loop.time()
+        clock = self._decoder.service(now) if self._decoder is not None else self._active(now)
+        self._updates.append((clock, version))
+
+    def _start_timer(self, loop: asyncio.AbstractEventLoop, run: _Run, seconds: float) -> None:
+        if self._pause_start is None:
+            run.deadline = loop.time() + seconds
+            run.timer = loop.call_at(run.deadline, _wake, run.fut)
+        else:  # starts when generation resumes
+            run.deadline = seconds
 
     def _active(self, now: float) -> float:
         """The active clock: seconds generation has been running (not paused)."""
@@ -256,30 +290,34 @@ class SimEngine:
     def _pause(self, now: float) -> None:
         """Stop every running group's clock: keep the work it has left."""
         self._pause_start = now
-        for running in self._running.values():
-            if running[1] is not None:
-                running[1].cancel()
-                running[1], running[2] = None, max(running[2] - now, 0.0)
+        if self._decoder is not None:
+            self._decoder.pause(now)
+        for run in self._running.values():
+            if run.timer is not None:
+                run.timer.cancel()
+                run.timer, run.deadline = None, max(run.deadline - now, 0.0)
 
     def _resume(self, loop: asyncio.AbstractEventLoop) -> None:
         now = loop.time()
         assert self._pause_start is not None
         self._paused_s += now - self._pause_start
         self._pause_start = None
-        for running in self._running.values():
-            if running[1] is None and not running[0].done():
-                deadline = now + running[2]
-                running[1], running[2] = loop.call_at(deadline, _wake, running[0]), deadline
+        if self._decoder is not None:
+            self._decoder.resume(loop)
+        for run in self._running.values():
+            if run.timer is None and run.joined is None and not run.fut.done():
+                run.deadline += now
+                run.timer = loop.call_at(run.deadline, _wake, run.fut)
 
     async def abort(self, group_ids: Sequence[GroupId]) -> None:
         for gid in group_ids:
-            running = self._running.get(gid)
-            if running is not None:
-                fut, timer, _ = running
-                if timer is not None:
-                    timer.cancel()
-                if not fut.done():
-                    fut.set_exception(GroupAborted(gid))
+            run = self._running.get(gid)
+            if run is not None and not run.fut.done():
+                if run.timer is not None:
+                    run.timer.cancel()
+                if run.joined is not None:
+                    self._decoder.leave(asyncio.get_running_loop(), run.joined)  # type: ignore[union-attr]
+                run.fut.set_exception(GroupAborted(gid))
             elif gid in self._queued:
                 self._abort_queued.add(gid)
 

@@ -6,8 +6,8 @@ What a run directory records and what is fitted from it (docs/simulate.md, secti
   ``timeline.json``: every generation attempt and sync): a ``tokens`` latency
   model, ``latency = base_s + longest * (per_token_s + per_token_per_group_s *
   (c - 1)) [+ the syncs it spans]`` with ``longest`` the group's longest
-  completion and ``c`` the groups generating when it started (itself included:
-  the load the simulated engine sees), fitted by least squares with
+  completion and ``c`` the groups generating meanwhile (time-averaged, itself
+  included: the load it decoded under), fitted by least squares with
   non-negative coefficients; a coefficient of the syncs' seconds near 1 means
   the engine pauses while it loads weights (``pause_generation_during_sync``);
   the lengths are the observed groups' ``[longest, mean]``, resampled;
@@ -26,11 +26,12 @@ first forward passes, allocator growth), so the fit describes the steady state;
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import itertools
 import math
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,8 @@ from asyncrl.jsonio import read_json, read_jsonl
 MIN_GROUPS = 8
 #: Lengths are stored to this many decimals (the calibrated block stays readable).
 DECIMALS = 2
+#: Refits of the latency model with the load averaged over tokens (it converges fast).
+LOAD_ITERATIONS = 4
 
 
 def steps_per_s(records: Sequence[dict[str, Any]]) -> float:
@@ -202,17 +205,31 @@ def _mean(values: Sequence[float]) -> float:
 
 
 # ----------------------------------------------------------------- fitting
-def concurrency(spans: Sequence[tuple[float, float]],
-                attempts: Sequence[tuple[float, float]]) -> list[float]:
-    """For each span (in dispatch order), the number of generations running when
-    it started, itself included: the load the simulated engine sees when it
-    times a group. ``attempts`` started earlier and not yet ended count; of
-    spans that start at the same instant, the ones dispatched before it."""
-    same: dict[float, int] = defaultdict(int)
+def concurrency(spans: Sequence[tuple[float, float]], attempts: Sequence[tuple[float, float]],
+                seconds_per_token: Callable[[int], float] | None = None) -> list[float]:
+    """For each span, the mean number of ``attempts`` running during it (itself
+    included, at least 1): the load it decoded under. Averaged over time, or -
+    given the seconds a decode step takes at each load - over its tokens (a
+    busy stretch yields fewer tokens per second, so it weighs less)."""
+    edges = sorted({t for span in attempts for t in span})
+    change: dict[float, int] = defaultdict(int)
+    for a, b in attempts:
+        change[a] += 1
+        change[b] -= 1
+    load = list(itertools.accumulate(change[t] for t in edges))  # on [edges[k], edges[k+1])
     out = []
-    for s, _ in spans:
-        same[s] += 1
-        out.append(float(sum(a < s < b for a, b in attempts) + same[s]))
+    for s, e in spans:
+        weight = weighted = 0.0
+        k = max(bisect.bisect_right(edges, s) - 1, 0)
+        while k < len(edges) - 1 and edges[k] < e:
+            n = max(load[k], 1)
+            dt = min(e, edges[k + 1]) - max(s, edges[k])
+            if dt > 0:
+                w = dt if seconds_per_token is None else dt / max(seconds_per_token(n), 1e-12)
+                weight += w
+                weighted += w * n
+            k += 1
+        out.append(max(weighted / weight, 1.0) if weight > 0 else 1.0)
     return out
 
 
@@ -240,19 +257,23 @@ def fit_nonnegative(rows: Sequence[Sequence[float]], y: Sequence[float]) -> list
 
 def _fit_latency(groups: Sequence[dict[str, Any]], intervals: Sequence[dict[str, Any]],
                  n_gen: int) -> tuple[dict[str, Any], dict[str, float]]:
-    groups = sorted(groups, key=lambda g: (float(g["gen_start"]), _order(g)))
     spans = [(float(g["gen_start"]), float(g["gen_end"])) for g in groups]
     attempts = [(float(i["start"]), float(i["end"])) for i in intervals if i["kind"] == "gen"]
     syncs = [(float(i["start"]), float(i["end"])) for i in intervals if i["kind"] == "sync"]
-    busy = concurrency(spans, attempts)
     # Seconds of weight sync inside each generation: an engine that pauses while
     # it loads weights (vLLM) takes that much longer (coefficient ~1), one that
     # keeps generating does not (~0).
     stalled = [math.fsum(max(0.0, min(e, b) - max(s, a)) for a, b in syncs) for s, e in spans]
     longest = [int(g["tokens_longest"]) for g in groups]
     latency = [e - s for s, e in spans]
-    rows = [(1.0, n, n * (c - 1.0), w) for n, c, w in zip(longest, busy, stalled)]
-    base, per_token, per_group, pause = fit_nonnegative(rows, latency)
+    # The load a group decoded under, averaged over its tokens, depends on the
+    # step times being fitted: start from the time average, refit a few times.
+    busy = concurrency(spans, attempts)
+    for _ in range(LOAD_ITERATIONS):
+        rows = [(1.0, n, n * (c - 1.0), w) for n, c, w in zip(longest, busy, stalled)]
+        base, per_token, per_group, pause = fit_nonnegative(rows, latency)
+        busy = concurrency(spans, attempts,
+                           lambda n, a=per_token, b=per_group: a + b * (n - 1))
     pauses = pause >= 0.5
     predicted = [base + n * (per_token + per_group * (c - 1.0)) + (w if pauses else 0.0)
                  for n, c, w in zip(longest, busy, stalled)]
@@ -269,13 +290,6 @@ def _fit_latency(groups: Sequence[dict[str, Any]], intervals: Sequence[dict[str,
              "latency_mean_s": mean, "latency_rel_error": math.sqrt(sse / len(latency)) / mean
              if mean > 0 else 0.0, "latency_r2": 1 - sse / sst if sst > 0 else 1.0,
              "concurrency_mean": _mean(busy)})
-
-
-def _order(group: dict[str, Any]) -> tuple[float, str]:
-    """Dispatch order: by dispatch time, then by id (numbered in dispatch order)."""
-    gid = group.get("group_id")
-    return (float(group.get("dispatch_time") or 0.0),
-            f"{gid:020d}" if isinstance(gid, int) else str(gid))
 
 
 def _fit_trainer(steps: Sequence[dict[str, Any]], intervals: Sequence[dict[str, Any]],

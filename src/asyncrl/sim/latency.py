@@ -57,6 +57,15 @@ class Work:
 class LatencyModel:
     """Base class of the models. The time-based ones draw latencies in seconds."""
 
+    #: The latency depends on how many groups decode at the same time: the fleet
+    #: then shares one engine (:mod:`asyncrl.sim.sharing`), with
+    #: :meth:`seconds_per_token` for a decode step.
+    load_dependent = False
+
+    def seconds_per_token(self, decoding: int) -> float:
+        """One decode step while ``decoding`` groups decode (load-dependent models)."""
+        raise NotImplementedError
+
     @property
     def mean(self) -> float:
         """Expected latency in seconds (of a group generating alone)."""
@@ -175,16 +184,20 @@ class Empirical(LatencyModel):
 
 @dataclass(frozen=True)
 class Tokens(LatencyModel):
-    """``base_s + longest * (per_token_s + per_token_per_group_s * (busy - 1))``,
-    with ``(longest, mean)`` lengths resampled from observed groups."""
+    """``base_s + longest * (per_token_s + per_token_per_group_s * (busy - 1))``
+    at a steady load of ``busy`` groups, with ``(longest, mean)`` lengths
+    resampled from observed groups. In the simulated engine the load is
+    whatever decodes at each step (see :mod:`asyncrl.sim.sharing`)."""
 
     lengths: tuple[tuple[int, float], ...]
     base_s: float
     per_token_s: float
     per_token_per_group_s: float
 
-    def _token_s(self, busy: int) -> float:
-        return self.per_token_s + self.per_token_per_group_s * max(busy - 1, 0)
+    load_dependent = True
+
+    def seconds_per_token(self, decoding: int) -> float:
+        return self.per_token_s + self.per_token_per_group_s * max(decoding - 1, 0)
 
     @property
     def mean(self) -> float:
@@ -192,7 +205,7 @@ class Tokens(LatencyModel):
 
     def mean_at(self, busy: int) -> float:
         longest = math.fsum(n for n, _ in self.lengths) / len(self.lengths)
-        return self.base_s + longest * self._token_s(busy)
+        return self.base_s + longest * self.seconds_per_token(busy)
 
     def mean_tokens(self, tokens_per_s: float) -> float:
         return math.fsum(m for _, m in self.lengths) / len(self.lengths)
@@ -203,7 +216,7 @@ class Tokens(LatencyModel):
 
     def work(self, sample: Any, busy: int, tokens_per_s: float) -> Work:
         longest, mean = sample
-        token_s = self._token_s(busy)
+        token_s = self.seconds_per_token(busy)
         return Work(self.base_s + longest * token_s, self.base_s, token_s, longest, mean)
 
     def describe(self) -> str:
