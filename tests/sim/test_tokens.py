@@ -14,6 +14,7 @@ from asyncrl.sim.backends import SimEngine
 from asyncrl.sim.clock import run_virtual
 from asyncrl.sim.latency import Constant, Tokens, Work
 from asyncrl.sim.runner import simulate
+from asyncrl.sim.sharing import SharedDecoder
 from asyncrl.sim.tokens import Repeat, completion_lengths, count_masked, version_spans
 from asyncrl.trainers.masks import MaskStats, token_masks
 from asyncrl.types import Completion, GenerationRequest, GroupResult, Prompt, Rollout
@@ -157,3 +158,42 @@ def test_long_tail_windowed_by_end_weight_keeps_efficiency_and_wastes_nothing() 
     # and max_token_staleness: 4 leaves them out of the loss.
     assert end.token_staleness_p95 > 2 >= start.token_staleness_p95
     assert 0.1 < end.masked_token_frac < 0.5 and start.masked_token_frac == 0.0
+
+
+def test_a_shared_fleet_slows_every_decoding_group_as_more_decode() -> None:
+    # 1 s per token alone, +1 s per other group decoding. a: 4 tokens from t = 0;
+    # b: 2 tokens from t = 1. Until 1: a alone (1 token). Then 2 s per token for
+    # both: b has its 2 at t = 5, a its 3rd. Then a alone again: its 4th at t = 6.
+    decoder = SharedDecoder(lambda n: 1.0 + (n - 1))
+
+    async def main() -> dict[str, float]:
+        loop = asyncio.get_running_loop()
+        done: dict[str, float] = {}
+
+        async def group(name: str, tokens: int, at: float) -> None:
+            await advance(at)
+            fut = loop.create_future()
+            decoder.join(loop, fut, tokens)
+            await fut
+            done[name] = loop.time()
+
+        await asyncio.gather(group("a", 4, 0.0), group("b", 2, 1.0))
+        return done
+
+    assert run_virtual(main(), loop="jump") == {"b": 5.0, "a": 6.0}
+
+
+def test_on_a_shared_fleet_tokens_carry_the_version_of_their_decode_step() -> None:
+    # tokens latency: 1 s per token alone; 2 groups of 4 tokens decode together
+    # (2 s per token) from t = 0; version 1 lands at t = 5 (sync 5 s, no pause):
+    # each has sampled 2 tokens by then (at 2 and 4), the other 2 come after.
+    model = Tokens(((4, 4.0),), base_s=0.0, per_token_s=1.0, per_token_per_group_s=1.0)
+    engine = SimEngine(model, rollout_slots=2, weight_sync_s=5.0)
+
+    async def main() -> list[GroupResult]:
+        gens = [asyncio.ensure_future(engine.generate(request(i, n=1))) for i in range(2)]
+        await engine.update_weights(None, 1)
+        return list(await asyncio.gather(*gens))
+
+    results = run_virtual(main(), loop="jump")
+    assert [r.completions[0].versions for r in results] == [((0, 2), (1, 2))] * 2

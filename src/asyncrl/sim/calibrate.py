@@ -9,7 +9,8 @@ What a run directory records and what is fitted from it (docs/simulate.md, secti
   completion and ``c`` the groups generating meanwhile (time-averaged, itself
   included: the load it decoded under), fitted by least squares with
   non-negative coefficients; a coefficient of the syncs' seconds near 1 means
-  the engine pauses while it loads weights (``pause_generation_during_sync``);
+  the engine pauses while it loads weights (``pause_generation_during_sync``;
+  when too few generations span a sync to tell, vLLM is known to pause);
   the lengths are the observed groups' ``[longest, mean]``, resampled;
 * **training** (``timeline.json``'s train chunks, ``ledger.jsonl``'s tokens per
   trained group): ``train_per_token_s`` = chunk seconds per completion token;
@@ -45,6 +46,9 @@ MIN_GROUPS = 8
 DECIMALS = 2
 #: Refits of the latency model with the load averaged over tokens (it converges fast).
 LOAD_ITERATIONS = 4
+#: Below this fraction of the generation time spent in syncs, the fit cannot tell
+#: whether the engine pauses during them; the engine's known behaviour decides.
+MIN_STALL = 0.05
 
 
 def steps_per_s(records: Sequence[dict[str, Any]]) -> float:
@@ -122,6 +126,8 @@ def calibrate(run_dir: str | Path, overrides: Sequence[str] = ()) -> Calibration
     n_gen = cfg.grpo.num_generations_per_prompt
     latency, lat_facts = _fit_latency(fit_groups, intervals, n_gen)
     pauses = lat_facts.pop("pause_generation_during_sync")
+    if pauses is None:  # no generation spanned a sync: what the engine is known to do
+        pauses = cfg.policy.engine == "vllm"
     trainer, trainer_facts = _fit_trainer(used, intervals, groups)
     gens = [i for i in intervals if i["kind"] == "gen"]
     engines = len({i["lane"] for i in gens}) or 1
@@ -274,7 +280,9 @@ def _fit_latency(groups: Sequence[dict[str, Any]], intervals: Sequence[dict[str,
         base, per_token, per_group, pause = fit_nonnegative(rows, latency)
         busy = concurrency(spans, attempts,
                            lambda n, a=per_token, b=per_group: a + b * (n - 1))
-    pauses = pause >= 0.5
+    # Too little sync inside the generations (e.g. every group that spans one is
+    # aborted) cannot tell: None.
+    pauses = (pause >= 0.5) if math.fsum(stalled) >= MIN_STALL * math.fsum(latency) else None
     predicted = [base + n * (per_token + per_group * (c - 1.0)) + (w if pauses else 0.0)
                  for n, c, w in zip(longest, busy, stalled)]
     mean = _mean(latency)
