@@ -15,7 +15,7 @@ from asyncrl.sim.clock import run_virtual
 from asyncrl.sim.latency import Constant, Tokens, Work
 from asyncrl.sim.runner import simulate
 from asyncrl.sim.sharing import SharedDecoder
-from asyncrl.sim.tokens import Repeat, completion_lengths, count_masked, version_spans
+from asyncrl.sim.tokens import Placeholders, completion_lengths, count_masked, version_spans
 from asyncrl.trainers.masks import MaskStats, token_masks
 from asyncrl.types import Completion, GenerationRequest, GroupResult, Prompt, Rollout
 from tests.sim.helpers import sim_config
@@ -65,11 +65,15 @@ def test_spans_cost_the_updates_not_the_tokens() -> None:
     work = Work(latency=1000.0, base_s=0.0, token_s=0.001, longest=1_000_000, mean=1e6)
     spans = version_spans(1_000_000, work, 0.0, 4, [(250.0, 5), (500.0, 6), (2000.0, 7)])
     assert spans == ((4, 250_000), (5, 250_000), (6, 500_000))
-    ids = Repeat(0, 1_000_000)
-    assert len(ids) == 1_000_000 and ids[-1] == 0 and ids[2:5] == [0, 0, 0]
+    zeros = Placeholders()
+    ids, logprobs = zeros.ids(1_000_000), zeros.logprobs(1_000_000)
+    assert len(ids) == 1_000_000 and ids[-1] == 0 and list(ids[2:5]) == [0, 0, 0]
+    assert logprobs[7] == 0.0 and zeros.ids(3).tolist() == [0, 0, 0]
     with pytest.raises(IndexError):
         ids[1_000_000]
-    Completion(ids, Repeat(0.0, 1_000_000), spans, "stop")  # type: ignore[arg-type]
+    with pytest.raises(TypeError):  # the record's lists are read-only
+        ids[0] = 1  # type: ignore[index]
+    Completion(ids, logprobs, spans, "stop")  # type: ignore[arg-type]
 
 
 def test_completion_lengths_keep_the_longest_and_the_mean() -> None:

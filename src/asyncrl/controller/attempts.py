@@ -148,8 +148,9 @@ class AttemptRunner:
                 f"engine {type(self.engines[idx]).__name__} returned an invalid result for group "
                 f"{entry.group_id!r}: {problem}. Fix the engine (see asyncrl.record)")
         entry.partial = result  # kept by a checkpoint or a stop while it is scored
-        ctx.ledger.generated(entry.group_id, start=start, end=ctx.now(), tokens=result.num_tokens,
-                             longest=max((len(c) for c in result.completions), default=0))
+        lengths = [len(c) for c in result.completions]
+        ctx.ledger.generated(entry.group_id, start=start, end=ctx.now(), tokens=sum(lengths),
+                             longest=max(lengths, default=0))
         rewards = result.rewards
         if rewards is None:
             self._set_state(entry, EntryState.SCORING)

@@ -28,7 +28,7 @@ import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from asyncrl.config import (
     BimodalLatency,
@@ -41,11 +41,11 @@ from asyncrl.config import (
 from asyncrl.errors import ConfigError
 
 
-@dataclass(frozen=True, slots=True)
-class Work:
+class Work(NamedTuple):
     """One group's generation: ``latency`` seconds in its slot; each completion's
     token ``j`` (from 0) is sampled at ``base_s + (j + 1) * token_s``; the longest
-    completion has ``longest`` tokens (it ends the group) and the mean one ``mean``."""
+    completion has ``longest`` tokens (it ends the group) and the mean one ``mean``.
+    (A named tuple: one is made per simulated group.)"""
 
     latency: float
     base_s: float

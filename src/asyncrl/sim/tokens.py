@@ -9,16 +9,15 @@ staleness, ``staleness_of: end_weight`` and the trainer's
 
 Cost: the spans of a completion are built from the updates that landed while
 its group generated, so a group costs O(updates) however many tokens it has;
-the token ids and log-probs are :class:`Repeat` placeholders (a length, no
-storage), since nothing in a simulation reads a token's value.
+the token ids and log-probs are zeros, views of one shared buffer
+(:class:`Placeholders`), since nothing in a simulation reads a token's value.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
-from collections.abc import Iterator, Sequence
-from typing import Any, overload
+from array import array
+from collections.abc import Sequence
 
 from asyncrl.config import LossConfig
 from asyncrl.record import Completion, VersionSpans
@@ -27,35 +26,29 @@ from asyncrl.trainers.masks import MaskStats, token_masks
 from asyncrl.types import Rollout
 
 
-class Repeat(Sequence[Any]):
-    """``value`` ``length`` times, without storing them: the token ids and
-    log-probs of a simulated completion."""
+class Placeholders:
+    """Token ids and log-probs for simulated completions: zeros, as read-only
+    views of one buffer per type that grows to the longest completion (a view
+    has a length, indexes and iterates like a list, and costs no copy)."""
 
-    __slots__ = ("_length", "_value")
+    def __init__(self) -> None:
+        self._ids = memoryview(array("q")).toreadonly()
+        self._logprobs = memoryview(array("d")).toreadonly()
 
-    def __init__(self, value: Any, length: int) -> None:
-        self._value = value
-        self._length = length
+    def ids(self, length: int) -> memoryview:
+        if length > len(self._ids):
+            self._grow(length)
+        return self._ids[:length]
 
-    def __len__(self) -> int:
-        return self._length
+    def logprobs(self, length: int) -> memoryview:
+        if length > len(self._logprobs):
+            self._grow(length)
+        return self._logprobs[:length]
 
-    @overload
-    def __getitem__(self, index: int) -> Any: ...
-    @overload
-    def __getitem__(self, index: slice) -> list[Any]: ...
-    def __getitem__(self, index: int | slice) -> Any:
-        if isinstance(index, slice):
-            return [self._value] * len(range(*index.indices(self._length)))
-        if -self._length <= index < self._length:
-            return self._value
-        raise IndexError(index)
-
-    def __iter__(self) -> Iterator[Any]:
-        return itertools.repeat(self._value, self._length)
-
-    def __repr__(self) -> str:
-        return f"Repeat({self._value!r}, {self._length})"
+    def _grow(self, length: int) -> None:
+        size = max(length, 2 * len(self._ids), 1024)
+        self._ids = memoryview(array("q", bytes(8 * size))).toreadonly()
+        self._logprobs = memoryview(array("d", bytes(8 * size))).toreadonly()
 
 
 def version_spans(length: int, work: Work, start: float, version: int,
@@ -98,11 +91,14 @@ class CompletionFactory:
     placeholders per length, and one record for completions of equal length."""
 
     def __init__(self) -> None:
-        self._ids: dict[int, Repeat] = {}
-        self._logprobs: dict[int, Repeat] = {}
+        self._zeros = Placeholders()
 
     def group(self, n: int, work: Work, start: float, version: int,
               updates: Sequence[tuple[float, int]]) -> list[Completion]:
+        if work.mean >= work.longest:  # all alike (the time-based models): one record
+            length = work.longest
+            return [self._completion(length, version_spans(length, work, start, version,
+                                                           updates))] * n
         made: dict[int, Completion] = {}
         out = []
         for length in completion_lengths(work, n):
@@ -114,11 +110,9 @@ class CompletionFactory:
         return out
 
     def _completion(self, length: int, spans: VersionSpans) -> Completion:
-        ids = self._ids.get(length)
-        if ids is None:
-            ids = self._ids[length] = Repeat(0, length)
-            self._logprobs[length] = Repeat(0.0, length)
-        return Completion(ids, self._logprobs[length], spans, "stop")  # type: ignore[arg-type]
+        zeros = self._zeros
+        return Completion(zeros.ids(length), zeros.logprobs(length),  # type: ignore[arg-type]
+                          spans, "stop")
 
 
 def count_masked(rollout: Rollout, *, step: int, cfg: LossConfig, stats: MaskStats) -> None:
@@ -127,11 +121,19 @@ def count_masked(rollout: Rollout, *, step: int, cfg: LossConfig, stats: MaskSta
     rule, counted per span instead of per token (the simulator's completions
     have no ``loss_mask``; one that has is handed to ``token_masks`` itself)."""
     completions = rollout.result.completions
-    if any(c.loss_mask is not None for c in completions):
+    if not completions:
+        return
+    first = completions[0]
+    # A simulated group's completions are often one shared record (list.count
+    # finds that by identity, in C): count it once.
+    alike = completions.count(first) == len(completions)
+    if (first.loss_mask is not None if alike
+            else any(c.loss_mask is not None for c in completions)):
         token_masks(rollout, step=step, cfg=cfg, stats=stats)
         return
     oldest = None if cfg.max_token_staleness is None else step - cfg.max_token_staleness
-    for c in completions:
+    for c in (first,) if alike else completions:
+        times = len(completions) if alike else 1
         n = len(c)
         truncated = c.finish_reason == "length"
         if truncated and cfg.truncated == "mask":
@@ -140,7 +142,7 @@ def count_masked(rollout: Rollout, *, step: int, cfg: LossConfig, stats: MaskSta
             masked = 0
         else:
             masked = sum(count for version, count in c.versions if version < oldest)
-        stats.tokens += n
-        stats.masked += masked
-        stats.completions += 1
-        stats.truncated += truncated
+        stats.tokens += n * times
+        stats.masked += masked * times
+        stats.completions += times
+        stats.truncated += truncated * times
