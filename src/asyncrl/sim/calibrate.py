@@ -36,7 +36,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from asyncrl.config import RunConfig, config_from_dict, dump_config, load_config
+from asyncrl.config import RunConfig, config_from_dict, load_config
 from asyncrl.errors import ConfigError
 from asyncrl.jsonio import read_json, read_jsonl
 
@@ -164,12 +164,27 @@ def calibrate(run_dir: str | Path, overrides: Sequence[str] = ()) -> Calibration
 
 def write_calibrated(cal: Calibration, out: str | Path) -> Path:
     """The run's config with the calibrated block, as YAML a ``--config`` takes."""
+    import yaml
+
+    class _Dumper(yaml.SafeDumper):
+        pass
+
+    # The observed lengths (hundreds of pairs) as a wrapped flow list, not a page each.
+    _Dumper.add_representer(_Flow, lambda d, v: d.represent_sequence(
+        "tag:yaml.org,2002:seq", list(v), flow_style=True))
+    tree = cal.config.model_dump(mode="json")
+    latency = tree["simulate"]["generation_latency_s"]
+    latency["lengths"] = _Flow(latency["lengths"])
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     header = (f"# asyncrl simulate --calibrate {cal.run_dir}: the run's config with a simulate\n"
               "# block fitted to what it recorded (docs/simulate.md, section 8).\n")
-    path.write_text(header + dump_config(cal.config))
+    path.write_text(header + yaml.dump(tree, Dumper=_Dumper, sort_keys=False, width=100))
     return path
+
+
+class _Flow(list):  # type: ignore[type-arg]
+    """A list written in YAML's flow style."""
 
 
 # ------------------------------------------------------------------- reading
