@@ -1,5 +1,8 @@
 """Simulated engine, trainer and task: the real protocols, with time instead of work.
 
+The engine is here; the trainer is in :mod:`asyncrl.sim.trainer` and the task in
+:mod:`asyncrl.sim.task` (all three importable from this module).
+
 They only ever wait on the event loop's clock, so under
 :func:`asyncrl.sim.clock.run_virtual` a 1,000-step run takes seconds of wall
 time while the unmodified :class:`~asyncrl.controller.Controller` drives them.
@@ -47,20 +50,18 @@ import random
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from asyncrl.config import LossConfig
 from asyncrl.engines.completions import start_weight
 from asyncrl.sim.latency import LatencyModel, Work
 from asyncrl.sim.sharing import SharedDecoder
-from asyncrl.sim.tokens import CompletionFactory, count_masked
-from asyncrl.trainers.masks import MaskStats
+from asyncrl.sim.task import SimSource, SimTask
+from asyncrl.sim.tokens import CompletionFactory
+from asyncrl.sim.trainer import SimTrainer
 from asyncrl.types import (
     GenerationError,
     GenerationRequest,
     GroupAborted,
     GroupId,
     GroupResult,
-    Prompt,
-    Rollout,
 )
 
 # How many latencies are drawn per refill of a stream: amortises the call overhead.
@@ -364,91 +365,4 @@ class SimEngine:
         return GroupResult(gid, [0], completions, start_version, rewards)
 
 
-class SimTrainer:
-    """``train_per_group_s`` per group and ``train_per_token_s`` per completion
-    token in every chunk, ``train_step_s`` per optimizer step.
-
-    Implements :class:`asyncrl.trainers.Trainer`. The weights it hands out are
-    just the version number (the engine only needs to know when they arrive).
-    It applies ``loss`` (``max_token_staleness``, ``truncated: mask``) as the
-    real trainer does, and counts the tokens its masks exclude (``mask_stats``).
-    """
-
-    def __init__(self, *, train_step_s: float, train_per_group_s: float = 0.0,
-                 train_per_token_s: float = 0.0, loss: LossConfig | None = None) -> None:
-        self.train_step_s = train_step_s
-        self.train_per_group_s = train_per_group_s
-        self.train_per_token_s = train_per_token_s
-        self.loss = loss if loss is not None else LossConfig()
-        self.mask_stats = MaskStats()
-        self.steps = 0
-        self.groups = 0
-        self.busy_s = 0.0
-
-    async def train_chunk(self, rollouts: Sequence[Rollout], *, step: int) -> dict[str, float]:
-        self.groups += len(rollouts)
-        stats = MaskStats()
-        for rollout in rollouts:
-            count_masked(rollout, step=step, cfg=self.loss, stats=stats)
-        total = self.mask_stats
-        total.tokens += stats.tokens
-        total.masked += stats.masked
-        total.completions += stats.completions
-        total.truncated += stats.truncated
-        cost = self.train_per_group_s * len(rollouts) + self.train_per_token_s * stats.tokens
-        if cost > 0:
-            self.busy_s += cost
-            await asyncio.sleep(cost)
-        return {**stats.metrics(), "num_tokens": float(stats.tokens)}
-
-    async def finish_step(self, *, step: int) -> dict[str, float]:
-        if self.train_step_s > 0:
-            self.busy_s += self.train_step_s
-            await asyncio.sleep(self.train_step_s)
-        self.steps += 1
-        return {}
-
-    async def get_weights(self) -> Any:
-        return self.steps
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"steps": self.steps, "groups": self.groups}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.steps = int(state["steps"])
-        self.groups = int(state["groups"])
-
-    async def close(self) -> None:
-        return None
-
-
-class SimSource:
-    """An endless stream of placeholder prompts, numbered 0, 1, 2, ..."""
-
-    def __init__(self) -> None:
-        self.position = 0
-
-    def next_prompt(self) -> Prompt | None:
-        index = self.position
-        self.position = index + 1
-        return Prompt(index, "")
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"position": self.position}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.position = int(state["position"])
-
-
-class SimTask:
-    """Endless prompts; rewards come with each simulated group, so :meth:`reward`
-    is never asked (it exists for the protocol and returns 0)."""
-
-    name = "sim"
-    target_reward = 1.0
-
-    def prompt_source(self, seed: int) -> SimSource:
-        return SimSource()
-
-    def reward(self, prompt: Prompt, completion: str) -> float:
-        return 0.0
+__all__ = ["SimEngine", "SimSource", "SimTask", "SimTrainer", "component_rng"]
