@@ -354,6 +354,9 @@ class SimulateConfig(Block):
     #: running requests while it loads new weights); false: it keeps generating
     #: with the old weights meanwhile.
     pause_generation_during_sync: bool = False
+    #: Seconds an engine takes to abort the groups in flight a sync made hopeless
+    #: (one call per sync that aborts any), on the train pump's path.
+    abort_s: NonNegFloat = 0.0
 
 
 # --------------------------------------------------------------------- eval

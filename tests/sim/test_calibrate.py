@@ -49,12 +49,13 @@ def run_config(sampler: dict, *, capacity: int, steps: int = 40) -> RunConfig:
     })
 
 
-def write_run(cfg: RunConfig, run_dir: Path) -> dict:
+def write_run(cfg: RunConfig, run_dir: Path, *, abort_s: float = 0.0) -> dict:
     """Run ``cfg`` as a "real" run and write what ``asyncrl train`` writes."""
     sim = cfg.simulate
     assert sim is not None
     engine = SimEngine(make_latency_model(sim.generation_latency_s), rollout_slots=16,
-                       seed=cfg.seed, weight_sync_s=sim.weight_sync_s, pause_during_sync=True)
+                       seed=cfg.seed, weight_sync_s=sim.weight_sync_s, pause_during_sync=True,
+                       abort_s=abort_s)
     trainer = SimTrainer(train_step_s=sim.train_step_s, train_per_token_s=sim.train_per_token_s)
     sink, history = MemorySink(), MemoryHistory()
     holder: dict[str, Controller] = {}
@@ -145,6 +146,18 @@ def test_calibration_recovers_the_costs_and_predicts_another_sampler(tmp_path: P
     measured = [json.loads(x) for x in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
     assert steps_per_s(predicted.records) == pytest.approx(steps_per_s(measured), rel=0.1)
     assert predicted.staleness_mean == pytest.approx(summary_b["staleness_mean"], rel=0.1)
+
+
+def test_calibration_charges_the_time_after_syncs_that_abort_to_the_aborts(
+        tmp_path: Path) -> None:
+    # windowed s=0 aborts at every sync; each abort call takes 0.3 s of the train
+    # pump's time, which the fit finds between one sync and the next step.
+    cfg = run_config({"name": "windowed", "max_staleness_versions": 0}, capacity=24, steps=20)
+    write_run(cfg, tmp_path / "a", abort_s=0.3)
+    fit = calibrate(tmp_path / "a").config.simulate
+    assert fit is not None
+    assert fit.abort_s == pytest.approx(0.3, rel=0.05)
+    assert fit.train_step_s == pytest.approx(TRAIN["train_step_s"], rel=0.05)
 
 
 def test_cli_writes_a_config_that_simulates(tmp_path: Path, capsys) -> None:

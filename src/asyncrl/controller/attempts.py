@@ -148,15 +148,28 @@ class AttemptRunner:
                 f"engine {type(self.engines[idx]).__name__} returned an invalid result for group "
                 f"{entry.group_id!r}: {problem}. Fix the engine (see asyncrl.record)")
         entry.partial = result  # kept by a checkpoint or a stop while it is scored
-        lengths = [len(c) for c in result.completions]
-        ctx.ledger.generated(entry.group_id, start=start, end=ctx.now(), tokens=sum(lengths),
-                             longest=max(lengths, default=0))
+        tokens, longest = _token_counts(result)
+        ctx.ledger.generated(entry.group_id, start=start, end=ctx.now(), tokens=tokens,
+                             longest=longest)
         rewards = result.rewards
         if rewards is None:
             self._set_state(entry, EntryState.SCORING)
             rewards = await self.scorer.score(entry.prompt, result.completion_texts)
         return Rollout(entry.group_id, entry.prompt, result,
                        _checked_rewards(rewards, result), entry.stamp, entry.attempts)
+
+
+def _token_counts(result: GroupResult) -> tuple[int, int]:
+    """All completion tokens of a group, and those of its longest completion
+    (one record shared by several completions is measured once)."""
+    tokens = longest = size = 0
+    last = None
+    for c in result.completions:
+        if c is not last:
+            last, size = c, len(c)
+            longest = max(longest, size)
+        tokens += size
+    return tokens, longest
 
 
 def _checked_rewards(rewards: Sequence[float], result: GroupResult) -> list[float]:

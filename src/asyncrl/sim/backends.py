@@ -39,8 +39,9 @@ Modelling choices (docs/simulate.md explains them for users):
   tokens over its latency, and each token carries the weight version the
   engine held when it was sampled, so a group that spans an update reports
   the update at the right token.
-* **Abort** wakes a group's latency wait at once and frees its slot; the
-  partial slot time counts as busy (the compute was spent, then wasted).
+* **Abort** takes ``abort_s`` (the engine call, awaited by the train pump),
+  then wakes each group's latency wait and frees its slot; the partial slot
+  time counts as busy (the compute was spent, then wasted).
 """
 
 from __future__ import annotations
@@ -134,6 +135,7 @@ class SimEngine:
         record_intervals: bool = True,
         tokens_per_s: float = 20.0,
         pause_during_sync: bool = False,
+        abort_s: float = 0.0,
     ) -> None:
         if rollout_slots < 1:
             raise ValueError(f"rollout_slots must be >= 1, got {rollout_slots}")
@@ -145,6 +147,7 @@ class SimEngine:
         self.weight_sync_s = weight_sync_s
         self.tokens_per_s = tokens_per_s
         self.pause_during_sync = pause_during_sync
+        self.abort_s = abort_s
         self._version = 0
         #: (active time, version) of every weight update, in order: splits the
         #: tokens of the groups generating when it lands.
@@ -311,6 +314,8 @@ class SimEngine:
                 run.timer = loop.call_at(run.deadline, _wake, run.fut)
 
     async def abort(self, group_ids: Sequence[GroupId]) -> None:
+        if group_ids and self.abort_s > 0:
+            await asyncio.sleep(self.abort_s)  # the call; the groups stop when it is done
         for gid in group_ids:
             run = self._running.get(gid)
             if run is not None and not run.fut.done():

@@ -14,9 +14,11 @@ What a run directory records and what is fitted from it (docs/simulate.md, secti
   the lengths are the observed groups' ``[longest, mean]``, resampled;
 * **training** (``timeline.json``'s train chunks, ``ledger.jsonl``'s tokens per
   trained group): ``train_per_token_s`` = chunk seconds per completion token;
-  ``weight_sync_s`` = the mean sync; ``train_step_s`` = the rest of the trainer's
-  busy time per step (``metrics.jsonl``: step period minus idle), i.e. the
-  optimizer step and every per-step overhead;
+  ``weight_sync_s`` = the mean sync; the rest of the trainer's busy time per
+  step (``metrics.jsonl``: step period minus idle, chunks and sync) is the
+  optimizer step (between the last chunk and the sync) plus what follows the
+  sync: on steps that aborted groups the extra is ``abort_s`` (the engine's
+  abort call and its bookkeeping), the rest goes to ``train_step_s``;
 * the fleet: ``rollout_slots`` = engines x ``max_batch_sequences //
   num_generations_per_prompt``; ``failure_rate`` from the failed attempts.
 
@@ -90,7 +92,9 @@ class Calibration:
             f"fit error {100 * f['latency_rel_error']:.1f}% of the mean latency "
             f"(R^2 {f['latency_r2']:.2f}); lengths of {len(lat.lengths)} groups",
             f"  trainer: {sim.train_per_token_s:.4g}s per completion token, "
-            f"{sim.train_step_s:.4g}s per step, weight sync {sim.weight_sync_s:.4g}s; "
+            f"{sim.train_step_s:.4g}s per step, weight sync {sim.weight_sync_s:.4g}s "
+            f"({'generation pauses' if sim.pause_generation_during_sync else 'generation goes on'}"
+            f"), abort {sim.abort_s:.4g}s; "
             f"{sim.rollout_slots} rollout slots, failure rate {sim.failure_rate:.3g}",
             f"  the run itself, measured vs simulated: steps/s {f['measured_steps_per_s']:.4g} "
             f"vs {f['simulated_steps_per_s']:.4g}, staleness mean "
@@ -319,10 +323,17 @@ def _fit_trainer(steps: Sequence[dict[str, Any]], intervals: Sequence[dict[str, 
                  groups: Sequence[dict[str, Any]]) -> tuple[dict[str, float], dict[str, float]]:
     chunk_s: dict[int, float] = defaultdict(float)
     sync_s: dict[int, float] = defaultdict(float)
+    chunk_end: dict[int, float] = {}
+    sync_start: dict[int, float] = {}
     for i in intervals:
         if i["kind"] in ("train", "sync") and str(i["label"]).isdigit():
-            into = chunk_s if i["kind"] == "train" else sync_s
-            into[int(i["label"])] += float(i["end"]) - float(i["start"])
+            v, start, end = int(i["label"]), float(i["start"]), float(i["end"])
+            if i["kind"] == "train":
+                chunk_s[v] += end - start
+                chunk_end[v] = max(chunk_end.get(v, end), end)
+            else:
+                sync_s[v] += end - start
+                sync_start[v] = min(sync_start.get(v, start), start)
     tokens: dict[int, int] = defaultdict(int)
     for g in groups:
         if g.get("state") == "trained" and g.get("end_step") is not None:
@@ -332,18 +343,26 @@ def _fit_trainer(steps: Sequence[dict[str, Any]], intervals: Sequence[dict[str, 
     token_total = sum(tokens[v] for v in used)
     per_token = chunk_total / token_total if token_total else 0.0
     sync = _mean([sync_s[v] for v in used])
-    # What else the trainer side spends per step: the optimizer step, metrics,
-    # hooks - the step's period minus its idle time, its chunks and its sync.
+    # What else the trainer side spends per step: the step's period minus its
+    # idle time, its chunks and its sync. The part between the last chunk and
+    # the sync is the optimizer step; the part after the sync (aborting groups
+    # in the engine, bookkeeping) is charged to the aborts where the step had any.
     period = {int(r["step"]): float(r["wall_time_s"]) for r in steps}
-    rest = []
+    finish, after, after_aborts = [], [], []
     for r in steps:
         v = int(r["step"])
         if v - 1 not in period and len(steps) > 1:
             continue
         length = period[v] - period.get(v - 1, 0.0)
-        rest.append(length - float(r.get("trainer_idle_s", 0.0)) - chunk_s[v] - sync_s[v])
-    step_s = max(_mean(rest), 0.0) if rest else 0.0
+        rest = length - float(r.get("trainer_idle_s", 0.0)) - chunk_s[v] - sync_s[v]
+        done = (max(sync_start[v] - chunk_end[v], 0.0)
+                if v in sync_start and v in chunk_end else 0.0)
+        finish.append(min(done, max(rest, 0.0)))
+        (after_aborts if r.get("groups_aborted") else after).append(max(rest, 0.0) - finish[-1])
+    base_after = _mean(after) if after else 0.0
+    abort_s = max(_mean(after_aborts) - base_after, 0.0) if after_aborts else 0.0
+    step_s = (_mean(finish) if finish else 0.0) + base_after
     return ({"train_step_s": step_s, "train_per_group_s": 0.0, "train_per_token_s": per_token,
-             "weight_sync_s": sync},
+             "weight_sync_s": sync, "abort_s": abort_s},
             {"train_chunk_s_per_step": chunk_total / len(used) if used else 0.0,
              "tokens_per_step": token_total / len(used) if used else 0.0})

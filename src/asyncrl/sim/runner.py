@@ -235,7 +235,8 @@ def simulate(
     engine = SimEngine(latency, rollout_slots=sim.rollout_slots, seed=cfg.seed,
                        failure_rate=sim.failure_rate, weight_sync_s=sim.weight_sync_s,
                        record_intervals=record_intervals, tokens_per_s=sim.tokens_per_s,
-                       pause_during_sync=sim.pause_generation_during_sync)
+                       pause_during_sync=sim.pause_generation_during_sync,
+                       abort_s=sim.abort_s)
     trainer = SimTrainer(train_step_s=sim.train_step_s, train_per_group_s=sim.train_per_group_s,
                          train_per_token_s=sim.train_per_token_s, loss=cfg.loss)
     sink = MemorySink()
