@@ -104,7 +104,7 @@ def config_file(tmp_path: Path) -> Path:
 def test_cli_frontier_marks_the_config_and_recommends_a_better_one(
         config_file: Path, tmp_path: Path, capsys) -> None:
     run = tmp_path / "front"
-    assert main(["simulate", "--config", str(config_file), "--frontier", "--steps", "20",
+    assert main(["simulate", "--config", str(config_file), "--frontier", "--steps", "12",
                  "--run-dir", str(run)]) == 0
     out = capsys.readouterr().out
     assert "your config (windowed s=2 cap 30) is off the frontier" in out
@@ -119,7 +119,7 @@ def test_cli_frontier_marks_the_config_and_recommends_a_better_one(
     assert best["efficiency"] >= user["efficiency"] - 1e-3
     assert best["waste_frac"] <= user["waste_frac"] + 1e-3
     assert best["token_staleness_p95"] <= user["token_staleness_p95"]
-    assert all(p["steps"] == 20 for p in points)
+    assert all(p["steps"] == 12 for p in points)
     assert " ".join(f"'{o}'" for o in best["overrides"]) in out.replace("\n", "")
 
 
