@@ -10,7 +10,9 @@
   (After a SIGKILL of the ``asyncrl`` process too: the reaper's own test is in
   tests/engines/test_vllm_setup.py.)
 
-Each run starts its own vLLM (tens of seconds), so runs are few and short.
+Each run starts its own vLLM (tens of seconds), so runs are few and short;
+the in_order and windowed runs are shared with the calibration test
+(tests/e2e/vllm_runs.py).
 """
 
 from __future__ import annotations
@@ -27,16 +29,11 @@ import pytest
 
 from asyncrl.cli import main
 from asyncrl.engines.vllm_setup import descendants
+from tests.e2e import vllm_runs
+from tests.e2e.vllm_runs import QUICKSTART, ROOT, VLLM, SharedRuns
 from tests.vllm_support import tagged_env, tagged_processes, wait_gone
 
 pytestmark = pytest.mark.e2e
-
-ROOT = Path(__file__).resolve().parents[2]
-QUICKSTART = str(ROOT / "examples" / "quickstart.yaml")
-#: The quickstart on vLLM: heads of 32 (vLLM's CPU kernels take no heads of 16),
-#: no files but the ones checked.
-VLLM = ["policy.engine=vllm", "policy.model.num_heads=2", "checkpoint.every_steps=0",
-        "logging.progress=never", "logging.plots=false", "logging.tensorboard=false"]
 #: Synchronous GRPO that learns visibly within 20 steps: 16 groups per step, lr 3e-3.
 SYNC = ["grpo.max_num_steps=20", "grpo.num_prompts_per_step=16",
         "async_rl.max_buffered_rollouts=32", "async_rl.max_inflight_prompts=32",
@@ -45,10 +42,8 @@ SYNC = ["grpo.max_num_steps=20", "grpo.num_prompts_per_step=16",
 
 
 def train(run_dir: Path, *overrides: str, config: str = QUICKSTART) -> tuple[int, dict, list]:
-    code = main(["train", "--config", config, "--run-dir", str(run_dir), *VLLM, *overrides])
-    summary = json.loads((run_dir / "summary.json").read_text())
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return code, summary, records
+    run = vllm_runs.train(run_dir, *overrides, config=config)
+    return run.code, run.summary, run.records
 
 
 def test_a_synchronous_vllm_run_is_exact_balanced_and_learns(tmp_path: Path, capsys) -> None:
@@ -113,25 +108,21 @@ def test_a_pretrained_chat_model_on_a_dataset_task_trains_exactly_with_vllm(
 
 
 @pytest.mark.slow
-def test_in_order_with_lookahead_overlaps_and_balances(tmp_path: Path, capsys) -> None:
-    code, summary, records = train(tmp_path / "run", "grpo.max_num_steps=12")
-    assert code == 0 and summary["ledger"]["balanced"]
-    assert summary["steps"] == 12 and summary["staleness_max"] <= 1
-    assert all(r["groups_trained"] == 8 for r in records)
+def test_in_order_with_lookahead_overlaps_and_balances(vllm_runs: SharedRuns) -> None:
+    run = vllm_runs.get("in_order")  # quickstart: in_order, lookahead 1
+    assert run.code == 0 and run.summary["ledger"]["balanced"]
+    assert run.summary["steps"] == 30 and run.summary["staleness_max"] <= 1
+    assert all(r["groups_trained"] == 8 for r in run.records)
 
 
 @pytest.mark.slow
-def test_windowed_aborts_stale_groups_in_vllm_and_balances(tmp_path: Path, capsys) -> None:
+def test_windowed_aborts_stale_groups_in_vllm_and_balances(vllm_runs: SharedRuns) -> None:
     # Zero staleness and admission that never waits: every sync finds groups
     # generating with the old weights, and aborts them inside vLLM.
-    code, summary, records = train(
-        tmp_path / "run", "grpo.max_num_steps=10", "async_rl.sampler.name=windowed",
-        "async_rl.sampler.max_staleness_versions=0", "async_rl.max_buffered_rollouts=24",
-        "async_rl.max_inflight_prompts=24", "async_rl.min_groups_for_streaming_train=4",
-        "policy.generation.max_new_tokens=6")
-    assert code == 0 and summary["ledger"]["balanced"]
-    assert summary["ledger"]["aborted"] > 0
-    for r in records:  # what was trained was generated wholly with the trainer's weights
+    run = vllm_runs.get("windowed")
+    assert run.code == 0 and run.summary["ledger"]["balanced"]
+    assert run.summary["ledger"]["aborted"] > 0
+    for r in run.records:  # what was trained was generated wholly with the trainer's weights
         assert r["train/logprob_mismatch_max"] <= 1e-3, r
 
 

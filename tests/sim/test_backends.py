@@ -12,7 +12,15 @@ from asyncrl.sim.clock import run_virtual
 from asyncrl.sim.latency import Constant, Lognormal
 from asyncrl.tasks.base import Task
 from asyncrl.trainers.base import Trainer
-from asyncrl.types import GenerationError, GenerationRequest, GroupAborted, Prompt
+from asyncrl.types import (
+    Completion,
+    GenerationError,
+    GenerationRequest,
+    GroupAborted,
+    GroupResult,
+    Prompt,
+    Rollout,
+)
 from tests.vtime import advance
 
 
@@ -170,18 +178,27 @@ def test_first_attempt_latency_belongs_to_the_prompt_whatever_the_order() -> Non
     assert c.first_attempt_latency(0) != a.first_attempt_latency(0)
 
 
+def rollout(i: int, *versions: int) -> Rollout:
+    """A prompt group of two completions, one token per version given."""
+    one = Completion.of([0] * len(versions), [0.0] * len(versions), versions, "stop")
+    return Rollout(i, Prompt(i, ""), GroupResult(i, [0], [one, one], min(versions), [0.0, 0.0]),
+                   [0.0, 0.0])
+
+
 def test_trainer_takes_step_and_streaming_time() -> None:
-    trainer = SimTrainer(train_step_s=4.0, train_per_group_s=0.5)
+    # 0.5 s per group and 0.25 s per completion token: 6 groups of 2 x 3 tokens.
+    trainer = SimTrainer(train_step_s=4.0, train_per_group_s=0.5, train_per_token_s=0.25)
 
     async def main() -> float:
         loop = asyncio.get_running_loop()
-        await trainer.train_chunk([None] * 6, step=0)  # type: ignore[list-item]
+        metrics = await trainer.train_chunk([rollout(i, 0, 0, 0) for i in range(6)], step=0)
+        assert metrics["num_tokens"] == 36 and metrics["masked_token_frac"] == 0.0
         await trainer.finish_step(step=0)
         assert await trainer.get_weights() == 1
         return loop.time()
 
-    assert run_virtual(main(), loop="jump") == 7.0
-    assert trainer.busy_s == 7.0
+    assert run_virtual(main(), loop="jump") == 16.0
+    assert trainer.busy_s == 16.0
     state = trainer.state_dict()
     fresh = SimTrainer(train_step_s=1.0)
     fresh.load_state_dict(state)

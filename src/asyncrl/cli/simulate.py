@@ -19,6 +19,9 @@ from asyncrl.config import load_config
 from asyncrl.errors import ConfigError
 from asyncrl.jsonio import dumps
 
+#: asyncrl.sim.frontier.DEFAULT_STEPS, without importing the simulator for --help.
+FRONTIER_STEPS = 100
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -30,14 +33,29 @@ def register(sub: argparse._SubParsersAction) -> None:
             "staleness and waste. See docs/simulate.md."
         ),
     )
-    p.add_argument("--config", required=True, metavar="FILE", help="YAML run config with a simulate block")
+    p.add_argument("--config", metavar="FILE",
+                   help="YAML run config with a simulate block (required unless --calibrate)")
     p.add_argument("--run-dir", metavar="DIR",
                    help="where results.json and the plots go (default runs/sim-<timestamp>)")
     p.add_argument("--compare", metavar="POLICIES",
                    help="comma-separated built-in policies to run on the same workload, e.g. "
                         "in_order,weight_fifo,windowed,ready_first (each with the config "
                         "sampler's window)")
-    p.add_argument("--steps", type=int, metavar="N", help="training steps (default simulate.steps)")
+    p.add_argument("--frontier", action="store_true",
+                   help="sweep the built-in policies' window, capacity, in-flight bound and "
+                        "staleness_of on the config's workload; show the Pareto set of "
+                        "(efficiency, token-staleness p95, waste), where the config sits and "
+                        "the closest frontier config")
+    p.add_argument("--calibrate", metavar="RUN_DIR",
+                   help="fit the simulate block (latency against completion length and load, "
+                        "training cost per token, sync) to a real run's records and write it "
+                        "with the run's config to --out")
+    p.add_argument("--out", metavar="FILE",
+                   help="with --calibrate: where the calibrated config goes "
+                        "(default RUN_DIR/simulate.yaml)")
+    p.add_argument("--steps", type=int, metavar="N",
+                   help=f"training steps (default simulate.steps; with --frontier at most "
+                        f"{FRONTIER_STEPS} per config)")
     p.add_argument("--json", action="store_true",
                    help="print only a JSON list with one object per policy")
     p.add_argument("--no-plots", action="store_true", help="write results.json only")
@@ -76,7 +94,8 @@ def default_run_dir() -> Path:
 
 
 @contextlib.contextmanager
-def _progress(enabled: bool, total_runs: int, steps: int) -> Iterator[Any]:
+def _progress(enabled: bool, total_runs: int, steps: int,
+              what: str = "policies") -> Iterator[Any]:
     """A rich progress display on stderr: one bar for the policies, one for the steps.
 
     Yields ``(on_start, on_step)`` callbacks, or no-ops when disabled.
@@ -92,7 +111,7 @@ def _progress(enabled: bool, total_runs: int, steps: int) -> Iterator[Any]:
         console=Console(stderr=True), transient=True,
     )
     with progress:
-        runs = progress.add_task("policies", total=total_runs)
+        runs = progress.add_task(what, total=total_runs)
         step_task = progress.add_task("steps", total=steps)
         started = [0]
 
@@ -112,11 +131,22 @@ def run(args: argparse.Namespace) -> int:
     from asyncrl.sim.report import rich_table, write_run_dir
     from asyncrl.sim.runner import NO_SIMULATE_BLOCK, compare, simulate
 
+    if args.calibrate is not None:
+        return run_calibrate(args)
+    if args.config is None:
+        raise ConfigError("asyncrl simulate needs --config FILE (or --calibrate RUN_DIR to fit "
+                          "a simulate block to a real run)")
+    if args.out is not None:
+        raise ConfigError("--out goes with --calibrate RUN_DIR; the simulation writes to --run-dir")
+    if args.frontier and args.compare:
+        raise ConfigError("--frontier already runs every built-in policy; drop --compare")
     cfg = load_config(args.config, list(args.overrides or []))
     if cfg.simulate is None:
         raise ConfigError(f"{args.config}: {NO_SIMULATE_BLOCK}")
     if args.steps is not None and args.steps < 1:
         raise ConfigError(f"--steps must be >= 1, got {args.steps}")
+    if args.frontier:
+        return run_frontier(args, cfg)
     names = parse_compare(args.compare)
     steps = args.steps if args.steps is not None else cfg.simulate.steps
     base_dir = Path(args.config).resolve().parent
@@ -152,6 +182,56 @@ def run(args: argparse.Namespace) -> int:
     console.print("efficiency = bound step time / achieved step time; "
                   "waste = (evicted + aborted) / dispatched groups")
     console.print(f"wrote {run_dir}/ ({_written_text(written)})", markup=False)
+    return 0
+
+
+def run_frontier(args: argparse.Namespace, cfg: Any) -> int:
+    from asyncrl.sim.frontier import candidates, sweep, user_candidate
+    from asyncrl.sim.report import recommendation, rich_frontier_table, write_frontier_dir
+
+    steps = args.steps if args.steps is not None else min(cfg.simulate.steps, FRONTIER_STEPS)
+    mine = user_candidate(cfg).key
+    total = 1 + sum(c.key != mine for c in candidates(cfg))
+    show_progress = not args.json and sys.stderr.isatty()
+    with _progress(show_progress, total, steps, what="configs") as (on_start, on_step):
+        front = sweep(cfg, steps=steps, base_dir=Path(args.config).resolve().parent,
+                      on_start=on_start, on_step=on_step)
+    run_dir = Path(args.run_dir) if args.run_dir else default_run_dir()
+    written = write_frontier_dir(front, run_dir, cfg, config_path=str(args.config),
+                                 plots=not args.no_plots)
+    if args.json:
+        print(dumps([p.row() for p in front.points], indent=2))
+        return 0
+    from rich.console import Console
+
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    console.print(rich_frontier_table(front, title=(
+        f"asyncrl simulate --frontier: {len(front.points)} configs x {steps} steps, "
+        f"{len(front.frontier)} on the frontier (efficiency up, token-staleness p95 and waste "
+        "down)")))
+    console.print(recommendation(front), markup=False)
+    for cand, error in front.refused:
+        console.print(f"skipped {cand.label}: {error}", markup=False)
+    console.print(front.user.result.bound.describe())
+    console.print(f"wrote {run_dir}/ ({_written_text(written)})", markup=False)
+    return 0
+
+
+def run_calibrate(args: argparse.Namespace) -> int:
+    from asyncrl.sim.calibrate import calibrate, write_calibrated
+
+    if args.config is not None or args.compare or args.frontier:
+        raise ConfigError("--calibrate RUN_DIR takes the run's own config; simulate the result "
+                          "with --config RUN_DIR/simulate.yaml afterwards")
+    fit = calibrate(args.calibrate, list(args.overrides or []))
+    out = Path(args.out) if args.out else Path(args.calibrate) / "simulate.yaml"
+    write_calibrated(fit, out)
+    if args.json:
+        print(dumps(fit.summary(), indent=2))
+        return 0
+    print(fit.describe())
+    print(f"wrote {out}: the run's config with this simulate block. Predict another setup "
+          f"with: asyncrl simulate --config {out} key.path=value ...")
     return 0
 
 

@@ -215,6 +215,9 @@ class AttemptRunner:
             # a bug of the engine (reported as BackendBug, naming it), not a retry.
             raise ValueError(f"it returned an invalid result: {problem} (see asyncrl.record)")
         entry.partial = result  # kept by a checkpoint or a stop while it is scored
+        tokens, longest = _token_counts(result)
+        ctx.ledger.generated(entry.group_id, start=start, end=ctx.now(), tokens=tokens,
+                             longest=longest)
         rewards = result.rewards
         if rewards is None:
             self._set_state(entry, EntryState.SCORING)
@@ -293,6 +296,19 @@ async def _deadline(call: Awaitable[T], seconds: float | None,
         if loop.time() - start < seconds:
             raise
         raise expired() from None
+
+
+def _token_counts(result: GroupResult) -> tuple[int, int]:
+    """All completion tokens of a group, and those of its longest completion
+    (one record shared by several completions is measured once)."""
+    tokens = longest = size = 0
+    last = None
+    for c in result.completions:
+        if c is not last:
+            last, size = c, len(c)
+            longest = max(longest, size)
+        tokens += size
+    return tokens, longest
 
 
 def _checked_rewards(rewards: Sequence[float], result: GroupResult) -> list[float]:

@@ -35,12 +35,16 @@ class GroupRecord:
         "error",
         "failure",
         "finish_time",
+        "gen_end",
+        "gen_start",
         "group_id",
         "prompt_id",
         "staleness",
         "start_weight",
         "state",
         "target_step",
+        "tokens",
+        "tokens_longest",
     )
 
     def __init__(
@@ -64,6 +68,12 @@ class GroupRecord:
         self.staleness: int | None = None
         self.error: str | None = None  # why the last attempt failed (failed groups)
         self.failure: str | None = None  # the budget a failed group used up: infra or data
+        # The generation that finished it (for ``asyncrl simulate --calibrate``):
+        # when it ran, its completions' tokens in all and of the longest one.
+        self.gen_start: float | None = None
+        self.gen_end: float | None = None
+        self.tokens: int | None = None
+        self.tokens_longest: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__}
@@ -186,6 +196,14 @@ class Ledger:
     def committed(self, group_id: GroupId, *, end_weight: int, attempts: int, time: float) -> None:
         rec = self._move(group_id, "ready", ("inflight",))
         rec.end_weight, rec.attempts, rec.finish_time = end_weight, attempts, time
+
+    def generated(self, group_id: GroupId, *, start: float, end: float, tokens: int,
+                  longest: int) -> None:
+        """The attempt that generated the group's tokens ran from ``start`` to ``end``
+        (a group aborted meanwhile is no longer live: nothing to note)."""
+        rec = self._live.get(group_id)
+        if rec is not None:
+            rec.gen_start, rec.gen_end, rec.tokens, rec.tokens_longest = start, end, tokens, longest
 
     def trained(self, group_id: GroupId, *, step: int, staleness: int) -> None:
         rec = self._live.get(group_id)

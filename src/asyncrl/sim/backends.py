@@ -1,5 +1,8 @@
 """Simulated engine, trainer and task: the real protocols, with time instead of work.
 
+The engine is here; the trainer is in :mod:`asyncrl.sim.trainer` and the task in
+:mod:`asyncrl.sim.task` (all three importable from this module).
+
 They only ever wait on the event loop's clock, so under
 :func:`asyncrl.sim.clock.run_virtual` a 1,000-step run takes seconds of wall
 time while the unmodified :class:`~asyncrl.controller.Controller` drives them.
@@ -23,9 +26,22 @@ Modelling choices (docs/simulate.md explains them for users):
   ``weight_sync_s``. The train pump awaits it after the optimizer step and
   before the trainer version advances, so it counts as trainer-busy time, and
   the fleet keeps generating on the old weights meanwhile (as a non-colocated
-  engine does while weights stream in).
-* **Abort** wakes a group's latency wait at once and frees its slot; the
-  partial slot time counts as busy (the compute was spent, then wasted).
+  engine does while weights stream in) - or, with ``pause_during_sync``, stands
+  still until the new weights are in (as vLLM does: it pauses its running
+  requests while it loads weights). Token timings and latencies then run on an
+  *active* clock that stops during pauses.
+* **Load**: with the time-based latency models a group's latency is fixed when
+  it starts. With ``tokens`` (lengths and a per-token cost that grows with the
+  groups decoding) the fleet is a continuous-batching engine: after ``base_s``
+  a group decodes one token per decode step, and a step takes longer the more
+  groups decode, whenever they join or leave (:mod:`asyncrl.sim.sharing`).
+* **Tokens** (:mod:`asyncrl.sim.tokens`): a group's completions generate their
+  tokens over its latency, and each token carries the weight version the
+  engine held when it was sampled, so a group that spans an update reports
+  the update at the right token.
+* **Abort** takes ``abort_s`` (the engine call, awaited by the train pump),
+  then wakes each group's latency wait and frees its slot; the partial slot
+  time counts as busy (the compute was spent, then wasted).
 """
 
 from __future__ import annotations
@@ -36,16 +52,17 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 from asyncrl.engines.completions import start_weight
-from asyncrl.sim.latency import LatencyModel
+from asyncrl.sim.latency import LatencyModel, Work
+from asyncrl.sim.sharing import SharedDecoder
+from asyncrl.sim.task import SimSource, SimTask
+from asyncrl.sim.tokens import CompletionFactory
+from asyncrl.sim.trainer import SimTrainer
 from asyncrl.types import (
-    Completion,
     GenerationError,
     GenerationRequest,
     GroupAborted,
     GroupId,
     GroupResult,
-    Prompt,
-    Rollout,
 )
 
 # How many latencies are drawn per refill of a stream: amortises the call overhead.
@@ -80,11 +97,23 @@ def _uniforms(rng: random.Random, k: int) -> list[float]:
     return [uniform() for _ in range(k)]
 
 
-
-
 def _wake(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)
+
+
+class _Run:
+    """A group in a slot: the future its generation waits on, and either its
+    timer (None while generation is paused) with its deadline (while paused:
+    the seconds it has left), or - decoding on a shared fleet - its join number."""
+
+    __slots__ = ("deadline", "fut", "joined", "timer")
+
+    def __init__(self, fut: asyncio.Future[None]) -> None:
+        self.fut = fut
+        self.timer: asyncio.TimerHandle | None = None
+        self.deadline = 0.0
+        self.joined: int | None = None
 
 
 class SimEngine:
@@ -104,6 +133,9 @@ class SimEngine:
         failure_rate: float = 0.0,
         weight_sync_s: float = 0.0,
         record_intervals: bool = True,
+        tokens_per_s: float = 20.0,
+        pause_during_sync: bool = False,
+        abort_s: float = 0.0,
     ) -> None:
         if rollout_slots < 1:
             raise ValueError(f"rollout_slots must be >= 1, got {rollout_slots}")
@@ -113,19 +145,30 @@ class SimEngine:
         self.rollout_slots = rollout_slots
         self.failure_rate = failure_rate
         self.weight_sync_s = weight_sync_s
+        self.tokens_per_s = tokens_per_s
+        self.pause_during_sync = pause_during_sync
+        self.abort_s = abort_s
         self._version = 0
+        #: (active time, version) of every weight update, in order: splits the
+        #: tokens of the groups generating when it lands.
+        self._updates: list[tuple[float, int]] = []
+        #: Seconds generation stood still for syncs so far, and since when it
+        #: stands still now (None: it runs); see :meth:`_active`.
+        self._paused_s = 0.0
+        self._pause_start: float | None = None
         self._slots: asyncio.Semaphore | None = None
         self._first = _Stream(component_rng(seed, "latency"), latency.draw)
         self._retry = _Stream(component_rng(seed, "latency-retry"), latency.draw)
         self._retries_drawn = 0
         self._first_coin = _Stream(component_rng(seed, "failure"), _uniforms)
         self._retry_coin = component_rng(seed, "failure-retry").random
-        # Group id -> (future the latency wait sleeps on, its timer), while in a slot.
-        self._running: dict[GroupId, tuple[asyncio.Future[None], asyncio.TimerHandle]] = {}
+        self._running: dict[GroupId, _Run] = {}
+        #: Load-dependent latency: the fleet decodes as one shared engine.
+        self._decoder = (SharedDecoder(latency.seconds_per_token)
+                         if latency.load_dependent else None)
         self._queued: set[GroupId] = set()
         self._abort_queued: set[GroupId] = set()
-        # (n, version) -> the shared completions of a group (see _result).
-        self._completions: dict[tuple[int, int], list[Completion]] = {}
+        self._completions = CompletionFactory()
         self._rewards: dict[int, list[float]] = {}
         self.record_intervals = record_intervals
         #: (start, end, outcome) per slot occupancy; outcome ok / failed / aborted.
@@ -169,23 +212,35 @@ class SimEngine:
         # Deterministic mode pins the weight version a group is generated with.
         pinned = request.weight_version
         start_version = start_weight(request, self._version)
-        latency, fail = self._draw(request)
+        sample, fail = self._draw(request)
+        work = self.latency.work(sample, self._busy_now + 1, self.tokens_per_s)
+        latency = work.latency
+        held, since = self._version, len(self._updates)
         loop = asyncio.get_running_loop()
         t0 = loop.time()
-        fut = loop.create_future()
-        timer = loop.call_at(t0 + latency, _wake, fut)
-        self._running[gid] = (fut, timer)
+        a0 = self._active(t0)
+        run = self._running[gid] = _Run(loop.create_future())
+        # A shared fleet: the timer covers base_s, then the group decodes.
+        self._start_timer(loop, run, work.base_s if self._decoder is not None else latency)
         self.attempts += 1
         self._busy_now += 1
         if self._busy_now > self.max_busy:
             self.max_busy = self._busy_now
         outcome = "failed" if fail else "ok"
         try:
-            await fut
+            await run.fut
+            if self._decoder is not None:
+                run.fut = loop.create_future()
+                run.joined, a0 = self._decoder.join(loop, run.fut, work.longest)
+                work = Work(work.latency, 0.0, 1.0, work.longest, work.mean)  # clock: tokens
+                await run.fut
         except BaseException:
             # Aborted (GroupAborted from abort()) or cancelled by the controller:
             # the timer must not fire into a dead future.
-            timer.cancel()
+            if run.timer is not None:
+                run.timer.cancel()
+            if run.joined is not None and run.fut.cancelled():
+                self._decoder.leave(loop, run.joined)  # type: ignore[union-attr]
             outcome = "aborted"
             self.aborts += 1
             raise
@@ -200,23 +255,75 @@ class SimEngine:
         if fail:
             self.failures += 1
             raise GenerationError(f"simulated failure of group {gid!r} (attempt {request.attempt})")
-        end_version = self._version if pinned is None else pinned
-        return self._result(gid, request.num_generations, start_version, end_version)
+        if pinned is not None:  # deterministic mode: every token of the pinned version
+            held, since = pinned, len(self._updates)
+        return self._result(gid, request.num_generations, start_version,
+                            work, a0, held, self._updates[since:])
 
     async def update_weights(self, weights: Any, version: int) -> None:
-        if self.weight_sync_s > 0:
-            await asyncio.sleep(self.weight_sync_s)
+        loop = asyncio.get_running_loop()
+        pause = self.pause_during_sync and self._pause_start is None
+        if pause:
+            self._pause(loop.time())
+        try:
+            if self.weight_sync_s > 0:
+                await asyncio.sleep(self.weight_sync_s)
+        finally:
+            if pause:
+                self._resume(loop)
         self.syncs += 1
         self._version = version
+        now = loop.time()
+        clock = self._decoder.service(now) if self._decoder is not None else self._active(now)
+        self._updates.append((clock, version))
+
+    def _start_timer(self, loop: asyncio.AbstractEventLoop, run: _Run, seconds: float) -> None:
+        if self._pause_start is None:
+            run.deadline = loop.time() + seconds
+            run.timer = loop.call_at(run.deadline, _wake, run.fut)
+        else:  # starts when generation resumes
+            run.deadline = seconds
+
+    def _active(self, now: float) -> float:
+        """The active clock: seconds generation has been running (not paused)."""
+        paused = self._paused_s
+        if self._pause_start is not None:
+            paused += now - self._pause_start
+        return now - paused
+
+    def _pause(self, now: float) -> None:
+        """Stop every running group's clock: keep the work it has left."""
+        self._pause_start = now
+        if self._decoder is not None:
+            self._decoder.pause(now)
+        for run in self._running.values():
+            if run.timer is not None:
+                run.timer.cancel()
+                run.timer, run.deadline = None, max(run.deadline - now, 0.0)
+
+    def _resume(self, loop: asyncio.AbstractEventLoop) -> None:
+        now = loop.time()
+        assert self._pause_start is not None
+        self._paused_s += now - self._pause_start
+        self._pause_start = None
+        if self._decoder is not None:
+            self._decoder.resume(loop)
+        for run in self._running.values():
+            if run.timer is None and run.joined is None and not run.fut.done():
+                run.deadline += now
+                run.timer = loop.call_at(run.deadline, _wake, run.fut)
 
     async def abort(self, group_ids: Sequence[GroupId]) -> None:
+        if group_ids and self.abort_s > 0:
+            await asyncio.sleep(self.abort_s)  # the call; the groups stop when it is done
         for gid in group_ids:
-            running = self._running.get(gid)
-            if running is not None:
-                fut, timer = running
-                timer.cancel()
-                if not fut.done():
-                    fut.set_exception(GroupAborted(gid))
+            run = self._running.get(gid)
+            if run is not None and not run.fut.done():
+                if run.timer is not None:
+                    run.timer.cancel()
+                if run.joined is not None:
+                    self._decoder.leave(asyncio.get_running_loop(), run.joined)  # type: ignore[union-attr]
+                run.fut.set_exception(GroupAborted(gid))
             elif gid in self._queued:
                 self._abort_queued.add(gid)
 
@@ -232,8 +339,8 @@ class SimEngine:
         return None
 
     # ------------------------------------------------------------- internals
-    def _draw(self, request: GenerationRequest) -> tuple[float, bool]:
-        """Latency and failure of this attempt (see the module docstring)."""
+    def _draw(self, request: GenerationRequest) -> tuple[Any, bool]:
+        """Latency sample and failure of this attempt (see the module docstring)."""
         key = request.prompt.prompt_id
         p = self.failure_rate
         if request.attempt == 1 and isinstance(key, int) and key >= 0:
@@ -246,94 +353,21 @@ class SimEngine:
         return latency, fail
 
     def first_attempt_latency(self, prompt_id: int) -> float:
-        """The latency the first attempt of prompt ``prompt_id`` takes (or would take)."""
-        return self._first.at(prompt_id)
+        """The latency the first attempt of prompt ``prompt_id`` takes (or would
+        take) with the fleet otherwise idle (the time-based models ignore the load)."""
+        return self.latency.work(self._first.at(prompt_id), 1, self.tokens_per_s).latency
 
-    def _result(self, gid: GroupId, n: int, start_version: int, end_version: int) -> GroupResult:
-        """``n`` one-token completions sampled at ``end_version`` (the simulator
-        has no token model yet: a group's tokens carry the version that held
-        when it finished). Shared lists and records: nothing downstream mutates
-        them, and allocating fresh ones per group is measurable at 64k groups."""
-        completions = self._completions.get((n, end_version))
-        if completions is None:
-            one = Completion([0], [0.0], ((end_version, 1),), "stop")
-            completions = self._completions[(n, end_version)] = [one] * n
+    def _result(self, gid: GroupId, n: int, start_version: int, work: Work, a0: float,
+                held: int, updates: Sequence[tuple[float, int]]) -> GroupResult:
+        """The group's ``n`` completions, generated over ``work`` from active time
+        ``a0`` with version ``held`` and then the ``updates`` that landed meanwhile. The
+        rewards list is shared: nothing downstream mutates it, and allocating a
+        fresh one per group is measurable at 64k groups."""
+        completions = self._completions.group(n, work, a0, held, updates)
         rewards = self._rewards.get(n)
         if rewards is None:
             rewards = self._rewards[n] = [0.0] * n
         return GroupResult(gid, [0], completions, start_version, rewards)
 
 
-class SimTrainer:
-    """``train_per_group_s`` per group in every chunk, ``train_step_s`` per optimizer step.
-
-    Implements :class:`asyncrl.trainers.Trainer`. The weights it hands out are
-    just the version number (the engine only needs to know when they arrive).
-    """
-
-    def __init__(self, *, train_step_s: float, train_per_group_s: float = 0.0) -> None:
-        self.train_step_s = train_step_s
-        self.train_per_group_s = train_per_group_s
-        self.steps = 0
-        self.groups = 0
-        self.busy_s = 0.0
-
-    async def train_chunk(self, rollouts: Sequence[Rollout], *, step: int) -> dict[str, float]:
-        self.groups += len(rollouts)
-        cost = self.train_per_group_s * len(rollouts)
-        if cost > 0:
-            self.busy_s += cost
-            await asyncio.sleep(cost)
-        return {}
-
-    async def finish_step(self, *, step: int) -> dict[str, float]:
-        if self.train_step_s > 0:
-            self.busy_s += self.train_step_s
-            await asyncio.sleep(self.train_step_s)
-        self.steps += 1
-        return {}
-
-    async def get_weights(self) -> Any:
-        return self.steps
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"steps": self.steps, "groups": self.groups}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.steps = int(state["steps"])
-        self.groups = int(state["groups"])
-
-    async def close(self) -> None:
-        return None
-
-
-class SimSource:
-    """An endless stream of placeholder prompts, numbered 0, 1, 2, ..."""
-
-    def __init__(self) -> None:
-        self.position = 0
-
-    def next_prompt(self) -> Prompt | None:
-        index = self.position
-        self.position = index + 1
-        return Prompt(index, "")
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"position": self.position}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.position = int(state["position"])
-
-
-class SimTask:
-    """Endless prompts; rewards come with each simulated group, so :meth:`reward`
-    is never asked (it exists for the protocol and returns 0)."""
-
-    name = "sim"
-    target_reward = 1.0
-
-    def prompt_source(self, seed: int) -> SimSource:
-        return SimSource()
-
-    def reward(self, prompt: Prompt, completion: str) -> float:
-        return 0.0
+__all__ = ["SimEngine", "SimSource", "SimTask", "SimTrainer", "component_rng"]

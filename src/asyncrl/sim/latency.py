@@ -1,11 +1,22 @@
-"""Generation-latency models for the simulator: constant, lognormal, bimodal, empirical.
+"""Generation-latency models for the simulator: constant, lognormal, bimodal,
+empirical, and ``tokens`` (lengths and load, what ``--calibrate`` fits).
 
-A model turns the ``simulate.generation_latency_s`` config block into two things:
+A model turns the ``simulate.generation_latency_s`` config block into three things:
 
 * :meth:`LatencyModel.draw`: ``k`` seeded samples at once (the simulated engine
-  draws in batches because one Python call per group is the simulator's hot path);
-* :attr:`LatencyModel.mean`: the expected latency, which the physical bound uses.
-  It is analytic for the parametric models and the sample mean for empirical.
+  draws in batches because one Python call per group is the simulator's hot path).
+  A sample is a latency in seconds, or for ``tokens`` a group's lengths;
+* :meth:`LatencyModel.work`: what one sample means for a group that starts while
+  ``busy`` groups generate (itself included): its latency and when each of its
+  tokens is sampled (a :class:`Work`);
+* :meth:`LatencyModel.mean_at`: the expected latency at that load, which the
+  physical bound uses. It is analytic for the parametric models and the sample
+  mean for the empirical ones.
+
+Token timing: every completion of a group gets its first token ``base_s`` after
+the group starts and one more every ``token_s``. The time-based models have no
+lengths of their own: a completion generates ``simulate.tokens_per_s`` tokens
+per second of its group's latency, all of a group's completions alike.
 
 All randomness comes from the ``random.Random`` the caller passes in, so a run
 is a pure function of the config seed.
@@ -17,6 +28,7 @@ import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, NamedTuple
 
 from asyncrl.config import (
     BimodalLatency,
@@ -24,21 +36,59 @@ from asyncrl.config import (
     EmpiricalLatency,
     LatencyConfig,
     LognormalLatency,
+    TokenLatency,
 )
 from asyncrl.errors import ConfigError
 
 
+class Work(NamedTuple):
+    """One group's generation: ``latency`` seconds in its slot; each completion's
+    token ``j`` (from 0) is sampled at ``base_s + (j + 1) * token_s``; the longest
+    completion has ``longest`` tokens (it ends the group) and the mean one ``mean``.
+    (A named tuple: one is made per simulated group.)"""
+
+    latency: float
+    base_s: float
+    token_s: float
+    longest: int
+    mean: float
+
+
 class LatencyModel:
-    """Base class of the four models."""
+    """Base class of the models. The time-based ones draw latencies in seconds."""
+
+    #: The latency depends on how many groups decode at the same time: the fleet
+    #: then shares one engine (:mod:`asyncrl.sim.sharing`), with
+    #: :meth:`seconds_per_token` for a decode step.
+    load_dependent = False
+
+    def seconds_per_token(self, decoding: int) -> float:
+        """One decode step while ``decoding`` groups decode (load-dependent models)."""
+        raise NotImplementedError
 
     @property
     def mean(self) -> float:
-        """Expected latency in seconds."""
+        """Expected latency in seconds (of a group generating alone)."""
         raise NotImplementedError
 
-    def draw(self, rng: random.Random, k: int) -> list[float]:
-        """``k`` independent latencies in seconds."""
+    def mean_at(self, busy: int) -> float:
+        """Expected latency of a group while ``busy`` groups generate (itself included)."""
+        return self.mean
+
+    def mean_tokens(self, tokens_per_s: float) -> float:
+        """Expected tokens of a completion."""
+        return self.mean * tokens_per_s
+
+    def draw(self, rng: random.Random, k: int) -> list[Any]:
+        """``k`` independent samples (latencies in seconds for the time-based models)."""
         raise NotImplementedError
+
+    def work(self, sample: Any, busy: int, tokens_per_s: float) -> Work:
+        """What ``sample`` takes for a group that starts while ``busy`` groups
+        generate (itself included); ``tokens_per_s`` is ``simulate.tokens_per_s``."""
+        latency = float(sample)
+        longest = max(1, round(latency * tokens_per_s))
+        return Work(latency, 0.0, latency / longest, longest, float(longest))
 
     def describe(self) -> str:
         raise NotImplementedError
@@ -132,6 +182,51 @@ class Empirical(LatencyModel):
         return f"empirical {len(self.values)} samples from {self.path} (mean {self.mean:.3g}s)"
 
 
+@dataclass(frozen=True)
+class Tokens(LatencyModel):
+    """``base_s + longest * (per_token_s + per_token_per_group_s * (busy - 1))``
+    at a steady load of ``busy`` groups, with ``(longest, mean)`` lengths
+    resampled from observed groups. In the simulated engine the load is
+    whatever decodes at each step (see :mod:`asyncrl.sim.sharing`)."""
+
+    lengths: tuple[tuple[int, float], ...]
+    base_s: float
+    per_token_s: float
+    per_token_per_group_s: float
+
+    load_dependent = True
+
+    def seconds_per_token(self, decoding: int) -> float:
+        return self.per_token_s + self.per_token_per_group_s * max(decoding - 1, 0)
+
+    @property
+    def mean(self) -> float:
+        return self.mean_at(1)
+
+    def mean_at(self, busy: int) -> float:
+        longest = math.fsum(n for n, _ in self.lengths) / len(self.lengths)
+        return self.base_s + longest * self.seconds_per_token(busy)
+
+    def mean_tokens(self, tokens_per_s: float) -> float:
+        return math.fsum(m for _, m in self.lengths) / len(self.lengths)
+
+    def draw(self, rng: random.Random, k: int) -> list[Any]:
+        values, n, uniform = self.lengths, len(self.lengths), rng.random
+        return [values[int(uniform() * n)] for _ in range(k)]
+
+    def work(self, sample: Any, busy: int, tokens_per_s: float) -> Work:
+        longest, mean = sample
+        token_s = self.seconds_per_token(busy)
+        return Work(self.base_s + longest * token_s, self.base_s, token_s, longest, mean)
+
+    def describe(self) -> str:
+        longest = math.fsum(n for n, _ in self.lengths) / len(self.lengths)
+        return (f"tokens: {len(self.lengths)} observed groups (longest completion "
+                f"{longest:.3g} tokens on average), {self.base_s:.3g}s + "
+                f"{self.per_token_s:.3g}s/token + {self.per_token_per_group_s:.3g}s/token "
+                "per other group")
+
+
 def load_latency_file(path: str | Path) -> tuple[float, ...]:
     """Parse one latency in seconds per line; blank lines and ``#`` comments are skipped.
 
@@ -195,4 +290,7 @@ def make_latency_model(cfg: LatencyConfig, *, base_dir: str | Path | None = None
     if isinstance(cfg, EmpiricalLatency):
         path = resolve_latency_path(cfg.path, base_dir)
         return Empirical(load_latency_file(path), str(path))
+    if isinstance(cfg, TokenLatency):
+        return Tokens(tuple((int(n), float(m)) for n, m in cfg.lengths), cfg.base_s,
+                      cfg.per_token_s, cfg.per_token_per_group_s)
     raise TypeError(f"unknown latency config {type(cfg).__name__}")

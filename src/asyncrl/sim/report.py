@@ -39,7 +39,7 @@ def _num(x: float | None, digits: int = 2, *, thousands: bool = False) -> str:
 
 TABLE_COLUMNS = (
     "policy", "window", "virtual time", "steps/h", "efficiency", "trainer idle",
-    "gen util", "stale mean", "p95", "max", "waste", "note",
+    "gen util", "stale mean", "p95", "max", "tok mean", "tok p95", "waste", "masked", "note",
 )
 
 
@@ -56,7 +56,10 @@ def table_cells(result: SimResult) -> list[str]:
         _num(result.staleness_mean),
         str(result.staleness_p95),
         str(result.staleness_max),
+        _num(result.token_staleness_mean),
+        str(result.token_staleness_p95),
         _pct(result.waste_frac),
+        _pct(result.masked_token_frac),
         result.note,
     ]
 
@@ -68,7 +71,7 @@ def rich_table(results: Sequence[SimResult], *, title: str = "") -> Any:
     for name in TABLE_COLUMNS:
         numeric = name not in ("policy", "note")
         table.add_column(name, justify="right" if numeric else "left",
-                         overflow="fold", no_wrap=numeric)
+                         overflow="fold", no_wrap=name != "note")
     for result in results:
         table.add_row(*table_cells(result))
     return table
@@ -107,6 +110,7 @@ def result_record(result: SimResult) -> dict[str, Any]:
         "stop_reason": result.stop_reason,
         "ledger": result.ledger,
         "staleness_hist": result.staleness_hist,
+        "token_staleness_hist": result.token_staleness_hist,
         "engine": None if engine is None else {
             "attempts": engine.attempts,
             "failures": engine.failures,
@@ -158,6 +162,10 @@ def write_run_dir(
                 written.append(plot_staleness_hist(
                     result.staleness_hist, out / f"staleness_{name}.png",
                     title=f"{run}: {result.sampler}, staleness of trained groups"))
+            if result.token_staleness_hist:
+                written.append(plot_staleness_hist(
+                    result.token_staleness_hist, out / f"token_staleness_{name}.png",
+                    title=f"{run}: {result.sampler}, staleness of trained tokens", of="tokens"))
         written.append(plot_comparison([r.row() for r in results], out / "comparison.png",
                                        title=f"{run}: policies on the same workload"))
     payload = {
@@ -169,4 +177,82 @@ def write_run_dir(
     }
     write_json(out / "results.json", payload, indent=2)
     written.append(out / "results.json")
+    return written
+
+
+# ------------------------------------------------------------------ frontier
+FRONTIER_COLUMNS = (
+    "", "config", "efficiency", "tok p95", "waste", "stale mean", "tok mean", "masked", "steps/h",
+)
+
+
+def _frontier_cells(point: Any) -> list[str]:
+    r = point.result
+    mark = " ".join(x for x, on in (("yours", point.is_user), ("closest", point.is_closest),
+                                    ("frontier", point.on_frontier and not point.is_closest))
+                    if on)
+    return [mark, point.candidate.label, _pct(r.efficiency), str(r.token_staleness_p95),
+            _pct(r.waste_frac), _num(r.staleness_mean), _num(r.token_staleness_mean),
+            _pct(r.masked_token_frac), _num(r.steps_per_hour, 1, thousands=True)]
+
+
+def frontier_rows(front: Any) -> list[Any]:
+    """The points a frontier table shows: the frontier, then the user's if it is off it."""
+    rows = list(front.frontier)
+    if not front.user.on_frontier:
+        rows.append(front.user)
+    return rows
+
+
+def rich_frontier_table(front: Any, *, title: str = "") -> Any:
+    from rich.table import Table
+
+    table = Table(title=title or None, title_justify="left")
+    for name in FRONTIER_COLUMNS:
+        table.add_column(name, justify="left" if name in ("", "config") else "right",
+                         no_wrap=name != "config")
+    for point in frontier_rows(front):
+        style = "bold" if point.is_closest else ("yellow" if point.is_user else None)
+        table.add_row(*_frontier_cells(point), style=style)
+    return table
+
+
+def recommendation(front: Any) -> str:
+    """One paragraph: where the user's config sits and what to change."""
+    user, best = front.user, front.closest
+    if user.is_closest:
+        return (f"your config ({user.candidate.label}) is on the frontier: no swept config beats "
+                "it on efficiency, token-staleness p95 and waste at once.")
+    u, b = user.result, best.result
+    return (
+        f"your config ({user.candidate.label}) is off the frontier; the closest frontier config "
+        f"at least as good on all three is {best.candidate.label}: efficiency "
+        f"{_pct(u.efficiency)} -> {_pct(b.efficiency)}, token-staleness p95 "
+        f"{u.token_staleness_p95} -> {b.token_staleness_p95}, waste {_pct(u.waste_frac)} -> "
+        f"{_pct(b.waste_frac)}. To run it: " + " ".join(f"'{o}'" for o in
+                                                         best.candidate.overrides()))
+
+
+def write_frontier_dir(front: Any, run_dir: str | Path, cfg: RunConfig, *,
+                       config_path: str | None = None, plots: bool = True) -> list[Path]:
+    """config.yaml, frontier.json (every point) and (``plots``) frontier.png."""
+    out = Path(run_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.yaml").write_text(dump_config(cfg))
+    written = [out / "config.yaml"]
+    if plots:
+        from asyncrl.sim.frontier_plot import plot_frontier
+
+        written.append(plot_frontier(front, out / "frontier.png",
+                                     title=f"{out.resolve().name}: policies on one workload"))
+    payload = {
+        "config": config_path,
+        "bound": bound_dict(front.user.result.bound),
+        "points": [p.row() for p in front.points],
+        "refused": [{"config": c.label, "error": e} for c, e in front.refused],
+        "recommendation": recommendation(front),
+        "files": [p.name for p in written] + ["frontier.json"],
+    }
+    write_json(out / "frontier.json", payload, indent=2)
+    written.append(out / "frontier.json")
     return written

@@ -43,7 +43,11 @@ ROW_KEYS = (
     "staleness_mean",
     "staleness_p95",
     "staleness_max",
+    "token_staleness_mean",
+    "token_staleness_p95",
+    "token_staleness_max",
     "waste_frac",
+    "masked_token_frac",
 )
 
 #: The built-in policies ``compare`` knows, in the order the docs discuss them.
@@ -96,19 +100,24 @@ def physical_bound(cfg: RunConfig, latency: LatencyModel | None = None, *,
                    base_dir: str | Path | None = None) -> Bound:
     """No step can be faster than the trainer, nor than the fleet generating its groups.
 
-    * trainer: ``train_step_s + weight_sync_s + train_per_group_s * n``: the
-      train pump does all of it, one step after the other;
+    * trainer: ``train_step_s + weight_sync_s + train_per_group_s * n +
+      train_per_token_s * (expected completion tokens of n groups)``: the train
+      pump does all of it, one step after the other;
     * generation: ``n * E[latency] / (1 - failure_rate) / rollout_slots``: a step
       consumes ``n`` groups, each occupying a slot for its latency, and a failed
       attempt costs a whole latency too (``1 / (1 - p)`` attempts per group on
-      average); ``rollout_slots`` of them run at once at best.
+      average); ``rollout_slots`` of them run at once at best (a latency that
+      grows with the load is taken at full load, where the fleet is fastest).
     """
     sim = _sim_block(cfg)
     model = latency if latency is not None else make_latency_model(
         sim.generation_latency_s, base_dir=base_dir)
     n = cfg.grpo.num_prompts_per_step
-    trainer = sim.train_step_s + sim.weight_sync_s + sim.train_per_group_s * n
-    generation = n * model.mean / (1.0 - sim.failure_rate) / sim.rollout_slots
+    tokens = n * cfg.grpo.num_generations_per_prompt * model.mean_tokens(sim.tokens_per_s)
+    trainer = (sim.train_step_s + sim.weight_sync_s + sim.train_per_group_s * n
+               + sim.train_per_token_s * tokens)
+    generation = (n * model.mean_at(sim.rollout_slots) / (1.0 - sim.failure_rate)
+                  / sim.rollout_slots)
     return Bound(trainer, generation)
 
 
@@ -127,7 +136,14 @@ class SimResult:
     staleness_mean: float
     staleness_p95: int
     staleness_max: int
+    #: Staleness of the trained *tokens* (``v - token version``, token-weighted).
+    token_staleness_mean: float
+    token_staleness_p95: int
+    token_staleness_max: int
     waste_frac: float
+    #: Trained tokens the loss masks leave out (``loss.max_token_staleness``,
+    #: ``loss.truncated: mask``), as a fraction of all trained tokens.
+    masked_token_frac: float
     bound: Bound
     ledger: dict[str, Any]
     stop_reason: str
@@ -135,6 +151,7 @@ class SimResult:
     note: str = ""
     records: list[dict[str, Any]] = dataclasses.field(default_factory=list, repr=False)
     staleness_hist: dict[str, int] = dataclasses.field(default_factory=dict, repr=False)
+    token_staleness_hist: dict[str, int] = dataclasses.field(default_factory=dict, repr=False)
     #: Trainer intervals from the controller's timeline plus the engine's slot
     #: occupancy, as dicts for :func:`asyncrl.metrics.plots.plot_timeline`.
     timeline: list[dict[str, Any]] = dataclasses.field(default_factory=list, repr=False)
@@ -215,8 +232,11 @@ def simulate(
             update={"sampler": parse_sampler_config(sampler_override)})
     engine = SimEngine(latency, rollout_slots=sim.rollout_slots, seed=cfg.seed,
                        failure_rate=sim.failure_rate, weight_sync_s=sim.weight_sync_s,
-                       record_intervals=record_intervals)
-    trainer = SimTrainer(train_step_s=sim.train_step_s, train_per_group_s=sim.train_per_group_s)
+                       record_intervals=record_intervals, tokens_per_s=sim.tokens_per_s,
+                       pause_during_sync=sim.pause_generation_during_sync,
+                       abort_s=sim.abort_s)
+    trainer = SimTrainer(train_step_s=sim.train_step_s, train_per_group_s=sim.train_per_group_s,
+                         train_per_token_s=sim.train_per_token_s, loss=cfg.loss)
     sink = MemorySink()
     holder: dict[str, Controller] = {}
 
@@ -296,6 +316,8 @@ def _result(
     elapsed = float(summary["wall_time_s"])
     ledger = dict(summary["ledger"])
     hist = {str(k): int(v) for k, v in summary["staleness_hist"].items()}
+    token_hist = {str(k): int(v) for k, v in summary.get("token_staleness_hist", {}).items()}
+    masks = trainer.mask_stats
     dispatched = ledger["dispatched"]
     step_time = elapsed / steps if steps else math.nan
     timeline = [
@@ -328,7 +350,11 @@ def _result(
         staleness_mean=float(summary["staleness_mean"]),
         staleness_p95=_percentile(hist, 0.95),
         staleness_max=int(summary["staleness_max"]),
+        token_staleness_mean=float(summary.get("token_staleness_mean", 0.0)),
+        token_staleness_p95=int(summary.get("token_staleness_p95", 0)),
+        token_staleness_max=int(summary.get("token_staleness_max", 0)),
         waste_frac=(ledger["evicted"] + ledger["aborted"]) / dispatched if dispatched else 0.0,
+        masked_token_frac=masks.masked / masks.tokens if masks.tokens else 0.0,
         bound=bound,
         ledger=ledger,
         stop_reason=str(summary["stop_reason"]),
@@ -336,6 +362,7 @@ def _result(
         note=note,
         records=sink.records,
         staleness_hist=hist,
+        token_staleness_hist=token_hist,
         timeline=timeline,
         engine=engine,
         trainer=trainer,

@@ -1,0 +1,148 @@
+"""The simulator's token model: which weight version sampled each simulated token.
+
+A simulated group generates its completions over its latency (see
+:class:`~asyncrl.sim.latency.Work` for when each token is sampled). A weight
+update that lands while it generates splits every completion's tokens into
+run-length version spans exactly where it landed, so the controller's token
+staleness, ``staleness_of: end_weight`` and the trainer's
+``loss.max_token_staleness`` masks see the same record as in a real run.
+
+Cost: the spans of a completion are built from the updates that landed while
+its group generated, so a group costs O(updates) however many tokens it has;
+the token ids and log-probs are zeros, views of one shared buffer
+(:class:`Placeholders`), since nothing in a simulation reads a token's value.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from collections.abc import Sequence
+
+from asyncrl.config import LossConfig
+from asyncrl.record import Completion, VersionSpans
+from asyncrl.sim.latency import Work
+from asyncrl.trainers.masks import MaskStats, token_masks
+from asyncrl.types import Rollout
+
+
+class Placeholders:
+    """Token ids and log-probs for simulated completions: zeros, as read-only
+    views of one buffer per type that grows to the longest completion (a view
+    has a length, indexes and iterates like a list, and costs no copy)."""
+
+    def __init__(self) -> None:
+        self._ids = memoryview(array("q")).toreadonly()
+        self._logprobs = memoryview(array("d")).toreadonly()
+
+    def ids(self, length: int) -> memoryview:
+        if length > len(self._ids):
+            self._grow(length)
+        return self._ids[:length]
+
+    def logprobs(self, length: int) -> memoryview:
+        if length > len(self._logprobs):
+            self._grow(length)
+        return self._logprobs[:length]
+
+    def _grow(self, length: int) -> None:
+        size = max(length, 2 * len(self._ids), 1024)
+        self._ids = memoryview(array("q", bytes(8 * size))).toreadonly()
+        self._logprobs = memoryview(array("d", bytes(8 * size))).toreadonly()
+
+
+def version_spans(length: int, work: Work, start: float, version: int,
+                  updates: Sequence[tuple[float, int]]) -> VersionSpans:
+    """Spans of a completion of ``length`` tokens whose group started at
+    ``start`` holding ``version``; ``updates`` are the ``(time, new version)``
+    weight updates that landed since then, in order. A token sampled at the
+    very instant of an update still has the old version."""
+    spans: list[tuple[int, int]] = []
+    done = 0
+    first = start + work.base_s
+    for at, new_version in updates:
+        if done >= length:
+            break
+        # Tokens sampled by ``at``: token j is sampled at first + (j + 1) * token_s.
+        upto = length if work.token_s <= 0 else \
+            min(length, max(0, math.floor((at - first) / work.token_s + 1e-9)))
+        if upto > done:
+            spans.append((version, upto - done))
+            done = upto
+        version = new_version
+    if done < length:
+        spans.append((version, length - done))
+    return tuple(spans)
+
+
+def completion_lengths(work: Work, n: int) -> list[int]:
+    """The lengths of a group's ``n`` completions: one of ``work.longest`` tokens,
+    the others sharing the rest of ``n * work.mean`` as evenly as possible (at
+    least one token each)."""
+    if n == 1:
+        return [work.longest]
+    total = max(round(work.mean * n), work.longest + n - 1)
+    q, r = divmod(total - work.longest, n - 1)
+    return [work.longest, *[q + 1] * r, *[q] * (n - 1 - r)]
+
+
+class CompletionFactory:
+    """Builds the completions of simulated groups, sharing what it can: the
+    placeholders per length, and one record for completions of equal length."""
+
+    def __init__(self) -> None:
+        self._zeros = Placeholders()
+
+    def group(self, n: int, work: Work, start: float, version: int,
+              updates: Sequence[tuple[float, int]]) -> list[Completion]:
+        if work.mean >= work.longest:  # all alike (the time-based models): one record
+            length = work.longest
+            return [self._completion(length, version_spans(length, work, start, version,
+                                                           updates))] * n
+        made: dict[int, Completion] = {}
+        out = []
+        for length in completion_lengths(work, n):
+            completion = made.get(length)
+            if completion is None:
+                completion = made[length] = self._completion(
+                    length, version_spans(length, work, start, version, updates))
+            out.append(completion)
+        return out
+
+    def _completion(self, length: int, spans: VersionSpans) -> Completion:
+        zeros = self._zeros
+        return Completion(zeros.ids(length), zeros.logprobs(length),  # type: ignore[arg-type]
+                          spans, "stop")
+
+
+def count_masked(rollout: Rollout, *, step: int, cfg: LossConfig, stats: MaskStats) -> None:
+    """Add ``rollout``'s tokens and the ones the trainer's masks exclude at
+    training step ``step`` to ``stats``: :func:`asyncrl.trainers.masks.token_masks`'s
+    rule, counted per span instead of per token (the simulator's completions
+    have no ``loss_mask``; one that has is handed to ``token_masks`` itself)."""
+    completions = rollout.result.completions
+    if not completions:
+        return
+    first = completions[0]
+    # A simulated group's completions are often one shared record (list.count
+    # finds that by identity, in C): count it once.
+    alike = completions.count(first) == len(completions)
+    if (first.loss_mask is not None if alike
+            else any(c.loss_mask is not None for c in completions)):
+        token_masks(rollout, step=step, cfg=cfg, stats=stats)
+        return
+    oldest = None if cfg.max_token_staleness is None else step - cfg.max_token_staleness
+    for c in (first,) if alike else completions:
+        times = len(completions) if alike else 1
+        n = len(c)
+        truncated = c.finish_reason == "length"
+        if truncated and cfg.truncated == "mask":
+            masked = n
+        elif oldest is None:
+            masked = 0
+        else:
+            masked = sum(count for version, count in c.versions if version < oldest)
+        stats.tokens += n * times
+        stats.masked += masked * times
+        stats.completions += times
+        stats.truncated += truncated * times

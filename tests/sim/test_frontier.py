@@ -1,0 +1,137 @@
+"""``asyncrl simulate --frontier``: the grid, the Pareto set and the recommendation."""
+
+from __future__ import annotations
+
+import json
+import types
+from pathlib import Path
+
+import pytest
+import yaml
+
+from asyncrl.cli import main
+from asyncrl.config import config_from_dict
+from asyncrl.sim.frontier import Candidate, Point, candidates, mark
+from asyncrl.sim.runner import ROW_KEYS
+
+CONFIG = {
+    "seed": 7,
+    "grpo": {"num_prompts_per_step": 6, "num_generations_per_prompt": 2},
+    "async_rl": {
+        # windowed s=2 with room for five steps: more run-ahead than it can use,
+        # so groups wait long enough to be evicted.
+        "sampler": {"name": "windowed", "max_staleness_versions": 2},
+        "max_buffered_rollouts": 30,
+        "min_groups_for_streaming_train": 3,
+        "max_inflight_prompts": 30,
+    },
+    "simulate": {
+        "steps": 30,
+        "rollout_slots": 12,
+        "generation_latency_s": {"distribution": "lognormal", "median": 5.0, "sigma": 1.0},
+        "train_step_s": 4.0,
+        "weight_sync_s": 0.5,
+    },
+}
+
+
+def test_the_grid_sweeps_window_capacity_inflight_and_staleness_of() -> None:
+    grid = candidates(config_from_dict(CONFIG))
+    labels = [c.label for c in grid]
+    assert len(labels) == len(set(labels)) == 25
+    assert "in_order s=0 cap 6" in labels  # synchronous GRPO is a point too
+    for c in grid:
+        s = c.sampler[{"in_order": "max_lookahead_versions"}.get(c.sampler["name"],
+                                                                 "max_staleness_versions")]
+        # Gated policies get what they need; windowed also twice the buffer.
+        assert c.inflight == 6 * (s + 1)
+        assert c.capacity in ((6 * (s + 1), 12 * (s + 1)) if c.sampler["name"] == "windowed"
+                              else (6 * (s + 1),))
+        has_measure = c.sampler["name"] in ("windowed", "weight_fifo")
+        assert ("staleness_of" in c.sampler) == has_measure
+    assert {"windowed s=4 end_weight cap 30", "windowed s=4 end_weight cap 60 in-flight 30",
+            "weight_fifo s=1 end_weight cap 12", "ready_first s=2 cap 18"} <= set(labels)
+    # A candidate turns into overrides a config file takes.
+    end = next(c for c in grid if c.label == "windowed s=4 end_weight cap 30")
+    from asyncrl.config import apply_overrides
+
+    tree = apply_overrides(json.loads(json.dumps(CONFIG)), end.overrides())
+    cfg = config_from_dict(tree)
+    assert cfg.async_rl.sampler.staleness_of == "end_weight"
+    assert (cfg.async_rl.max_buffered_rollouts, cfg.async_rl.max_inflight_prompts) == (30, 30)
+
+
+def point(eff: float, p95: int, waste: float, *, user: bool = False) -> Point:
+    result = types.SimpleNamespace(efficiency=eff, token_staleness_p95=p95, waste_frac=waste)
+    cand = Candidate({"name": "windowed", "max_staleness_versions": p95}, int(eff * 100), 1)
+    return Point(cand, result, is_user=user)  # type: ignore[arg-type]
+
+
+def test_the_frontier_is_the_undominated_set_and_the_closest_dominates_the_user() -> None:
+    user = point(0.80, 4, 0.20, user=True)
+    near = point(0.85, 4, 0.10)       # dominates the user, close to it
+    far = point(0.99, 1, 0.00)        # dominates the user, far from it... and dominates near
+    trade = point(1.00, 9, 0.30)      # the fastest: on the frontier, no better than the user
+    tie = point(0.9995, 9, 0.3005)    # within tolerance of `trade`: stands behind it
+    worse = point(0.50, 9, 0.50)
+    points = [user, near, far, trade, tie, worse]
+    mark(points)
+    assert [p.on_frontier for p in points] == [False, False, True, True, False, False]
+    assert far.is_closest and not near.is_closest and not user.is_closest
+
+
+def test_a_user_on_the_frontier_is_its_own_recommendation() -> None:
+    user, other = point(0.9, 2, 0.1, user=True), point(0.95, 5, 0.1)
+    mark([user, other])
+    assert user.on_frontier and other.on_frontier and user.is_closest
+
+
+def test_closest_is_the_nearest_of_the_dominating_frontier_points() -> None:
+    user = point(0.50, 5, 0.10, user=True)
+    a = point(0.55, 5, 0.10)   # a small step from the user
+    b = point(0.50, 0, 0.00)   # also dominates, further away once scaled
+    mark([user, a, b, point(0.60, 9, 0.50)])
+    assert a.on_frontier and b.on_frontier and a.is_closest
+
+
+@pytest.fixture
+def config_file(tmp_path: Path) -> Path:
+    path = tmp_path / "sim.yaml"
+    path.write_text(yaml.safe_dump(CONFIG))
+    return path
+
+
+def test_cli_frontier_marks_the_config_and_recommends_a_better_one(
+        config_file: Path, tmp_path: Path, capsys) -> None:
+    run = tmp_path / "front"
+    assert main(["simulate", "--config", str(config_file), "--frontier", "--steps", "12",
+                 "--run-dir", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "your config (windowed s=2 cap 30) is off the frontier" in out
+    saved = json.loads((run / "frontier.json").read_text())
+    assert (run / "frontier.png").is_file() and (run / "config.yaml").is_file()
+    points = saved["points"]
+    assert len(points) == 26 and all(set(ROW_KEYS) <= set(p) for p in points)
+    (user,) = [p for p in points if p["is_user"]]
+    (best,) = [p for p in points if p["is_closest"]]
+    assert user["config"] == "windowed s=2 cap 30" and not user["on_frontier"]
+    assert best["on_frontier"] and best["config"] in saved["recommendation"]
+    assert best["efficiency"] >= user["efficiency"] - 1e-3
+    assert best["waste_frac"] <= user["waste_frac"] + 1e-3
+    assert best["token_staleness_p95"] <= user["token_staleness_p95"]
+    assert all(p["steps"] == 12 for p in points)
+    assert " ".join(f"'{o}'" for o in best["overrides"]) in out.replace("\n", "")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--frontier", "--compare", "windowed"], "drop --compare"),
+    (["--out", "x.yaml"], "--out goes with --calibrate"),
+])
+def test_cli_refuses_combinations_that_mean_nothing(config_file, capsys, argv, message) -> None:
+    assert main(["simulate", "--config", str(config_file), *argv]) != 0
+    assert message in capsys.readouterr().err
+
+
+def test_cli_needs_a_config_or_a_run_to_calibrate(capsys) -> None:
+    assert main(["simulate"]) != 0
+    assert "--config FILE (or --calibrate RUN_DIR" in capsys.readouterr().err
