@@ -35,6 +35,7 @@ from asyncrl.config import LossConfig, OptimizerConfig
 from asyncrl.devices import hand_over, worker_executor
 from asyncrl.tasks.tokenizer import Tokenizer
 from asyncrl.trainers.losses import decoupled_loss, k3_kl, none_loss, tis_loss
+from asyncrl.trainers.distributed.state import SHARDED_KEY, unshard_state
 from asyncrl.trainers.packing import Packed, chunk_metrics, flatten, pack
 from asyncrl.trainers.precision import MasterWeights
 from asyncrl.types import Rollout
@@ -181,6 +182,8 @@ class GRPOTrainer:
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if SHARDED_KEY in state:  # written by trainer.strategy: fsdp (any world size)
+            state = unshard_state(state)
         self.model.load_state_dict(state["model"])
         # A checkpoint of a float32 run has no masters: its weights are exact ones.
         self.precision.load(state.get("master", state["model"]))
@@ -202,21 +205,45 @@ class GRPOTrainer:
         """``train_chunk`` without the event loop (scripts, tests)."""
         flat = flatten(rollouts, scale_advantages=self.loss_cfg.scale_advantages)
         mb = self.micro_batch_sequences
+        starts = range(0, len(flat.seqs), mb)
         stats, tokens = [], 0
-        for lo in range(0, len(flat.seqs), mb):
+        for lo in starts:
             batch = pack(flat.seqs[lo : lo + mb], flat.starts[lo : lo + mb],
                          flat.behavior[lo : lo + mb], flat.advs[lo : lo + mb],
                          pad_id=self.pad_id, device=self._device)
             stats.append(self._micro_batch(batch))
             tokens += batch.tokens
+        for _ in range(self.num_passes(len(starts)) - len(starts)):
+            stats.append(self._micro_batch(self._empty_batch()))
         # One transfer to the host per chunk: the micro-batches queue up back to back.
         rows = torch.stack(stats).tolist() if stats else []
+        #: The chunk's per-pass STATS rows (a data-parallel trainer sums them over ranks).
+        self.last_chunk_rows = rows
         metrics, sums = chunk_metrics(rows, tokens, flat)
         self._step_tokens += tokens
         self._step_loss_sum += sums["loss"]
         if self.ref_model is not None:
             metrics["kl"] = sums["kl"] / max(tokens, 1)
         return metrics
+
+    def num_passes(self, planned: int) -> int:
+        """Called before a chunk's forward/backward passes with how many it plans;
+        returns how many to run (the rest run :meth:`_empty_batch`, which changes
+        nothing). In-process: ``planned``. A data-parallel rank returns the largest
+        count over the ranks: FSDP gathers parameters in every pass, so every rank
+        must run as many (:mod:`asyncrl.trainers.distributed`)."""
+        return planned
+
+    def step_token_count(self) -> int:
+        """Called by ``finish_step`` for the number of completion tokens the step's
+        summed gradient is divided by: this trainer's own count in-process; a
+        data-parallel rank returns the count over all ranks (the global token mean)."""
+        return self._step_tokens
+
+    def _empty_batch(self) -> Packed:
+        """A pass with no completion token: its loss and gradient are exactly zero."""
+        return pack([[self.pad_id, self.pad_id]], [2], [[]], [0.0],
+                    pad_id=self.pad_id, device=self._device)
 
     def _token_logprobs(
         self, model: torch.nn.Module, batch: Packed
@@ -261,7 +288,7 @@ class GRPOTrainer:
 
     def finish_step_sync(self) -> dict[str, float]:
         """``finish_step`` without the event loop (scripts, tests)."""
-        tokens = self._step_tokens
+        tokens = self.step_token_count()
         metrics: dict[str, float] = {"step_tokens": float(tokens)}
         metrics.update(self.precision.step(self.optimizer, tokens, self.opt_cfg.grad_clip))
         if tokens > 0:
