@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from asyncrl.checkpoint.store import list_checkpoints, load_latest, verify
+from asyncrl.checkpoint.store import list_checkpoints, load_latest, read_trainer_state, verify
 from asyncrl.config import RunConfig, config_from_dict
 from asyncrl.errors import CheckpointError, SetupError
 from asyncrl.tasks import Task, build_task
@@ -98,7 +98,7 @@ def export_checkpoint(run_dir: str | Path, out_dir: str | Path, *, step: int | N
     """``(step, out_dir)``: checkpoint ``step`` of ``run_dir`` (the newest valid
     one when None) written in Hugging Face format to ``out_dir``, which is
     replaced: it must be new, empty or an earlier export (or ``force``)."""
-    import torch
+    from asyncrl.trainers.distributed.state import unshard_state
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -106,7 +106,7 @@ def export_checkpoint(run_dir: str | Path, out_dir: str | Path, *, step: int | N
     check_out_dir(run_dir, Path(out_dir), force=force)
     if step is None:
         ckpt = load_latest(run_dir)
-        step, config_yaml, weights = ckpt.step, ckpt.config_yaml, ckpt.trainer_state["model"]
+        step, config_yaml, state = ckpt.step, ckpt.config_yaml, ckpt.trainer_state
     else:
         found = {int(p.name.split("-")[-1]): p for p in list_checkpoints(run_dir)}
         path = found.get(step)
@@ -120,6 +120,7 @@ def export_checkpoint(run_dir: str | Path, out_dir: str | Path, *, step: int | N
         if problem is not None:
             raise CheckpointError(f"checkpoint {path} is invalid: {problem}; pick another step")
         config_yaml = (path / "config.yaml").read_text()
-        weights = torch.load(path / "trainer.pt", weights_only=True, map_location="cpu")["model"]
+        state = read_trainer_state(path)
     cfg = config_from_dict(yaml.safe_load(config_yaml) or {}, source=f"{run_dir} checkpoint config")
-    return step, export_weights(cfg, weights, out_dir)
+    # Whatever wrote it (single, or fsdp at any world size): one full model.
+    return step, export_weights(cfg, unshard_state(state)["model"], out_dir)

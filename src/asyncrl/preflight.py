@@ -10,6 +10,7 @@ model weights are built or loaded.
   ``policy.model_name_or_path`` holding a readable config, weights and a tokenizer;
 * the task, built as ``train`` builds it, with the held-out prompts of
   ``cfg.eval`` and (a dataset task's chat template) the policy's tokenizer;
+* the trainer layout (``trainer``): GPUs for every rank, the collective backend;
 * the sampler, built as the controller builds it (a ``custom`` one included),
   and its derived facts: plausible values, a buffer large enough, a pinned
   weight version in deterministic mode (:func:`~asyncrl.controller.validation.validate_setup`).
@@ -31,6 +32,7 @@ from asyncrl.errors import AsyncRLError, ConfigError, require
 from asyncrl.evaluation import Evaluator, build_evaluation
 from asyncrl.policy import bind_task_tokenizer, check_prompts_encode
 from asyncrl.sampling import create_sampler
+from asyncrl.trainers.distributed.checks import check_trainer, trainer_layout
 
 if TYPE_CHECKING:
     from asyncrl.config import PolicyConfig, RunConfig
@@ -70,6 +72,8 @@ def preflight(cfg: RunConfig, *, task: Task | None = None,
             check_config(cfg)
     elif builtin_backends:
         _parse_device(cfg.policy.device)
+    if builtin_backends:
+        check_trainer(cfg)  # trainer.strategy: fsdp - ranks, GPUs, collective backend
     if task is None:
         task = _build_task(cfg)
     # Held-out prompts (may leave records out of the training task), and the
@@ -83,6 +87,7 @@ def preflight(cfg: RunConfig, *, task: Task | None = None,
     validate_setup(sampler, cfg.grpo, cfg.async_rl, deterministic=cfg.deterministic)
     facts = derived_facts(sampler, cfg.grpo)
     facts["max_buffered_rollouts"] = capacity
+    facts["trainer"] = trainer_layout(cfg)
     return Preflight(task=task, facts=facts, evaluator=evaluator)
 
 

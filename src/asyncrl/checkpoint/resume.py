@@ -13,6 +13,7 @@ from asyncrl._yaml import load_yaml
 from asyncrl.checkpoint.store import (
     LoadedCheckpoint,
     load_latest,
+    shards_dir,
     write_checkpoint,
 )
 from asyncrl.config import RunConfig, apply_overrides, config_from_dict, dump_config
@@ -65,7 +66,11 @@ class CheckpointHook:
         # Capture both states now, between steps, before any other task runs;
         # only the file writing happens off the event loop.
         controller_state = controller.state_dict()
-        trainer_state = controller.trainer.state_dict()
+        # A sharded trainer's ranks write their shards themselves (moved into the
+        # checkpoint with the rest); any other trainer hands over its whole state.
+        sharded = getattr(controller.trainer, "sharded_state_dict", None)
+        trainer_state = (sharded(shards_dir(self.run_dir, version)) if sharded is not None
+                         else controller.trainer.state_dict())
         # Deterministic mode: in-flight groups are pinned to recent weight versions
         # the trainer no longer holds; the engine's copies make the replay exact.
         retained = getattr(controller.engines[0], "retained_weights", None)

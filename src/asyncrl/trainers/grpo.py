@@ -34,8 +34,8 @@ import torch
 from asyncrl.config import LossConfig, OptimizerConfig
 from asyncrl.devices import hand_over, worker_executor
 from asyncrl.tasks.tokenizer import Tokenizer
-from asyncrl.trainers.losses import decoupled_loss, k3_kl, none_loss, tis_loss
 from asyncrl.trainers.distributed.state import SHARDED_KEY, unshard_state
+from asyncrl.trainers.losses import decoupled_loss, k3_kl, none_loss, tis_loss
 from asyncrl.trainers.packing import Packed, chunk_metrics, flatten, pack
 from asyncrl.trainers.precision import MasterWeights
 from asyncrl.types import Rollout
@@ -206,6 +206,7 @@ class GRPOTrainer:
         flat = flatten(rollouts, scale_advantages=self.loss_cfg.scale_advantages)
         mb = self.micro_batch_sequences
         starts = range(0, len(flat.seqs), mb)
+        passes = self.num_passes(len(starts))  # agreed before the first pass
         stats, tokens = [], 0
         for lo in starts:
             batch = pack(flat.seqs[lo : lo + mb], flat.starts[lo : lo + mb],
@@ -213,7 +214,7 @@ class GRPOTrainer:
                          pad_id=self.pad_id, device=self._device)
             stats.append(self._micro_batch(batch))
             tokens += batch.tokens
-        for _ in range(self.num_passes(len(starts)) - len(starts)):
+        for _ in range(passes - len(starts)):
             stats.append(self._micro_batch(self._empty_batch()))
         # One transfer to the host per chunk: the micro-batches queue up back to back.
         rows = torch.stack(stats).tolist() if stats else []

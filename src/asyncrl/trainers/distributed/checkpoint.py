@@ -104,6 +104,8 @@ def load(core: RankCore, state: dict[str, Any] | None, header: dict[str, Any]) -
         if header["ref_model"] and t.ref_model is not None:
             ref = {k: v.float() for k, v in state["ref_model"].items()} if given else {}
             set_model_state_dict(t.ref_model, ref, options=_FROM_RANK0)
+    if not header["optimizer"]:  # saved before the first step: a fresh optimizer
+        t.optimizer.state.clear()
     t.version = int(header["version"])
     torch.set_rng_state(header["torch_rng"])
     t.optimizer.zero_grad(set_to_none=True)

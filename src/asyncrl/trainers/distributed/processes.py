@@ -22,6 +22,7 @@ serving a :class:`~asyncrl.trainers.distributed.rank.RankCore` over a pipe.
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import multiprocessing
 import os
 import signal
@@ -33,8 +34,8 @@ from concurrent.futures import Future
 from multiprocessing.connection import Connection
 from typing import Any
 
-from asyncrl.trainers.distributed.ranks import RankDied, RankFailed, exit_detail
 from asyncrl.trainers.distributed.rank import RankSpec, WeightStream, free_port
+from asyncrl.trainers.distributed.ranks import RankDied, RankFailed, exit_detail
 
 #: Imported once by the forkserver, so that rank processes start without importing them.
 PRELOAD = ["torch", "transformers", "asyncrl.trainers.distributed.rank",
@@ -85,6 +86,8 @@ def serve(core: Any, conn: Connection) -> None:
 def _detach(lifeline: Connection) -> None:
     os.setsid()  # signals to the controller's process group do not reach the ranks
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # `kill -USR1 <pid>` prints where a rank is (e.g. which collective it waits in).
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
 
     def watch() -> None:
         with contextlib.suppress(EOFError, OSError):
@@ -231,11 +234,14 @@ class ProcessRanks:
             self._dead[rank] = dead = RankDied(rank, exit_detail(proc.exitcode))
             pending, self._pending[rank] = list(self._pending[rank]), deque()
         for future in pending:
-            future.set_exception(dead)
+            if not future.cancelled():
+                future.set_exception(dead)
 
     def _resolve(self, rank: int, outcome: Any) -> None:
         with self._lock:
             future = self._pending[rank].popleft()
+        if future.cancelled():
+            return
         if isinstance(outcome, BaseException):
             future.set_exception(outcome)
         else:

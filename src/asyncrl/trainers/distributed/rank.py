@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from asyncrl.devices import policy_dtype
+from asyncrl.trainers.distributed.checks import collective_backend
 from asyncrl.trainers.distributed.sharding import CollectiveTimer, local_state_bytes, shard_model
 from asyncrl.trainers.grpo import GRPOTrainer
 
@@ -84,13 +85,6 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def collective_backend(cfg: RunConfig) -> str:
-    """``trainer.backend``, with ``auto`` resolved for ``policy.device``."""
-    if cfg.trainer.backend != "auto":
-        return cfg.trainer.backend
-    return "nccl" if cfg.policy.device.startswith("cuda") else "gloo"
-
-
 class RankCore:
     """One rank: process group, sharded policy (and KL reference), optimizer."""
 
@@ -122,7 +116,7 @@ class RankCore:
         ref = None
         if cfg.loss.kl_coef > 0:  # sharded like the policy, never a full copy per rank
             ref, _ = build_policy(host, spec.task, seed=cfg.seed)
-            shard_model(ref, mesh, self.dtype)
+            shard_model(ref, mesh, self.dtype, forward_only=True)
         self.trainer = RankTrainer(
             model, tokenizer, loss=cfg.loss, optimizer=cfg.policy.optimizer,
             temperature=cfg.policy.generation.temperature, num_threads=cfg.policy.num_threads,
@@ -209,5 +203,4 @@ class RankCore:
             dist.destroy_process_group()
 
 
-__all__ = ["RankCore", "RankSpec", "RankTrainer", "WeightStream", "collective_backend",
-           "free_port"]
+__all__ = ["RankCore", "RankSpec", "RankTrainer", "WeightStream", "free_port"]

@@ -72,7 +72,7 @@ class _TimedAllGather(DefaultAllGather):
         super().__init__()
         self.timer = timer
 
-    def __call__(self, output_tensor, input_tensor, group, async_op=False):  # noqa: ANN001
+    def __call__(self, output_tensor, input_tensor, group, async_op=False):
         call = super().__call__
         return self.timer.timed(lambda: call(output_tensor, input_tensor, group, async_op))
 
@@ -82,7 +82,7 @@ class _TimedReduceScatter(DefaultReduceScatter):
         super().__init__()
         self.timer = timer
 
-    def __call__(self, output_tensor, input_tensor, group, op, async_op=False):  # noqa: ANN001
+    def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
         call = super().__call__
         return self.timer.timed(lambda: call(output_tensor, input_tensor, group, op, async_op))
 
@@ -95,15 +95,19 @@ def shard_units(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def shard_model(model: torch.nn.Module, mesh: Any, compute_dtype: torch.dtype,
-                timer: CollectiveTimer | None = None) -> None:
-    """Shard ``model`` (float32 parameters) in place over ``mesh``: see the module docstring."""
+                timer: CollectiveTimer | None = None, *, forward_only: bool = False) -> None:
+    """Shard ``model`` (float32 parameters) in place over ``mesh``: see the module
+    docstring. ``forward_only`` (the KL reference): FSDP keeps the root's
+    parameters gathered from forward to backward, which never comes for a model
+    that only runs forward, so its root reshards after forward too."""
     policy = MixedPrecisionPolicy(
         param_dtype=None if compute_dtype == torch.float32 else compute_dtype,
         reduce_dtype=torch.float32,
     )
     for unit in shard_units(model):
         fully_shard(unit, mesh=mesh, mp_policy=policy)
-    fully_shard(model, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy,
+                reshard_after_forward=True if forward_only else None)
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)

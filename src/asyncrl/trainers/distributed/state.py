@@ -23,6 +23,7 @@ keys move, no value is recomputed.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -41,15 +42,18 @@ def is_sharded(state: dict[str, Any]) -> bool:
 def read_sharded(directory: str | Path) -> dict[str, Any]:
     """Everything a sharded checkpoint directory holds, as full (unsharded) CPU
     tensors in nested dicts, read in this process without a process group."""
-    import torch.distributed.checkpoint as dcp
-
-    # The planner of torch's own dcp_to_torch_save: it builds the state dict from
-    # the checkpoint's metadata, so no template (and no model) is needed.
+    # What torch's own dcp_to_torch_save does, without the file in between: the
+    # planner builds the state dict from the checkpoint's metadata, so no template
+    # (and no model) is needed.
+    from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
     state: dict[str, Any] = {}
-    dcp.load(state, checkpoint_id=str(directory), planner=_EmptyStateDictLoadPlanner(),
-             no_dist=True)
+    with warnings.catch_warnings():  # "no process group: loading in one process" - yes
+        warnings.simplefilter("ignore", UserWarning)
+        _load_state_dict(state, storage_reader=FileSystemReader(str(directory)),
+                         planner=_EmptyStateDictLoadPlanner(), no_dist=True)
     return state
 
 

@@ -98,6 +98,12 @@ class DistributedTrainer:
             weights = {k: v.to(self.weights_device) for k, v in weights.items()}
         return weights
 
+    def get_weights_sync(self) -> Any:
+        """``get_weights`` without the event loop (building backends, scripts)."""
+        replies = self._call_sync("weights", [()] * self.world_size,
+                                  f"gathering the weights of version {self.version}")
+        return self.ranks.engine_weights(replies[0])
+
     def state_dict(self) -> dict[str, Any]:
         """The whole state in the classic layout, gathered on rank 0 (a ``single``
         trainer loads it as it is); checkpoints use :meth:`sharded_state_dict`."""
@@ -169,6 +175,8 @@ class DistributedTrainer:
     async def _call(self, method: str, args: Sequence[tuple[Any, ...]], what: str) -> list[Any]:
         futures = self._submit(method, args)
         waits = [asyncio.wrap_future(f) for f in futures]
+        for w in waits:  # a failure after the first is seen in _failure, not lost
+            w.add_done_callback(lambda f: f.cancelled() or f.exception())
         await asyncio.wait(waits, return_when=asyncio.FIRST_EXCEPTION)
         if all(f.done() and f.exception() is None for f in futures):
             return [f.result() for f in futures]
