@@ -88,10 +88,17 @@ class _TimedReduceScatter(DefaultReduceScatter):
 
 
 def shard_units(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The submodules sharded as units of their own: the model's decoder layers
-    (``_no_split_modules``), innermost first; the model itself is the last unit."""
+    """The submodules sharded as units of their own (the model itself is the last
+    unit): the decoder layers (``_no_split_modules``), and the input and output
+    embeddings when they are not tied - with a vocabulary of 150k they are the
+    largest matrices, and in the root unit both would be gathered at once."""
     names = set(getattr(model, "_no_split_modules", None) or ())
-    return [m for m in model.modules() if type(m).__name__ in names and m is not model]
+    units = [m for m in model.modules() if type(m).__name__ in names and m is not model]
+    embed = getattr(model, "get_input_embeddings", lambda: None)()
+    head = getattr(model, "get_output_embeddings", lambda: None)()
+    if embed is not None and head is not None and embed.weight is not head.weight:
+        units = [embed, *units, head]
+    return units
 
 
 def shard_model(model: torch.nn.Module, mesh: Any, compute_dtype: torch.dtype,

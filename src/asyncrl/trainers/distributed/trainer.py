@@ -44,7 +44,7 @@ log = logging.getLogger("asyncrl.trainers.distributed")
 #: After a rank failed, how long to wait for the others' answers before naming
 #: the culprit: a rank that died makes its peers' collectives fail within
 #: milliseconds, and the one that died is the one to name.
-DIAGNOSIS_WAIT_S = 5.0
+DIAGNOSIS_WAIT_S = 1.0
 #: How long a clean shutdown may take before the ranks are killed.
 CLOSE_TIMEOUT_S = 30.0
 
@@ -206,10 +206,10 @@ class DistributedTrainer:
         errors = [f.exception() if f.done() else None for f in futures]
         if all(isinstance(e, RankFailed) for e in errors):
             return RuntimeError(f"every trainer rank failed {what}: {errors[0].detail}")
+        hung = [rank for rank, f in enumerate(futures) if not f.done()]
         self.ranks.kill()
         dead = [e for e in errors if isinstance(e, RankDied)]
         failed = [e for e in errors if isinstance(e, RankFailed)]
-        hung = [rank for rank, f in enumerate(futures) if not f.done()]
         if dead:
             culprit = dead[0]
             head = (f"trainer {self.ranks.describe(culprit.rank)} died during {what} "
