@@ -148,3 +148,18 @@ def test_trainer_death_fails_the_run_with_a_resume_hint(ray_local, tmp_path: Pat
         train(cfg, tmp_path, task=task, backends=(engines, trainer))
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["steps"] == 1 and summary["stop_reason"] == "error"
+
+
+def test_a_sharded_trainer_runs_as_rank_actors(ray_local, tmp_path: Path):
+    """trainer.strategy=fsdp on Ray: two rank actors in one placement group, the
+    weights from rank 0 to the workers through the object store."""
+    from asyncrl.config import TrainerConfig
+
+    steps = 6
+    cfg = tiny_config(steps=steps)
+    cfg = cfg.model_copy(update={"trainer": TrainerConfig(strategy="fsdp", world_size=2)})
+    summary = train(cfg, tmp_path)
+    _assert_complete(summary, steps)
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["train/world_size"] == 2 for r in records)
+    assert (tmp_path / "final" / "config.json").is_file()
