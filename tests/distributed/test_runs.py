@@ -1,14 +1,14 @@
 """Whole runs with the sharded trainer (gloo, world size 2): deterministic
-resume across world sizes, and a rank killed mid-run, then resumed."""
+resume across world sizes, and a rank killed mid-run, then resumed. Runs are
+in-process (their ranks come from this session's fork server: fast starts)."""
 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import shutil
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import psutil
@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 from asyncrl.checkpoint import prepare_resume
 from asyncrl.cli import main
 from asyncrl.config import load_config
+from asyncrl.errors import TrainerRankLost
 from asyncrl.runner import train
 
 pytestmark = pytest.mark.e2e
@@ -68,67 +69,72 @@ def test_deterministic_resume_at_another_world_size_gives_the_same_weights(
     assert max_abs_diff(final_weights(whole), final_weights(killed)) <= 1e-5
 
 
-CONFIG = """
-seed: 3
-grpo: {num_prompts_per_step: 4, num_generations_per_prompt: 4, max_num_steps: 8}
-async_rl:
-  sampler: {name: in_order, max_lookahead_versions: 1}
-  max_buffered_rollouts: 8
-  min_groups_for_streaming_train: 2
-  max_inflight_prompts: 8
-task: {name: arithmetic, max_operand: 9}
-policy:
-  model: {hidden_size: 32, num_layers: 1, num_heads: 2, intermediate_size: 64}
-  generation: {max_new_tokens: 4}
-trainer: {strategy: fsdp, world_size: 2}
-checkpoint: {every_steps: 2, keep_last: 2}
-logging: {tensorboard: false, plots: false, progress: never}
-"""
+class KillRank:
+    """A metrics sink that SIGKILLs trainer rank 1 when step ``at`` is recorded,
+    with the run going on (the next trainer call is the first to meet the dead rank)."""
+
+    def __init__(self, at: int) -> None:
+        self.at = at
+        self.pids: list[int] = []
+
+    def write(self, record: dict) -> None:
+        if record["step"] == self.at:
+            ranks = sorted((p for p in multiprocessing.active_children()
+                            if p.name.startswith("asyncrl-trainer-rank")), key=lambda p: p.name)
+            self.pids = [p.pid for p in ranks]
+            os.kill(self.pids[1], signal.SIGKILL)
+
+    def close(self, summary: dict | None = None) -> None:
+        pass
 
 
 def test_a_rank_killed_mid_run_ends_it_naming_the_rank_and_resume_completes(
         tmp_path: Path, capsys) -> None:
-    cfg = tmp_path / "c.yaml"
-    cfg.write_text(CONFIG)
+    steps, per_step = 6, 4
+    cfg = load_config(ROOT / "examples" / "quickstart.yaml", [
+        f"grpo.max_num_steps={steps}", "checkpoint.every_steps=2", "checkpoint.keep_last=2",
+        "async_rl.sampler.name=ready_first", "async_rl.sampler.max_staleness_versions=1",
+        *QUIET, *SMALL, *FSDP2])
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "asyncrl", "-v", "train", "--config", str(cfg),
-         "--run-dir", str(run_dir)],
-        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-    ranks: list[int] = []
-    family: set[int] = set()
-    victim = None
-    lines = []
-    try:
-        assert proc.stderr is not None
-        for line in proc.stderr:  # blocks on the child's output; no sleeping
-            lines.append(line)
-            if "sharded trainer started" in line:
-                ranks = [int(p) for p in line.split("pids ")[1].split(")")[0].split(", ")]
-                family = {p.pid for p in psutil.Process(proc.pid).children(recursive=True)}
-            if "checkpoint written" in line and victim is None:
-                victim = ranks[1]
-                os.kill(victim, signal.SIGKILL)
-    finally:
-        proc.wait(timeout=120)
-    err = "".join(lines)
-    assert victim is not None, err
-    assert proc.returncode == 2, err
-    assert f"rank 1 (pid {victim}) died during" in err and "killed by SIGKILL" in err
-    assert f"asyncrl train --resume {run_dir}" in err
-    assert set(ranks) <= family
-    alive = [p for p in family if psutil.pid_exists(p)
+    # The step-2 checkpoint is written after step 1's record; step 2 then trains
+    # and the kill lands before step 3.
+    killer = KillRank(at=2)
+    with pytest.raises(TrainerRankLost) as info:
+        train(cfg, run_dir, extra_sinks=[killer])
+    victim = killer.pids[1]
+    message = str(info.value)
+    assert f"trainer rank 1 (pid {victim}) died during" in message, message
+    assert "killed by SIGKILL" in message and f"asyncrl train --resume {run_dir}" in message
+    alive = [p for p in killer.pids if psutil.pid_exists(p)
              and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
-    assert not alive, f"left behind: {alive}"
+    assert not alive, f"ranks left behind: {alive}"
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["ledger"]["balanced"]
+    assert summary["stop_reason"] == "error" and summary["ledger"]["balanced"]
 
     assert main(["train", "--resume", str(run_dir)]) == 0
-    assert "resuming" in capsys.readouterr().out
+    assert "from step-000002" in capsys.readouterr().out
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["steps"] == 8 and summary["ledger"]["balanced"]
+    assert summary["steps"] == steps and summary["ledger"]["balanced"]
     records = [json.loads(x) for x in (run_dir / "ledger.jsonl").read_text().splitlines()]
     prompt_ids = [r["prompt_id"] for r in records]
     assert sorted(prompt_ids) == list(range(len(prompt_ids))), "a prompt was lost or repeated"
-    assert sum(r["state"] == "trained" for r in records) == 8 * 4
+    assert sum(r["state"] == "trained" for r in records) == steps * per_step
     assert {r["state"] for r in records} <= {"trained", "evicted", "aborted", "inflight", "ready"}
+
+
+#: The quickstart on the four sums of 0 and 1, 16 completions per prompt: the
+#: shortest variant that learned in every seed tried (single: 6 of 6 over 0.9 by
+#: step 150; this seed by step 72, and fsdp trains what single trains).
+LEARN = ["task.max_operand=1", "grpo.num_generations_per_prompt=16",
+         "policy.optimizer.lr=2e-3", "seed=0"]
+
+
+def test_the_quickstart_learns_with_two_ranks(tmp_path: Path) -> None:
+    steps = 100
+    cfg = load_config(ROOT / "examples" / "quickstart.yaml", [
+        f"grpo.max_num_steps={steps}", "checkpoint.every_steps=0", *QUIET, *LEARN, *FSDP2])
+    summary = train(cfg, tmp_path / "run")
+    assert summary["ledger"]["balanced"] and summary["steps"] == steps
+    assert summary["reward_last10_mean"] >= 0.9, summary["reward_last10_mean"]
+    record = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert record["train/world_size"] == 2
