@@ -8,9 +8,11 @@ serving a :class:`~asyncrl.trainers.distributed.rank.RankCore` over a pipe.
   start (more ranks, a later run in the same process) does not. Rank 0's
   rendezvous is a free local TCP port.
 * **Calls.** One command at a time, in the same order on every rank; a reader
-  thread per rank turns its answers into futures. The full weights travel in
-  one message per tensor, received straight into the tensor's memory (one copy,
-  never a pickle of the whole state dict).
+  thread per rank turns its answers into futures. Messages are plain pickles
+  (tensors inline: never torch's shared-memory handles, which cost a file
+  descriptor per tensor). The full weights travel in one message per tensor,
+  received straight into the tensor's memory (one copy, never a pickle of the
+  whole state dict).
 * **Lifetime.** Each rank runs in a session of its own and ignores SIGINT: a
   terminal's Ctrl-C reaches only the controller, which stops the run
   gracefully (last checkpoint included) and then the ranks. Each rank also
@@ -25,6 +27,7 @@ import contextlib
 import faulthandler
 import multiprocessing
 import os
+import pickle
 import signal
 import threading
 import traceback
@@ -50,6 +53,15 @@ def _context() -> Any:
     return multiprocessing.get_context("spawn")
 
 
+# ------------------------------------------------------------- messages
+def _send(conn: Connection, message: Any) -> None:
+    conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _recv(conn: Connection) -> Any:
+    return pickle.loads(conn.recv_bytes())
+
+
 # ------------------------------------------------------------- rank side
 def _rank_main(rank: int, spec: RankSpec, conn: Connection, lifeline: Connection) -> None:
     """A rank process: set up, then serve commands until ``close`` or EOF."""
@@ -59,16 +71,16 @@ def _rank_main(rank: int, spec: RankSpec, conn: Connection, lifeline: Connection
 
         core = RankCore(spec, rank)
     except BaseException as exc:
-        conn.send(("error", _describe(exc)))
+        _send(conn, ("error", _describe(exc)))
         return
-    conn.send(("ok", core.info()))
+    _send(conn, ("ok", core.info()))
     serve(core, conn)
 
 
 def serve(core: Any, conn: Connection) -> None:
     while True:
         try:
-            method, args = conn.recv()
+            method, args = _recv(conn)
         except (EOFError, OSError):
             return
         try:
@@ -76,9 +88,9 @@ def serve(core: Any, conn: Connection) -> None:
             if isinstance(result, WeightStream):
                 _send_stream(conn, result, send=core.rank == 0)
                 result = None
-            conn.send(("ok", result))
+            _send(conn, ("ok", result))
         except BaseException as exc:
-            conn.send(("error", _describe(exc)))
+            _send(conn, ("error", _describe(exc)))
         if method == "close":
             return
 
@@ -104,10 +116,10 @@ def _describe(exc: BaseException) -> str:
 
 def _send_stream(conn: Connection, stream: WeightStream, *, send: bool) -> None:
     if send:
-        conn.send(("stream", stream.header))
+        _send(conn, ("stream", stream.header))
     for tensor in stream.tensors:  # every rank runs the gathers; rank 0 sends
         if send and tensor is not None:
-            conn.send(("tensor", None))
+            _send(conn, ("tensor", None))
             conn.send_bytes(tensor.contiguous().reshape(-1).view(_uint8()).numpy())
 
 
@@ -127,7 +139,7 @@ def _receive_stream(conn: Connection, header: list) -> dict[str, Any]:
         if alias is not None:
             weights[name] = weights[names[alias]]
             continue
-        kind, payload = conn.recv()
+        kind, payload = _recv(conn)
         if kind != "tensor":
             raise RankFailed(0, payload)
         tensor = torch.empty(shape, dtype=getattr(torch, dtype))
@@ -184,7 +196,7 @@ class ProcessRanks:
                     continue
                 self._pending[rank].append(future)
                 with contextlib.suppress(OSError):  # a dead rank: its reader fails the future
-                    conn.send((method, args[rank]))
+                    _send(conn, (method, args[rank]))
         return futures
 
     def describe(self, rank: int) -> str:
@@ -218,10 +230,10 @@ class ProcessRanks:
         conn = self.conns[rank]
         while True:
             try:
-                kind, payload = conn.recv()
+                kind, payload = _recv(conn)
                 if kind == "stream":
                     payload = _receive_stream(conn, payload)
-                    kind, _ = conn.recv()
+                    kind, _ = _recv(conn)
             except RankFailed as exc:  # the rank failed in the middle of the weights
                 self._resolve(rank, exc)
                 continue
