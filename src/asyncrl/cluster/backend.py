@@ -10,6 +10,7 @@ from asyncrl.cluster.actors import EngineWorker, TrainerWorker
 from asyncrl.cluster.proxies import RayEngine, RayTrainer, WorkerPool, kill_actor, ray
 from asyncrl.config import ActorResources, ClusterConfig
 from asyncrl.errors import ActorStartError, ConfigError
+from asyncrl.trainers.distributed.trainer import DistributedTrainer
 
 if TYPE_CHECKING:
     from asyncrl.config import RunConfig
@@ -97,11 +98,13 @@ def build_ray_backends(cfg: RunConfig, task: Task) -> tuple[list[RayEngine], Ray
         ) from exc
     engine_cls, trainer_cls = _actor_classes()
     actors: list[Any] = []
+    ranks: Any = None
     sharded = None
     try:
         if cfg.trainer.strategy == "fsdp":
-            sharded = _sharded_trainer(cfg, task)
-            version_ref, weights_ref = sharded.version, sharded.get_weights_sync()
+            # The ranks build while the workers start: neither waits for the other.
+            ranks = _sharded_ranks(cfg, task)
+            version_ref, weights_ref = 0, ranks.initial_weights()
         else:
             trainer_actor = trainer_cls.options(**_options(c.trainer)).remote(cfg, task_ref)
             actors.append(trainer_actor)
@@ -121,6 +124,9 @@ def build_ray_backends(cfg: RunConfig, task: Task) -> tuple[list[RayEngine], Ray
             ["trainer", *["rollout worker"] * len(workers)][-len(actors):],
             cfg,
         )
+        if cfg.trainer.strategy == "fsdp":
+            ranks.wait_started()
+            sharded = DistributedTrainer(ranks, cfg)
         trainer: Any = sharded if sharded is not None else RayTrainer(actors[0], infos[0])
         pool = WorkerPool(weights_ref, trainer.version)
         engines = [
@@ -131,8 +137,8 @@ def build_ray_backends(cfg: RunConfig, task: Task) -> tuple[list[RayEngine], Ray
     except BaseException:
         for actor in actors:
             kill_actor(actor)
-        if sharded is not None:
-            sharded.ranks.kill()
+        if ranks is not None:
+            ranks.kill()
         raise
     log.info("Ray backend: trainer %s, %d rollout workers",
              f"of {sharded.world_size} ranks" if sharded is not None
@@ -140,12 +146,10 @@ def build_ray_backends(cfg: RunConfig, task: Task) -> tuple[list[RayEngine], Ray
     return engines, trainer
 
 
-def _sharded_trainer(cfg: RunConfig, task: Task) -> Any:
-    """``trainer.strategy: fsdp``: the ranks as actors in one placement group."""
+def _sharded_ranks(cfg: RunConfig, task: Task) -> Any:
+    """``trainer.strategy: fsdp``: the ranks as actors in one placement group (starting)."""
     from asyncrl.cluster.ranks import RayRanks
     from asyncrl.trainers.distributed.rank import RankSpec
-    from asyncrl.trainers.distributed.trainer import DistributedTrainer
 
     world_size = cfg.trainer.world_size
-    ranks = RayRanks(lambda init: RankSpec(cfg, task, world_size, init), world_size, cfg.cluster)
-    return DistributedTrainer(ranks, cfg)
+    return RayRanks(lambda init: RankSpec(cfg, task, world_size, init), world_size, cfg.cluster)

@@ -98,12 +98,6 @@ class DistributedTrainer:
             weights = {k: v.to(self.weights_device) for k, v in weights.items()}
         return weights
 
-    def get_weights_sync(self) -> Any:
-        """``get_weights`` without the event loop (building backends, scripts)."""
-        replies = self._call_sync("weights", [()] * self.world_size,
-                                  f"gathering the weights of version {self.version}")
-        return self.ranks.engine_weights(replies[0])
-
     def state_dict(self) -> dict[str, Any]:
         """The whole state in the classic layout, gathered on rank 0 (a ``single``
         trainer loads it as it is); checkpoints use :meth:`sharded_state_dict`."""
