@@ -78,20 +78,27 @@ def workload(cfg, steps: int, groups: int, n: int, tokens: int) -> list[list[Rol
 
 
 def run_single(cfg, chunks) -> dict[str, float]:
+    """The in-process trainer, run as a run runs it (its own worker thread,
+    ``policy.num_threads`` torch threads)."""
     task = build_task(cfg.task)
     model, tokenizer = build_policy(cfg.policy, task, seed=cfg.seed)
     trainer = GRPOTrainer.from_config(cfg, model=model, tokenizer=tokenizer)
-    times, state_bytes = [], 0
-    for i, chunk in enumerate(chunks):
-        t = time.perf_counter()
-        trainer.train_chunk_sync(chunk)
-        state_bytes = local_state_bytes(trainer.model, trainer.optimizer)
-        trainer.finish_step_sync()
-        if i:  # the first step warms up
-            times.append(time.perf_counter() - t)
-    asyncio.run(trainer.close())
-    return {"step_s": sum(times) / len(times), "collective_s": 0.0,
-            "state_bytes": float(state_bytes)}
+
+    async def steps() -> dict[str, float]:
+        times, state_bytes = [], 0
+        for i, chunk in enumerate(chunks):
+            t = time.perf_counter()
+            await trainer.train_chunk(chunk, step=i)
+            # With the step's gradients, before finish_step frees them.
+            state_bytes = local_state_bytes(trainer.model, trainer.optimizer)
+            await trainer.finish_step(step=i)
+            if i:  # the first step warms up
+                times.append(time.perf_counter() - t)
+        await trainer.close()
+        return {"step_s": sum(times) / len(times), "collective_s": 0.0,
+                "state_bytes": float(state_bytes)}
+
+    return asyncio.run(steps())
 
 
 def run_fsdp(cfg, chunks) -> dict[str, float]:

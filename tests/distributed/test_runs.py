@@ -58,6 +58,10 @@ def test_deterministic_resume_at_another_world_size_gives_the_same_weights(
         *QUIET, *SMALL, *before])
     whole = tmp_path / "whole"
     train(cfg, whole)
+    # `asyncrl export` of its newest checkpoint (sharded or not) is final/.
+    assert main(["export", str(whole), "--out", str(tmp_path / "export")]) == 0
+    exported = load_file(tmp_path / "export" / "model.safetensors")
+    assert max_abs_diff(final_weights(whole), exported) == 0
     # The same run killed after its step-2 checkpoint: what came after is gone.
     killed = tmp_path / "killed"
     shutil.copytree(whole, killed)

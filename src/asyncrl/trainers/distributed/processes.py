@@ -41,8 +41,8 @@ from asyncrl.trainers.distributed.rank import RankSpec, WeightStream, free_port
 from asyncrl.trainers.distributed.ranks import RankDied, RankFailed, exit_detail
 
 #: Imported once by the forkserver, so that rank processes start without importing them.
-PRELOAD = ["torch", "transformers", "asyncrl.trainers.distributed.rank",
-           "asyncrl.trainers.distributed.checkpoint"]
+PRELOAD = ["torch", "transformers", "asyncrl.policy", "asyncrl.tasks",
+           "asyncrl.trainers.distributed.processes", "asyncrl.trainers.distributed.checkpoint"]
 
 
 def _context() -> Any:
