@@ -126,16 +126,15 @@ def test_a_rank_killed_mid_run_ends_it_naming_the_rank_and_resume_completes(
     assert {r["state"] for r in records} <= {"trained", "evicted", "aborted", "inflight", "ready"}
 
 
-#: The quickstart on the four sums of 0 and 1 with 16 completions per prompt, in
-#: deterministic mode (the same run every time). Over seeds 0-7 (single, 150
-#: steps) 6 runs learned, first reaching 0.9 between steps 81 and 117; this one
-#: at step 81, and fsdp trains what single trains.
-LEARN = ["task.max_operand=1", "grpo.num_generations_per_prompt=16",
-         "policy.optimizer.lr=2e-3", "seed=3", "deterministic=true"]
+#: The quickstart on the four sums of 0 and 1 at lr 3e-3, in deterministic mode
+#: (the same run every time). Over seeds 0-7 (single, 150 steps) 5 learned,
+#: first reaching 0.9 between steps 64 and 108; this one at step 64 (and ended at
+#: 1.0), and fsdp trains what single trains.
+LEARN = ["task.max_operand=1", "policy.optimizer.lr=3e-3", "seed=3", "deterministic=true"]
 
 
 def test_the_quickstart_learns_with_two_ranks(tmp_path: Path) -> None:
-    steps = 110
+    steps = 80
     cfg = load_config(ROOT / "examples" / "quickstart.yaml", [
         f"grpo.max_num_steps={steps}", "checkpoint.every_steps=0", *QUIET, *LEARN, *FSDP2])
     summary = train(cfg, tmp_path / "run")

@@ -37,12 +37,16 @@ from concurrent.futures import Future
 from multiprocessing.connection import Connection
 from typing import Any
 
-from asyncrl.trainers.distributed.rank import RankSpec, WeightStream, free_port
+from asyncrl.trainers.distributed.rank import RankSpec, WeightStream
 from asyncrl.trainers.distributed.ranks import RankDied, RankFailed, exit_detail
 
 #: Imported once by the forkserver, so that rank processes start without importing them.
 PRELOAD = ["torch", "transformers", "asyncrl.policy", "asyncrl.tasks",
            "asyncrl.trainers.distributed.processes", "asyncrl.trainers.distributed.checkpoint"]
+
+
+#: How long a rank may take to reach the rendezvous store.
+STORE_TIMEOUT_S = 600.0
 
 
 def _context() -> Any:
@@ -152,10 +156,19 @@ class ProcessRanks:
     """:class:`~asyncrl.trainers.distributed.ranks.Ranks` as local processes."""
 
     def __init__(self, spec_of: Any, world_size: int) -> None:
-        """``spec_of(init_method) -> RankSpec``; the ranks are starting when this returns."""
+        """``spec_of(init_method) -> RankSpec`` (with ``hosted_store``); the ranks
+        are starting when this returns."""
+        import datetime
+
+        import torch.distributed as dist
+
         ctx = _context()
         self.world_size = world_size
-        spec = spec_of(f"tcp://127.0.0.1:{free_port()}")
+        # The rendezvous store lives here, up before any rank starts.
+        self._store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True,
+                                    wait_for_workers=False,
+                                    timeout=datetime.timedelta(seconds=STORE_TIMEOUT_S))
+        spec = spec_of(f"tcp://127.0.0.1:{self._store.port}")
         self.procs: list[Any] = []
         self.conns: list[Connection] = []
         self._lifelines: list[Connection] = []

@@ -23,6 +23,7 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+import urllib.parse
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -48,8 +49,12 @@ class RankSpec:
     #: Gives a from-scratch model its vocabulary (as for the in-process trainer).
     task: Any
     world_size: int
-    #: ``tcp://host:port`` of rank 0's rendezvous.
+    #: ``tcp://host:port`` of the rendezvous store.
     init_method: str
+    #: True: the store is already served there (by the controller), every rank
+    #: connects as a client; False: rank 0 serves it (``torch.distributed``'s own
+    #: ``tcp://`` rendezvous).
+    hosted_store: bool = False
 
 
 @dataclass
@@ -101,10 +106,16 @@ class RankCore:
         if cfg.policy.device.startswith("cuda"):
             self.device = torch.device("cuda", rank if device_index is None else device_index)
             torch.cuda.set_device(self.device)
-        dist.init_process_group(
-            collective_backend(cfg), init_method=spec.init_method, rank=rank,
-            world_size=spec.world_size,
-            timeout=datetime.timedelta(seconds=cfg.trainer.collective_timeout_s))
+        timeout = datetime.timedelta(seconds=cfg.trainer.collective_timeout_s)
+        rendezvous: dict[str, Any] = {"init_method": spec.init_method}
+        if spec.hosted_store:
+            # A client of a store that is up already: no rank waits for another's
+            # server to come up (a client that comes too early backs off for seconds).
+            where = urllib.parse.urlparse(spec.init_method)
+            rendezvous = {"store": dist.TCPStore(where.hostname, where.port, spec.world_size,
+                                                 is_master=False, timeout=timeout)}
+        dist.init_process_group(collective_backend(cfg), rank=rank, world_size=spec.world_size,
+                                timeout=timeout, **rendezvous)
         mesh = init_device_mesh(self.device.type, (spec.world_size,))
         self.dtype = policy_dtype(cfg.policy.dtype, self.device)
         # Built in float32 on the host and sharded onto the device: a rank never
