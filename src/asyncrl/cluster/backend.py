@@ -152,4 +152,5 @@ def _sharded_ranks(cfg: RunConfig, task: Task) -> Any:
     from asyncrl.trainers.distributed.rank import RankSpec
 
     world_size = cfg.trainer.world_size
-    return RayRanks(lambda init: RankSpec(cfg, task, world_size, init), world_size, cfg.cluster)
+    return RayRanks(lambda init: RankSpec(cfg, task, world_size, init), world_size,
+                    cfg.cluster)

@@ -35,9 +35,18 @@ class RankActor:
         self.core: Any = None
 
     def address(self) -> str:
-        from asyncrl.trainers.distributed.rank import free_port
+        """Called on rank 0 first: serve the rendezvous store (up before any rank
+        starts, so none backs off waiting for it) and return its address."""
+        import datetime
 
-        return f"tcp://{ray.util.get_node_ip_address()}:{free_port()}"
+        import torch.distributed as dist
+
+        from asyncrl.trainers.distributed.processes import STORE_TIMEOUT_S
+
+        ip = ray.util.get_node_ip_address()
+        self._store = dist.TCPStore(ip, 0, is_master=True, wait_for_workers=False,
+                                    timeout=datetime.timedelta(seconds=STORE_TIMEOUT_S))
+        return f"tcp://{ip}:{self._store.port}"
 
     def start(self, spec: Any) -> dict[str, Any]:
         from asyncrl.trainers.distributed.rank import RankCore

@@ -30,7 +30,7 @@ def build_local_trainer(cfg: RunConfig, task: Any, *, weights_device: str = "cpu
     from asyncrl.trainers.distributed.trainer import DistributedTrainer
 
     world_size = cfg.trainer.world_size
-    ranks = start_local_ranks(lambda init: RankSpec(cfg, task, world_size, init, True),
+    ranks = start_local_ranks(lambda init: RankSpec(cfg, task, world_size, init),
                               world_size, cfg.cluster.actor_startup_timeout_s)
     log.info("sharded trainer started: %d ranks (pids %s) over %s", world_size,
              ", ".join(str(p.pid) for p in ranks.procs), collective_backend(cfg))

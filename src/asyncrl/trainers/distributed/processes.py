@@ -156,8 +156,7 @@ class ProcessRanks:
     """:class:`~asyncrl.trainers.distributed.ranks.Ranks` as local processes."""
 
     def __init__(self, spec_of: Any, world_size: int) -> None:
-        """``spec_of(init_method) -> RankSpec`` (with ``hosted_store``); the ranks
-        are starting when this returns."""
+        """``spec_of(init_method) -> RankSpec``; the ranks are starting when this returns."""
         import datetime
 
         import torch.distributed as dist

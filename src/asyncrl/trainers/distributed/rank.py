@@ -49,12 +49,11 @@ class RankSpec:
     #: Gives a from-scratch model its vocabulary (as for the in-process trainer).
     task: Any
     world_size: int
-    #: ``tcp://host:port`` of the rendezvous store.
+    #: ``tcp://host:port`` of the rendezvous store, served already (by the
+    #: controller, or rank 0's actor): every rank connects as a client, so none
+    #: waits for another's server to come up (a client that comes too early backs
+    #: off for seconds).
     init_method: str
-    #: True: the store is already served there (by the controller), every rank
-    #: connects as a client; False: rank 0 serves it (``torch.distributed``'s own
-    #: ``tcp://`` rendezvous).
-    hosted_store: bool = False
 
 
 @dataclass
@@ -84,12 +83,6 @@ class RankTrainer(GRPOTrainer):
         return self.global_tokens
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
-
-
 class RankCore:
     """One rank: process group, sharded policy (and KL reference), optimizer."""
 
@@ -107,15 +100,11 @@ class RankCore:
             self.device = torch.device("cuda", rank if device_index is None else device_index)
             torch.cuda.set_device(self.device)
         timeout = datetime.timedelta(seconds=cfg.trainer.collective_timeout_s)
-        rendezvous: dict[str, Any] = {"init_method": spec.init_method}
-        if spec.hosted_store:
-            # A client of a store that is up already: no rank waits for another's
-            # server to come up (a client that comes too early backs off for seconds).
-            where = urllib.parse.urlparse(spec.init_method)
-            rendezvous = {"store": dist.TCPStore(where.hostname, where.port, spec.world_size,
-                                                 is_master=False, timeout=timeout)}
-        dist.init_process_group(collective_backend(cfg), rank=rank, world_size=spec.world_size,
-                                timeout=timeout, **rendezvous)
+        where = urllib.parse.urlparse(spec.init_method)
+        store = dist.TCPStore(where.hostname, where.port, spec.world_size, is_master=False,
+                              timeout=timeout)
+        dist.init_process_group(collective_backend(cfg), store=store, rank=rank,
+                                world_size=spec.world_size, timeout=timeout)
         mesh = init_device_mesh(self.device.type, (spec.world_size,))
         self.dtype = policy_dtype(cfg.policy.dtype, self.device)
         # Built in float32 on the host and sharded onto the device: a rank never
@@ -214,4 +203,4 @@ class RankCore:
             dist.destroy_process_group()
 
 
-__all__ = ["RankCore", "RankSpec", "RankTrainer", "WeightStream", "free_port"]
+__all__ = ["RankCore", "RankSpec", "RankTrainer", "WeightStream"]
