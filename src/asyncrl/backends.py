@@ -9,7 +9,7 @@ this module, so the layers stay acyclic.
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -33,6 +33,8 @@ def build_backends(
         from asyncrl.cluster import build_ray_backends
 
         return build_ray_backends(cfg, task)
+    if cfg.trainer.strategy == "fsdp":
+        return build_sharded_backends(cfg, task, work_dir=work_dir)
     engine, trainer = build_local_backends(cfg, task, work_dir=work_dir)
     return [engine], trainer
 
@@ -50,17 +52,47 @@ def build_local_backends(
     from asyncrl.trainers.grpo import GRPOTrainer
 
     model, tokenizer = build_policy(cfg.policy, task, seed=cfg.seed)
+    engine, weights_device = _engine(cfg, model, tokenizer, work_dir, shared=True)
+    trainer = GRPOTrainer.from_config(cfg, model=model, tokenizer=tokenizer,
+                                      weights_device=weights_device)
+    return engine, trainer
+
+
+def build_sharded_backends(
+    cfg: RunConfig, task: Task, *, work_dir: str | Path | None = None
+) -> tuple[list[RolloutEngine], Trainer]:
+    """The engine in this process and the sharded trainer (``trainer.strategy: fsdp``)
+    in ``trainer.world_size`` rank processes, each building the same policy."""
+    from asyncrl.policy import build_policy
+    from asyncrl.trainers.distributed import build_local_trainer
+
+    model, tokenizer = build_policy(cfg.policy, task, seed=cfg.seed)
+    engine, weights_device = _engine(cfg, model, tokenizer, work_dir, shared=False)
+    try:
+        trainer = build_local_trainer(cfg, task, weights_device=str(weights_device),
+                                      run_dir=work_dir)
+    except BaseException:
+        import asyncio
+
+        asyncio.run(engine.close())
+        raise
+    return [engine], trainer
+
+
+def _engine(cfg: RunConfig, model: Any, tokenizer: Any, work_dir: str | Path | None, *,
+            shared: bool) -> tuple[RolloutEngine, Any]:
+    """The engine ``policy.engine`` names over ``model``, and the device the
+    trainer's weights are handed over on. ``shared``: an in-process trainer
+    updates ``model``, so the local engine (which generates in a thread of its
+    own meanwhile) gets a copy; vLLM loads it into processes of its own anyway."""
     if cfg.policy.engine == "vllm":
         from asyncrl.engines.vllm import VLLMEngine
 
         engine: RolloutEngine = VLLMEngine.for_policy(cfg, model, tokenizer, work_dir=work_dir)
-        weights_device = "cpu"  # vLLM takes them from a file (CPU) or moves them itself (CUDA)
-    else:
-        from asyncrl.engines.local import LocalEngine
+        return engine, "cpu"  # vLLM takes them from a file (CPU) or moves them itself (CUDA)
+    from asyncrl.engines.local import LocalEngine
 
-        engine = LocalEngine.from_config(cfg, model=copy.deepcopy(model), tokenizer=tokenizer)
-        # Weights go straight to the engine's device (on a GPU, never through the host).
-        weights_device = engine.device
-    trainer = GRPOTrainer.from_config(cfg, model=model, tokenizer=tokenizer,
-                                      weights_device=weights_device)
-    return engine, trainer
+    engine = LocalEngine.from_config(cfg, model=copy.deepcopy(model) if shared else model,
+                                     tokenizer=tokenizer)
+    # Weights go straight to the engine's device (on a GPU, never through the host).
+    return engine, engine.device

@@ -299,6 +299,30 @@ class LossConfig(Block):
     truncated: Literal["keep", "mask", "zero_reward"] = "keep"
 
 
+# ------------------------------------------------------------------ trainer
+class TrainerConfig(Block):
+    """How the trainer is laid out over processes (docs/distributed.md)."""
+
+    #: single: one in-process trainer; fsdp: parameters, gradients and optimizer state
+    #: sharded over `world_size` rank processes (FSDP2 on torch.distributed).
+    strategy: Literal["single", "fsdp"] = "single"
+    #: Trainer processes (ranks); with policy.device: cuda, one GPU each.
+    world_size: PosInt = 1
+    #: Collective backend. auto: nccl on CUDA devices, gloo on the CPU.
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    #: A collective that waits longer than this for a rank fails the run, naming the rank.
+    collective_timeout_s: PosFloat = 600.0
+
+    @model_validator(mode="after")
+    def _single_is_one_process(self) -> TrainerConfig:
+        if self.strategy == "single" and self.world_size > 1:
+            raise ValueError(
+                f"trainer.strategy=single runs in one process, but trainer.world_size="
+                f"{self.world_size}; set trainer.strategy=fsdp to shard the trainer over "
+                f"{self.world_size} ranks, or trainer.world_size=1")
+        return self
+
+
 # ------------------------------------------------------------------ cluster
 class ActorResources(Block):
     num_cpus: NonNegFloat = 1.0
@@ -477,6 +501,7 @@ class RunConfig(Block):
     task: TaskConfig = Field(default_factory=ArithmeticTaskConfig)
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     loss: LossConfig = Field(default_factory=LossConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
@@ -490,6 +515,19 @@ class RunConfig(Block):
                 "deterministic: true is supported on the local backend only; "
                 "set cluster.backend: local or deterministic: false"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _trainer_fits_policy(self) -> RunConfig:
+        t, device = self.trainer, self.policy.device
+        if t.strategy == "fsdp" and t.backend == "nccl" and not device.startswith("cuda"):
+            raise ValueError(
+                f"trainer.backend=nccl runs on CUDA GPUs only, but policy.device={device!r}; "
+                "set trainer.backend: gloo (or auto), or policy.device: cuda")
+        if t.strategy == "fsdp" and self.policy.dtype == "float16":
+            raise ValueError(
+                "trainer.strategy=fsdp does not support policy.dtype=float16 (its loss scaling "
+                "is not sharded); use policy.dtype: bfloat16 (or float32)")
         return self
 
     @model_validator(mode="after")

@@ -203,6 +203,11 @@ class TrainerLost(BackendLost):
     """The trainer actor died: its weights and optimizer state are gone."""
 
 
+class TrainerRankLost(TrainerLost):
+    """A rank of a sharded trainer (``trainer.strategy: fsdp``) died, hung or failed:
+    the other ranks cannot go on without its shards. The message names the rank."""
+
+
 class RolloutWorkersLost(BackendLost):
     """Every rollout worker died and none has a restart left."""
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from asyncrl.checkpoint.store import list_checkpoints, load_latest, verify
+from asyncrl.checkpoint.store import list_checkpoints, load_latest, read_trainer_state, verify
 from asyncrl.config import RunConfig, config_from_dict
 from asyncrl.errors import CheckpointError, SetupError
 from asyncrl.hf import ADAPTER_DIR
@@ -126,7 +126,7 @@ def export_checkpoint(run_dir: str | Path, out_dir: str | Path, *, step: int | N
     """``(step, out_dir)``: checkpoint ``step`` of ``run_dir`` (the newest valid
     one when None) written in Hugging Face format to ``out_dir``, which is
     replaced: it must be new, empty or an earlier export (or ``force``)."""
-    import torch
+    from asyncrl.trainers.distributed.state import unshard_state
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -148,6 +148,7 @@ def export_checkpoint(run_dir: str | Path, out_dir: str | Path, *, step: int | N
         if problem is not None:
             raise CheckpointError(f"checkpoint {path} is invalid: {problem}; pick another step")
         config_yaml = (path / "config.yaml").read_text()
-        state = torch.load(path / "trainer.pt", weights_only=True, map_location="cpu")
+        state = read_trainer_state(path)
     cfg = config_from_dict(yaml.safe_load(config_yaml) or {}, source=f"{run_dir} checkpoint config")
-    return step, export_trainer_state(cfg, state, out_dir)
+    # Whatever wrote it (single, or fsdp at any world size): one full model.
+    return step, export_trainer_state(cfg, unshard_state(state), out_dir)

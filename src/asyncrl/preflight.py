@@ -13,6 +13,7 @@ model weights are built or loaded.
 * the context length: the longest prompt plus ``max_new_tokens`` fits the
   model's context (:mod:`asyncrl.context_length`);
 * ``logging.wandb``: wandb installed and, online, logged in;
+* the trainer layout (``trainer``): GPUs for every rank, the collective backend;
 * the sampler, built as the controller builds it (a ``custom`` one included),
   and its derived facts: plausible values, a buffer large enough, a pinned
   weight version in deterministic mode (:func:`~asyncrl.controller.validation.validate_setup`).
@@ -41,6 +42,7 @@ from asyncrl.policy import (
     load_tokenizer,
 )
 from asyncrl.sampling import create_sampler
+from asyncrl.trainers.distributed.checks import check_trainer, trainer_layout
 
 if TYPE_CHECKING:
     from asyncrl.config import PolicyConfig, RunConfig
@@ -81,6 +83,8 @@ def preflight(cfg: RunConfig, *, task: Task | None = None,
     elif builtin_backends:
         _parse_device(cfg.policy.device)
     check_wandb(cfg.logging.wandb)
+    if builtin_backends:
+        check_trainer(cfg)  # trainer.strategy: fsdp - ranks, GPUs, collective backend
     if task is None:
         task = _build_task(cfg)
     # Held-out prompts (may leave records out of the training task), and the
@@ -107,6 +111,7 @@ def preflight(cfg: RunConfig, *, task: Task | None = None,
     facts["min_step_groups"] = cfg.async_rl.rollout_failure.step_floor(cfg.grpo.num_prompts_per_step)
     facts["warnings"] = failure_warnings(cfg.grpo, cfg.async_rl)
     facts["max_token_staleness"] = cfg.loss.max_token_staleness
+    facts["trainer"] = trainer_layout(cfg)
     return Preflight(task=task, facts=facts, evaluator=evaluator)
 
 

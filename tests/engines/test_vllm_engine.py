@@ -212,6 +212,31 @@ async def test_groups_run_concurrently_abort_frees_them_and_a_sync_lands_mid_gro
     assert engine.num_unfinished_requests == 0
 
 
+async def test_a_sharded_trainer_keeps_vllm_on_policy(rig):
+    """trainer.strategy=fsdp at world size 2 (gloo): the full weights gathered from
+    the ranks reach vLLM exactly - over synchronous steps, the log-prob the sharded
+    trainer computes for every sampled token is vLLM's (issue 22, acceptance 3)."""
+    from asyncrl.config import TrainerConfig
+    from asyncrl.trainers.distributed import build_local_trainer
+
+    cfg = CFG.model_copy(update={"trainer": TrainerConfig(strategy="fsdp", world_size=2)})
+    sharded = build_local_trainer(cfg, build_task(cfg.task))
+    try:
+        sharded.load_state_dict(rig.trainer.state_dict())  # what the engine holds now
+        for step in range(3):
+            v = sharded.version
+            results = await generate_all(rig.engine, rig.prompts[:4], n=4, tag=f"fsdp{step}-")
+            metrics = await sharded.train_chunk(
+                [as_rollout(r, p) for r, p in zip(results, rig.prompts)], step=v)
+            assert metrics["logprob_mismatch_max"] <= 1e-3, (step, metrics)
+            await sharded.finish_step(step=v)
+            await rig.engine.update_weights(await sharded.get_weights(),
+                                            rig.engine.weight_version + 1)
+        rig.trainer.load_state_dict(sharded.state_dict())  # the rig's trainer holds them too
+    finally:
+        await sharded.close()
+
+
 async def test_cancelling_a_generate_call_aborts_its_request(rig):
     engine = rig.engine
     engine.generation = GenerationConfig(temperature=1.0, max_new_tokens=48)

@@ -14,6 +14,7 @@ from asyncrl._yaml import load_yaml
 from asyncrl.checkpoint.store import (
     LoadedCheckpoint,
     load_latest,
+    shards_dir,
     write_checkpoint,
 )
 from asyncrl.config import RunConfig, apply_overrides, config_from_dict, dump_config
@@ -80,7 +81,13 @@ class CheckpointHook:
         # (They change only in a weight sync, which waits for this hook too.)
         retained = getattr(controller.engines[0], "retained_weights", None)
         snapshots = retained() if controller.deterministic and retained is not None else None
-        trainer_state = await asyncio.to_thread(controller.trainer.state_dict)
+        # A sharded trainer's ranks write their shards themselves (moved into the
+        # checkpoint with the rest); any other trainer hands over its whole state.
+        sharded = getattr(controller.trainer, "sharded_state_dict", None)
+        if sharded is not None:
+            trainer_state = await asyncio.to_thread(sharded, shards_dir(self.run_dir, version))
+        else:
+            trainer_state = await asyncio.to_thread(controller.trainer.state_dict)
         if snapshots is not None:
             trainer_state = {**trainer_state, ENGINE_SNAPSHOTS: snapshots}
         return _Captured(version, controller_state, trainer_state)

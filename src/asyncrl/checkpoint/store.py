@@ -8,6 +8,8 @@ Layout of ``RUN_DIR/checkpoints/step-000010/``::
                      ledger, counters (plain JSON, never a pickle)
     trainer.pt       Trainer.state_dict() (model, optimizer, RNG) via torch.save,
                      read back with torch.load(weights_only=True)
+    trainer/         a sharded trainer's shards (torch.distributed.checkpoint, one
+                     file per rank); trainer.pt then holds the rest and names it
     config.yaml      the resolved config the run used
 
 A checkpoint is written under a temporary name and renamed into place, so a
@@ -30,6 +32,7 @@ from typing import Any
 from asyncrl._yaml import load_yaml
 from asyncrl.config import config_from_dict
 from asyncrl.errors import CheckpointError, ConfigError
+from asyncrl.trainers.distributed.state import SHARDED_DIR, SHARDED_KEY
 
 log = logging.getLogger("asyncrl.checkpoint")
 
@@ -79,6 +82,9 @@ def write_checkpoint(
     tmp = Path(tempfile.mkdtemp(prefix=f".{PREFIX}{step:06d}.", dir=root))
     try:
         (tmp / "controller.json").write_text(json.dumps(controller_state))
+        if SHARDED_KEY in trainer_state:  # written by the ranks beside: move it in
+            os.replace(trainer_state[SHARDED_KEY], tmp / SHARDED_DIR)
+            trainer_state = {**trainer_state, SHARDED_KEY: SHARDED_DIR}
         with (tmp / "trainer.pt").open("wb") as fh:
             # A file object, not a path: torch then writes through Python's file,
             # which lets the event loop run while the kernel takes the bytes (from
@@ -87,10 +93,11 @@ def write_checkpoint(
             torch.save(trainer_state, fh)
         (tmp / "config.yaml").write_text(config_yaml)
         files = {}
-        for path in sorted(tmp.iterdir()):
+        for path in sorted(p for p in tmp.rglob("*") if p.is_file()):
             with path.open("rb") as fh:
                 os.fsync(fh.fileno())
-            files[path.name] = {"size": path.stat().st_size, "sha256": _sha256(path)}
+            files[path.relative_to(tmp).as_posix()] = {"size": path.stat().st_size,
+                                                       "sha256": _sha256(path)}
         manifest = {"format": FORMAT, "step": step, "files": files}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
         with (tmp / MANIFEST).open("rb") as fh:
@@ -101,9 +108,20 @@ def write_checkpoint(
         _fsync_dir(root)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        if SHARDED_KEY in trainer_state:
+            shutil.rmtree(trainer_state[SHARDED_KEY], ignore_errors=True)
         raise
     prune(run_dir, keep_last)
     return final
+
+
+def shards_dir(run_dir: str | Path, step: int) -> Path:
+    """A new, empty directory for a sharded trainer to write checkpoint ``step``'s
+    shards into, beside the checkpoints (same file system: moved in with a
+    rename). A leftover of a crash is pruned like a temporary checkpoint."""
+    root = checkpoint_root(run_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f".{PREFIX}{step:06d}.shards.", dir=root))
 
 
 def list_checkpoints(run_dir: str | Path) -> list[Path]:
@@ -211,7 +229,6 @@ def iter_checkpoints(run_dir: str | Path, *, older_than: int | None = None,
     shape a checkpoint has) is skipped with one warning and its note appended to
     ``skipped``. ``older_than``: only checkpoints of earlier steps.
     """
-    import torch
 
     notes = skipped if skipped is not None else []
     paths = [p for p in list_checkpoints(run_dir)
@@ -221,8 +238,7 @@ def iter_checkpoints(run_dir: str | Path, *, older_than: int | None = None,
         if problem is None:
             try:
                 controller_state = json.loads((path / "controller.json").read_text())
-                trainer_state = torch.load(path / "trainer.pt", weights_only=True,
-                                           map_location="cpu")
+                trainer_state = read_trainer_state(path)
                 config_yaml = (path / "config.yaml").read_text()
             except Exception as exc:  # checksum matched but content is unreadable
                 problem = f"cannot be read ({exc})"
@@ -238,6 +254,17 @@ def iter_checkpoints(run_dir: str | Path, *, older_than: int | None = None,
         note = f"checkpoint {path.name} is invalid: {problem}; {then}"
         log.warning("%s", note)
         notes.append(note)
+
+
+def read_trainer_state(path: Path) -> Any:
+    """``trainer.pt`` of the checkpoint at ``path``; a sharded trainer's state
+    names its shards' directory by its absolute path."""
+    import torch
+
+    state = torch.load(path / "trainer.pt", weights_only=True, map_location="cpu")
+    if isinstance(state, dict) and SHARDED_KEY in state:
+        state[SHARDED_KEY] = str(path / state[SHARDED_KEY])
+    return state
 
 
 def _step_of(path: Path) -> int:

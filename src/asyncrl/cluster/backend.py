@@ -10,6 +10,7 @@ from asyncrl.cluster.actors import EngineWorker, TrainerWorker
 from asyncrl.cluster.proxies import RayEngine, RayTrainer, WorkerPool, kill_actor, ray
 from asyncrl.config import ActorResources, ClusterConfig
 from asyncrl.errors import ActorStartError, ConfigError
+from asyncrl.trainers.distributed.trainer import DistributedTrainer
 
 if TYPE_CHECKING:
     from asyncrl.config import RunConfig
@@ -97,10 +98,17 @@ def build_ray_backends(cfg: RunConfig, task: Task) -> tuple[list[RayEngine], Ray
         ) from exc
     engine_cls, trainer_cls = _actor_classes()
     actors: list[Any] = []
+    ranks: Any = None
+    sharded = None
     try:
-        trainer_actor = trainer_cls.options(**_options(c.trainer)).remote(cfg, task_ref)
-        actors.append(trainer_actor)
-        version_ref, weights_ref = trainer_actor.get_weights.options(num_returns=2).remote()
+        if cfg.trainer.strategy == "fsdp":
+            # The ranks build while the workers start: neither waits for the other.
+            ranks = _sharded_ranks(cfg, task)
+            version_ref, weights_ref = 0, ranks.initial_weights()
+        else:
+            trainer_actor = trainer_cls.options(**_options(c.trainer)).remote(cfg, task_ref)
+            actors.append(trainer_actor)
+            version_ref, weights_ref = trainer_actor.get_weights.options(num_returns=2).remote()
 
         def spawn(index: int, incarnation: int, weights: Any, version: Any) -> Any:
             return engine_cls.options(**_options(c.rollout_worker)).remote(
@@ -113,19 +121,36 @@ def build_ray_backends(cfg: RunConfig, task: Task) -> tuple[list[RayEngine], Ray
         actors.extend(workers)
         infos = _wait_ready(
             [a.ready.remote() for a in actors],
-            ["trainer", *["rollout worker"] * len(workers)],
+            ["trainer", *["rollout worker"] * len(workers)][-len(actors):],
             cfg,
         )
-        trainer = RayTrainer(trainer_actor, infos[0])
+        if cfg.trainer.strategy == "fsdp":
+            ranks.wait_started()
+            sharded = DistributedTrainer(ranks, cfg)
+        trainer: Any = sharded if sharded is not None else RayTrainer(actors[0], infos[0])
         pool = WorkerPool(weights_ref, trainer.version)
         engines = [
             RayEngine(pool, i, spawn, actor, info, max_restarts=c.max_worker_restarts,
                       startup_timeout_s=c.actor_startup_timeout_s)
-            for i, (actor, info) in enumerate(zip(workers, infos[1:]))
+            for i, (actor, info) in enumerate(zip(workers, infos[-len(workers):]))
         ]
     except BaseException:
         for actor in actors:
             kill_actor(actor)
+        if ranks is not None:
+            ranks.kill()
         raise
-    log.info("Ray backend: trainer on node %s, %d rollout workers", trainer.node_id, len(engines))
+    log.info("Ray backend: trainer %s, %d rollout workers",
+             f"of {sharded.world_size} ranks" if sharded is not None
+             else f"on node {trainer.node_id}", len(engines))
     return engines, trainer
+
+
+def _sharded_ranks(cfg: RunConfig, task: Task) -> Any:
+    """``trainer.strategy: fsdp``: the ranks as actors in one placement group (starting)."""
+    from asyncrl.cluster.ranks import RayRanks
+    from asyncrl.trainers.distributed.rank import RankSpec
+
+    world_size = cfg.trainer.world_size
+    return RayRanks(lambda init: RankSpec(cfg, task, world_size, init), world_size,
+                    cfg.cluster)

@@ -51,6 +51,7 @@ from asyncrl.devices import hand_over, worker_executor
 from asyncrl.errors import ConfigError
 from asyncrl.tasks.tokenizer import Tokenizer
 from asyncrl.trainers import lora as lora_
+from asyncrl.trainers.distributed.state import SHARDED_KEY, unshard_state
 from asyncrl.trainers.losses import k3_kl, token_losses
 from asyncrl.trainers.memory import StepPeakMemory
 from asyncrl.trainers.packing import (
@@ -227,6 +228,8 @@ class GRPOTrainer:
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if SHARDED_KEY in state:  # written by trainer.strategy: fsdp (any world size)
+            state = unshard_state(state)
         if self.lora is not None:
             lora_.load_adapter_state(self.model, _trained_weights(state, "adapter"))
             weights = state["adapter"]
@@ -279,6 +282,8 @@ class GRPOTrainer:
         self._step.passes += len(batches)
         # One transfer to the host per chunk: the micro-batches queue up back to back.
         rows = torch.stack(stats).tolist() if stats else []
+        #: The chunk's per-pass STATS rows (a data-parallel trainer sums them over ranks).
+        self.last_chunk_rows = rows
         metrics, sums = chunk_metrics(rows, flat)
         self._step.weight += flat.weight
         self._step.loss += sums["loss"]
