@@ -528,6 +528,11 @@ class RunConfig(Block):
             raise ValueError(
                 "trainer.strategy=fsdp does not support policy.dtype=float16 (its loss scaling "
                 "is not sharded); use policy.dtype: bfloat16 (or float32)")
+        if t.strategy == "fsdp" and self.policy.lora is not None:
+            raise ValueError(
+                "trainer.strategy=fsdp does not shard LoRA adapters yet (policy.lora is set); "
+                "train the adapters with trainer.strategy: single, or drop policy.lora to "
+                "train the full model sharded")
         return self
 
     @model_validator(mode="after")

@@ -37,6 +37,7 @@ def one_gpu(monkeypatch) -> None:
      "trainer.backend=nccl runs on CUDA GPUs only, but policy.device='cpu'"),
     ([*FSDP2, "policy.dtype=float16"],
      "trainer.strategy=fsdp does not support policy.dtype=float16"),
+    ([*FSDP2, "policy.lora.r=8"], "trainer.strategy=fsdp does not shard LoRA adapters yet"),
     (["trainer.strategy=fsdp", "trainer.world_size=0"], "trainer.world_size"),
     (["trainer.strategy=ddp"], "trainer.strategy"),
 ])
