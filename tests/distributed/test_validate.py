@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -66,5 +67,5 @@ def test_nccl_without_nccl_is_refused(capsys, one_gpu, monkeypatch) -> None:
 
 
 def test_a_valid_layout_is_described(capsys) -> None:
-    code, out = validate(capsys, *FSDP2)
-    assert code == 0 and "fsdp over 2 ranks (gloo, local processes)" in out, out
+    code, out = validate(capsys, "--json", *FSDP2)
+    assert code == 0 and json.loads(out)["trainer"] == "fsdp over 2 ranks (gloo, local processes)"

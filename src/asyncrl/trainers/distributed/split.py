@@ -59,11 +59,12 @@ def _keep(rollout: Rollout, keep: set[int]) -> Rollout:
     result = rollout.result
     if len(keep) == len(result.completion_ids):
         return rollout
-    emptied = dataclasses.replace(
-        result,
-        completion_ids=[c if j in keep else [] for j, c in enumerate(result.completion_ids)],
-        behavior_logprobs=[b if j in keep else [] for j, b in enumerate(result.behavior_logprobs)],
-    )
+    # An emptied completion keeps its finish reason (loss.truncated: zero_reward
+    # reads it for the group's advantages), and loses its tokens.
+    emptied = dataclasses.replace(result, completions=[
+        c if j in keep else dataclasses.replace(c, token_ids=[], logprobs=[], versions=(),
+                                                 loss_mask=None)
+        for j, c in enumerate(result.completions)])
     return dataclasses.replace(rollout, result=emptied)
 
 
