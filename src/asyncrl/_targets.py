@@ -19,6 +19,29 @@ Kind = Literal["class", "function"]
 _FORM = {"class": "module:ClassName", "function": "module:function"}
 
 
+def split_target(target: str) -> tuple[str, str] | None:
+    """``"module:ClassName"`` -> ``("module", "ClassName")``; None when not of that form."""
+    module_name, sep, class_name = target.strip().partition(":")
+    if not sep or not module_name or not class_name or ":" in class_name:
+        return None
+    return module_name, class_name
+
+
+def check_class_target(value: Any, *, example: str) -> str:
+    """A config validator's check of a ``target`` key: ``value`` when it is of the
+    form ``module:ClassName``, else a ValueError saying how to write it."""
+    if not isinstance(value, str):
+        raise ValueError(
+            f"must be a string 'module:ClassName', got {value!r}. In YAML, quote a target "
+            f'that ends with a colon or holds ": ", e.g. target: "{example}"'
+        )
+    if split_target(value) is None:
+        raise ValueError(
+            f"{value!r} is not of the form 'module:ClassName' (the module to import, "
+            f"a colon, then the class in it); write e.g. target: {example}")
+    return value
+
+
 def _public_names(module: Any, kind: Kind) -> str:
     if kind == "class":
         names = [n for n in dir(module) if n[:1].isupper()]

@@ -43,7 +43,7 @@ ALL_CORES = os.sched_getaffinity(0)
 async def rig():
     task = build_task(CFG.task)
     model, tokenizer = build_policy(CFG.policy, task, seed=CFG.seed)
-    trainer = GRPOTrainer.from_config(CFG, model=model, tokenizer=tokenizer)
+    trainer = GRPOTrainer.from_config(CFG.policy, CFG.loss, model=model, tokenizer=tokenizer)
     # Scores groups with the trainer's code on the trainer's model, without
     # touching the trainer's step (its own token count and optimizer).
     probe = GRPOTrainer(model, tokenizer, temperature=TEMPERATURE, num_threads=1)

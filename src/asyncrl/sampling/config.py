@@ -15,7 +15,7 @@ from pydantic import (
     field_validator,
 )
 
-from asyncrl._targets import load_target
+from asyncrl._targets import check_class_target, load_target
 from asyncrl._validation import explain
 from asyncrl.buffer import RolloutBuffer
 from asyncrl.errors import SamplerConfigError
@@ -73,14 +73,7 @@ class CustomSamplerConfig(BaseModel):
     @field_validator("target", mode="before")
     @classmethod
     def _module_colon_class(cls, value: Any) -> Any:
-        if not isinstance(value, str):
-            raise ValueError(
-                f"must be a string 'module:ClassName', got {value!r}. In YAML, quote a target "
-                'that ends with a colon or holds ": ", e.g. target: "my_pkg.samplers:MySampler"'
-            )
-        if split_target(value) is None:
-            raise ValueError(_bad_target(value))
-        return value
+        return check_class_target(value, example="my_pkg.samplers:MySampler")
 
     @property
     def kwargs(self) -> dict[str, Any]:
@@ -141,19 +134,6 @@ def create_sampler(buffer: RolloutBuffer, cfg: Any) -> PromptGroupSampler:
     cls = _BUILTINS[type(model)]
     kwargs = model.model_dump(exclude={"name"})
     return cls(buffer, **kwargs)
-
-
-def split_target(target: str) -> tuple[str, str] | None:
-    """``"module:ClassName"`` -> ``("module", "ClassName")``; None when not of that form."""
-    module_name, sep, class_name = target.strip().partition(":")
-    if not sep or not module_name or not class_name or ":" in class_name:
-        return None
-    return module_name, class_name
-
-
-def _bad_target(target: str) -> str:
-    return (f"{target!r} is not of the form 'module:ClassName' (the module to import, "
-            "a colon, then the class in it); write e.g. target: my_pkg.samplers:MySampler")
 
 
 def _load_custom(buffer: RolloutBuffer, cfg: CustomSamplerConfig) -> PromptGroupSampler:
