@@ -149,7 +149,7 @@ def _custom(policy: PolicyConfig, ctx: EngineContext, weights: Mapping[str, Any]
 _BUILDERS: dict[str, Builder] = {"local": _local, "vllm": _vllm, "custom": _custom}
 
 #: RolloutEngine's members, and which must be coroutines.
-_MEMBERS = ("weight_version", "generate", "update_weights", "close")
+_MEMBERS = ("generate", "update_weights", "close")
 _ASYNC = ("generate", "update_weights", "close")
 
 
