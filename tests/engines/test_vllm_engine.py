@@ -19,7 +19,7 @@ import pytest_asyncio
 import torch
 
 from asyncrl.config import GenerationConfig
-from asyncrl.engines import RolloutEngine, sampling_logprobs
+from asyncrl.engines import EngineOptions, RolloutEngine, sampling_logprobs
 from asyncrl.engines.local import LocalEngine
 from asyncrl.engines.vllm import VLLMEngine
 from asyncrl.engines.vllm_setup import descendants
@@ -47,7 +47,7 @@ async def rig():
     # Scores groups with the trainer's code on the trainer's model, without
     # touching the trainer's step (its own token count and optimizer).
     probe = GRPOTrainer(model, tokenizer, temperature=TEMPERATURE, num_threads=1)
-    engine = VLLMEngine.for_policy(CFG, model, tokenizer)
+    engine = VLLMEngine.for_policy(CFG.policy, EngineOptions.of(CFG), model, tokenizer)
     source = task.prompt_source(0)
     prompts = [source.next_prompt() for _ in range(8)]
     try:

@@ -16,7 +16,7 @@ import yaml
 from asyncrl.backends import build_backends
 from asyncrl.config import config_from_dict, load_config
 from asyncrl.engines import vllm_setup, vllm_transport
-from asyncrl.engines.factory import EngineOptions
+from asyncrl.engines.options import EngineOptions
 from asyncrl.errors import ConfigError, MissingDependency
 from asyncrl.hf import save_policy
 from asyncrl.policy import build_policy

@@ -22,7 +22,7 @@ from asyncrl._bounded import append_bounded
 
 if TYPE_CHECKING:
     from asyncrl.config import LossConfig, PolicyConfig
-    from asyncrl.engines.factory import EngineOptions
+    from asyncrl.engines.options import EngineOptions
     from asyncrl.tasks.base import Task
     from asyncrl.types import GenerationRequest, GroupId, GroupResult, Rollout
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from asyncrl.cluster.actors import EngineWorker, TrainerWorker
 from asyncrl.cluster.proxies import RayEngine, RayTrainer, WorkerPool, kill_actor, ray
 from asyncrl.config import ActorResources, ClusterConfig
-from asyncrl.engines.factory import EngineOptions
+from asyncrl.engines.options import EngineOptions
 from asyncrl.errors import ActorStartError, ConfigError
 from asyncrl.trainers.distributed.trainer import DistributedTrainer
 

@@ -21,7 +21,8 @@ from asyncrl.engines.capabilities import (
     Snapshots,
     WeightsOnDevice,
 )
-from asyncrl.engines.factory import EngineContext, EngineOptions, build_engine
+from asyncrl.engines.factory import build_engine
+from asyncrl.engines.options import EngineContext, EngineOptions
 from asyncrl.engines.transport import WeightTransport, WeightUpdate
 
 if TYPE_CHECKING:

@@ -83,7 +83,7 @@ from asyncrl.types import GenerationError, GenerationRequest, GroupAborted, Grou
 
 if TYPE_CHECKING:
     from asyncrl.config import PolicyConfig
-    from asyncrl.engines.factory import EngineOptions
+    from asyncrl.engines.options import EngineOptions
 
 __all__ = ["LocalEngine", "sampling_logprobs"]
 

@@ -72,7 +72,7 @@ if TYPE_CHECKING:
     import torch
 
     from asyncrl.config import PolicyConfig
-    from asyncrl.engines.factory import EngineOptions
+    from asyncrl.engines.options import EngineOptions
 
 log = logging.getLogger("asyncrl.engines.vllm")
 
