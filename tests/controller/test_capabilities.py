@@ -68,6 +68,6 @@ def test_the_controller_takes_its_sampler_buffer_and_prompts() -> None:
     assert ctl.sampler is sampler and ctl.buffer is buffer
     result = run_virtual(ctl.run())
     assert result.steps == 3 and prompts.position >= 12  # its prompts were the ones used
-    with pytest.raises(UsageError, match="pass buffer=... too"):
+    with pytest.raises(UsageError, match=r"pass buffer=\.\.\. too"):
         make_controller({"name": "in_order", "max_lookahead_versions": 1},
                         sampler_instance=sampler)
