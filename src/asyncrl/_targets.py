@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, field_validator
 
 from asyncrl.errors import ConfigError
 
@@ -40,6 +42,25 @@ def check_class_target(value: Any, *, example: str) -> str:
             f"{value!r} is not of the form 'module:ClassName' (the module to import, "
             f"a colon, then the class in it); write e.g. target: {example}")
     return value
+
+
+class TargetBlock(BaseModel):
+    """A config block that names a class, ``target: "module:ClassName"``; every
+    other key goes to its constructor (``custom`` samplers and engines)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    #: A well-formed target, for messages.
+    example: ClassVar[str] = "my_pkg.module:MyClass"
+    target: str
+
+    @field_validator("target", mode="before")
+    @classmethod
+    def _module_colon_class(cls, value: Any) -> Any:
+        return check_class_target(value, example=cls.example)
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
 
 
 def _public_names(module: Any, kind: Kind) -> str:

@@ -19,18 +19,15 @@ from typing import Annotated, Any, ClassVar, Literal, Union
 
 import yaml
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     StrictFloat,
     StrictInt,
     ValidationError,
-    field_validator,
     model_validator,
 )
 
 from asyncrl._blocks import Block, NonNegFloat, NonNegInt, PosFloat, PosInt
-from asyncrl._targets import check_class_target
+from asyncrl._targets import TargetBlock
 from asyncrl._validation import explain_errors
 from asyncrl._yaml import load_yaml
 from asyncrl.dataset_config import DatasetTaskConfig
@@ -220,22 +217,12 @@ class VLLMConfig(Block):
     engine_args: dict[str, Any] = Field(default_factory=dict)
 
 
-class CustomEngineConfig(BaseModel):
+class CustomEngineConfig(TargetBlock):
     """``policy.engine: custom``: ``target: "module:ClassName"`` names a class
     built as ``ClassName(ctx, **other_keys)`` (``ctx``: an
     :class:`asyncrl.engines.EngineContext`); see docs/engines.md."""
 
-    model_config = ConfigDict(extra="allow", frozen=True)
-    target: str
-
-    @field_validator("target", mode="before")
-    @classmethod
-    def _module_colon_class(cls, value: Any) -> Any:
-        return check_class_target(value, example="my_pkg.engines:MyEngine")
-
-    @property
-    def kwargs(self) -> dict[str, Any]:
-        return dict(self.model_extra or {})
+    example: ClassVar[str] = "my_pkg.engines:MyEngine"
 
 
 class LoraConfig(Block):

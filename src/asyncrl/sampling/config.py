@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import (
     BaseModel,
@@ -12,10 +12,9 @@ from pydantic import (
     StrictInt,
     TypeAdapter,
     ValidationError,
-    field_validator,
 )
 
-from asyncrl._targets import check_class_target, load_target
+from asyncrl._targets import TargetBlock, load_target
 from asyncrl._validation import explain
 from asyncrl.buffer import RolloutBuffer
 from asyncrl.errors import SamplerConfigError
@@ -63,21 +62,11 @@ class ReadyFirstSamplerConfig(_Strict):
     max_staleness_versions: _Window = 1
 
 
-class CustomSamplerConfig(BaseModel):
+class CustomSamplerConfig(TargetBlock):
     """``target: "module:ClassName"``; every other key goes to the constructor."""
 
-    model_config = ConfigDict(extra="allow", frozen=True)
+    example: ClassVar[str] = "my_pkg.samplers:MySampler"
     name: Literal["custom"] = "custom"
-    target: str
-
-    @field_validator("target", mode="before")
-    @classmethod
-    def _module_colon_class(cls, value: Any) -> Any:
-        return check_class_target(value, example="my_pkg.samplers:MySampler")
-
-    @property
-    def kwargs(self) -> dict[str, Any]:
-        return dict(self.model_extra or {})
 
 
 SamplerConfig = Annotated[
