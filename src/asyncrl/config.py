@@ -261,7 +261,8 @@ class PolicyConfig(Block):
     #: state and loss arithmetic whatever this is (see docs/gpu.md).
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     #: Device of the local engine's copy of the model (None: `device`), e.g. a second
-    #: GPU so that generation and training never share one. Local backend only.
+    #: GPU so that generation and training never share one. On Ray it is the device
+    #: inside each rollout worker, which sees only the GPUs Ray gave it.
     engine_device: str | None = None
     #: Torch intra-op threads for the trainer and the engine each (None: leave torch's
     #: default). 1 suits the small default model: its matrices are too small to gain
