@@ -19,7 +19,7 @@ EXAMPLE = REPO / "examples" / "custom_engine.py"
 def custom_quickstart(*overrides: str):
     """examples/custom_engine.yaml, a few steps long."""
     return load_config(REPO / "examples" / "custom_engine.yaml",
-                       ["grpo.max_num_steps=3", "logging.progress=never", *overrides])
+                       ["grpo.max_num_steps=2", "logging.progress=never", *overrides])
 
 
 def test_the_docs_show_the_whole_engine_in_under_80_lines():
@@ -32,8 +32,8 @@ def test_the_custom_engine_of_the_docs_trains_the_quickstart(tmp_path, monkeypat
     monkeypatch.syspath_prepend(str(REPO / "examples"))
     summary = train(custom_quickstart(), tmp_path / "run")
     ledger = summary["ledger"]
-    assert summary["steps"] == 3 and ledger["balanced"] and ledger["failed"] == 0, summary
-    assert ledger["trained"] == 3 * 8
+    assert summary["steps"] == 2 and ledger["balanced"] and ledger["failed"] == 0, summary
+    assert ledger["trained"] == 2 * 8
 
 
 class NoUpdates:
