@@ -82,7 +82,7 @@ def run_single(cfg, chunks) -> dict[str, float]:
     ``policy.num_threads`` torch threads)."""
     task = build_task(cfg.task)
     model, tokenizer = build_policy(cfg.policy, task, seed=cfg.seed)
-    trainer = GRPOTrainer.from_config(cfg, model=model, tokenizer=tokenizer)
+    trainer = GRPOTrainer.from_config(cfg.policy, cfg.loss, model=model, tokenizer=tokenizer)
 
     async def steps() -> dict[str, float]:
         times, state_bytes = [], 0

@@ -10,13 +10,57 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, field_validator
 
 from asyncrl.errors import ConfigError
 
 Kind = Literal["class", "function"]
 
 _FORM = {"class": "module:ClassName", "function": "module:function"}
+
+
+def split_target(target: str) -> tuple[str, str] | None:
+    """``"module:ClassName"`` -> ``("module", "ClassName")``; None when not of that form."""
+    module_name, sep, class_name = target.strip().partition(":")
+    if not sep or not module_name or not class_name or ":" in class_name:
+        return None
+    return module_name, class_name
+
+
+def check_class_target(value: Any, *, example: str) -> str:
+    """A config validator's check of a ``target`` key: ``value`` when it is of the
+    form ``module:ClassName``, else a ValueError saying how to write it."""
+    if not isinstance(value, str):
+        raise ValueError(
+            f"must be a string 'module:ClassName', got {value!r}. In YAML, quote a target "
+            f'that ends with a colon or holds ": ", e.g. target: "{example}"'
+        )
+    if split_target(value) is None:
+        raise ValueError(
+            f"{value!r} is not of the form 'module:ClassName' (the module to import, "
+            f"a colon, then the class in it); write e.g. target: {example}")
+    return value
+
+
+class TargetBlock(BaseModel):
+    """A config block that names a class, ``target: "module:ClassName"``; every
+    other key goes to its constructor (``custom`` samplers and engines)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    #: A well-formed target, for messages.
+    example: ClassVar[str] = "my_pkg.module:MyClass"
+    target: str
+
+    @field_validator("target", mode="before")
+    @classmethod
+    def _module_colon_class(cls, value: Any) -> Any:
+        return check_class_target(value, example=cls.example)
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
 
 
 def _public_names(module: Any, kind: Kind) -> str:

@@ -53,7 +53,8 @@ def build_local_backends(
 
     model, tokenizer = build_policy(cfg.policy, task, seed=cfg.seed)
     engine, weights_device = _engine(cfg, model, tokenizer, work_dir, shared=True)
-    trainer = GRPOTrainer.from_config(cfg, model=model, tokenizer=tokenizer,
+    trainer = GRPOTrainer.from_config(cfg.policy, cfg.loss, model=model, tokenizer=tokenizer,
+                                      deterministic=cfg.deterministic,
                                       weights_device=weights_device)
     return engine, trainer
 
@@ -83,16 +84,14 @@ def _engine(cfg: RunConfig, model: Any, tokenizer: Any, work_dir: str | Path | N
             shared: bool) -> tuple[RolloutEngine, Any]:
     """The engine ``policy.engine`` names over ``model``, and the device the
     trainer's weights are handed over on. ``shared``: an in-process trainer
-    updates ``model``, so the local engine (which generates in a thread of its
-    own meanwhile) gets a copy; vLLM loads it into processes of its own anyway."""
-    if cfg.policy.engine == "vllm":
-        from asyncrl.engines.vllm import VLLMEngine
+    updates ``model``, so the engine (which generates concurrently) gets a copy."""
+    from asyncrl.engines.capabilities import EngineCapabilities
+    from asyncrl.engines.factory import EngineOptions, build_engine
 
-        engine: RolloutEngine = VLLMEngine.for_policy(cfg, model, tokenizer, work_dir=work_dir)
-        return engine, "cpu"  # vLLM takes them from a file (CPU) or moves them itself (CUDA)
-    from asyncrl.engines.local import LocalEngine
-
-    engine = LocalEngine.from_config(cfg, model=copy.deepcopy(model) if shared else model,
-                                     tokenizer=tokenizer)
-    # Weights go straight to the engine's device (on a GPU, never through the host).
-    return engine, engine.device
+    # vLLM only saves the model for its own processes: no copy needed.
+    copied = shared and cfg.policy.engine != "vllm"
+    engine = build_engine(cfg.policy, EngineOptions.of(cfg, work_dir),
+                          model=copy.deepcopy(model) if copied else model, tokenizer=tokenizer)
+    # Weights go straight to the engine's device (on a GPU, never through the
+    # host); an engine that loads them elsewhere (vLLM) takes them on the CPU.
+    return engine, engine.device if EngineCapabilities.of(engine).device else "cpu"

@@ -27,6 +27,7 @@ from pydantic import (
 )
 
 from asyncrl._blocks import Block, NonNegFloat, NonNegInt, PosFloat, PosInt
+from asyncrl._targets import TargetBlock
 from asyncrl._validation import explain_errors
 from asyncrl._yaml import load_yaml
 from asyncrl.dataset_config import DatasetTaskConfig
@@ -181,6 +182,10 @@ class OptimizerConfig(Block):
     grad_clip: PosFloat | None = 1.0
 
 
+#: The names policy.engine takes (asyncrl.engines.factory maps each to its engine).
+EngineName = Literal["local", "vllm", "custom"]
+
+
 class VLLMConfig(Block):
     """Settings of the vLLM rollout engine (``policy.engine: vllm``); see docs/engines.md."""
 
@@ -203,8 +208,21 @@ class VLLMConfig(Block):
     #: this process (trainer, event loop) on the others, so that generation and
     #: training do not take each other's cores (see docs/engines.md).
     isolate_cpu_cores: bool = True
+    #: How new weights reach vLLM after every step: "ipc" (CUDA IPC handles, one
+    #: GPU), "disk" (safetensors in a directory and vLLM's reload_weights; works on
+    #: CPU and CUDA alike: the tested way out when IPC fails), "auto": ipc on CUDA
+    #: with tensor_parallel_size 1, else disk.
+    weight_transport: Literal["auto", "ipc", "disk"] = "auto"
     #: Any other vllm.AsyncEngineArgs field, passed through unchanged.
     engine_args: dict[str, Any] = Field(default_factory=dict)
+
+
+class CustomEngineConfig(TargetBlock):
+    """``policy.engine: custom``: ``target: "module:ClassName"`` names a class
+    built as ``ClassName(ctx, **other_keys)`` (``ctx``: an
+    :class:`asyncrl.engines.EngineContext`); see docs/engines.md."""
+
+    example: ClassVar[str] = "my_pkg.engines:MyEngine"
 
 
 class LoraConfig(Block):
@@ -227,9 +245,13 @@ class LoraConfig(Block):
 class PolicyConfig(Block):
     #: Local path to a transformers causal LM and its tokenizer; None: build `model`.
     model_name_or_path: str | None = None
-    #: Rollout engine: our own decode loop (local) or vLLM (pip install 'asyncrl[vllm]').
-    engine: Literal["local", "vllm"] = "local"
+    #: Rollout engine: our own decode loop (local), vLLM (pip install 'asyncrl[vllm]'),
+    #: or a class of yours (custom, with custom_engine). asyncrl.engines.build_engine
+    #: maps each name to its engine.
+    engine: EngineName = "local"
     vllm: VLLMConfig = Field(default_factory=VLLMConfig)
+    #: engine: custom only: the engine class and its constructor's keys.
+    custom_engine: CustomEngineConfig | None = None
     model: ModelConfig = Field(default_factory=ModelConfig)
     generation: GenerationConfig = Field(default_factory=GenerationConfig)
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
@@ -239,7 +261,8 @@ class PolicyConfig(Block):
     #: state and loss arithmetic whatever this is (see docs/gpu.md).
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     #: Device of the local engine's copy of the model (None: `device`), e.g. a second
-    #: GPU so that generation and training never share one. Local backend only.
+    #: GPU so that generation and training never share one. On Ray it is the device
+    #: inside each rollout worker, which sees only the GPUs Ray gave it.
     engine_device: str | None = None
     #: Torch intra-op threads for the trainer and the engine each (None: leave torch's
     #: default). 1 suits the small default model: its matrices are too small to gain
@@ -256,6 +279,18 @@ class PolicyConfig(Block):
     gradient_checkpointing: bool = False
     #: Train low-rank adapters instead of the full model (pip install 'asyncrl[lora]').
     lora: LoraConfig | None = None
+
+    @model_validator(mode="after")
+    def _custom_engine_block(self) -> PolicyConfig:
+        if self.engine == "custom" and self.custom_engine is None:
+            raise ValueError(
+                "engine: custom needs policy.custom_engine: {target: 'module:ClassName', ...}; "
+                "add it, or choose engine: local")
+        if self.engine != "custom" and self.custom_engine is not None:
+            raise ValueError(
+                f"policy.custom_engine is set but policy.engine is {self.engine!r}; set "
+                "policy.engine: custom to use it, or remove policy.custom_engine")
+        return self
 
     @model_validator(mode="before")
     @classmethod
@@ -539,8 +574,9 @@ class RunConfig(Block):
     def _deterministic_needs_local_engine(self) -> RunConfig:
         if self.deterministic and self.policy.engine != "local":
             raise ValueError(
-                "deterministic: true needs policy.engine: local (vLLM cannot generate with "
-                "a pinned older weight version); set policy.engine: local or deterministic: false"
+                f"deterministic: true needs policy.engine: local (the {self.policy.engine} engine "
+                "cannot generate with a pinned older weight version); set policy.engine: local "
+                "or deterministic: false"
             )
         return self
 

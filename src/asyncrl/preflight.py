@@ -79,9 +79,15 @@ def preflight(cfg: RunConfig, *, task: Task | None = None,
         if cfg.policy.engine == "vllm":  # vLLM installed, engine_args, head sizes
             from asyncrl.engines.vllm_setup import check_config
 
-            check_config(cfg)
+            check_config(cfg.policy)
     elif builtin_backends:
         _parse_device(cfg.policy.device)
+    engine_caps = None
+    if builtin_backends:  # the engine class imports, takes its keys, has every member
+        from asyncrl.engines.capabilities import EngineCapabilities
+        from asyncrl.engines.factory import engine_class
+
+        engine_caps = EngineCapabilities.of(engine_class(cfg.policy))
     check_wandb(cfg.logging.wandb)
     if builtin_backends:
         check_trainer(cfg)  # trainer.strategy: fsdp - ranks, GPUs, collective backend
@@ -112,6 +118,8 @@ def preflight(cfg: RunConfig, *, task: Task | None = None,
     facts["warnings"] = failure_warnings(cfg.grpo, cfg.async_rl)
     facts["max_token_staleness"] = cfg.loss.max_token_staleness
     facts["trainer"] = trainer_layout(cfg)
+    facts["engine"] = cfg.policy.engine
+    facts["engine_capabilities"] = None if engine_caps is None else engine_caps.names()
     return Preflight(task=task, facts=facts, evaluator=evaluator)
 
 

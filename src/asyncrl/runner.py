@@ -204,9 +204,9 @@ class _Run:
                 weights = await self.trainer.get_weights()
                 await asyncio.gather(*(e.update_weights(weights, resume.step)
                                        for e in self.engines))
-                for engine in self.engines:
-                    if snapshots and hasattr(engine, "restore_retained"):
-                        engine.restore_retained(snapshots)
+                for engine, caps in zip(self.engines, controller.capabilities):
+                    if snapshots and caps.retained_weights:
+                        engine.restore_retained(snapshots)  # type: ignore[attr-defined]
             try:
                 await controller.run()
             except Exception as exc:

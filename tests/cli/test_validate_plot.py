@@ -27,10 +27,14 @@ def test_validate_prints_derived_facts(tmp_path, capsys) -> None:
                      "longest_prompt_tokens": 5, "min_step_groups": 4, "warnings": [],
                      "trainer": "single (in-process)",
                      "staleness_measure": "start_weight",
-                     "max_end_staleness": 2, "max_token_staleness": None}
+                     "max_end_staleness": 2, "max_token_staleness": None,
+                     "trainer": "single (in-process)", "engine": "local",
+                     "engine_capabilities": ["abort", "invalidate_cache", "snapshot",
+                                             "pinned_versions", "retained_weights", "device"]}
     assert main(["validate", "--config", cfg]) == 0
     out = capsys.readouterr().out
     assert "required buffer capacity" in out and "config is valid" in out
+    assert "engine (local) capabilities" in out
     assert "staleness measured on" in out and "start_weight" in out
 
 

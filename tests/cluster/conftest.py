@@ -6,6 +6,7 @@ import asyncio
 import os
 import signal
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,6 +22,11 @@ def ray_local() -> Iterator[Any]:
     os.environ.setdefault("RAY_DISABLE_IMPORT_WARNING", "1")
     if ray.is_initialized():  # some Ray calls start a default instance on their own
         ray.shutdown()
+    # The workers import a custom engine's module (examples/custom_engine.py) as a
+    # user's workers would: from their PYTHONPATH, inherited from this process.
+    examples = str(Path(__file__).resolve().parents[2] / "examples")
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (os.environ.get("PYTHONPATH"), examples) if p)
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
              configure_logging=False)
     try:

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from asyncrl.cluster import build_ray_backends
+from asyncrl.config import CustomEngineConfig
 from asyncrl.errors import RolloutWorkersLost, TrainerLost
 from asyncrl.runner import train
 from asyncrl.tasks import build_task
@@ -208,3 +209,20 @@ def test_a_sharded_trainer_runs_as_rank_actors_and_learns(ray_local, tmp_path: P
     end = sum(r["reward_mean"] for r in records[-10:]) / 10
     assert end > start + 0.1, f"reward did not rise: {start:.3f} -> {end:.3f}"
     assert (tmp_path / "final" / "config.json").is_file()
+
+
+def test_the_custom_engine_of_the_docs_trains_on_ray(ray_local, tmp_path: Path, monkeypatch):
+    """The engine of docs/engines.md, built in each worker by the same factory as
+    in-process; it lacks snapshot and abort, which the workers declare."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "examples"))
+    steps = 2
+    base = tiny_config(steps=steps, num_rollout_workers=1)
+    cfg = base.model_copy(update={"policy": base.policy.model_copy(update={
+        "engine": "custom",
+        "custom_engine": CustomEngineConfig(target="custom_engine:PlainTorchEngine")})})
+    task, engines, trainer, probe = _start(cfg)
+    assert all(not e.capabilities.snapshot and not e.capabilities.abort for e in engines)
+    summary = train(cfg, tmp_path, task=task, backends=(engines, trainer))
+    _assert_complete(summary, steps)
+    for engine in engines:
+        assert probe.worker_log[engine.index] == list(range(steps + 1))

@@ -36,6 +36,9 @@ def make_controller(
     deterministic: bool = False,
     history: MemoryHistory | None = None,
     evaluator: Any = None,
+    buffer: Any = None,
+    sampler_instance: Any = None,
+    prompts: Any = None,
     **async_kw: Any,
 ) -> Controller:
     task = task or FakeTask()
@@ -52,6 +55,9 @@ def make_controller(
         scorer=scorer or InlineScorer(task),
         ledger_history=history if history is not None else MemoryHistory(),
         evaluator=evaluator,
+        buffer=buffer,
+        sampler=sampler_instance,
+        prompts=prompts,
     )
 
 

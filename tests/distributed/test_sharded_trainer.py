@@ -46,7 +46,7 @@ def sharded() -> Iterator[DistributedTrainer]:
 
 def single() -> GRPOTrainer:
     model, tokenizer = build_policy(CFG.policy, TASK, seed=CFG.seed)
-    return GRPOTrainer.from_config(CFG, model=model, tokenizer=tokenizer)
+    return GRPOTrainer.from_config(CFG.policy, CFG.loss, model=model, tokenizer=tokenizer)
 
 
 def same_metrics(a: dict[str, float], b: dict[str, float]) -> None:

@@ -19,7 +19,7 @@ import pytest_asyncio
 import torch
 
 from asyncrl.config import GenerationConfig
-from asyncrl.engines import RolloutEngine, sampling_logprobs
+from asyncrl.engines import EngineOptions, RolloutEngine, sampling_logprobs
 from asyncrl.engines.local import LocalEngine
 from asyncrl.engines.vllm import VLLMEngine
 from asyncrl.engines.vllm_setup import descendants
@@ -43,11 +43,11 @@ ALL_CORES = os.sched_getaffinity(0)
 async def rig():
     task = build_task(CFG.task)
     model, tokenizer = build_policy(CFG.policy, task, seed=CFG.seed)
-    trainer = GRPOTrainer.from_config(CFG, model=model, tokenizer=tokenizer)
+    trainer = GRPOTrainer.from_config(CFG.policy, CFG.loss, model=model, tokenizer=tokenizer)
     # Scores groups with the trainer's code on the trainer's model, without
     # touching the trainer's step (its own token count and optimizer).
     probe = GRPOTrainer(model, tokenizer, temperature=TEMPERATURE, num_threads=1)
-    engine = VLLMEngine.for_policy(CFG, model, tokenizer)
+    engine = VLLMEngine.for_policy(CFG.policy, EngineOptions.of(CFG), model, tokenizer)
     source = task.prompt_source(0)
     prompts = [source.next_prompt() for _ in range(8)]
     try:

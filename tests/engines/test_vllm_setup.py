@@ -15,7 +15,8 @@ import yaml
 
 from asyncrl.backends import build_backends
 from asyncrl.config import config_from_dict, load_config
-from asyncrl.engines import vllm_setup
+from asyncrl.engines import vllm_setup, vllm_transport
+from asyncrl.engines.options import EngineOptions
 from asyncrl.errors import ConfigError, MissingDependency
 from asyncrl.hf import save_policy
 from asyncrl.policy import build_policy
@@ -51,13 +52,13 @@ def test_deterministic_mode_needs_the_local_engine():
 
 def test_engine_args_take_the_block_and_fixed_settings():
     cfg = vllm_run_config(seed=5, policy={"vllm": {"engine_args": {"block_size": 32}}})
-    args = vllm_setup.engine_args(cfg, "/m")
+    args = vllm_setup.engine_args(cfg.policy, "/m", seed=EngineOptions.of(cfg).seed)
     assert args["model"] == args["tokenizer"] == "/m"
     assert args["seed"] == 5 and args["block_size"] == 32
     assert args["logprobs_mode"] == "processed_logprobs"  # behavior log-probs after top-p
     assert args["generation_config"] == "vllm"  # no sampling defaults from the model dir
     assert args["max_num_seqs"] == cfg.policy.generation.max_batch_sequences
-    assert vllm_setup.engine_args(cfg, "/m", seed=9)["seed"] == 9  # a Ray worker's own seed
+    assert vllm_setup.engine_args(cfg.policy, "/m", seed=9)["seed"] == 9  # a Ray worker's own
 
 
 @pytest.mark.parametrize(("key", "fix"), [
@@ -68,7 +69,7 @@ def test_engine_args_take_the_block_and_fixed_settings():
 def test_engine_args_that_asyncrl_owns_are_refused(key, fix):
     cfg = vllm_run_config(policy={"vllm": {"engine_args": {key: 1}}})
     with pytest.raises(ConfigError, match=f"policy.vllm.engine_args.{key}: {fix}"):
-        vllm_setup.engine_args(cfg, "/m")
+        vllm_setup.engine_args(cfg.policy, "/m", seed=0)
 
 
 def test_an_unknown_engine_arg_is_named_with_a_suggestion():
@@ -81,10 +82,10 @@ def test_heads_the_cpu_kernels_reject_are_refused_with_the_fix():
     cfg = load_config(None, ["policy.engine=vllm"])  # the default model: 4 heads of 16
     assert vllm_setup.is_cpu_platform()
     with pytest.raises(ConfigError) as info:
-        vllm_setup.check_config(cfg)
+        vllm_setup.check_config(cfg.policy)
     msg = str(info.value)
     assert "heads of size 16" in msg and "policy.model.num_heads=2" in msg
-    vllm_setup.check_config(vllm_run_config())  # 2 heads of 32 pass
+    vllm_setup.check_config(vllm_run_config().policy)  # 2 heads of 32 pass
 
 
 def test_a_pretrained_model_with_small_heads_is_refused(tmp_path):
@@ -94,7 +95,7 @@ def test_a_pretrained_model_with_small_heads_is_refused(tmp_path):
     bad = load_config(None, ["policy.engine=vllm", f"policy.model_name_or_path={tmp_path / 'm'}"])
     with pytest.raises(ConfigError, match=r"head_dim of .*config.json gives attention heads "
                                           r"of size 16.*policy.engine: local"):
-        vllm_setup.check_config(bad)
+        vllm_setup.check_config(bad.policy)
 
 
 def test_a_missing_vllm_is_one_line_with_the_install_command(monkeypatch):
@@ -112,7 +113,7 @@ def test_weights_are_written_as_safetensors_tied_ones_too(tmp_path):
 
     shared = torch.arange(6.0).reshape(2, 3)
     weights = {"embed.weight": shared, "lm_head.weight": shared, "norm.weight": torch.ones(3)}
-    assert vllm_setup.write_safetensors(weights, tmp_path) == tmp_path
+    assert vllm_transport.write_safetensors(weights, tmp_path) == tmp_path
     loaded = load_file(str(tmp_path / "model.safetensors"))
     assert set(loaded) == set(weights)
     for name, tensor in weights.items():
@@ -158,10 +159,10 @@ def _blocks(path: Path, lang: str) -> list[str]:
 
 
 def test_the_docs_config_block_is_a_valid_vllm_config():
-    (block,) = _blocks(ROOT / "docs" / "engines.md", "yaml")
+    block = _blocks(ROOT / "docs" / "engines.md", "yaml")[0]  # the vLLM section's
     cfg = config_from_dict(yaml.safe_load(block))
     assert cfg.policy.engine == "vllm"
-    vllm_setup.check_config(cfg)
+    vllm_setup.check_config(cfg.policy)
 
 
 @pytest.mark.parametrize("doc", ["docs/engines.md", "README.md"])
@@ -172,7 +173,7 @@ def test_the_documented_vllm_commands_pass_every_check_before_vllm_starts(doc):
         assert Path(words[0]).name == "asyncrl" and words[1] == "train"
         overrides = [w for w in words if "=" in w]
         cfg = load_config(ROOT / words[words.index("--config") + 1], overrides)
-        vllm_setup.check_config(cfg)  # e2e/test_vllm_train.py runs it for real
+        vllm_setup.check_config(cfg.policy)  # e2e/test_vllm_train.py runs it for real
 
 
 def test_vllm_output_goes_to_the_log_file_unless_verbose(tmp_path: Path, monkeypatch) -> None:
@@ -202,4 +203,28 @@ def test_vllm_output_goes_to_the_log_file_unless_verbose(tmp_path: Path, monkeyp
     verbose = VLLMOutput(tmp_path / "other.log")
     assert verbose.path is None and verbose.stream is None
     assert not (tmp_path / "other.log").exists()
-    assert vllm_setup.engine_args(vllm_run_config(), "/m")["use_tqdm_on_load"] is True
+    assert vllm_setup.engine_args(vllm_run_config().policy, "/m", seed=0)["use_tqdm_on_load"] is True
+
+
+@pytest.mark.parametrize(("setting", "cuda", "tp", "route"), [
+    ("auto", False, 1, "disk"), ("auto", True, 1, "ipc"), ("auto", True, 2, "disk"),
+    ("disk", True, 1, "disk"),  # the way out when IPC fails on a GPU
+    ("disk", False, 1, "disk"), ("ipc", True, 1, "ipc"),
+])
+def test_the_weight_transport_setting_picks_a_route(setting, cuda, tp, route):
+    assert vllm_transport.choose_route(setting, cuda=cuda, tensor_parallel_size=tp) == route
+
+
+@pytest.mark.parametrize(("cuda", "tp", "why"), [(False, 1, "CUDA GPU"),
+                                                  (True, 2, "tensor_parallel_size=2")])
+def test_ipc_where_it_cannot_work_names_the_fix(cuda, tp, why):
+    with pytest.raises(ConfigError, match=f"{why}.*set weight_transport: disk") as info:
+        vllm_transport.choose_route("ipc", cuda=cuda, tensor_parallel_size=tp)
+    assert "\n" not in str(info.value)
+
+
+def test_the_weight_transport_key_is_validated():
+    assert load_config(None, ["policy.vllm.weight_transport=disk"]).policy.vllm.weight_transport \
+        == "disk"
+    with pytest.raises(ConfigError, match="weight_transport"):
+        load_config(None, ["policy.vllm.weight_transport=nccl"])

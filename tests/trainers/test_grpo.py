@@ -20,7 +20,7 @@ from asyncrl.config import (
     PolicyConfig,
     RunConfig,
 )
-from asyncrl.engines import LocalEngine
+from asyncrl.engines import EngineOptions, LocalEngine
 from asyncrl.policy import build_policy
 from asyncrl.tasks import ArithmeticTask
 from asyncrl.trainers import GRPOTrainer, Trainer
@@ -263,9 +263,11 @@ async def test_build_local_backends_from_a_run_config():
     ):
         assert torch.equal(a, b), k
     # built separately they still start from the same weights (same seed)
-    e2 = LocalEngine.from_config(cfg, model=build_policy(cfg.policy, task, seed=cfg.seed)[0],
+    e2 = LocalEngine.from_config(cfg.policy, EngineOptions.of(cfg),
+                                 model=build_policy(cfg.policy, task, seed=cfg.seed)[0],
                                  tokenizer=task.tokenizer)
-    t2 = GRPOTrainer.from_config(cfg, model=build_policy(cfg.policy, task, seed=cfg.seed)[0],
+    t2 = GRPOTrainer.from_config(cfg.policy, cfg.loss,
+                                 model=build_policy(cfg.policy, task, seed=cfg.seed)[0],
                                  tokenizer=task.tokenizer)
     for (k, a), (_, b) in zip(e2.model.state_dict().items(), t2.model.state_dict().items()):
         assert torch.equal(a, b), k

@@ -79,8 +79,8 @@ class CheckpointHook:
         # Deterministic mode: in-flight groups are pinned to recent weight versions
         # the trainer no longer holds; the engine's copies make the replay exact.
         # (They change only in a weight sync, which waits for this hook too.)
-        retained = getattr(controller.engines[0], "retained_weights", None)
-        snapshots = retained() if controller.deterministic and retained is not None else None
+        pins = controller.deterministic and controller.capabilities[0].retained_weights
+        snapshots = controller.engines[0].retained_weights() if pins else None  # type: ignore[attr-defined]
         # A sharded trainer's ranks write their shards themselves (moved into the
         # checkpoint with the rest); any other trainer hands over its whole state.
         sharded = getattr(controller.trainer, "sharded_state_dict", None)

@@ -54,6 +54,9 @@ def run(args: argparse.Namespace) -> int:
     bound = facts["max_staleness"]
     table.add_row("sampler", str(facts["sampler"]))
     table.add_row("trainer", str(facts["trainer"]))
+    caps = facts["engine_capabilities"]
+    table.add_row(f"engine ({facts['engine']}) capabilities",
+                  "the caller's engines" if caps is None else ", ".join(caps) or "none")
     table.add_row("on-policy", "yes" if facts["is_on_policy"] else "no")
     req = facts["required_buffer_capacity"]
     table.add_row("required buffer capacity",

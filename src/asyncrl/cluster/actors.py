@@ -12,6 +12,7 @@ does not import Ray.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 from collections.abc import Sequence
@@ -20,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 from asyncrl._bounded import append_bounded
 
 if TYPE_CHECKING:
-    from asyncrl.config import RunConfig
+    from asyncrl.config import LossConfig, PolicyConfig
+    from asyncrl.engines.options import EngineOptions
     from asyncrl.tasks.base import Task
     from asyncrl.types import GenerationRequest, GroupId, GroupResult, Rollout
 
@@ -40,9 +42,9 @@ def _node_info() -> dict[str, Any]:
 
 
 class EngineWorker:
-    """A rollout worker: the engine ``policy.engine`` names (a
-    :class:`~asyncrl.engines.local.LocalEngine` or a
-    :class:`~asyncrl.engines.vllm.VLLMEngine`) in an actor.
+    """A rollout worker: the engine ``policy.engine`` names, built by
+    :func:`asyncrl.engines.build_engine` with the run's :class:`EngineOptions`
+    (so exactly as in-process, but with a sampling seed of its own), in an actor.
 
     It starts from ``weights`` at ``version`` (the trainer's newest weights, so a
     restarted worker resumes exactly where the run is) and records every version
@@ -53,48 +55,39 @@ class EngineWorker:
 
     def __init__(
         self,
-        cfg: RunConfig,
+        policy: PolicyConfig,
+        options: EngineOptions,
         task: Task,
         index: int,
         incarnation: int,
         weights: dict[str, Any],
         version: int,
     ) -> None:
+        from asyncrl.engines.capabilities import EngineCapabilities
+        from asyncrl.engines.factory import build_engine
         from asyncrl.policy import build_policy
 
-        model, tokenizer = build_policy(cfg.policy, task, seed=cfg.seed)
-        seed = worker_seed(cfg.seed, index, incarnation)
-        if cfg.policy.engine == "vllm":
-            from asyncrl.engines.vllm import VLLMEngine
-
-            self.engine: Any = VLLMEngine.for_policy(
-                cfg, model, tokenizer, weights=weights, weight_version=version, seed=seed
-            )
-        else:
-            from asyncrl.engines.local import LocalEngine
-
-            model.load_state_dict(weights)
-            self.engine = LocalEngine(
-                model,
-                tokenizer,
-                cfg.policy.generation,
-                weight_version=version,
-                seed=seed,
-                num_threads=cfg.policy.num_threads,
-                recompute_kv_on_update=cfg.async_rl.recompute_kv_cache_after_weight_updates,
-            )
+        model, tokenizer = build_policy(policy, task, seed=options.seed)
+        options = dataclasses.replace(
+            options, seed=worker_seed(options.seed, index, incarnation), work_dir=None)
+        self.engine: Any = build_engine(policy, options, model=model, tokenizer=tokenizer,
+                                        weights=weights, weight_version=version)
+        self.capabilities = EngineCapabilities.of(self.engine)
+        self.version = version
         self.loaded = [version]
 
     def ready(self) -> dict[str, Any]:
-        return {**_node_info(), "version": self.engine.weight_version}
+        return {**_node_info(), "version": self.version,
+                "capabilities": dataclasses.asdict(self.capabilities)}
 
     async def generate(self, request: GenerationRequest) -> GroupResult:
         return await self.engine.generate(request)
 
     async def update_weights(self, weights: dict[str, Any], version: int) -> int:
         await self.engine.update_weights(weights, version)
+        self.version = version
         append_bounded(self.loaded, version)  # the newest versions of a long run
-        return self.engine.weight_version
+        return version
 
     async def abort(self, group_ids: Sequence[GroupId]) -> None:
         await self.engine.abort(group_ids)
@@ -115,12 +108,12 @@ class EngineWorker:
 class TrainerWorker:
     """The trainer actor: a :class:`~asyncrl.trainers.grpo.GRPOTrainer`."""
 
-    def __init__(self, cfg: RunConfig, task: Task) -> None:
+    def __init__(self, policy: PolicyConfig, loss: LossConfig, task: Task, seed: int) -> None:
         from asyncrl.policy import build_policy
         from asyncrl.trainers.grpo import GRPOTrainer
 
-        model, tokenizer = build_policy(cfg.policy, task, seed=cfg.seed)
-        self.trainer = GRPOTrainer.from_config(cfg, model=model, tokenizer=tokenizer)
+        model, tokenizer = build_policy(policy, task, seed=seed)
+        self.trainer = GRPOTrainer.from_config(policy, loss, model=model, tokenizer=tokenizer)
 
     def ready(self) -> dict[str, Any]:
         return {**_node_info(), "version": self.trainer.version}

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from asyncrl.cluster.actors import EngineWorker, TrainerWorker
 from asyncrl.cluster.proxies import RayEngine, RayTrainer, WorkerPool, kill_actor, ray
 from asyncrl.config import ActorResources, ClusterConfig
+from asyncrl.engines.options import EngineOptions
 from asyncrl.errors import ActorStartError, ConfigError
 from asyncrl.trainers.distributed.trainer import DistributedTrainer
 
@@ -106,13 +107,16 @@ def build_ray_backends(cfg: RunConfig, task: Task) -> tuple[list[RayEngine], Ray
             ranks = _sharded_ranks(cfg, task)
             version_ref, weights_ref = 0, ranks.initial_weights()
         else:
-            trainer_actor = trainer_cls.options(**_options(c.trainer)).remote(cfg, task_ref)
+            trainer_actor = trainer_cls.options(**_options(c.trainer)).remote(
+                cfg.policy, cfg.loss, task_ref, cfg.seed)
             actors.append(trainer_actor)
             version_ref, weights_ref = trainer_actor.get_weights.options(num_returns=2).remote()
 
+        engine_options = EngineOptions.of(cfg)
+
         def spawn(index: int, incarnation: int, weights: Any, version: Any) -> Any:
             return engine_cls.options(**_options(c.rollout_worker)).remote(
-                cfg, task_ref, index, incarnation, weights, version
+                cfg.policy, engine_options, task_ref, index, incarnation, weights, version
             )
 
         # The workers are created right away: they start their processes while the

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -38,6 +39,7 @@ from typing import Any
 from asyncrl import supervision
 from asyncrl._bounded import append_bounded
 from asyncrl._signal import ChangeSignal
+from asyncrl.engines.capabilities import EngineCapabilities
 from asyncrl.errors import (
     EngineUnavailable,
     GenerationError,
@@ -127,6 +129,9 @@ class WorkerPool:
         )
 
 
+_BUILT_IN = {"abort": True, "snapshot": True, "invalidate_cache": True}
+
+
 class RayEngine:
     """A :class:`~asyncrl.engines.RolloutEngine` whose work runs in a Ray actor
     (an :class:`~asyncrl.cluster.actors.EngineWorker`)."""
@@ -153,6 +158,13 @@ class RayEngine:
         self.pid: int = info["pid"]
         self.node_id: str = info["node_id"]
         self._version: int = info["version"]
+        # The worker's engine's optional members, declared (the controller reads
+        # them once); health is the proxy's own, and weights go through Ray.
+        # (A worker that does not say: the built-in engines' abort, snapshot and
+        # cache invalidation.)
+        worker = info.get("capabilities") or _BUILT_IN
+        self.capabilities = dataclasses.replace(
+            EngineCapabilities(**worker), healthy=True, device=False)
         #: The versions a worker acknowledged loading, one list per incarnation (the
         #: newest ones of a long run: bounded).
         self.versions: list[list[int]] = [[self._version]]

@@ -109,7 +109,8 @@ class AttemptRunner:
         other healthy engine is left."""
         if len(self.engines) == 1:
             return 0
-        healthy = [i for i, e in enumerate(self.engines) if getattr(e, "healthy", True)]
+        caps = self.ctx.capabilities
+        healthy = [i for i, e in enumerate(self.engines) if not caps[i].healthy or e.healthy]
         elsewhere = [i for i in healthy if i != avoid]
         return min(elsewhere or healthy or range(len(self.engines)), key=self.load.__getitem__)
 

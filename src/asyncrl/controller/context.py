@@ -18,6 +18,7 @@ from asyncrl.config import AsyncRLConfig, GRPOConfig
 from asyncrl.controller.drops import DropPolicy
 from asyncrl.controller.ledger import Ledger
 from asyncrl.controller.stats import RunStats
+from asyncrl.engines.capabilities import EngineCapabilities
 from asyncrl.metrics import Timeline
 from asyncrl.sampling import PromptGroupSampler
 from asyncrl.version import TrainerVersion
@@ -36,6 +37,9 @@ class RunContext:
     timeline: Timeline
     stats: RunStats
     drops: DropPolicy
+    #: What each engine can do beyond the protocol, read once when the controller
+    #: got the engines (same order); optional members are called only where held.
+    capabilities: list[EngineCapabilities] = dataclasses.field(default_factory=list)
     #: The event loop's clock (virtual under ``asyncrl simulate``); ``run`` binds
     #: it to the running loop's ``time``.
     now: Callable[[], float] = time.monotonic

@@ -44,6 +44,7 @@ from asyncrl.controller.validation import validate_setup
 from asyncrl.controller.watchdog import StallWatchdog, stall_message
 from asyncrl.controller.weight_sync import WeightSync
 from asyncrl.engines.base import RolloutEngine
+from asyncrl.engines.capabilities import EngineCapabilities
 from asyncrl.errors import (
     BackendBug,
     CheckpointError,
@@ -54,7 +55,7 @@ from asyncrl.errors import (
 from asyncrl.evaluation import Evaluator
 from asyncrl.metrics import MetricsSink, Timeline
 from asyncrl.sampling import PromptGroupSampler, create_sampler
-from asyncrl.tasks.base import Scorer, Task
+from asyncrl.tasks.base import PromptSource, Scorer, Task
 from asyncrl.tasks.rewards import build_scorer
 from asyncrl.trainers.base import Trainer
 from asyncrl.types import rollout_from_dict, rollout_to_dict
@@ -95,11 +96,23 @@ class Controller:
         scorer: Scorer | None = None,
         ledger_history: LedgerHistory | None = None,
         evaluator: Evaluator | None = None,
+        buffer: RolloutBuffer | None = None,
+        sampler: PromptGroupSampler | None = None,
+        prompts: PromptSource | None = None,
     ) -> None:
+        """Roles given as instances are used as they are; the others are built as
+        ``asyncrl train`` builds them: the scorer from the task's reward config,
+        the buffer (``async_rl.max_buffered_rollouts``) and sampler
+        (``async_rl.sampler``, over ``buffer``), the prompts from
+        ``task.prompt_source(seed)``. A ``sampler`` given comes with the
+        ``buffer`` it was built over. :meth:`from_config` also builds the engines
+        and the trainer."""
         if not engines:
             raise UsageError("Controller needs at least one rollout engine (engines=[...])")
         self.task = task
         self.engines = list(engines)
+        #: Each engine's optional capabilities, read here once (asyncrl.engines.capabilities).
+        self.capabilities = [EngineCapabilities.of(e) for e in self.engines]
         self.trainer = trainer
         self.grpo = grpo
         self.cfg = async_rl
@@ -116,19 +129,26 @@ class Controller:
         if async_rl.diagnostics:  # its INFO lines reach the root handlers
             logging.getLogger("asyncrl.diagnostics").setLevel(logging.INFO)
 
-        buffer = RolloutBuffer(async_rl.max_buffered_rollouts)
-        sampler = create_sampler(buffer, async_rl.sampler)
+        if sampler is not None and buffer is None:
+            raise UsageError("Controller(sampler=...) needs the buffer the sampler was built "
+                             "over: pass buffer=... too")
+        if buffer is None:
+            buffer = RolloutBuffer(async_rl.max_buffered_rollouts)
+        if sampler is None:
+            sampler = create_sampler(buffer, async_rl.sampler)
         validate_setup(sampler, grpo, async_rl, deterministic=deterministic)
         self.ctx = RunContext(
             grpo=grpo, cfg=async_rl, buffer=buffer, sampler=sampler, version=TrainerVersion(0),
             ledger=Ledger(ledger_history), timeline=Timeline(),
             stats=RunStats(async_rl.max_inflight_prompts),
             drops=DropPolicy(async_rl.rollout_failure, grpo.num_prompts_per_step),
+            capabilities=self.capabilities,
         )
         self.ctx.on_fatal = self._on_fatal
-        self.determinism = (Determinism(sampler, self.engines, seed) if deterministic
-                            else NoDeterminism())
-        self.dispatcher = Dispatcher(self.ctx, task.prompt_source(seed), self.engines,
+        self.determinism = (Determinism(sampler, self.engines, self.capabilities, seed)
+                            if deterministic else NoDeterminism())
+        prompts = prompts if prompts is not None else task.prompt_source(seed)
+        self.dispatcher = Dispatcher(self.ctx, prompts, self.engines,
                                      self.scorer, self.determinism)
         self.weight_sync = WeightSync(self.ctx, self.engines, trainer, self.dispatcher,
                                       self.determinism)
@@ -217,7 +237,8 @@ class Controller:
                 # (a deterministic run regenerates them exactly instead: same seed,
                 # same pinned weights - a continuation would not be bit-identical).
                 if not self.deterministic:
-                    await stop_generating(list(self.dispatcher.active.values()), self.engines)
+                    await stop_generating(list(self.dispatcher.active.values()), self.engines,
+                                          self.capabilities)
                 self.dispatcher.cancel()
             if ctx.fatal:
                 self.train_pump.stop_reason = "error"
@@ -267,9 +288,10 @@ class Controller:
     async def _shutdown(self, *, check_balance: bool) -> None:
         """Tell the engines to drop what is still in flight; groups stay pending."""
         live = [s.group_id for s in self.buffer.slots() if not s.ready]
-        for engine in self.engines:
-            if live:
-                await _best_effort(engine.abort(live), f"{type(engine).__name__}.abort")
+        for engine, caps in zip(self.engines, self.capabilities):
+            if live and caps.abort:
+                await _best_effort(engine.abort(live),  # type: ignore[attr-defined]
+                                   f"{type(engine).__name__}.abort")
         if self._owns_scorer:
             await _best_effort(self.scorer.close(), "closing the reward pool")
         summary = self.summary()
@@ -302,7 +324,7 @@ class Controller:
         groups still generating have so far, so that the checkpoint keeps them."""
         if not self.deterministic:  # see run(): deterministic runs regenerate them exactly
             await read_partials(list(self.dispatcher.active.values()), self.engines,
-                                self.grpo.num_generations_per_prompt)
+                                self.capabilities, self.grpo.num_generations_per_prompt)
 
     def state_dict(self) -> dict[str, Any]:
         """Everything but the trainer's own state needed to resume with nothing lost.

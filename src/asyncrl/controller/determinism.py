@@ -23,6 +23,7 @@ from typing import Any
 
 from asyncrl.controller.validation import pinned_weight_version
 from asyncrl.engines.base import RolloutEngine
+from asyncrl.engines.capabilities import EngineCapabilities
 from asyncrl.errors import SetupError
 from asyncrl.sampling import PromptGroupSampler
 from asyncrl.types import GroupId
@@ -65,9 +66,9 @@ class Determinism(NoDeterminism):
     enabled = True
 
     def __init__(self, sampler: PromptGroupSampler, engines: Sequence[RolloutEngine],
-                 seed: int) -> None:
-        missing = [type(e).__name__ for e in engines
-                   if not callable(getattr(e, "retain_weight_versions", None))]
+                 capabilities: Sequence[EngineCapabilities], seed: int) -> None:
+        missing = [type(e).__name__ for e, c in zip(engines, capabilities)
+                   if not c.pinned_versions]
         if missing:
             raise SetupError(
                 f"deterministic: true needs engines that keep pinned weight versions "

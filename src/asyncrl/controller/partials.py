@@ -25,6 +25,7 @@ from collections.abc import Iterable, Sequence
 
 from asyncrl.controller.entry import Entry, EntryState
 from asyncrl.engines.base import RolloutEngine
+from asyncrl.engines.capabilities import EngineCapabilities
 from asyncrl.types import GroupResult
 
 log = logging.getLogger("asyncrl.controller")
@@ -58,16 +59,15 @@ def _generating(entries: Iterable[Entry]) -> dict[int, list[Entry]]:
 
 
 async def read_partials(entries: Iterable[Entry], engines: Sequence[RolloutEngine],
-                        num_generations: int) -> None:
+                        capabilities: Sequence[EngineCapabilities], num_generations: int) -> None:
     """Before a checkpoint: the tokens every generating group has so far, from
     engines that can tell, without stopping the groups. A group whose attempt
     changed meanwhile keeps what it had."""
     for idx, group in _generating(entries).items():
-        snapshot = getattr(engines[idx], "snapshot", None)
-        if not callable(snapshot):
+        if not capabilities[idx].snapshot:
             continue
         attempts = {e.group_id: e.attempts for e in group}
-        got = await snapshot(list(attempts)) or {}
+        got = await engines[idx].snapshot(list(attempts)) or {}  # type: ignore[attr-defined]
         for entry in group:
             partial = got.get(entry.group_id)
             if (partial is not None and entry.attempts == attempts[entry.group_id]
@@ -75,7 +75,8 @@ async def read_partials(entries: Iterable[Entry], engines: Sequence[RolloutEngin
                 keep_partial(entry, partial, num_generations)
 
 
-async def stop_generating(entries: Iterable[Entry], engines: Sequence[RolloutEngine]) -> None:
+async def stop_generating(entries: Iterable[Entry], engines: Sequence[RolloutEngine],
+                          capabilities: Sequence[EngineCapabilities]) -> None:
     """A graceful stop: abort every generating group so that its engine hands back
     the tokens it has, and wait (at most :data:`STOP_GRACE_S`) until the groups'
     tasks have taken them."""
@@ -83,7 +84,12 @@ async def stop_generating(entries: Iterable[Entry], engines: Sequence[RolloutEng
     for idx, group in _generating(entries).items():
         for entry in group:
             entry.stopping = True
-        await engines[idx].abort([e.group_id for e in group])
-        waiting.extend(e.task for e in group if e.task is not None)
+        tasks = [e.task for e in group if e.task is not None]
+        if capabilities[idx].abort:
+            await engines[idx].abort([e.group_id for e in group])  # type: ignore[attr-defined]
+        else:  # nothing to hand back: the groups keep the tokens read last
+            for task in tasks:
+                task.cancel()
+        waiting.extend(tasks)
     if waiting:
         await asyncio.wait(waiting, timeout=STOP_GRACE_S)

@@ -51,10 +51,14 @@ class WeightSync:
         ctx.version.set(new)
         by_engine = self.dispatcher.abort_hopeless(new)
         for idx, group_ids in by_engine.items():
-            if idx is not None:  # None: aborted before its first attempt reached an engine
-                await self.engines[idx].abort(group_ids)
+            # None: aborted before its first attempt reached an engine. An engine
+            # that cannot abort has had the groups' generate calls cancelled.
+            if idx is not None and ctx.capabilities[idx].abort:
+                await self.engines[idx].abort(group_ids)  # type: ignore[attr-defined]
         if ctx.sampler.is_on_policy or ctx.cfg.recompute_kv_cache_after_weight_updates:
-            await asyncio.gather(*(e.invalidate_cache() for e in self.engines))
+            await asyncio.gather(*(e.invalidate_cache()  # type: ignore[attr-defined]
+                                   for e, c in zip(self.engines, ctx.capabilities)
+                                   if c.invalidate_cache))
         await self.determinism.retain(self.engines, self.dispatcher.live_pins(),
                                       self.dispatcher.admitted, new)
         return sum(len(g) for g in by_engine.values()), end - start

@@ -1,4 +1,6 @@
-"""Rollout engines: the protocol, the built-in in-process engine and the vLLM engine.
+"""Rollout engines: the protocol and its optional capabilities, the one factory
+from ``policy.engine`` to an engine, the weight-transport seam, and the built-in
+in-process and vLLM engines.
 
 ``LocalEngine`` and ``VLLMEngine`` are imported on first use, so that importing
 the protocol does not import torch (nor vLLM).
@@ -9,12 +11,43 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.engines.base import RolloutEngine
+from asyncrl.engines.capabilities import (
+    Aborts,
+    EngineCapabilities,
+    InvalidatesCache,
+    PinsVersions,
+    ReportsHealth,
+    RetainsWeights,
+    Snapshots,
+    WeightsOnDevice,
+)
+from asyncrl.engines.factory import build_engine
+from asyncrl.engines.options import EngineContext, EngineOptions
+from asyncrl.engines.transport import WeightTransport, WeightUpdate
 
 if TYPE_CHECKING:
     from asyncrl.engines.local import LocalEngine, sampling_logprobs
     from asyncrl.engines.vllm import VLLMEngine
 
-__all__ = ["LocalEngine", "RolloutEngine", "VLLMEngine", "sampling_logprobs"]
+__all__ = [
+    "Aborts",
+    "EngineCapabilities",
+    "EngineContext",
+    "EngineOptions",
+    "InvalidatesCache",
+    "LocalEngine",
+    "PinsVersions",
+    "ReportsHealth",
+    "RetainsWeights",
+    "RolloutEngine",
+    "Snapshots",
+    "VLLMEngine",
+    "WeightTransport",
+    "WeightUpdate",
+    "WeightsOnDevice",
+    "build_engine",
+    "sampling_logprobs",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -30,19 +30,49 @@ from __future__ import annotations
 import inspect
 import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
 from asyncrl.devices import HostCopy
 from asyncrl.engines.sampling import sample_tokens
-from asyncrl.types import GenerationError
+from asyncrl.record import Completion
+from asyncrl.types import GenerationError, GenerationRequest
 
-if TYPE_CHECKING:
-    from asyncrl.engines.local import _Group
 
-Row = tuple["_Group", int]  # (group, index of the completion in the group)
+class DecodedGroup(Protocol):
+    """What a batch reads from and writes to a group it decodes rows of (the
+    local engine's groups satisfy it). Defined here, not imported from the
+    engine, so that the batch does not depend on the engine that uses it."""
+
+    request: GenerationRequest
+    start_weight: int
+    #: True once the group was aborted: the next step drops its rows.
+    aborted: bool
+    #: Completion ``i`` once row ``i`` ended, else None.
+    done: Sequence[Completion | None]
+
+    def open_indices(self) -> list[int]:
+        """Called when the batch is made: the rows still to generate."""
+        ...
+
+    def context(self, i: int) -> list[int]:
+        """Called at prefill: the token ids row ``i`` is prefilled with."""
+        ...
+
+    def remaining(self, i: int) -> int:
+        """Called at prefill and when a row ends: the tokens row ``i`` may generate."""
+        ...
+
+    def add_row(self, i: int, tokens: list[int], logprobs: list[float], versions: list[int],
+                finish_reason: str | None) -> None:
+        """Called once per row, when its outputs reach the host."""
+        ...
+
+
+Row = tuple[DecodedGroup, int]  # (group, index of the completion in the group)
 
 
 def cache_keyword(model: torch.nn.Module) -> str:
@@ -99,7 +129,7 @@ class DecodeBatch:
       with the weights held then).
     """
 
-    def __init__(self, groups: list[_Group], *, pad_id: int, eos_id: int,
+    def __init__(self, groups: list[DecodedGroup], *, pad_id: int, eos_id: int,
                  device: torch.device, sampling: Sampling, cache_epoch: int) -> None:
         #: Groups with rows here or outputs on the way (the engine removes them
         #: as they resolve).
@@ -265,12 +295,12 @@ class DecodeBatch:
             return head.index(self.eos_id) + 1, "stop"
         return len(head), ("length" if len(head) >= limit else None)
 
-    def _token_versions(self, group: _Group, n: int) -> list[int]:
+    def _token_versions(self, group: DecodedGroup, n: int) -> list[int]:
         if group.request.weight_version is not None:  # pinned: every step used the pin
             return [group.start_weight] * n
         return self.versions[:n]
 
-    def read_rows(self, group: _Group) -> dict[int, tuple[list[int], list[float], list[int],
+    def read_rows(self, group: DecodedGroup) -> dict[int, tuple[list[int], list[float], list[int],
                                                            str | None]]:
         """The tokens so far of ``group``'s rows still in this batch, by
         completion index: ``(tokens, logprobs, versions, finish_reason)``.
@@ -304,7 +334,7 @@ def _index(rows: list[int], device: torch.device) -> torch.Tensor:
     return torch.tensor(rows, dtype=torch.long).to(device, non_blocking=True)
 
 
-def check_finite(group: _Group) -> GenerationError | None:
+def check_finite(group: DecodedGroup) -> GenerationError | None:
     """A finished group whose behavior log-probs are not all finite (the model
     produced NaN or infinite logits) fails instead of training on garbage."""
     for row in group.done:

@@ -74,6 +74,7 @@ from asyncrl.engines.completions import (
 )
 from asyncrl.engines.decode import DecodeBatch, ForwardArgs, Sampling, check_finite
 from asyncrl.engines.sampling import sampling_logprobs
+from asyncrl.engines.transport import WeightUpdate
 from asyncrl.engines.versions import PinnedVersions
 from asyncrl.errors import TokenizationError
 from asyncrl.record import Completion
@@ -81,7 +82,8 @@ from asyncrl.tasks.tokenizer import Tokenizer
 from asyncrl.types import GenerationError, GenerationRequest, GroupAborted, GroupId, GroupResult
 
 if TYPE_CHECKING:
-    from asyncrl.config import RunConfig
+    from asyncrl.config import PolicyConfig
+    from asyncrl.engines.options import EngineOptions
 
 __all__ = ["LocalEngine", "sampling_logprobs"]
 
@@ -210,21 +212,23 @@ class LocalEngine:
 
     @classmethod
     def from_config(
-        cls, cfg: RunConfig, *, model: torch.nn.Module, tokenizer: Tokenizer
+        cls, policy: PolicyConfig, options: EngineOptions, *, model: torch.nn.Module,
+        tokenizer: Tokenizer, weight_version: int = 0,
     ) -> LocalEngine:
-        """The engine for a run, over ``model`` (built by :func:`asyncrl.policy.build_policy`;
+        """The engine for a policy, over ``model`` (built by :func:`asyncrl.policy.build_policy`;
         the engine owns it, so pass a copy of the trainer's), moved to
         ``policy.engine_device`` when that is set."""
-        if cfg.policy.engine_device is not None:
-            model = model.to(check_device(cfg.policy.engine_device, "policy.engine_device"))
+        if policy.engine_device is not None:
+            model = model.to(check_device(policy.engine_device, "policy.engine_device"))
         return cls(
             model,
             tokenizer,
-            cfg.policy.generation,
-            seed=cfg.seed,
-            num_threads=cfg.policy.num_threads,
-            pin_versions=cfg.deterministic,
-            recompute_kv_on_update=cfg.async_rl.recompute_kv_cache_after_weight_updates,
+            policy.generation,
+            weight_version=weight_version,
+            seed=options.seed,
+            num_threads=policy.num_threads,
+            pin_versions=options.pin_versions,
+            recompute_kv_on_update=options.recompute_kv_on_update,
         )
 
     # ------------------------------------------------------------ protocol
@@ -272,9 +276,10 @@ class LocalEngine:
             raise ValueError(
                 f"weight version must not go back (holds {self._version}, got {version})"
             )
-        # Queued behind the running tick, so it lands between two decoding steps.
+        # In process (the transport route "in_process"): queued behind the
+        # running tick, so it lands between two decoding steps.
         await asyncio.get_running_loop().run_in_executor(
-            self._executor, self._load_weights, weights, version
+            self._executor, self._load_weights, WeightUpdate(version, weights)
         )
 
     async def abort(self, group_ids: Sequence[GroupId]) -> None:
@@ -440,7 +445,8 @@ class LocalEngine:
                                             completions, group.start_weight))
 
     # ------------------------------------------------- worker-thread side
-    def _load_weights(self, weights: Any, version: int) -> None:
+    def _load_weights(self, update: WeightUpdate) -> None:
+        weights, version = update.tensors, update.version
         self.model.load_state_dict(weights)  # converts to the model's dtype and device
         adopt(weights.values())  # the trainer's tensors: not reused before read
         if self.recompute_kv_on_update:  # before any step can run with the new weights

@@ -18,8 +18,10 @@ How the protocol maps onto vLLM:
   weights are loaded, vLLM's weight-version label and :attr:`weight_version`
   are set, then generation resumes: the version this engine reports and the
   weights it samples with change together, with no token generated in between.
-  On CPU the weights travel as safetensors in a directory and vLLM's
-  ``reload_weights``; on one CUDA GPU through vLLM's weight-transfer API (IPC).
+  The weights travel by the route ``policy.vllm.weight_transport`` picks
+  (:mod:`asyncrl.engines.vllm_transport`): safetensors in a directory and
+  vLLM's ``reload_weights`` (``disk``, on CPU and CUDA), or CUDA IPC handles
+  through vLLM's weight-transfer API (``ipc``, one GPU).
 * Prefix cache: a request's ``cache_salt`` is the version it was submitted
   under, so a new prompt never reuses KV blocks computed with other weights.
   ``invalidate_cache`` preempts the running requests, which then recompute their
@@ -45,7 +47,6 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import os
 import shutil
 import tempfile
 import time
@@ -57,8 +58,10 @@ from asyncrl._bounded import append_bounded
 from asyncrl.config import GenerationConfig
 from asyncrl.context_length import check_prompt_fits
 from asyncrl.engines import vllm_setup as setup
+from asyncrl.engines import vllm_transport as transports
 from asyncrl.engines.classify import encode_prompt_or_fail, vllm_failure
 from asyncrl.engines.completions import partial_result, start_weight, with_texts
+from asyncrl.engines.transport import WeightUpdate
 from asyncrl.engines.vllm_output import VLLMOutput, quiet_import
 from asyncrl.engines.vllm_stream import Run, Sub, live_version_starts
 from asyncrl.errors import BackendLost, ConfigError, GenerationError, GroupAborted
@@ -68,7 +71,8 @@ from asyncrl.types import GenerationRequest, GroupId, GroupResult
 if TYPE_CHECKING:
     import torch
 
-    from asyncrl.config import RunConfig
+    from asyncrl.config import PolicyConfig
+    from asyncrl.engines.options import EngineOptions
 
 log = logging.getLogger("asyncrl.engines.vllm")
 
@@ -94,6 +98,7 @@ class VLLMEngine:
         isolate_cores: bool = False,
         log_file: str | Path | None = None,
         recompute_kv_on_update: bool = False,
+        weight_transport: str = "auto",
     ) -> None:
         setup.require_vllm()
         with quiet_import():
@@ -111,13 +116,13 @@ class VLLMEngine:
         self._first_version = weight_version
         self.recompute_kv_on_update = recompute_kv_on_update
         self._owned_dirs = [Path(d) for d in owned_dirs]
-        self._ipc = bool(current_platform.is_cuda()) and args.get("tensor_parallel_size", 1) == 1
+        #: How weights reach vLLM: "ipc" or "disk" (policy.vllm.weight_transport).
+        self.weight_route = transports.choose_route(
+            weight_transport, cuda=bool(current_platform.is_cuda()),
+            tensor_parallel_size=args.get("tensor_parallel_size", 1))
         args = {**args, "logprobs_mode": "processed_logprobs"}
-        if self._ipc:
-            args["weight_transfer_config"] = {"backend": "ipc"}
-            # The IPC handles hold torch types, which only pickle carries; vLLM's
-            # worker accepts pickled handles only with this set before it starts.
-            os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+        if self.weight_route == "ipc":
+            args = transports.ipc_engine_args(args)
         before = setup.descendants()
         try:
             # In a session of its own: a terminal's Ctrl-C reaches asyncrl only.
@@ -139,10 +144,11 @@ class VLLMEngine:
         self._former_cores = setup.isolate_cores(self._reaper.pids) if isolate_cores else None
         self._weights_dir = Path(tempfile.mkdtemp(prefix="asyncrl-vllm-weights-"))
         self._owned_dirs.append(self._weights_dir)
+        self._transport = transports.transport_for(self.weight_route, self._llm, self._control,
+                                                   self._weights_dir)
         self._request_ids = itertools.count()
         self._running: dict[GroupId, Run] = {}
         self._sync_lock = asyncio.Lock()
-        self._ipc_ready = False
         self._closed = False
         #: Seconds each weight sync took (write, pause, load, resume), the newest ones
         #: of a long run; ``sync_count`` and ``sync_total_s`` count them all.
@@ -153,27 +159,27 @@ class VLLMEngine:
     @classmethod
     def for_policy(
         cls,
-        cfg: RunConfig,
+        policy: PolicyConfig,
+        options: EngineOptions,
         model: torch.nn.Module,
         tokenizer: Tokenizer,
         *,
-        work_dir: str | Path | None = None,
         weights: Mapping[str, Any] | None = None,
         weight_version: int = 0,
-        seed: int | None = None,
     ) -> VLLMEngine:
-        """The engine for a run, starting from ``model`` (or ``weights``).
+        """The engine for a policy, starting from ``model`` (or ``weights``).
 
         vLLM loads a Hugging Face directory: ``policy.model_name_or_path`` itself
         when its files hold the starting weights, else ``model`` (with ``weights``)
-        saved into ``work_dir/vllm_model`` (a temporary directory when None).
+        saved into ``options.work_dir/vllm_model`` (a temporary directory when None).
         """
         from asyncrl.hf import save_policy
 
-        setup.check_config(cfg)
+        setup.check_config(policy)
         owned: list[Path] = []
-        if cfg.policy.model_name_or_path is not None and weights is None:
-            model_dir = Path(cfg.policy.model_name_or_path).expanduser()
+        work_dir = options.work_dir
+        if policy.model_name_or_path is not None and weights is None:
+            model_dir = Path(policy.model_name_or_path).expanduser()
         else:
             if work_dir is None:
                 base = Path(tempfile.mkdtemp(prefix="asyncrl-vllm-model-"))
@@ -181,11 +187,12 @@ class VLLMEngine:
             else:
                 base = Path(work_dir)
             model_dir = save_policy(model, tokenizer, base / "vllm_model", state_dict=weights)
-        args = setup.engine_args(cfg, model_dir, seed=seed)
-        return cls(args, tokenizer, cfg.policy.generation, weight_version=weight_version,
-                   owned_dirs=owned, isolate_cores=cfg.policy.vllm.isolate_cpu_cores,
+        args = setup.engine_args(policy, model_dir, seed=options.seed)
+        return cls(args, tokenizer, policy.generation, weight_version=weight_version,
+                   owned_dirs=owned, isolate_cores=policy.vllm.isolate_cpu_cores,
                    log_file=None if work_dir is None else Path(work_dir) / "vllm.log",
-                   recompute_kv_on_update=cfg.async_rl.recompute_kv_cache_after_weight_updates)
+                   recompute_kv_on_update=options.recompute_kv_on_update,
+                   weight_transport=policy.vllm.weight_transport)
 
     # ------------------------------------------------------------ protocol
     @property
@@ -279,20 +286,12 @@ class VLLMEngine:
                 f"weight version must not go back (holds {self._version}, got {version})"
             )
         t0 = time.perf_counter()
+        update = WeightUpdate(version, weights)
         async with self._sync_lock:
-            if not self._ipc:  # written while generation goes on
-                await asyncio.to_thread(setup.write_safetensors, weights, self._weights_dir)
+            await self._transport.stage(update)  # while generation goes on
             try:
                 await self._control(self._llm.pause_generation(mode="keep", clear_cache=False))
-                if self._ipc:
-                    if not self._ipc_ready:
-                        await self._control(setup.init_ipc_transfer(self._llm))
-                        self._ipc_ready = True
-                    await setup.send_weights_ipc(self._llm, weights, self._control)
-                else:
-                    await self._control(self._llm.collective_rpc(
-                        "reload_weights", kwargs={"weights_path": str(self._weights_dir)}
-                    ))
+                await self._transport.load(update)
                 self._version = version
                 await self._control(self._llm.update_weight_version(str(version)))
                 if self.recompute_kv_on_update and self._llm.get_num_unfinished_requests():

@@ -1,6 +1,6 @@
-"""What the vLLM engine needs around vLLM itself: the engine arguments a run config
-implies, the checks to run before starting it, how a sync hands over the weights
-(safetensors files on CPU, CUDA IPC handles on a GPU), the split of CPU cores
+"""What the vLLM engine needs around vLLM itself: the engine arguments a policy
+implies, the checks to run before starting it (how a sync hands over the weights
+is :mod:`asyncrl.engines.vllm_transport`), the split of CPU cores
 between vLLM and the trainer, and a reaper for vLLM's processes.
 
 Everything that imports vLLM does so inside a function: importing this module
@@ -10,16 +10,14 @@ costs nothing, and a missing vLLM gives one line saying how to install it.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import dataclasses
 import importlib
 import json
 import os
-import pickle
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -27,9 +25,7 @@ from asyncrl.engines.vllm_output import quiet_import, verbose
 from asyncrl.errors import ConfigError, require
 
 if TYPE_CHECKING:
-    import torch
-
-    from asyncrl.config import RunConfig
+    from asyncrl.config import PolicyConfig
 
 #: AsyncEngineArgs fields asyncrl sets itself, and where the user sets them instead
 #: (None: fixed, because the engine's contract depends on the value).
@@ -70,19 +66,17 @@ def require_vllm() -> Any:
     return vllm
 
 
-def engine_args(cfg: RunConfig, model_dir: str | Path, *, seed: int | None = None
-                ) -> dict[str, Any]:
-    """Keyword arguments of ``vllm.AsyncEngineArgs`` for a run: the ``policy.vllm``
-    block, ``policy.vllm.engine_args`` passed through, and the fixed settings."""
-    v = cfg.policy.vllm
+def engine_args(policy: PolicyConfig, model_dir: str | Path, *, seed: int) -> dict[str, Any]:
+    """Keyword arguments of ``vllm.AsyncEngineArgs`` for a policy: the ``policy.vllm``
+    block, ``policy.vllm.engine_args`` passed through, and the fixed settings
+    (``seed``: the engine's sampling seed, :class:`~asyncrl.engines.EngineOptions`)."""
+    v = policy.vllm
     clash = sorted(set(v.engine_args) & set(OWNED_ARGS))
     if clash:
         key = clash[0]
         where = OWNED_ARGS[key]
         fix = f"set {where} instead" if where else "asyncrl sets it and it cannot be changed"
         raise ConfigError(f"policy.vllm.engine_args.{key}: {fix}")
-    if seed is None:
-        seed = v.seed if v.seed is not None else cfg.seed
     args: dict[str, Any] = {
         "disable_log_stats": True,
         # A progress bar per weight sync: vLLM's output with -v only.
@@ -96,7 +90,7 @@ def engine_args(cfg: RunConfig, model_dir: str | Path, *, seed: int | None = Non
         "enforce_eager": v.enforce_eager,
         "tensor_parallel_size": v.tensor_parallel_size,
         "seed": seed,
-        "max_num_seqs": cfg.policy.generation.max_batch_sequences,
+        "max_num_seqs": policy.generation.max_batch_sequences,
         "logprobs_mode": "processed_logprobs",
         "generation_config": "vllm",
     }
@@ -135,9 +129,8 @@ def cpu_head_sizes() -> list[int]:
     return list(CPUAttentionBackend.get_supported_head_sizes())
 
 
-def head_dim(cfg: RunConfig) -> tuple[int, str]:
+def head_dim(p: PolicyConfig) -> tuple[int, str]:
     """The policy's attention head size and where it comes from (for messages)."""
-    p = cfg.policy
     if p.model_name_or_path is None:
         m = p.model
         return m.hidden_size // m.num_heads, (
@@ -153,19 +146,19 @@ def head_dim(cfg: RunConfig) -> tuple[int, str]:
     return int(dim), f"the head_dim of {config_file}"
 
 
-def check_config(cfg: RunConfig) -> None:
+def check_config(policy: PolicyConfig) -> None:
     """Every check ``policy.engine: vllm`` needs before vLLM starts (vLLM installed,
     engine_args, a head size the platform's kernels accept); raise a ConfigError
     naming the fix. Imports vLLM (seconds) but starts nothing."""
-    check_engine_args(cfg.policy.vllm.engine_args)
+    check_engine_args(policy.vllm.engine_args)
     if not is_cpu_platform():
         return
-    dim, source = head_dim(cfg)
+    dim, source = head_dim(policy)
     sizes = cpu_head_sizes()
     if dim and dim not in sizes:
         fix = "use a model whose heads have one of those sizes, or policy.engine: local"
-        if cfg.policy.model_name_or_path is None:
-            hidden = cfg.policy.model.hidden_size
+        if policy.model_name_or_path is None:
+            hidden = policy.model.hidden_size
             heads = [h for h in range(hidden, 0, -1) if hidden % h == 0 and hidden // h in sizes]
             if heads:
                 fix = (f"set policy.model.num_heads={heads[0]} (head size {hidden // heads[0]}), "
@@ -174,68 +167,6 @@ def check_config(cfg: RunConfig) -> None:
             f"policy.engine: vllm on CPU: {source} gives attention heads of size {dim}, which "
             f"vLLM's CPU kernels do not support (they take {sizes}); {fix}"
         )
-
-
-def write_safetensors(weights: Mapping[str, torch.Tensor], directory: Path) -> Path:
-    """Write ``weights`` as ``directory/model.safetensors`` (atomically) for vLLM's
-    ``reload_weights``; returns the directory."""
-    from safetensors.torch import save_file
-
-    tensors: dict[str, Any] = {}
-    storages: set[int] = set()
-    for name, tensor in weights.items():
-        t = tensor.detach().to("cpu").contiguous()
-        ptr = t.untyped_storage().data_ptr()
-        # Tied weights share one storage, which safetensors refuses to write twice.
-        if ptr in storages:
-            t = t.clone()
-        storages.add(ptr)
-        tensors[name] = t
-    partial = directory / "model.safetensors.partial"  # not *.safetensors: never loaded
-    save_file(tensors, str(partial))
-    os.replace(partial, directory / "model.safetensors")
-    return directory
-
-
-async def init_ipc_transfer(llm: Any) -> None:
-    """CUDA: set up vLLM's IPC weight-transfer backend (once per engine)."""
-    from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
-
-    await llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info={"packed": False}))
-
-
-async def send_weights_ipc(llm: Any, weights: Mapping[str, torch.Tensor],
-                           control: Callable[[Awaitable[Any]], Awaitable[Any]]) -> None:
-    """CUDA: hand ``weights`` to vLLM's worker as CUDA IPC handles, each vLLM
-    call awaited through ``control``.
-
-    Untested in this project (its machines have no GPU): written against vLLM
-    0.32's IPC weight-transfer backend (``IPCWeightTransferUpdateInfo``); the
-    engine must have started with ``weight_transfer_config={"backend": "ipc"}``
-    and ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` (pickled handles).
-    """
-    import torch
-    from torch.multiprocessing.reductions import reduce_tensor
-    from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
-
-    device = torch.device("cuda", torch.cuda.current_device())
-    uuid = str(torch.cuda.get_device_properties(device).uuid)
-    names, dtypes, shapes, handles, keep = [], [], [], [], []
-    for name, tensor in weights.items():
-        t = tensor.detach().to(device).contiguous()
-        keep.append(t)  # the worker maps this memory until the update finishes
-        names.append(name)
-        dtypes.append(str(t.dtype).removeprefix("torch."))
-        shapes.append(list(t.shape))
-        handles.append({uuid: reduce_tensor(t)[1]})
-    info = {"names": names, "dtype_names": dtypes, "shapes": shapes,
-            "ipc_handles_pickled": base64.b64encode(pickle.dumps(handles)).decode()}
-    await control(llm.start_weight_update())
-    await control(llm.update_weights(WeightTransferUpdateRequest(update_info=info)))
-    await control(llm.finish_weight_update())
-    torch.cuda.synchronize(device)
-    del keep
-    torch.cuda.ipc_collect()
 
 
 # ------------------------------------------------------------------ reaper

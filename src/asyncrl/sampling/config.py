@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import (
     BaseModel,
@@ -12,10 +12,9 @@ from pydantic import (
     StrictInt,
     TypeAdapter,
     ValidationError,
-    field_validator,
 )
 
-from asyncrl._targets import load_target
+from asyncrl._targets import TargetBlock, load_target
 from asyncrl._validation import explain
 from asyncrl.buffer import RolloutBuffer
 from asyncrl.errors import SamplerConfigError
@@ -63,28 +62,11 @@ class ReadyFirstSamplerConfig(_Strict):
     max_staleness_versions: _Window = 1
 
 
-class CustomSamplerConfig(BaseModel):
+class CustomSamplerConfig(TargetBlock):
     """``target: "module:ClassName"``; every other key goes to the constructor."""
 
-    model_config = ConfigDict(extra="allow", frozen=True)
+    example: ClassVar[str] = "my_pkg.samplers:MySampler"
     name: Literal["custom"] = "custom"
-    target: str
-
-    @field_validator("target", mode="before")
-    @classmethod
-    def _module_colon_class(cls, value: Any) -> Any:
-        if not isinstance(value, str):
-            raise ValueError(
-                f"must be a string 'module:ClassName', got {value!r}. In YAML, quote a target "
-                'that ends with a colon or holds ": ", e.g. target: "my_pkg.samplers:MySampler"'
-            )
-        if split_target(value) is None:
-            raise ValueError(_bad_target(value))
-        return value
-
-    @property
-    def kwargs(self) -> dict[str, Any]:
-        return dict(self.model_extra or {})
 
 
 SamplerConfig = Annotated[
@@ -141,19 +123,6 @@ def create_sampler(buffer: RolloutBuffer, cfg: Any) -> PromptGroupSampler:
     cls = _BUILTINS[type(model)]
     kwargs = model.model_dump(exclude={"name"})
     return cls(buffer, **kwargs)
-
-
-def split_target(target: str) -> tuple[str, str] | None:
-    """``"module:ClassName"`` -> ``("module", "ClassName")``; None when not of that form."""
-    module_name, sep, class_name = target.strip().partition(":")
-    if not sep or not module_name or not class_name or ":" in class_name:
-        return None
-    return module_name, class_name
-
-
-def _bad_target(target: str) -> str:
-    return (f"{target!r} is not of the form 'module:ClassName' (the module to import, "
-            "a colon, then the class in it); write e.g. target: my_pkg.samplers:MySampler")
 
 
 def _load_custom(buffer: RolloutBuffer, cfg: CustomSamplerConfig) -> PromptGroupSampler:
@@ -229,7 +198,6 @@ _PROTOCOL_MEMBERS = (
     "should_abort_inflight",
     "is_on_policy",
     "required_buffer_capacity",
-    "set_dispatch_index",
     "state_dict",
     "load_state_dict",
 )

@@ -68,7 +68,7 @@ def estimate_step_memory(cfg: RunConfig, task: Task | None = None) -> MemoryEsti
              else policy_dtype(cfg.policy.dtype, device))
     tokenizer = load_tokenizer(cfg.policy, task)
     model = model_skeleton(cfg.policy, tokenizer).to(dtype=dtype)
-    trainer = GRPOTrainer.from_config(cfg, model=model, tokenizer=tokenizer)
+    trainer = GRPOTrainer.from_config(cfg.policy, cfg.loss, model=model, tokenizer=tokenizer)
     budget = cfg.policy.train_micro_batch_tokens
     vocab = trainer.scorer.vocab_size
     try:

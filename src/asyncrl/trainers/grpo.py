@@ -68,7 +68,7 @@ from asyncrl.trainers.scoring import TokenScorer, enable_checkpointing
 from asyncrl.types import Rollout
 
 if TYPE_CHECKING:
-    from asyncrl.config import LoraConfig, RunConfig
+    from asyncrl.config import LoraConfig, PolicyConfig
 
 
 class GRPOTrainer:
@@ -168,21 +168,23 @@ class GRPOTrainer:
 
     @classmethod
     def from_config(
-        cls, cfg: RunConfig, *, model: torch.nn.Module, tokenizer: Tokenizer,
+        cls, policy: PolicyConfig, loss: LossConfig, *, model: torch.nn.Module,
+        tokenizer: Tokenizer, deterministic: bool = False,
         weights_device: str | torch.device = "cpu",
     ) -> GRPOTrainer:
-        """The trainer for a run, over ``model`` (built by :func:`asyncrl.policy.build_policy`)."""
+        """The trainer of ``policy`` with ``loss``, over ``model`` (built by
+        :func:`asyncrl.policy.build_policy`)."""
         return cls(
             model,
             tokenizer,
-            loss=cfg.loss,
-            optimizer=cfg.policy.optimizer,
-            temperature=cfg.policy.generation.temperature,
-            num_threads=cfg.policy.num_threads,
-            micro_batch_tokens=cfg.policy.train_micro_batch_tokens,
-            gradient_checkpointing=cfg.policy.gradient_checkpointing,
-            lora=cfg.policy.lora,
-            deterministic=cfg.deterministic,
+            loss=loss,
+            optimizer=policy.optimizer,
+            temperature=policy.generation.temperature,
+            num_threads=policy.num_threads,
+            micro_batch_tokens=policy.train_micro_batch_tokens,
+            gradient_checkpointing=policy.gradient_checkpointing,
+            lora=policy.lora,
+            deterministic=deterministic,
             weights_device=weights_device,
         )
 

@@ -1,0 +1,143 @@
+"""What an engine can do beyond :class:`~asyncrl.engines.RolloutEngine`.
+
+Each optional capability is a small protocol. The controller reads an engine's
+capabilities ONCE, when it is handed the engine (:meth:`EngineCapabilities.of`),
+and calls an optional member only where the engine has it; ``asyncrl validate``
+prints them. An engine whose members live elsewhere (the Ray proxy forwards to a
+worker's engine) declares them instead, as a ``capabilities`` attribute.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Collection, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from asyncrl.types import GroupId, GroupResult
+
+__all__ = [
+    "Aborts",
+    "EngineCapabilities",
+    "InvalidatesCache",
+    "PinsVersions",
+    "ReportsHealth",
+    "RetainsWeights",
+    "Snapshots",
+    "WeightsOnDevice",
+]
+
+
+@runtime_checkable
+class Aborts(Protocol):
+    async def abort(self, group_ids: Sequence[GroupId]) -> None:
+        """Called when the sampler calls in-flight groups hopeless after a weight
+        sync, at a graceful stop, and at shutdown: stop spending compute on them.
+        Their ``generate`` raises :class:`~asyncrl.types.GroupAborted`, with the
+        tokens they had as ``partial`` when the engine can give them (a stop keeps
+        them for the resume). Without it the controller only cancels the groups'
+        ``generate`` calls."""
+        ...
+
+
+@runtime_checkable
+class InvalidatesCache(Protocol):
+    async def invalidate_cache(self) -> None:
+        """Called after a weight sync when the sampler is on-policy or
+        ``recompute_kv_cache_after_weight_updates`` is set: drop KV/prefix caches
+        computed with older weights."""
+        ...
+
+
+@runtime_checkable
+class Snapshots(Protocol):
+    async def snapshot(self, group_ids: Sequence[GroupId]) -> dict[GroupId, GroupResult]:
+        """Called before a checkpoint is written while groups generate: the tokens
+        each has so far, without stopping it. Without it a checkpoint keeps only
+        those groups' prompts (docs/partial_rollouts.md)."""
+        ...
+
+
+@runtime_checkable
+class ReportsHealth(Protocol):
+    @property
+    def healthy(self) -> bool:
+        """Read each time the controller picks an engine for an attempt: an
+        unhealthy engine is not picked while another is healthy."""
+        ...
+
+
+@runtime_checkable
+class PinsVersions(Protocol):
+    """Deterministic runs (``deterministic: true``): requests pinned to older weights."""
+
+    async def retain_weight_versions(self, versions: Collection[int]) -> None:
+        """Called after every weight sync: keep only these versions (and the current)."""
+        ...
+
+
+@runtime_checkable
+class RetainsWeights(Protocol):
+    """Deterministic runs: the pinned versions kept, saved in checkpoints."""
+
+    def retained_weights(self) -> dict[int, Any]:
+        """Called when a checkpoint is written: the versions kept."""
+        ...
+
+    def restore_retained(self, snapshots: dict[int, Any]) -> None:
+        """Called on resume, after ``update_weights``: the older versions kept."""
+        ...
+
+
+@runtime_checkable
+class WeightsOnDevice(Protocol):
+    @property
+    def device(self) -> Any:
+        """Read once when the backends are built: the device the trainer hands the
+        weights over on (without it: the CPU)."""
+        ...
+
+
+_PROTOCOLS: dict[str, tuple[type, tuple[str, ...]]] = {
+    "abort": (Aborts, ("abort",)),
+    "invalidate_cache": (InvalidatesCache, ("invalidate_cache",)),
+    "snapshot": (Snapshots, ("snapshot",)),
+    "healthy": (ReportsHealth, ("healthy",)),
+    "pinned_versions": (PinsVersions, ("retain_weight_versions",)),
+    "retained_weights": (RetainsWeights, ("retained_weights", "restore_retained")),
+    "device": (WeightsOnDevice, ("device",)),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineCapabilities:
+    """Which optional protocols an engine satisfies (one flag per protocol)."""
+
+    abort: bool = False
+    invalidate_cache: bool = False
+    snapshot: bool = False
+    healthy: bool = False
+    pinned_versions: bool = False
+    retained_weights: bool = False
+    device: bool = False
+
+    @classmethod
+    def of(cls, engine: Any) -> EngineCapabilities:
+        """The capabilities of an engine, or of an engine class (``asyncrl
+        validate`` reads them before anything is built)."""
+        declared = getattr(engine, "capabilities", None)
+        if isinstance(declared, EngineCapabilities):
+            return declared
+        owner = engine if isinstance(engine, type) else type(engine)
+        # Read on the class: an instance's properties are not evaluated.
+        return cls(**{name: all(hasattr(owner, m) for m in members)
+                      for name, (_, members) in _PROTOCOLS.items()})
+
+    def names(self) -> list[str]:
+        """The capabilities held, by name."""
+        return [f.name for f in dataclasses.fields(self) if getattr(self, f.name)]
+
+    def describe(self) -> str:
+        """One line for ``asyncrl validate``."""
+        held = self.names()
+        lacking = [f.name for f in dataclasses.fields(self) if not getattr(self, f.name)]
+        return (", ".join(held) or "none") + (f" (not: {', '.join(lacking)})" if lacking else "")

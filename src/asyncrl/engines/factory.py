@@ -1,0 +1,153 @@
+"""The one map from ``policy.engine`` to an engine: in-process, in a Ray worker,
+and for ``asyncrl validate`` alike.
+
+Every engine is built from the policy block and :class:`EngineOptions` (the few
+run-level settings engines read), over a model the caller built. A new engine is
+one entry of :data:`_BUILDERS` (and its name in ``config.EngineName``).
+
+``policy.engine: custom`` builds ``target``'s class as ``Class(ctx, **keys)``:
+``ctx`` is an :class:`EngineContext`, ``keys`` the other keys of
+``policy.custom_engine``. A bad target fails before any model is built, with one
+line naming the fix (:func:`check_engine_target`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from asyncrl._targets import load_target
+from asyncrl.engines.base import RolloutEngine
+from asyncrl.engines.options import EngineContext, EngineOptions
+from asyncrl.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
+
+    from asyncrl.config import CustomEngineConfig, PolicyConfig
+    from asyncrl.tasks.tokenizer import Tokenizer
+
+__all__ = ["EngineContext", "EngineOptions", "build_engine", "check_engine_target",
+           "engine_class"]
+
+
+Builder = Callable[["PolicyConfig", EngineContext, "Mapping[str, Any] | None"], RolloutEngine]
+
+
+def build_engine(
+    policy: PolicyConfig,
+    options: EngineOptions,
+    *,
+    model: torch.nn.Module,
+    tokenizer: Tokenizer,
+    weights: Mapping[str, Any] | None = None,
+    weight_version: int = 0,
+) -> RolloutEngine:
+    """The engine ``policy.engine`` names, over ``model`` (the engine owns it: pass
+    a copy of a model something else trains), starting from ``weights`` (None: the
+    model's own) at ``weight_version``."""
+    ctx = EngineContext(model, tokenizer, policy.generation, options, weight_version)
+    return _BUILDERS[policy.engine](policy, ctx, weights)
+
+
+def engine_class(policy: PolicyConfig) -> type:
+    """The class ``policy.engine`` names (imports it; builds nothing), checked."""
+    if policy.engine == "custom":
+        assert policy.custom_engine is not None  # the config's validator ensures it
+        return check_engine_target(policy.custom_engine)
+    if policy.engine == "vllm":
+        from asyncrl.engines.vllm import VLLMEngine
+
+        return VLLMEngine
+    from asyncrl.engines.local import LocalEngine
+
+    return LocalEngine
+
+
+def _loaded(model: torch.nn.Module, weights: Mapping[str, Any] | None) -> torch.nn.Module:
+    if weights is not None:
+        model.load_state_dict(weights)
+    return model
+
+
+def _local(policy: PolicyConfig, ctx: EngineContext, weights: Mapping[str, Any] | None
+           ) -> RolloutEngine:
+    from asyncrl.engines.local import LocalEngine
+
+    return LocalEngine.from_config(policy, ctx.options, model=_loaded(ctx.model, weights),
+                                   tokenizer=ctx.tokenizer, weight_version=ctx.weight_version)
+
+
+def _vllm(policy: PolicyConfig, ctx: EngineContext, weights: Mapping[str, Any] | None
+          ) -> RolloutEngine:
+    from asyncrl.engines.vllm import VLLMEngine
+
+    return VLLMEngine.for_policy(policy, ctx.options, ctx.model, ctx.tokenizer,
+                                 weights=weights, weight_version=ctx.weight_version)
+
+
+def _custom(policy: PolicyConfig, ctx: EngineContext, weights: Mapping[str, Any] | None
+            ) -> RolloutEngine:
+    spec = policy.custom_engine
+    assert spec is not None  # the config's validator ensures it
+    cls = check_engine_target(spec)
+    ctx = dataclasses.replace(ctx, model=_loaded(ctx.model, weights))
+    try:
+        engine = cls(ctx, **spec.kwargs)
+    except Exception as exc:
+        raise ConfigError(
+            f"policy.custom_engine.target {spec.target!r}: {cls.__name__}(ctx, "
+            f"**{spec.kwargs!r}) raised {type(exc).__name__}: {exc}; fix the constructor or "
+            "the keys of policy.custom_engine (asyncrl -v prints the traceback)") from exc
+    missing = missing_engine_members(engine)
+    if missing:
+        raise ConfigError(_missing_message(spec.target, missing))
+    return engine
+
+
+_BUILDERS: dict[str, Builder] = {"local": _local, "vllm": _vllm, "custom": _custom}
+
+#: RolloutEngine's members, and which must be coroutines.
+_MEMBERS = ("generate", "update_weights", "close")
+_ASYNC = ("generate", "update_weights", "close")
+
+
+def missing_engine_members(obj: Any) -> list[str]:
+    """The RolloutEngine members ``obj`` (a class or an engine) lacks or defines
+    wrongly; empty when it has them all."""
+    missing = [m for m in _MEMBERS if not hasattr(obj, m)]
+    missing += [f"{m} (must be 'async def')" for m in _ASYNC
+                if hasattr(obj, m) and not inspect.iscoroutinefunction(getattr(obj, m))]
+    return missing
+
+
+def _missing_message(target: str, missing: list[str]) -> str:
+    return (f"policy.custom_engine.target {target!r} does not satisfy "
+            f"asyncrl.engines.RolloutEngine: missing {', '.join(missing)}; implement them "
+            "(docs/engines.md has a complete custom engine)")
+
+
+def check_engine_target(spec: CustomEngineConfig) -> type:
+    """The class ``policy.custom_engine.target`` names, once it is known to take
+    ``(ctx, **keys)`` and to define every RolloutEngine member; else a one-line
+    :class:`ConfigError` naming the fix."""
+    target = spec.target
+    cls = load_target(target, field="policy.custom_engine.target", kind="class",
+                      example="my_pkg.engines:MyEngine")
+    if not inspect.isclass(cls):
+        raise ConfigError(f"policy.custom_engine.target {target!r} is not a class; name the "
+                          "engine class, e.g. my_pkg.engines:MyEngine")
+    missing = missing_engine_members(cls)
+    if missing:
+        raise ConfigError(_missing_message(target, missing))
+    try:
+        sig = inspect.signature(cls)
+        sig.bind(object(), **spec.kwargs)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(
+            f"policy.custom_engine.target {target!r}: its constructor cannot be called as "
+            f"{cls.__name__}(ctx, **{spec.kwargs!r}) ({exc}); define __init__(self, ctx, ...) "
+            "with a parameter for every other key of policy.custom_engine") from None
+    return cls
