@@ -25,7 +25,6 @@ def test_validate_prints_derived_facts(tmp_path, capsys) -> None:
                      "required_buffer_capacity": 12, "max_staleness": 2,
                      "max_buffered_rollouts": 12, "context_length": 64,
                      "longest_prompt_tokens": 5, "min_step_groups": 4, "warnings": [],
-                     "trainer": "single (in-process)",
                      "staleness_measure": "start_weight",
                      "max_end_staleness": 2, "max_token_staleness": None,
                      "trainer": "single (in-process)", "engine": "local",
