@@ -196,7 +196,7 @@ BAD_TARGETS = [
         {},
         [
             "does not satisfy PromptGroupSampler",
-            "missing admit, evict, should_abort_inflight, is_on_policy, required_buffer_capacity, state_dict, load_state_dict.",
+            "missing admit, evict, should_abort_inflight, is_on_policy, required_buffer_capacity, set_dispatch_index, state_dict, load_state_dict.",
             "subclass asyncrl.sampling.BaseSampler",
         ],
     ),

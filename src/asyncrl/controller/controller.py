@@ -365,6 +365,9 @@ class Controller:
         self.version.set(int(state["trainer_version"]))
         self.ctx.stats.load_state_dict(state["stats"], int(state["steps_done"]))
         self.sampler.load_state_dict(state["sampler"])
+        # The protocol's own way to resume the dispatch index (DESIGN.md, section 3):
+        # every admitted batch took one index, so the next one is the count.
+        self.sampler.set_dispatch_index(int(state["dispatch"]["admitted"]))
         self.buffer.load_state_dict({
             "next_seq": int(state["next_seq"]),
             "slots": [{**r, "ready": True, "payload": rollout_from_dict(r["payload"])}

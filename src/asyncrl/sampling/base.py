@@ -54,9 +54,16 @@ class PromptGroupSampler(Protocol):
         or None when any capacity works."""
         ...
 
+    def set_dispatch_index(self, resume_from_step: int) -> None:
+        """Called on resume, after :meth:`load_state_dict` and before the first
+        admit, with the number of batches admitted before the checkpoint: the
+        next batch gets ``d = resume_from_step`` and gates and stamps as in a
+        fresh run (a sampler whose state does not hold the index still resumes
+        exactly)."""
+        ...
+
     def state_dict(self) -> dict[str, Any]:
-        """Called when a checkpoint is written (a resume restores the dispatch
-        index through it: the next batch then gates and stamps as in a fresh run)."""
+        """Called when a checkpoint is written."""
         ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -118,9 +125,7 @@ class BaseSampler:
             return d
 
     def set_dispatch_index(self, resume_from_step: int) -> None:
-        """The next admitted batch gets ``d = resume_from_step`` (what
-        :meth:`load_state_dict` restores; not part of the protocol: the
-        controller restores a sampler through its state only)."""
+        """The next admitted batch gets ``d = resume_from_step``."""
         if resume_from_step < 0:
             raise ValueError(f"dispatch index must be >= 0, got {resume_from_step}")
         self._dispatch_index = resume_from_step

@@ -198,6 +198,7 @@ _PROTOCOL_MEMBERS = (
     "should_abort_inflight",
     "is_on_policy",
     "required_buffer_capacity",
+    "set_dispatch_index",
     "state_dict",
     "load_state_dict",
 )
