@@ -38,7 +38,7 @@ from asyncrl.tasks import build_task  # noqa: E402
 from asyncrl.trainers.distributed import build_local_trainer  # noqa: E402
 from asyncrl.trainers.distributed.sharding import local_state_bytes, shard_model  # noqa: E402
 from asyncrl.trainers.grpo import GRPOTrainer  # noqa: E402
-from asyncrl.types import GroupResult, Rollout  # noqa: E402
+from asyncrl.types import Completion, GroupResult, Rollout  # noqa: E402
 
 GiB = 1024**3
 
@@ -71,7 +71,8 @@ def workload(cfg, steps: int, groups: int, n: int, tokens: int) -> list[list[Rol
                      for _ in range(n)]
             behavior = [[-1.0] * tokens for _ in range(n)]
             rewards = torch.rand(n, generator=gen).tolist()
-            result = GroupResult((s, g), ids, comps, behavior, [""] * n, 0, 0)
+            result = GroupResult((s, g), ids, [Completion.of(c, b, 0, "stop")
+                                               for c, b in zip(comps, behavior)], 0)
             chunk.append(Rollout((s, g), prompt, result, rewards))
         out.append(chunk)
     return out

@@ -31,3 +31,21 @@ def _asyncrl_verbosity_restored(monkeypatch: pytest.MonkeyPatch) -> Iterator[Non
     monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)
     yield
     logger.setLevel(level)
+
+
+# ------------------------------------------------------------ parallel runs
+#: Test files that start vLLM engines (seconds of start-up and both cores each).
+_VLLM_FILES = ("test_vllm_", "test_lora_train.py", "test_qwen2_shape.py")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """With ``pytest -n N --dist loadgroup`` (``make test``), the tests that start
+    vLLM run one after another on one worker (they share session runs and would
+    fight over the cores), and so do the tests of the shared local Ray instance
+    (one per module); everything else spreads over the workers."""
+    for item in items:
+        name = item.path.name
+        if name.startswith(_VLLM_FILES) or "vllm_runs" in item.fixturenames:
+            item.add_marker(pytest.mark.xdist_group("vllm"))
+        elif "ray_local" in item.fixturenames or item.path.parent.name == "cluster":
+            item.add_marker(pytest.mark.xdist_group("ray"))
