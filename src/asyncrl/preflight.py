@@ -41,6 +41,8 @@ from asyncrl.policy import (
     check_prompts_encode,
     load_tokenizer,
 )
+from asyncrl.rollouts.target import describe as describe_rollout
+from asyncrl.rollouts.target import load_rollout
 from asyncrl.sampling import create_sampler
 from asyncrl.trainers.distributed.checks import check_trainer, trainer_layout
 
@@ -90,6 +92,8 @@ def preflight(cfg: RunConfig, *, task: Task | None = None,
     # Held-out prompts (may leave records out of the training task), and the
     # chat template of a dataset task: its prompts need the policy's tokenizer.
     task, evaluator = build_evaluation(cfg, task)
+    if cfg.task.rollout is not None:  # importable, an async def taking (prompt, session)
+        load_rollout(cfg.task.rollout)
     bind_task_tokenizer(task, cfg.policy)
     if builtin_backends and cfg.cluster.backend == "local":
         check_prompts_encode(task, cfg.policy, seed=cfg.seed)
@@ -112,6 +116,7 @@ def preflight(cfg: RunConfig, *, task: Task | None = None,
     facts["warnings"] = failure_warnings(cfg.grpo, cfg.async_rl)
     facts["max_token_staleness"] = cfg.loss.max_token_staleness
     facts["trainer"] = trainer_layout(cfg)
+    facts["rollout"] = describe_rollout(cfg.task.rollout)
     return Preflight(task=task, facts=facts, evaluator=evaluator)
 
 

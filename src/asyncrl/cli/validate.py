@@ -54,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
     bound = facts["max_staleness"]
     table.add_row("sampler", str(facts["sampler"]))
     table.add_row("trainer", str(facts["trainer"]))
+    table.add_row("rollout", str(facts["rollout"]))
     table.add_row("on-policy", "yes" if facts["is_on_policy"] else "no")
     req = facts["required_buffer_capacity"]
     table.add_row("required buffer capacity",
