@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 import sys
 import types
+from pathlib import Path
 
 import pytest
 
+from asyncrl.cli import main
 from asyncrl.controller import MemoryHistory
 from asyncrl.errors import BackendBug, ConfigError, GenerationError, GroupAborted
 from asyncrl.rollouts import (
@@ -149,6 +151,16 @@ def test_a_classified_failure_of_the_function_passes_through() -> None:
         run(wrapped(_raises_infra).generate(request()))
 
 
+def test_an_engine_bug_under_the_session_stays_the_engines() -> None:
+    """An unclassified error of the engine reaches the controller as it is (a bug
+    of the engine), not as one of the function that was awaiting it."""
+    def broken(prompt, so_far, row):
+        raise KeyError("engine internals")
+
+    with pytest.raises(KeyError, match="engine internals"):
+        run(wrapped(one_call, script=broken).generate(request()))
+
+
 def test_abort_stops_a_function_in_its_environment_step_without_a_partial() -> None:
     async def slow_tool(prompt, session):
         await session.generate(session.start(), stop=")")
@@ -228,3 +240,25 @@ def test_a_bad_target_gets_one_line_naming_the_fix(user_module, target, match) -
     with pytest.raises(ConfigError, match=match) as err:
         load_rollout(target)
     assert "\n" not in str(err.value)
+
+
+# ------------------------------------------------------------ asyncrl validate
+QUICKSTART = str(Path(__file__).resolve().parents[2] / "examples" / "quickstart.yaml")
+
+
+@pytest.mark.parametrize(("target", "message"), [
+    ("json", "task.rollout: 'json' is not of the form 'module:function'"),
+    ("json:dumps", "task.rollout 'json:dumps' is not an async function; define it as "
+                   "async def dumps(prompt, session) -> RolloutOutput"),
+])
+def test_validate_refuses_a_bad_rollout_target_in_one_line(target, message, capsys) -> None:
+    code = main(["validate", "--config", QUICKSTART, "--no-memory", f"task.rollout={target}"])
+    err = capsys.readouterr().err.strip()
+    assert code != 0 and message in err and len(err.splitlines()) == 1
+
+
+def test_validate_shows_the_rollout_function(user_module, capsys) -> None:
+    code = main(["validate", "--config", QUICKSTART, "--no-memory", "--json",
+                 "task.rollout=my_rollouts:good"])
+    assert code == 0
+    assert '"rollout": "my_rollouts:good (task.rollout)"' in capsys.readouterr().out

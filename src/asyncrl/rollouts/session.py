@@ -65,6 +65,12 @@ class RolloutSession(Protocol):
         """How many completions the group needs (``grpo.num_generations_per_prompt``)."""
         ...
 
+    @property
+    def start_weight(self) -> int:
+        """The group's start weight (``GroupResult.start_weight``): every token's
+        version is at least this."""
+        ...
+
     def start(self) -> list[Completion]:
         """Called first: one empty, unfinished transcript per generation."""
         ...
@@ -115,7 +121,6 @@ class EngineSession:
         self._engine = engine
         self._request = dataclasses.replace(request, prefix=None)
         self.tokenizer = tokenizer
-        #: The group's start weight: every token's version is at least this.
         self.start_weight = start_weight(request, engine.weight_version)
         #: The prompt's token ids as the engine encoded them (None before a turn).
         self.prompt_ids: list[int] | None = None
