@@ -26,7 +26,8 @@ def test_validate_prints_derived_facts(tmp_path, capsys) -> None:
                      "max_buffered_rollouts": 12, "context_length": 64,
                      "longest_prompt_tokens": 5, "min_step_groups": 4, "warnings": [],
                      "staleness_measure": "start_weight",
-                     "max_end_staleness": 2, "max_token_staleness": None}
+                     "max_end_staleness": 2, "max_token_staleness": None,
+                     "trainer": "single (in-process)", "rollout": "single-turn (built-in)"}
     assert main(["validate", "--config", cfg]) == 0
     out = capsys.readouterr().out
     assert "required buffer capacity" in out and "config is valid" in out
