@@ -81,7 +81,8 @@ class RolloutSession(Protocol):
         transcript after its tokens (prompt + transcript as context); finished
         ones come back as they are. ``stop``: a turn ends right after the first
         token whose text completes this string (the tokens sampled after it are
-        dropped, the transcript stays unfinished so the environment can answer).
+        dropped, the transcript stays unfinished so the environment can answer;
+        only the tokens of this turn are searched).
         Raises what the engine raises (a failed engine: ``GenerationError``);
         let it propagate, the controller classifies and retries it."""
         ...
@@ -155,14 +156,14 @@ class EngineSession:
         async with self._lock:  # one request per group id in flight
             try:
                 result = await self._engine.generate(request)
+                if len(result.completions) != len(transcripts):
+                    raise ValueError(f"it returned {len(result.completions)} completions for "
+                                     f"num_generations={len(transcripts)}")
             except Exception as exc:
                 if failure_kind(exc) is not None or isinstance(exc, (GroupAborted, BackendLost)):
                     raise
                 raise EngineBug(f"the engine raised {type(exc).__name__}: {exc}") from exc
             self.turns += 1
-        if len(result.completions) != len(transcripts):
-            raise ValueError(f"the engine returned {len(result.completions)} completions for "
-                             f"{len(transcripts)} transcripts")
         self.prompt_ids = list(result.prompt_ids)
         out = []
         for before, after in zip(transcripts, result.completions):
