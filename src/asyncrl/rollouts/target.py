@@ -45,12 +45,10 @@ def describe(target: str | None) -> str:
     return "single-turn (built-in)" if target is None else f"{target} (task.rollout)"
 
 
-def apply_rollout(target: str | None, engines: Sequence[RolloutEngine],
+def apply_rollout(target: str, engines: Sequence[RolloutEngine],
                   tokenizer: Tokenizer) -> list[RolloutEngine]:
-    """A run's engines: as they are without ``task.rollout``, else each wrapped
-    to run the function (:class:`~asyncrl.rollouts.RolloutFunctionEngine`)."""
-    if target is None:
-        return list(engines)
+    """A run's engines with ``task.rollout`` set: each wrapped to run the
+    function (:class:`~asyncrl.rollouts.RolloutFunctionEngine`)."""
     from asyncrl.rollouts.engine import with_rollout_function
 
     return with_rollout_function(engines, load_rollout(target), tokenizer, name=target)
