@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING
 
 from asyncrl._targets import load_target
 from asyncrl.errors import ConfigError
+from asyncrl.rollouts.engine import RolloutFunction, with_rollout_function
 
 if TYPE_CHECKING:
     from asyncrl.engines.base import RolloutEngine
-    from asyncrl.rollouts.engine import RolloutFunction
     from asyncrl.tasks.tokenizer import Tokenizer
 
 FIELD = "task.rollout"
@@ -49,7 +49,6 @@ def apply_rollout(target: str, engines: Sequence[RolloutEngine],
                   tokenizer: Tokenizer) -> list[RolloutEngine]:
     """A run's engines with ``task.rollout`` set: each wrapped to run the
     function (:class:`~asyncrl.rollouts.RolloutFunctionEngine`)."""
-    from asyncrl.rollouts.engine import with_rollout_function
 
     return with_rollout_function(engines, load_rollout(target), tokenizer, name=target)
 
