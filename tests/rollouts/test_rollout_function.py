@@ -131,6 +131,10 @@ async def _forges(prompt, session):
     return RolloutOutput([Completion.of([5], [-0.1], 3, "stop")] * 2)
 
 
+async def _one_reward(prompt, session):
+    return RolloutOutput(await session.generate(session.start()), [1.0])
+
+
 async def _leaves_unfinished(prompt, session):
     return RolloutOutput(await session.generate(session.start(), stop=")"))
 
@@ -140,6 +144,7 @@ async def _leaves_unfinished(prompt, session):
     (_returns_a_list, r"returned list; return asyncrl.rollouts.RolloutOutput"),
     (_forges, r"not made by this session"),
     (_leaves_unfinished, r"unfinished transcripts \[0\]; end each with session.finish"),
+    (_one_reward, r"returned 1 rewards for 2 completions"),
 ])
 def test_a_bug_of_the_function_is_unclassified_and_names_it(fn, match) -> None:
     with pytest.raises(RolloutFunctionError, match=match):

@@ -138,6 +138,10 @@ class RolloutFunctionEngine:
         prompt_ids = (session.prompt_ids if session.prompt_ids is not None
                       else encode_prompt_or_fail(self.tokenizer, request.prompt))
         rewards = None if output.rewards is None else list(output.rewards)
+        if rewards is not None and len(rewards) != n:
+            raise self._bug(f"returned {len(rewards)} rewards for {n} completions; return one "
+                            "per completion (or rewards=None: the task's reward scores them)",
+                            request)
         return GroupResult(request.group_id, prompt_ids, completions, session.start_weight,
                            rewards)
 
