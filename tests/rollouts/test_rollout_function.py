@@ -186,19 +186,27 @@ def test_abort_stops_a_function_in_its_environment_step_without_a_partial() -> N
 
 
 # ------------------------------------------------------------ in a run
-def _controller(fn, steps: int = 6):
+def _controller(fn, steps: int = 6, scorer: InlineScorer | None = None):
     engine = RolloutFunctionEngine(ScriptedEngine(tool_script), fn, TOKENIZER, name="t:fn")
     task = FakeTask()
     return make_controller({"name": "in_order", "max_lookahead_versions": 1}, engines=[engine],
-                           trainer=FakeTrainer(), task=task, scorer=InlineScorer(task),
+                           trainer=FakeTrainer(), task=task, scorer=scorer or InlineScorer(task),
                            steps=steps, history=MemoryHistory())
 
 
-def test_a_run_of_rollout_functions_balances_its_ledger() -> None:
-    ctl = _controller(one_call)
+async def _task_scores(prompt, session):
+    return RolloutOutput((await one_call(prompt, session)).completions)
+
+
+@pytest.mark.parametrize("fn", [one_call, _task_scores])
+def test_a_run_of_rollout_functions_balances_its_ledger(fn) -> None:
+    scorer = InlineScorer(FakeTask())
+    ctl = _controller(fn, scorer=scorer)
     run(ctl.run())
     ledger = ctl.summary()["ledger"]
     assert ledger["balanced"] and ledger["trained"] == 6 * 4
+    # Rewards from the function, or (rewards=None) from the task's scorer.
+    assert (scorer.calls > 0) == (fn is _task_scores)
 
 
 def test_a_bug_in_the_function_stops_the_run_naming_it() -> None:
