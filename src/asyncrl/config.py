@@ -41,6 +41,7 @@ from asyncrl.failure_config import (
 )
 from asyncrl.interpolation import resolve_interpolations
 from asyncrl.sampling.config import InOrderSamplerConfig, SamplerConfig
+from asyncrl.task_block import TaskBlock
 
 
 # --------------------------------------------------------------------- GRPO
@@ -96,7 +97,7 @@ class AsyncRLConfig(Block, RefusesRenamedKeys):
 PartialCredit = Annotated[StrictFloat, Field(ge=0, lt=1)]
 
 
-class ArithmeticTaskConfig(Block):
+class ArithmeticTaskConfig(TaskBlock):
     name: Literal["arithmetic"] = "arithmetic"
     #: Operands are drawn from [0, max_operand]. The default 3 (16 sums to learn) is
     #: what a from-scratch policy learns in a few hundred steps; 9 takes many more.
@@ -107,7 +108,7 @@ class ArithmeticTaskConfig(Block):
     partial_credit: PartialCredit = 0.5
 
 
-class ReverseTaskConfig(Block):
+class ReverseTaskConfig(TaskBlock):
     name: Literal["reverse"] = "reverse"
     min_length: PosInt = 2
     max_length: PosInt = 4
@@ -121,7 +122,7 @@ class ReverseTaskConfig(Block):
     median_length: PosInt = 3
 
 
-class SortTaskConfig(Block):
+class SortTaskConfig(TaskBlock):
     name: Literal["sort"] = "sort"
     min_length: PosInt = 2
     max_length: PosInt = 4

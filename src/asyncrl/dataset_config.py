@@ -13,6 +13,8 @@ from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from asyncrl.task_block import TaskBlock
+
 
 class _Block(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -108,7 +110,7 @@ def template_fields(template: str) -> list[str]:
     return fields
 
 
-class DatasetTaskConfig(_Block):
+class DatasetTaskConfig(TaskBlock):
     """Prompts from a local JSONL, JSON, CSV or Parquet file, or a directory
     written by ``datasets.Dataset.save_to_disk``."""
 

@@ -41,6 +41,8 @@ from asyncrl.policy import (
     check_prompts_encode,
     load_tokenizer,
 )
+from asyncrl.rollouts.target import describe as describe_rollout
+from asyncrl.rollouts.target import load_rollout
 from asyncrl.sampling import create_sampler
 from asyncrl.trainers.distributed.checks import check_trainer, trainer_layout
 
@@ -96,6 +98,8 @@ def preflight(cfg: RunConfig, *, task: Task | None = None,
     # Held-out prompts (may leave records out of the training task), and the
     # chat template of a dataset task: its prompts need the policy's tokenizer.
     task, evaluator = build_evaluation(cfg, task)
+    if cfg.task.rollout is not None:  # importable, an async def taking (prompt, session)
+        load_rollout(cfg.task.rollout)
     bind_task_tokenizer(task, cfg.policy)
     if builtin_backends and cfg.cluster.backend == "local":
         check_prompts_encode(task, cfg.policy, seed=cfg.seed)
@@ -120,6 +124,7 @@ def preflight(cfg: RunConfig, *, task: Task | None = None,
     facts["trainer"] = trainer_layout(cfg)
     facts["engine"] = cfg.policy.engine
     facts["engine_capabilities"] = None if engine_caps is None else engine_caps.names()
+    facts["rollout"] = describe_rollout(cfg.task.rollout)
     return Preflight(task=task, facts=facts, evaluator=evaluator)
 
 

@@ -52,7 +52,9 @@ from asyncrl.jsonio import write_json
 from asyncrl.metrics import JsonlSink, MetricsSink, TensorBoardSink
 from asyncrl.metrics.progress import progress_sink
 from asyncrl.metrics.report import write_plots
+from asyncrl.policy import load_tokenizer
 from asyncrl.preflight import preflight
+from asyncrl.rollouts import apply_rollout
 from asyncrl.run_lock import run_dir_lock
 from asyncrl.rundir import check_run_dir, fork_run_dir, prepare_run_dir, truncate_metrics
 from asyncrl.signals import GracefulStop, Terminated, sigterm_as_interrupt
@@ -106,6 +108,9 @@ def train(
                 prepare_run_dir(run_dir, overwrite=overwrite)  # checked again, under the lock
             engines, trainer = (backends if backends is not None
                                 else build_backends(cfg, task, work_dir=run_dir))
+            if cfg.task.rollout is not None:  # each group runs the task's rollout function
+                engines = apply_rollout(cfg.task.rollout, engines,
+                                        load_tokenizer(cfg.policy, task))
             run = _Run(cfg, run_dir, task, engines, trainer, evaluator)
             try:
                 snapshots = None

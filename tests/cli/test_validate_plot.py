@@ -29,7 +29,8 @@ def test_validate_prints_derived_facts(tmp_path, capsys) -> None:
                      "max_end_staleness": 2, "max_token_staleness": None,
                      "trainer": "single (in-process)", "engine": "local",
                      "engine_capabilities": ["abort", "invalidate_cache", "snapshot",
-                                             "pinned_versions", "retained_weights", "device"]}
+                                             "pinned_versions", "retained_weights", "device"],
+                     "rollout": "single-turn (built-in)"}
     assert main(["validate", "--config", cfg]) == 0
     out = capsys.readouterr().out
     assert "required buffer capacity" in out and "config is valid" in out

@@ -399,6 +399,33 @@ async def test_an_abort_hands_back_the_tokens_and_a_prefix_continues_them(rig):
             assert torch.allclose(forced[n:], torch.tensor(whole.logprobs[n:]), atol=TOLERANCE)
 
 
+async def test_a_rollout_function_continues_after_environment_tokens_exactly(rig):
+    """A two-turn rollout function (task.rollout) over vLLM: the turn ends at "=",
+    the environment appends "3+" (loss_mask 0), the policy goes on. Every policy
+    token - those conditioned on the environment's too - has the trainer's
+    log-prob and the engine's version; environment tokens are left out."""
+    from asyncrl.rollouts import RolloutFunctionEngine, RolloutOutput
+
+    async def two_turns(prompt, session):
+        transcripts = await session.generate(session.start(), stop="=")
+        transcripts = [t if t.finished else session.append(t, "3+") for t in transcripts]
+        transcripts = [session.finish(t) for t in await session.generate(transcripts)]
+        return RolloutOutput(transcripts, [0.0] * len(transcripts))
+
+    engine = RolloutFunctionEngine(rig.engine, two_turns, rig.tokenizer, name="test:two_turns")
+    prompts = rig.prompts[:4]
+    results = list(await asyncio.gather(*(
+        engine.generate(GenerationRequest(f"turns{i}", p, 8)) for i, p in enumerate(prompts))))
+    assert trainer_mismatch(rig.probe, results, prompts) <= TOLERANCE
+    version, continued = rig.engine.weight_version, 0
+    for c in (c for r in results for c in r.completions):
+        assert c.version_list() == [version] * len(c)
+        env = [k for k, m in enumerate(c.mask_list()) if not m]
+        assert all(c.logprobs[k] == 0.0 for k in env)
+        continued += bool(env) and env[-1] + 1 < len(c)  # policy tokens after the tool's
+    assert continued > 0
+
+
 async def test_a_dead_vllm_fails_calls_instead_of_hanging_and_close_cleans_up(rig):
     engine = rig.engine
     pids = engine.process_ids

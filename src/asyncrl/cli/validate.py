@@ -57,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
     caps = facts["engine_capabilities"]
     table.add_row(f"engine ({facts['engine']}) capabilities",
                   "the caller's engines" if caps is None else ", ".join(caps) or "none")
+    table.add_row("rollout", str(facts["rollout"]))
     table.add_row("on-policy", "yes" if facts["is_on_policy"] else "no")
     req = facts["required_buffer_capacity"]
     table.add_row("required buffer capacity",
