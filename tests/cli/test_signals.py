@@ -167,7 +167,7 @@ def test_twenty_sigints_at_random_points_lose_nothing(tmp_path: Path) -> None:
         else:  # stopped before its first checkpoint: start over
             argv = ["train", "--config", str(config), "--run-dir", str(run), "--overwrite",
                     f"grpo.max_num_steps={target}"]
-        code = run_with_sigint_at(argv, rng.uniform(0.02, 2.5))
+        code = run_with_sigint_at(argv, rng.uniform(0.02, 1.5))
         assert code in (0, 130), code
         interrupted += code == 130
         if (run / "summary.json").is_file():
