@@ -38,6 +38,7 @@ def _asyncrl_verbosity_restored(monkeypatch: pytest.MonkeyPatch) -> Iterator[Non
 _VLLM_FILES = ("test_vllm_", "test_lora_train.py", "test_qwen2_shape.py")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """With ``pytest -n N --dist loadgroup`` (``make test``), the tests that start
     vLLM run one after another on one worker (they share session runs and would
