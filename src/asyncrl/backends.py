@@ -90,6 +90,13 @@ def _engine(cfg: RunConfig, model: Any, tokenizer: Any, work_dir: str | Path | N
 
         engine: RolloutEngine = VLLMEngine.for_policy(cfg, model, tokenizer, work_dir=work_dir)
         return engine, "cpu"  # vLLM takes them from a file (CPU) or moves them itself (CUDA)
+    if cfg.policy.engine == "vllm_server":
+        from asyncrl.engines.vllm_server import VLLMServerEngine
+
+        engine = VLLMServerEngine.for_policy(
+            cfg.policy, model, tokenizer, seed=cfg.seed, work_dir=work_dir,
+            recompute_kv_on_update=cfg.async_rl.recompute_kv_cache_after_weight_updates)
+        return engine, "cpu"  # the servers read them from a file
     from asyncrl.engines.local import LocalEngine
 
     engine = LocalEngine.from_config(cfg, model=copy.deepcopy(model) if shared else model,

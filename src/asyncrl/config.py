@@ -40,6 +40,7 @@ from asyncrl.failure_config import (
 )
 from asyncrl.interpolation import resolve_interpolations
 from asyncrl.sampling.config import InOrderSamplerConfig, SamplerConfig
+from asyncrl.server_config import VLLMServerConfig
 
 
 # --------------------------------------------------------------------- GRPO
@@ -227,9 +228,11 @@ class LoraConfig(Block):
 class PolicyConfig(Block):
     #: Local path to a transformers causal LM and its tokenizer; None: build `model`.
     model_name_or_path: str | None = None
-    #: Rollout engine: our own decode loop (local) or vLLM (pip install 'asyncrl[vllm]').
-    engine: Literal["local", "vllm"] = "local"
+    #: Rollout engine: our own decode loop (local), vLLM in process (pip install
+    #: 'asyncrl[vllm]'), or vLLM servers over HTTP (vllm_server, docs/engines.md).
+    engine: Literal["local", "vllm", "vllm_server"] = "local"
     vllm: VLLMConfig = Field(default_factory=VLLMConfig)
+    vllm_server: VLLMServerConfig = Field(default_factory=VLLMServerConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     generation: GenerationConfig = Field(default_factory=GenerationConfig)
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
@@ -542,6 +545,14 @@ class RunConfig(Block):
                 "deterministic: true needs policy.engine: local (vLLM cannot generate with "
                 "a pinned older weight version); set policy.engine: local or deterministic: false"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _servers_need_local_cluster(self) -> RunConfig:
+        if self.policy.engine == "vllm_server" and self.cluster.backend != "local":
+            raise ValueError(
+                "policy.engine: vllm_server drives its servers from the controller's process; "
+                "set cluster.backend: local (list the servers in policy.vllm_server.urls)")
         return self
 
 

@@ -29,7 +29,7 @@ from asyncrl.errors import ConfigError, require
 if TYPE_CHECKING:
     import torch
 
-    from asyncrl.config import RunConfig
+    from asyncrl.config import PolicyConfig, RunConfig
 
 #: AsyncEngineArgs fields asyncrl sets itself, and where the user sets them instead
 #: (None: fixed, because the engine's contract depends on the value).
@@ -74,7 +74,14 @@ def engine_args(cfg: RunConfig, model_dir: str | Path, *, seed: int | None = Non
                 ) -> dict[str, Any]:
     """Keyword arguments of ``vllm.AsyncEngineArgs`` for a run: the ``policy.vllm``
     block, ``policy.vllm.engine_args`` passed through, and the fixed settings."""
-    v = cfg.policy.vllm
+    return policy_engine_args(cfg.policy, model_dir, seed=seed, run_seed=cfg.seed)
+
+
+def policy_engine_args(policy: PolicyConfig, model_dir: str | Path, *, seed: int | None,
+                       run_seed: int) -> dict[str, Any]:
+    """:func:`engine_args` from the policy block (``seed`` None: ``policy.vllm.seed``,
+    else ``run_seed``); also the flags of the servers ``vllm_server`` starts."""
+    v = policy.vllm
     clash = sorted(set(v.engine_args) & set(OWNED_ARGS))
     if clash:
         key = clash[0]
@@ -82,7 +89,7 @@ def engine_args(cfg: RunConfig, model_dir: str | Path, *, seed: int | None = Non
         fix = f"set {where} instead" if where else "asyncrl sets it and it cannot be changed"
         raise ConfigError(f"policy.vllm.engine_args.{key}: {fix}")
     if seed is None:
-        seed = v.seed if v.seed is not None else cfg.seed
+        seed = v.seed if v.seed is not None else run_seed
     args: dict[str, Any] = {
         "disable_log_stats": True,
         # A progress bar per weight sync: vLLM's output with -v only.
@@ -96,7 +103,7 @@ def engine_args(cfg: RunConfig, model_dir: str | Path, *, seed: int | None = Non
         "enforce_eager": v.enforce_eager,
         "tensor_parallel_size": v.tensor_parallel_size,
         "seed": seed,
-        "max_num_seqs": cfg.policy.generation.max_batch_sequences,
+        "max_num_seqs": policy.generation.max_batch_sequences,
         "logprobs_mode": "processed_logprobs",
         "generation_config": "vllm",
     }
