@@ -5,6 +5,8 @@ docs/engines.md, "vLLM servers over HTTP", explains every key."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, model_validator
 
 from asyncrl._blocks import Block, PosFloat, PosInt
@@ -19,6 +21,12 @@ class VLLMServerConfig(Block):
     #: ``--generation-config vllm`` (see docs/engines.md). Empty: asyncrl starts
     #: ``num_servers`` servers on 127.0.0.1 itself and stops them at the end.
     urls: tuple[str, ...] = ()
+    #: Which generation API the engine calls: ``completions`` (``/v1/completions``,
+    #: any vLLM server; token versions ordered against the engine's pause/resume)
+    #: or ``generate`` (vLLM's token-in/token-out ``/inference/v1/generate``, which
+    #: labels the tokens with the weight version that sampled them; servers need
+    #: ``--enable-scale-out``, which the servers asyncrl starts have).
+    api: Literal["completions", "generate"] = "completions"
     #: How many servers asyncrl starts when ``urls`` is empty (None: 1).
     num_servers: PosInt | None = None
     #: Directory the weights are written to for the servers' ``reload_weights``;

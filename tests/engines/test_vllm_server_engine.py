@@ -122,21 +122,33 @@ async def _first_tokens(engine: VLLMServerEngine, request: GenerationRequest) ->
     return task
 
 
+async def _sync_lands_mid_group(engine: VLLMServerEngine, prompt, weights) -> list[list[int]]:
+    """Long groups, each with a weight sync (same weights, next version) as soon
+    as its first tokens arrive, until one has tokens of both versions (the random
+    policy may end every completion before the sync lands); checks every token's
+    version on the way. The versions of that group's tokens."""
+    for attempt in range(10):
+        v = engine.weight_version
+        request = GenerationRequest(f"long{attempt}", prompt, 16, max_new_tokens=48,
+                                    temperature=1.0)
+        task = await _first_tokens(engine, request)
+        await engine.update_weights(weights, v + 1)
+        result = await task
+        versions = [c.version_list() for c in result.completions]
+        assert all(vs == sorted(vs) and set(vs) <= {v, v + 1} for vs in versions)
+        assert result.start_weight == v and result.end_weight == max(map(max, versions))
+        if any(vs[0] == v and vs[-1] == v + 1 for vs in versions):
+            return versions
+    raise AssertionError("no weight sync landed in the middle of a completion in 10 groups")
+
+
 def test_tokens_carry_the_version_they_were_sampled_with_and_an_abort_keeps_them(fleet):
     engine, prompt = fleet.engine, fleet.task.prompt_source(0).next_prompt()
     weights = {k: v.clone() for k, v in fleet.model.state_dict().items()}
 
     async def scenario():
         assert isinstance(engine, RolloutEngine) and engine.healthy
-        v = engine.weight_version
-        long = GenerationRequest("long", prompt, 8, max_new_tokens=48, temperature=1.0)
-        task = await _first_tokens(engine, long)
-        await engine.update_weights(weights, v + 1)  # the same weights, a new version
-        result = await task
-        versions = [c.version_list() for c in result.completions]
-        assert all(vs == sorted(vs) and set(vs) <= {v, v + 1} for vs in versions)
-        assert result.start_weight == v and result.end_weight == max(map(max, versions))
-
+        await _sync_lands_mid_group(engine, prompt, weights)
         task = await _first_tokens(engine, GenerationRequest("cut", prompt, 4,
                                                              max_new_tokens=48))
         await engine.abort(["cut"])
@@ -148,11 +160,28 @@ def test_tokens_carry_the_version_they_were_sampled_with_and_an_abort_keeps_them
                                                           prefix=partial))
         for before, after in zip(partial.completions, resumed.completions):
             assert after.token_ids[: len(before)] == before.token_ids and after.finished
-        return versions
 
-    versions = asyncio.run(scenario())
-    # The sync landed while the long group ran: some tokens are of the new version.
-    assert any(v[-1] > v[0] for v in versions), versions
+    asyncio.run(scenario())
+
+
+def test_the_generate_api_labels_each_token_as_the_ordering_does(fleet, caplog):
+    """api: generate: the server's own labels; they agree with the versions
+    the engine orders the streamed tokens by (a warning would say otherwise)."""
+    cfg = server_config({"urls": fleet.urls, "api": "generate"})
+    engine = VLLMServerEngine.for_policy(cfg.policy, fleet.model, fleet.tokenizer, seed=0,
+                                         weight_version=fleet.engine.weight_version)
+    weights = {k: v.clone() for k, v in fleet.model.state_dict().items()}
+    prompt = fleet.task.prompt_source(0).next_prompt()
+
+    async def scenario():
+        try:
+            return await _sync_lands_mid_group(engine, prompt, weights)
+        finally:
+            await engine.close()
+
+    with caplog.at_level(logging.WARNING, logger="asyncrl.engines.vllm_server"):
+        asyncio.run(scenario())
+    assert not [r for r in caplog.records if "server labels them" in r.getMessage()]
 
 
 class KillServer:

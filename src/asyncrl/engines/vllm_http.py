@@ -66,6 +66,15 @@ class ServerClient:
             raise ServerGone(f"{self.url}{path}: {exc!r}") from exc
         return _json_or_raise(response)
 
+    def post_sync(self, path: str, body: dict[str, Any]) -> Any:
+        """POST ``path`` before any event loop runs (start-up checks)."""
+        httpx = httpx_module()
+        try:
+            response = httpx.post(self.url + path, json=body, timeout=self.timeout_s)
+        except httpx.HTTPError as exc:
+            raise ServerGone(f"{self.url}{path}: {exc!r}") from exc
+        return _json_or_raise(response)
+
     # ------------------------------------------------------------ async
     def _http(self) -> Any:
         loop = asyncio.get_running_loop()

@@ -46,7 +46,7 @@ import tempfile
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from asyncrl.config import GenerationConfig
 from asyncrl.context_length import check_prompt_fits
@@ -113,6 +113,7 @@ class VLLMServerEngine:
         initial_weights: Mapping[str, torch.Tensor] | None = None,
         recompute_kv_on_update: bool = False,
         owned_dirs: Sequence[Path] = (),
+        api: Literal["completions", "generate"] = "completions",
     ) -> None:
         if not clients:
             raise ConfigError("policy.vllm_server: no server to drive; list urls or set "
@@ -120,18 +121,21 @@ class VLLMServerEngine:
         self.tokenizer = tokenizer
         self.generation = generation or GenerationConfig()
         self.recompute_kv_on_update = recompute_kv_on_update
+        self.api = _APIS[api]
         self._owned_dirs = [Path(d) for d in owned_dirs]
         by_url = {s.url: s for s in launched}
         # At once: a server's first /server_info takes seconds (it collects its environment).
         with concurrent.futures.ThreadPoolExecutor(len(clients)) as pool:
             self._servers = list(pool.map(
-                lambda c: _connect(c, by_url.get(c.url), weight_version), clients))
+                lambda c: _connect(c, by_url.get(c.url), weight_version, api), clients))
         if weights_dir is None:
             weights_dir = Path(tempfile.mkdtemp(prefix="asyncrl-vllm-server-weights-"))
             self._owned_dirs.append(weights_dir)
         self._weights_dir = Path(weights_dir)
         self._weights_dir.mkdir(parents=True, exist_ok=True)
         self._version = weight_version
+        #: The servers label tokens "default" (or so) until a version is set.
+        self._first_version = weight_version
         #: Written now (the trainer may change the tensors later), loaded before
         #: the first generation.
         self._initial = initial_weights is not None
@@ -173,7 +177,7 @@ class VLLMServerEngine:
             start = weights if weights is not None else model.state_dict()
             return cls(clients, tokenizer, policy.generation, weights_dir=block.weights_dir,
                        weight_version=weight_version, initial_weights=start,
-                       recompute_kv_on_update=recompute_kv_on_update)
+                       recompute_kv_on_update=recompute_kv_on_update, api=block.api)
         if base is None:
             base = Path(tempfile.mkdtemp(prefix="asyncrl-vllm-server-"))
             owned.append(base)
@@ -188,7 +192,8 @@ class VLLMServerEngine:
             clients = [ServerClient(s.url, timeout_s=block.request_timeout_s) for s in servers]
             return cls(clients, tokenizer, policy.generation, launched=servers,
                        weights_dir=block.weights_dir, weight_version=weight_version,
-                       recompute_kv_on_update=recompute_kv_on_update, owned_dirs=owned)
+                       recompute_kv_on_update=recompute_kv_on_update, owned_dirs=owned,
+                       api=block.api)
         except BaseException:
             for server in servers:
                 server.stop()
@@ -252,7 +257,7 @@ class VLLMServerEngine:
                         if not t.cancelled() and t.exception() is not None), None)
         if failure is not None and not run.aborting:
             raise await self._classify(failure, server, gid) from failure
-        completions = run.completions(int)
+        completions = run.completions(self._label_version)
         if run.aborting:
             raise GroupAborted(f"group {gid!r} aborted",
                                partial=partial_result(request, run.prompt_ids, run.start,
@@ -282,7 +287,7 @@ class VLLMServerEngine:
         by_server: dict[int, tuple[_Server, list[str]]] = {}
         for run, server in entries:
             ids = by_server.setdefault(id(server), (server, []))[1]
-            ids += [_external_id(sub) for sub in run.subs]
+            ids += [self.api.external_id(sub.request_id) for sub in run.subs]
         await asyncio.gather(*(self._abort_on(server, ids)
                                for server, ids in by_server.values()))
         tasks = [t for run, _ in entries for t in run.tasks if not t.done()]
@@ -300,7 +305,7 @@ class VLLMServerEngine:
             if gid in self._running:
                 run, _ = self._running[gid]
                 out[gid] = partial_result(run.request, run.prompt_ids, run.start,
-                                          run.completions(int))
+                                          run.completions(self._label_version))
         return out
 
     async def invalidate_cache(self) -> None:
@@ -327,21 +332,20 @@ class VLLMServerEngine:
 
     # ------------------------------------------------------------ generation
     async def _stream(self, server: _Server, run: Run, sub: Sub) -> None:
-        """One completions request: what it streams goes into ``sub``, each token
-        labelled with the version the server held when it arrived."""
+        """One generation request: what it streams goes into ``sub``, each token
+        labelled with the version the server held when it arrived (replaced by
+        the server's own labels when the API gives them)."""
         req, g = run.request, self.generation
-        body = {
-            "model": server.model, "prompt": sub.prompt_ids, "n": len(sub.indices),
-            "max_tokens": sub.max_tokens,
+        sampling = {
+            "n": len(sub.indices), "max_tokens": sub.max_tokens,
             "temperature": g.temperature if req.temperature is None else req.temperature,
             "top_p": g.top_p if req.top_p is None else req.top_p,
-            "seed": sub.seed, "stop_token_ids": [self.tokenizer.eos_id],
-            "logprobs": 0, "return_token_ids": True, "return_tokens_as_token_ids": True,
-            "stream": True, "request_id": sub.request_id,
-            # A new prompt never reuses KV blocks computed with other weights.
-            "cache_salt": f"v{server.version}",
+            "seed": sub.seed, "stop_token_ids": [self.tokenizer.eos_id], "logprobs": 0,
         }
-        async for event in server.client.stream("/v1/completions", body):
+        body = {"model": server.model, "stream": True, "request_id": sub.request_id,
+                # A new prompt never reuses KV blocks computed with other weights.
+                "cache_salt": f"v{server.version}", **self.api.body(sub.prompt_ids, sampling)}
+        async for event in server.client.stream(self.api.path, body):
             label = str(server.version)
             for choice in event.get("choices", ()):
                 _add(sub, choice, label)
@@ -440,14 +444,42 @@ class VLLMServerEngine:
             with contextlib.suppress(ServerGone, ServerRefused):
                 await server.client.post("/abort_requests", {"request_ids": request_ids})
 
+    def _label_version(self, label: str) -> int:
+        """The weight version of a label (a server's own before any was set: the first)."""
+        return int(label) if label.isdigit() else self._first_version
+
     def _check_open(self, what: str) -> None:
         if self._closed:
             raise RuntimeError(f"VLLMServerEngine.{what} called after close()")
 
 
-def _external_id(sub: Sub) -> str:
-    """The id the server knows a completions request by (its one prompt's)."""
-    return f"cmpl-{sub.request_id}-0"
+@dataclasses.dataclass(frozen=True)
+class _Api:
+    """A generation API: where it is, how a request says what to generate, and
+    the id the server gives a request (what ``/abort_requests`` takes)."""
+
+    path: str
+    id_format: str
+    prompt_key: str
+    #: Sampling settings in a block of their own (else at the top level).
+    nested: bool
+
+    def body(self, prompt_ids: list[int], sampling: dict[str, Any]) -> dict[str, Any]:
+        if self.nested:
+            return {self.prompt_key: prompt_ids,
+                    "sampling_params": {**sampling, "detokenize": False}}
+        return {self.prompt_key: prompt_ids, **sampling, "return_token_ids": True,
+                "return_tokens_as_token_ids": True}
+
+    def external_id(self, request_id: str) -> str:
+        return self.id_format.format(request_id)
+
+
+_APIS = {
+    # The id of its one prompt's engine request.
+    "completions": _Api("/v1/completions", "cmpl-{}-0", "prompt", nested=False),
+    "generate": _Api("/inference/v1/generate", "generate-tokens-{}", "token_ids", nested=True),
+}
 
 
 def _add(sub: Sub, choice: Mapping[str, Any], label: str) -> None:
@@ -456,7 +488,10 @@ def _add(sub: Sub, choice: Mapping[str, Any], label: str) -> None:
     k = int(choice["index"])
     ids = [int(t) for t in choice.get("token_ids") or ()]
     if ids:
-        logprobs = (choice.get("logprobs") or {}).get("token_logprobs") or []
+        given = choice.get("logprobs") or {}
+        logprobs = (given.get("token_logprobs") if "content" not in given  # completions
+                    else [c.get("logprob") for c in given["content"] or ()])  # generate
+        logprobs = logprobs or []
         if len(logprobs) != len(ids) or any(lp is None for lp in logprobs):
             raise GenerationError(f"the vLLM server sent {len(ids)} tokens with "
                                   f"{len(logprobs)} log-probs")
@@ -472,9 +507,17 @@ def _add(sub: Sub, choice: Mapping[str, Any], label: str) -> None:
             raise GenerationError(f"the vLLM server ended a completion with finish reason "
                                   f"{reason!r}")
         sub.reasons[k] = reason
+    labels = choice.get("weight_versions")
+    if labels:  # the server's own (generate, on the last chunk): exact
+        ordered = sub.starts.get(k)
+        sub.starts[k] = [(str(s["version"]), int(s["start"])) for s in labels]
+        if ordered != sub.starts[k] and all(label.isdigit() for label, _ in sub.starts[k]):
+            log.warning("tokens ordered against pause/resume as %s; the server labels them %s",
+                        ordered, sub.starts[k])
 
 
-def _connect(client: ServerClient, launched: LaunchedServer | None, version: int) -> _Server:
+def _connect(client: ServerClient, launched: LaunchedServer | None, version: int,
+             api: str) -> _Server:
     """Check that the server at ``client.url`` answers and runs as the engine needs
     (a server asyncrl started does: it set its flags)."""
     url = client.url
@@ -484,6 +527,15 @@ def _connect(client: ServerClient, launched: LaunchedServer | None, version: int
         raise ConfigError(f"policy.vllm_server.urls: no vLLM server answers at {url} ({exc}); "
                           "start it or fix the URL") from exc
     served = models["data"][0]
+    if api == "generate":
+        try:  # an empty request: refused as invalid (422), or as switched off (403)
+            client.post_sync(_APIS[api].path, {})
+        except ServerRefused as exc:
+            if exc.status in (403, 404):
+                raise ConfigError(
+                    f"the vLLM server at {url} does not serve /inference/v1/generate "
+                    "(policy.vllm_server.api: generate); restart it with --enable-scale-out, "
+                    "or set api: completions") from exc
     if launched is not None:
         return _Server(client, served["id"], int(served["max_model_len"]), launched, version)
     try:

@@ -77,6 +77,7 @@ class LaunchedServer:
         cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
                "--model", str(model_dir), "--host", "127.0.0.1", "--port", str(self.port),
                "--served-model-name", SERVED_NAME, "--disable-uvicorn-access-log",
+               "--enable-scale-out",  # /inference/v1/generate (policy.vllm_server.api)
                *serve_flags(args)]
         environ = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", **dict(env)}
         environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
