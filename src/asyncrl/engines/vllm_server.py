@@ -52,7 +52,12 @@ from asyncrl.config import GenerationConfig
 from asyncrl.context_length import check_prompt_fits
 from asyncrl.engines import vllm_setup as setup
 from asyncrl.engines.classify import encode_prompt_or_fail
-from asyncrl.engines.completions import partial_result, start_weight, with_texts
+from asyncrl.engines.completions import (
+    partial_result,
+    refuse_pinned,
+    start_weight,
+    with_texts,
+)
 from asyncrl.engines.vllm_http import ServerClient, ServerGone, ServerRefused
 from asyncrl.engines.vllm_server_launch import LaunchedServer, launch
 from asyncrl.engines.vllm_stream import _REASONS, Run, Sub
@@ -230,11 +235,7 @@ class VLLMServerEngine:
         gid = request.group_id
         if gid in self._running:
             raise ValueError(f"group {gid!r} is already being generated")
-        if request.weight_version not in (None, self._version):
-            raise GenerationError(
-                f"group {gid!r} is pinned to weight version {request.weight_version}, but the "
-                f"vLLM servers hold only version {self._version}; deterministic runs need "
-                "policy.engine: local")
+        refuse_pinned(request, self._version, "the vLLM servers")
         await self._load_initial()
         prompt_ids = encode_prompt_or_fail(self.tokenizer, request.prompt)
         limit = request.max_new_tokens or self.generation.max_new_tokens

@@ -89,7 +89,8 @@ class LaunchedServer:
         self._copier = threading.Thread(target=self._copy_output, daemon=True,
                                         name=f"vllm-serve-{self.port}-log")
         self._copier.start()
-        self._reaper: setup.Reaper | None = None
+        # The server from now on, its engine core and worker once they exist (wait_ready).
+        self._reaper: setup.Reaper | None = setup.Reaper({self.proc.pid})
 
     def _copy_output(self) -> None:
         assert self.proc.stdout is not None
@@ -114,8 +115,11 @@ class LaunchedServer:
                 f"the vLLM server on port {self.port} exited with code {code} while starting; "
                 f"{self.log_path} has the cause (on CPU usually memory: see "
                 "policy.vllm.gpu_memory_utilization)")
-        # Its engine core and worker: killed with it if this process dies first.
-        self._reaper = setup.Reaper(self.pids)
+        # Its engine core and worker too: killed with it if this process dies first.
+        watched = setup.Reaper(self.pids)
+        if self._reaper is not None:
+            self._reaper.release()
+        self._reaper = watched
 
     @property
     def pids(self) -> set[int]:

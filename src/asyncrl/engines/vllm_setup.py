@@ -178,7 +178,7 @@ def check_config(cfg: RunConfig) -> None:
                 fix = (f"set policy.model.num_heads={heads[0]} (head size {hidden // heads[0]}), "
                        "or policy.engine: local")
         raise ConfigError(
-            f"policy.engine: vllm on CPU: {source} gives attention heads of size {dim}, which "
+            f"policy.engine: {cfg.policy.engine} on CPU: {source} gives attention heads of size {dim}, which "
             f"vLLM's CPU kernels do not support (they take {sizes}); {fix}"
         )
 
