@@ -173,11 +173,13 @@ class LaunchedServer:
 def launch(model_dir: Path, args: Mapping[str, Any], count: int, *, log_dir: Path,
            timeout_s: float, env: Mapping[str, str] = ()) -> list[LaunchedServer]:
     """Start ``count`` servers at once and wait until all listen; on any failure
-    the ones started are stopped again."""
+    the ones started are stopped again. Server ``i`` samples with seed
+    ``args["seed"] + i``: servers seeded alike would draw alike."""
     servers: list[LaunchedServer] = []
     try:
         for i in range(count):
-            servers.append(LaunchedServer(model_dir, args, env=env,
+            own = {**args, "seed": int(args.get("seed") or 0) + i}
+            servers.append(LaunchedServer(model_dir, own, env=env,
                                           log_path=log_dir / f"vllm_server_{i}.log"))
         for server in servers:
             server.wait_ready(timeout_s)
