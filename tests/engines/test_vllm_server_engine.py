@@ -46,6 +46,9 @@ def server_config(servers: dict[str, Any], **blocks: Any) -> RunConfig:
         "async_rl": {"sampler": {"name": "in_order", "max_lookahead_versions": 0},
                      "max_buffered_rollouts": 4, "min_groups_for_streaming_train": 4,
                      "max_inflight_prompts": 4},
+        # The entropy bonus moves the weights at every step, whatever the rewards
+        # (a random policy's groups are often all wrong: no policy gradient).
+        "loss": {"entropy_coef": 0.01},
         "checkpoint": {"every_steps": 0},
         "logging": dict(QUIET),
     }
@@ -210,7 +213,7 @@ def test_a_synchronous_run_is_on_policy_and_goes_on_when_a_server_is_killed(flee
     for r in rows:
         assert r["staleness_max"] == 0
         assert r["train/logprob_mismatch_max"] <= 1e-3, r
-    assert rows[-1]["train/grad_norm"] > 0
+    assert all(r["train/grad_norm"] > 0 for r in rows)  # every sync brought new weights
 
 
 def test_close_stops_every_server_it_started(fleet):

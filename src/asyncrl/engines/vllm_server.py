@@ -38,7 +38,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import dataclasses
 import itertools
 import logging
 import shutil
@@ -60,7 +59,8 @@ from asyncrl.engines.completions import (
 )
 from asyncrl.engines.vllm_http import ServerClient, ServerGone, ServerRefused
 from asyncrl.engines.vllm_server_launch import LaunchedServer, launch
-from asyncrl.engines.vllm_stream import _REASONS, Run, Sub
+from asyncrl.engines.vllm_server_wire import APIS, Server, add_choice, connect
+from asyncrl.engines.vllm_stream import Run, Sub
 from asyncrl.errors import (
     BackendLost,
     ConfigError,
@@ -82,18 +82,6 @@ log = logging.getLogger("asyncrl.engines.vllm_server")
 #: Seconds an aborted group's streams may take to end after ``/abort_requests``
 #: before they are closed from this side (which aborts them too).
 ABORT_GRACE_S = 5.0
-
-
-@dataclasses.dataclass(eq=False)
-class _Server:
-    client: ServerClient
-    model: str
-    max_model_len: int
-    launched: LaunchedServer | None = None
-    #: The weight version of the tokens this server streams from now on.
-    version: int = 0
-    alive: bool = True
-    inflight: int = 0
 
 
 class VLLMServerEngine:
@@ -126,13 +114,13 @@ class VLLMServerEngine:
         self.tokenizer = tokenizer
         self.generation = generation or GenerationConfig()
         self.recompute_kv_on_update = recompute_kv_on_update
-        self.api = _APIS[api]
+        self.api = APIS[api]
         self._owned_dirs = [Path(d) for d in owned_dirs]
         by_url = {s.url: s for s in launched}
         # At once: a server's first /server_info takes seconds (it collects its environment).
         with concurrent.futures.ThreadPoolExecutor(len(clients)) as pool:
             self._servers = list(pool.map(
-                lambda c: _connect(c, by_url.get(c.url), weight_version, api), clients))
+                lambda c: connect(c, by_url.get(c.url), weight_version, api), clients))
         if weights_dir is None:
             weights_dir = Path(tempfile.mkdtemp(prefix="asyncrl-vllm-server-weights-"))
             self._owned_dirs.append(weights_dir)
@@ -149,7 +137,7 @@ class VLLMServerEngine:
         #: Request ids unique across engines sharing a server.
         self._tag = uuid.uuid4().hex[:12]
         self._request_ids = itertools.count()
-        self._running: dict[GroupId, tuple[Run, _Server]] = {}
+        self._running: dict[GroupId, tuple[Run, Server]] = {}
         self._sync_lock = asyncio.Lock()
         self._closed = False
 
@@ -285,7 +273,7 @@ class VLLMServerEngine:
         entries = [self._running[g] for g in group_ids if g in self._running]
         for run, _ in entries:
             run.aborting = True
-        by_server: dict[int, tuple[_Server, list[str]]] = {}
+        by_server: dict[int, tuple[Server, list[str]]] = {}
         for run, server in entries:
             ids = by_server.setdefault(id(server), (server, []))[1]
             ids += [self.api.external_id(sub.request_id) for sub in run.subs]
@@ -332,7 +320,7 @@ class VLLMServerEngine:
                 shutil.rmtree(d, ignore_errors=True)
 
     # ------------------------------------------------------------ generation
-    async def _stream(self, server: _Server, run: Run, sub: Sub) -> None:
+    async def _stream(self, server: Server, run: Run, sub: Sub) -> None:
         """One generation request: what it streams goes into ``sub``, each token
         labelled with the version the server held when it arrived (replaced by
         the server's own labels when the API gives them)."""
@@ -349,9 +337,9 @@ class VLLMServerEngine:
         async for event in server.client.stream(self.api.path, body):
             label = str(server.version)
             for choice in event.get("choices", ()):
-                _add(sub, choice, label)
+                add_choice(sub, choice, label)
 
-    async def _classify(self, exc: BaseException, server: _Server,
+    async def _classify(self, exc: BaseException, server: Server,
                         gid: GroupId) -> BaseException:
         """The typed error for a group's failed request (docs/controller.md)."""
         url = server.client.url
@@ -371,7 +359,7 @@ class VLLMServerEngine:
             return GenerationError(f"the vLLM server at {url} failed group {gid!r}: {exc}")
         return exc  # our own bug: not classified
 
-    def _pick(self) -> _Server:
+    def _pick(self) -> Server:
         live = [s for s in self._servers if s.alive]
         if not live:
             raise BackendLost("every vLLM server of policy.engine: vllm_server is gone")
@@ -394,7 +382,7 @@ class VLLMServerEngine:
         await self._each_live(lambda s: self._load_one(s, version))
         self._version = version
 
-    async def _load_one(self, server: _Server, version: int) -> None:
+    async def _load_one(self, server: Server, version: int) -> None:
         client = server.client
         await client.post("/pause", params={"mode": "keep", "clear_cache": "false"})
         try:
@@ -428,7 +416,7 @@ class VLLMServerEngine:
             raise BackendLost("every vLLM server of policy.engine: vllm_server is gone")
 
     # ------------------------------------------------------------ health
-    async def _still_alive(self, server: _Server) -> bool:
+    async def _still_alive(self, server: Server) -> bool:
         """Whether the server still serves; one that does not is dropped."""
         if not server.alive:
             return False
@@ -440,7 +428,7 @@ class VLLMServerEngine:
                         left)
         return server.alive
 
-    async def _abort_on(self, server: _Server, request_ids: list[str]) -> None:
+    async def _abort_on(self, server: Server, request_ids: list[str]) -> None:
         if server.alive and request_ids:
             with contextlib.suppress(ServerGone, ServerRefused):
                 await server.client.post("/abort_requests", {"request_ids": request_ids})
@@ -452,109 +440,6 @@ class VLLMServerEngine:
     def _check_open(self, what: str) -> None:
         if self._closed:
             raise RuntimeError(f"VLLMServerEngine.{what} called after close()")
-
-
-@dataclasses.dataclass(frozen=True)
-class _Api:
-    """A generation API: where it is, how a request says what to generate, and
-    the id the server gives a request (what ``/abort_requests`` takes)."""
-
-    path: str
-    id_format: str
-    prompt_key: str
-    #: Sampling settings in a block of their own (else at the top level).
-    nested: bool
-
-    def body(self, prompt_ids: list[int], sampling: dict[str, Any]) -> dict[str, Any]:
-        if self.nested:
-            return {self.prompt_key: prompt_ids,
-                    "sampling_params": {**sampling, "detokenize": False}}
-        return {self.prompt_key: prompt_ids, **sampling, "return_token_ids": True,
-                "return_tokens_as_token_ids": True}
-
-    def external_id(self, request_id: str) -> str:
-        return self.id_format.format(request_id)
-
-
-_APIS = {
-    # The id of its one prompt's engine request.
-    "completions": _Api("/v1/completions", "cmpl-{}-0", "prompt", nested=False),
-    "generate": _Api("/inference/v1/generate", "generate-tokens-{}", "token_ids", nested=True),
-}
-
-
-def _add(sub: Sub, choice: Mapping[str, Any], label: str) -> None:
-    """One streamed choice delta: its tokens, their log-probs (one each), the
-    version label of a new span, and the finish reason once it ends."""
-    k = int(choice["index"])
-    ids = [int(t) for t in choice.get("token_ids") or ()]
-    if ids:
-        given = choice.get("logprobs") or {}
-        logprobs = (given.get("token_logprobs") if "content" not in given  # completions
-                    else [c.get("logprob") for c in given["content"] or ()])  # generate
-        logprobs = logprobs or []
-        if len(logprobs) != len(ids) or any(lp is None for lp in logprobs):
-            raise GenerationError(f"the vLLM server sent {len(ids)} tokens with "
-                                  f"{len(logprobs)} log-probs")
-        tokens = sub.tokens.setdefault(k, [])
-        spans = sub.starts.setdefault(k, [])
-        if not spans or spans[-1][0] != label:
-            spans.append((label, len(tokens)))
-        tokens.extend(ids)
-        sub.logprobs.setdefault(k, []).extend(float(lp) for lp in logprobs)
-    reason = choice.get("finish_reason")
-    if reason is not None:
-        if reason not in _REASONS:
-            raise GenerationError(f"the vLLM server ended a completion with finish reason "
-                                  f"{reason!r}")
-        sub.reasons[k] = reason
-    labels = choice.get("weight_versions")
-    if labels:  # the server's own (generate, on the last chunk): exact
-        ordered = sub.starts.get(k)
-        sub.starts[k] = [(str(s["version"]), int(s["start"])) for s in labels]
-        if ordered != sub.starts[k] and all(label.isdigit() for label, _ in sub.starts[k]):
-            log.warning("tokens ordered against pause/resume as %s; the server labels them %s",
-                        ordered, sub.starts[k])
-
-
-def _connect(client: ServerClient, launched: LaunchedServer | None, version: int,
-             api: str) -> _Server:
-    """Check that the server at ``client.url`` answers and runs as the engine needs
-    (a server asyncrl started does: it set its flags)."""
-    url = client.url
-    try:
-        models = client.get_sync("/v1/models")
-    except (ServerGone, ServerRefused) as exc:
-        raise ConfigError(f"policy.vllm_server.urls: no vLLM server answers at {url} ({exc}); "
-                          "start it or fix the URL") from exc
-    served = models["data"][0]
-    if api == "generate":
-        try:  # an empty request: refused as invalid (422), or as switched off (403)
-            client.post_sync(_APIS[api].path, {})
-        except ServerRefused as exc:
-            if exc.status in (403, 404):
-                raise ConfigError(
-                    f"the vLLM server at {url} does not serve /inference/v1/generate "
-                    "(policy.vllm_server.api: generate); restart it with --enable-scale-out, "
-                    "or set api: completions") from exc
-    if launched is not None:
-        return _Server(client, served["id"], int(served["max_model_len"]), launched, version)
-    try:
-        client.get_sync("/is_paused")
-        info = client.get_sync("/server_info?config_format=json")
-    except ServerRefused as exc:
-        raise ConfigError(
-            f"the vLLM server at {url} has no RL endpoints (/pause, /collective_rpc, ...): "
-            "restart it with VLLM_SERVER_DEV_MODE=1 in its environment") from exc
-    model_config = info.get("vllm_config", {}).get("model_config", {})
-    for key, flag, want in (("logprobs_mode", "--logprobs-mode", "processed_logprobs"),
-                            ("generation_config", "--generation-config", "vllm")):
-        if model_config.get(key) != want:
-            raise ConfigError(
-                f"the vLLM server at {url} runs with {key}={model_config.get(key)!r}; "
-                f"restart it with {flag} {want} (behaviour log-probs must be those of the "
-                "distribution sampled from, with asyncrl's sampling settings only)")
-    return _Server(client, served["id"], int(served["max_model_len"]), launched, version)
 
 
 __all__ = ["VLLMServerEngine"]
