@@ -88,8 +88,8 @@ def _engine(cfg: RunConfig, model: Any, tokenizer: Any, work_dir: str | Path | N
     from asyncrl.engines.capabilities import EngineCapabilities
     from asyncrl.engines.factory import EngineOptions, build_engine
 
-    # vLLM only saves the model for its own processes: no copy needed.
-    copied = shared and cfg.policy.engine != "vllm"
+    # vLLM (in process or servers) only saves the model for its own processes: no copy needed.
+    copied = shared and cfg.policy.engine not in ("vllm", "vllm_server")
     engine = build_engine(cfg.policy, EngineOptions.of(cfg, work_dir),
                           model=copy.deepcopy(model) if copied else model, tokenizer=tokenizer)
     # Weights go straight to the engine's device (on a GPU, never through the

@@ -41,6 +41,7 @@ from asyncrl.failure_config import (
 )
 from asyncrl.interpolation import resolve_interpolations
 from asyncrl.sampling.config import InOrderSamplerConfig, SamplerConfig
+from asyncrl.server_config import VLLMServerConfig
 from asyncrl.task_block import TaskBlock
 
 
@@ -184,7 +185,7 @@ class OptimizerConfig(Block):
 
 
 #: The names policy.engine takes (asyncrl.engines.factory maps each to its engine).
-EngineName = Literal["local", "vllm", "custom"]
+EngineName = Literal["local", "vllm", "vllm_server", "custom"]
 
 
 class VLLMConfig(Block):
@@ -246,11 +247,13 @@ class LoraConfig(Block):
 class PolicyConfig(Block):
     #: Local path to a transformers causal LM and its tokenizer; None: build `model`.
     model_name_or_path: str | None = None
-    #: Rollout engine: our own decode loop (local), vLLM (pip install 'asyncrl[vllm]'),
-    #: or a class of yours (custom, with custom_engine). asyncrl.engines.build_engine
+    #: Rollout engine: our own decode loop (local), vLLM in process (pip install
+    #: 'asyncrl[vllm]'), vLLM servers over HTTP (vllm_server, docs/engines.md), or a
+    #: class of yours (custom, with custom_engine). asyncrl.engines.build_engine
     #: maps each name to its engine.
     engine: EngineName = "local"
     vllm: VLLMConfig = Field(default_factory=VLLMConfig)
+    vllm_server: VLLMServerConfig = Field(default_factory=VLLMServerConfig)
     #: engine: custom only: the engine class and its constructor's keys.
     custom_engine: CustomEngineConfig | None = None
     model: ModelConfig = Field(default_factory=ModelConfig)
@@ -579,6 +582,14 @@ class RunConfig(Block):
                 "cannot generate with a pinned older weight version); set policy.engine: local "
                 "or deterministic: false"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _servers_need_local_cluster(self) -> RunConfig:
+        if self.policy.engine == "vllm_server" and self.cluster.backend != "local":
+            raise ValueError(
+                "policy.engine: vllm_server drives its servers from the controller's process; "
+                "set cluster.backend: local (list the servers in policy.vllm_server.urls)")
         return self
 
 

@@ -88,7 +88,7 @@ def engine_context(policy: PolicyConfig) -> ContextLimit | None:
     ``policy.vllm.max_model_len`` when that is set (which may not exceed it)."""
     model = model_context(policy)
     limit = policy.vllm.max_model_len
-    if policy.engine != "vllm" or limit is None:
+    if policy.engine not in ("vllm", "vllm_server") or limit is None:
         return model
     if model is not None and limit > model.tokens:
         raise ConfigError(

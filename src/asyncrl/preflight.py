@@ -78,7 +78,9 @@ def preflight(cfg: RunConfig, *, task: Task | None = None,
         if cfg.policy.engine_device is not None:
             check_device(cfg.policy.engine_device, "policy.engine_device")
         check_model_source(cfg.policy)
-        if cfg.policy.engine == "vllm":  # vLLM installed, engine_args, head sizes
+        # vLLM installed, engine_args, head sizes (also for the servers vllm_server starts)
+        if cfg.policy.engine == "vllm" or (cfg.policy.engine == "vllm_server"
+                                           and cfg.policy.vllm_server.launches):
             from asyncrl.engines.vllm_setup import check_config
 
             check_config(cfg.policy)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from asyncrl.errors import TokenizationError
+from asyncrl.errors import GenerationError, TokenizationError
 from asyncrl.record import Completion, GroupResult
 from asyncrl.tasks.tokenizer import Tokenizer
 from asyncrl.types import GenerationRequest
@@ -20,6 +20,16 @@ def start_weight(request: GenerationRequest, held: int) -> int:
     if request.weight_version is not None:
         return request.weight_version
     return held
+
+
+def refuse_pinned(request: GenerationRequest, held: int, engine: str) -> None:
+    """An engine that holds only its newest weights cannot generate a group
+    pinned to another version (deterministic runs pin them)."""
+    if request.weight_version not in (None, held):
+        raise GenerationError(
+            f"group {request.group_id!r} is pinned to weight version {request.weight_version}, "
+            f"but {engine} holds only version {held}; deterministic runs need "
+            "policy.engine: local")
 
 
 def prefix_of(request: GenerationRequest) -> list[Completion | None]:

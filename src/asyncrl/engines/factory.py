@@ -61,6 +61,10 @@ def engine_class(policy: PolicyConfig) -> type:
         from asyncrl.engines.vllm import VLLMEngine
 
         return VLLMEngine
+    if policy.engine == "vllm_server":
+        from asyncrl.engines.vllm_server import VLLMServerEngine
+
+        return VLLMServerEngine
     from asyncrl.engines.local import LocalEngine
 
     return LocalEngine
@@ -88,6 +92,17 @@ def _vllm(policy: PolicyConfig, ctx: EngineContext, weights: Mapping[str, Any] |
                                  weights=weights, weight_version=ctx.weight_version)
 
 
+def _vllm_server(policy: PolicyConfig, ctx: EngineContext, weights: Mapping[str, Any] | None
+                 ) -> RolloutEngine:
+    from asyncrl.engines.vllm_server import VLLMServerEngine
+
+    options = ctx.options
+    return VLLMServerEngine.for_policy(
+        policy, ctx.model, ctx.tokenizer, seed=options.seed, work_dir=options.work_dir,
+        weights=weights, weight_version=ctx.weight_version,
+        recompute_kv_on_update=options.recompute_kv_on_update)
+
+
 def _custom(policy: PolicyConfig, ctx: EngineContext, weights: Mapping[str, Any] | None
             ) -> RolloutEngine:
     spec = policy.custom_engine
@@ -107,7 +122,8 @@ def _custom(policy: PolicyConfig, ctx: EngineContext, weights: Mapping[str, Any]
     return engine
 
 
-_BUILDERS: dict[str, Builder] = {"local": _local, "vllm": _vllm, "custom": _custom}
+_BUILDERS: dict[str, Builder] = {"local": _local, "vllm": _vllm, "vllm_server": _vllm_server,
+                                 "custom": _custom}
 
 #: RolloutEngine's members, and which must be coroutines.
 _MEMBERS = ("generate", "update_weights", "close")

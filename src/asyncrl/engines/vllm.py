@@ -60,11 +60,16 @@ from asyncrl.context_length import check_prompt_fits
 from asyncrl.engines import vllm_setup as setup
 from asyncrl.engines import vllm_transport as transports
 from asyncrl.engines.classify import encode_prompt_or_fail, vllm_failure
-from asyncrl.engines.completions import partial_result, start_weight, with_texts
+from asyncrl.engines.completions import (
+    partial_result,
+    refuse_pinned,
+    start_weight,
+    with_texts,
+)
 from asyncrl.engines.transport import WeightUpdate
 from asyncrl.engines.vllm_output import VLLMOutput, quiet_import
 from asyncrl.engines.vllm_stream import Run, Sub, live_version_starts
-from asyncrl.errors import BackendLost, ConfigError, GenerationError, GroupAborted
+from asyncrl.errors import BackendLost, ConfigError, GroupAborted
 from asyncrl.tasks.tokenizer import Tokenizer
 from asyncrl.types import GenerationRequest, GroupId, GroupResult
 
@@ -226,12 +231,7 @@ class VLLMEngine:
         gid = request.group_id
         if gid in self._running:
             raise ValueError(f"group {gid!r} is already being generated")
-        if request.weight_version not in (None, self._version):
-            raise GenerationError(
-                f"group {gid!r} is pinned to weight version {request.weight_version}, but "
-                f"vLLM holds only version {self._version}; deterministic runs need "
-                "policy.engine: local"
-            )
+        refuse_pinned(request, self._version, "vLLM")
         prompt_ids = encode_prompt_or_fail(self.tokenizer, request.prompt)
         limit = request.max_new_tokens or self.generation.max_new_tokens
         # Checked here, not left to vLLM: it would cut the completions at its

@@ -164,7 +164,8 @@ def check_config(policy: PolicyConfig) -> None:
                 fix = (f"set policy.model.num_heads={heads[0]} (head size {hidden // heads[0]}), "
                        "or policy.engine: local")
         raise ConfigError(
-            f"policy.engine: vllm on CPU: {source} gives attention heads of size {dim}, which "
+            f"policy.engine: {policy.engine} on CPU: {source} gives attention heads of size "
+            f"{dim}, which "
             f"vLLM's CPU kernels do not support (they take {sizes}); {fix}"
         )
 

@@ -131,7 +131,7 @@ def calibrate(run_dir: str | Path, overrides: Sequence[str] = ()) -> Calibration
     latency, lat_facts = _fit_latency(fit_groups, intervals, n_gen)
     pauses = lat_facts.pop("pause_generation_during_sync")
     if pauses is None:  # no generation spanned a sync: what the engine is known to do
-        pauses = cfg.policy.engine == "vllm"
+        pauses = cfg.policy.engine in ("vllm", "vllm_server")
     trainer, trainer_facts = _fit_trainer(used, intervals, groups)
     gens = [i for i in intervals if i["kind"] == "gen"]
     engines = len({i["lane"] for i in gens}) or 1

@@ -1,0 +1,229 @@
+"""``policy.engine: vllm_server`` on real ``vllm serve`` processes (CPU build).
+
+Two servers start once for the module (~50 s here, both at once on two
+cores), by asyncrl itself (the ``fleet`` engine, ``num_servers: 2``); the run
+and the engines of the tests drive them by URL (``policy.vllm_server.urls``),
+each loading its policy's starting weights into them first. The tests run in
+file order: the run kills a server, the last test stops them all and checks
+that nothing is left running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import psutil
+import pytest
+
+from asyncrl.config import RunConfig, config_from_dict
+from asyncrl.engines import RolloutEngine
+from asyncrl.engines.vllm_server import VLLMServerEngine
+from asyncrl.engines.vllm_setup import descendants
+from asyncrl.errors import ConfigError
+from asyncrl.policy import build_policy
+from asyncrl.runner import train
+from asyncrl.tasks import build_task
+from asyncrl.trainers.grpo import GRPOTrainer
+from asyncrl.types import GenerationRequest, GroupAborted
+from tests.vllm_support import VLLM_MODEL
+
+QUIET = {"progress": "never", "tensorboard": False, "plots": False}
+
+
+def server_config(servers: dict[str, Any], **blocks: Any) -> RunConfig:
+    tree: dict[str, Any] = {
+        "seed": 0,
+        "policy": {"engine": "vllm_server", "model": dict(VLLM_MODEL), "vllm_server": servers,
+                   "generation": {"max_new_tokens": 8, "temperature": 0.8}},
+        "grpo": {"num_prompts_per_step": 4, "num_generations_per_prompt": 4,
+                 "max_num_steps": 4},
+        # On-policy and synchronous: each step's groups are generated after the sync.
+        "async_rl": {"sampler": {"name": "in_order", "max_lookahead_versions": 0},
+                     "max_buffered_rollouts": 4, "min_groups_for_streaming_train": 4,
+                     "max_inflight_prompts": 4},
+        # The entropy bonus moves the weights at every step, whatever the rewards
+        # (a random policy's groups are often all wrong: no policy gradient).
+        "loss": {"entropy_coef": 0.01},
+        "checkpoint": {"every_steps": 0},
+        "logging": dict(QUIET),
+    }
+    for key, value in blocks.items():
+        tree[key] = {**tree.get(key, {}), **value}
+    return config_from_dict(tree)
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    cfg = server_config({"num_servers": 2})
+    task = build_task(cfg.task)
+    model, tokenizer = build_policy(cfg.policy, task, seed=cfg.seed)
+    before = descendants()
+    engine = VLLMServerEngine.for_policy(cfg.policy, model, tokenizer, seed=cfg.seed,
+                                         work_dir=tmp_path_factory.mktemp("fleet"))
+    pids = set().union(*(s.pids for s in engine.launched))
+    try:
+        yield SimpleNamespace(engine=engine, urls=engine.urls, task=task, tokenizer=tokenizer,
+                              model=model, before=before, pids=pids)
+    finally:
+        asyncio.run(engine.close())
+
+
+def records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_config_names_the_servers_or_their_count() -> None:
+    with pytest.raises(ConfigError, match=r"either urls .* or num_servers"):
+        server_config({"urls": ["http://127.0.0.1:1"], "num_servers": 2})
+    with pytest.raises(ConfigError, match="not a base URL"):
+        server_config({"urls": ["127.0.0.1:8000"]})
+    with pytest.raises(ConfigError, match=r"cluster\.backend: local"):
+        server_config({"num_servers": 1}, cluster={"backend": "ray"})
+    with pytest.raises(ConfigError, match=r"no vLLM server answers at http://127\.0\.0\.1:9"):
+        cfg = server_config({"urls": ["http://127.0.0.1:9"]})
+        VLLMServerEngine.for_policy(cfg.policy, *build_policy(cfg.policy, build_task(cfg.task),
+                                                              seed=0), seed=0)
+
+
+async def _first_tokens(engine: VLLMServerEngine, request: GenerationRequest) -> asyncio.Task:
+    """Start ``request`` and return its task once its first tokens have arrived."""
+    arrived = asyncio.Event()
+    originals = {}
+    for server in engine._servers:  # a spy on what the servers stream
+        originals[server] = original = server.client.stream
+
+        async def spy(path, body, _original=original):
+            async for event in _original(path, body):
+                yield event
+                arrived.set()
+
+        server.client.stream = spy
+    try:
+        task = asyncio.ensure_future(engine.generate(request))
+        waiter = asyncio.ensure_future(arrived.wait())
+        await asyncio.wait([task, waiter], return_when=asyncio.FIRST_COMPLETED)
+        waiter.cancel()
+    finally:
+        for server, original in originals.items():
+            server.client.stream = original
+    return task
+
+
+async def _sync_lands_mid_group(engine: VLLMServerEngine, prompt, weights) -> list[list[int]]:
+    """Long groups, each with a weight sync (same weights, next version) as soon
+    as its first tokens arrive, until one has tokens of both versions (the random
+    policy may end every completion before the sync lands); checks every token's
+    version on the way. The versions of that group's tokens."""
+    for attempt in range(10):
+        v = engine.weight_version
+        request = GenerationRequest(f"long{attempt}", prompt, 16, max_new_tokens=48,
+                                    temperature=1.0)
+        task = await _first_tokens(engine, request)
+        await engine.update_weights(weights, v + 1)
+        result = await task
+        versions = [c.version_list() for c in result.completions]
+        assert all(vs == sorted(vs) and set(vs) <= {v, v + 1} for vs in versions)
+        assert result.start_weight == v and result.end_weight == max(map(max, versions))
+        if any(vs[0] == v and vs[-1] == v + 1 for vs in versions):
+            return versions
+    raise AssertionError("no weight sync landed in the middle of a completion in 10 groups")
+
+
+def test_tokens_carry_the_version_they_were_sampled_with_and_an_abort_keeps_them(fleet):
+    engine, prompt = fleet.engine, fleet.task.prompt_source(0).next_prompt()
+    weights = {k: v.clone() for k, v in fleet.model.state_dict().items()}
+
+    async def scenario():
+        assert isinstance(engine, RolloutEngine) and engine.healthy
+        await _sync_lands_mid_group(engine, prompt, weights)
+        task = await _first_tokens(engine, GenerationRequest("cut", prompt, 4,
+                                                             max_new_tokens=48))
+        await engine.abort(["cut"])
+        with pytest.raises(GroupAborted) as aborted:
+            await task
+        partial = aborted.value.partial
+        assert partial is not None and partial.num_tokens >= 1
+        resumed = await engine.generate(GenerationRequest("cut", prompt, 4, max_new_tokens=48,
+                                                          prefix=partial))
+        for before, after in zip(partial.completions, resumed.completions):
+            assert after.token_ids[: len(before)] == before.token_ids and after.finished
+
+    asyncio.run(scenario())
+
+
+def test_the_generate_api_labels_each_token_as_the_ordering_does(fleet, caplog):
+    """api: generate: the server's own labels; they agree with the versions
+    the engine orders the streamed tokens by (a warning would say otherwise)."""
+    cfg = server_config({"urls": fleet.urls, "api": "generate"})
+    engine = VLLMServerEngine.for_policy(cfg.policy, fleet.model, fleet.tokenizer, seed=0,
+                                         weight_version=fleet.engine.weight_version)
+    weights = {k: v.clone() for k, v in fleet.model.state_dict().items()}
+    prompt = fleet.task.prompt_source(0).next_prompt()
+
+    async def scenario():
+        try:
+            return await _sync_lands_mid_group(engine, prompt, weights)
+        finally:
+            await engine.close()
+
+    with caplog.at_level(logging.WARNING, logger="asyncrl.engines.vllm_server"):
+        asyncio.run(scenario())
+    assert not [r for r in caplog.records if "server labels them" in r.getMessage()]
+
+
+class KillServer:
+    """A metrics sink that kills a server (SIGKILL, its whole process group)
+    once the first training step is written."""
+
+    def __init__(self, server) -> None:
+        self.server = server
+
+    def write(self, record: dict[str, Any]) -> None:
+        if record["step"] == 1:
+            self.server.kill()
+
+    def close(self, summary: dict[str, Any] | None = None) -> None:
+        pass
+
+
+def test_a_synchronous_run_is_on_policy_and_goes_on_when_a_server_is_killed(fleet, tmp_path,
+                                                                            caplog):
+    """Four on-policy steps over both servers; after the first, one is killed:
+    its groups fail as infra (EngineUnavailable, retried on the other) and the
+    run trains every step on the server left, on-policy at every step."""
+    cfg = server_config({"urls": fleet.urls})
+    model, tokenizer = build_policy(cfg.policy, fleet.task, seed=cfg.seed)
+    engine = VLLMServerEngine.for_policy(cfg.policy, model, tokenizer, seed=cfg.seed)
+    trainer = GRPOTrainer.from_config(cfg, model=model, tokenizer=tokenizer)
+    victim = fleet.engine.launched[1]
+    with caplog.at_level(logging.WARNING, logger="asyncrl"):
+        summary = train(cfg, tmp_path / "run", backends=([engine], trainer),
+                        extra_sinks=[KillServer(victim)])
+    assert summary["ledger"]["balanced"] and summary["steps"] == 4
+    assert engine.urls == [fleet.urls[0]] and not victim.running
+    lost = [r.getMessage() for r in caplog.records if "lost with engine" in r.getMessage()]
+    assert lost and all(fleet.urls[1] in m for m in lost)
+    rows = records(tmp_path / "run")
+    assert len(rows) == 4
+    for r in rows:
+        assert r["staleness_max"] == 0
+        assert r["train/logprob_mismatch_max"] <= 1e-3, r
+    assert all(r["train/grad_norm"] > 0 for r in rows)  # every sync brought new weights
+
+
+def test_close_stops_every_server_it_started(fleet):
+    asyncio.run(fleet.engine.close())
+    alive = []
+    for pid in fleet.pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+        except psutil.NoSuchProcess:
+            continue
+    assert not alive, f"server processes outlived close: {alive}"
+    assert not descendants() - fleet.before
