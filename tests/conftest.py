@@ -34,19 +34,36 @@ def _asyncrl_verbosity_restored(monkeypatch: pytest.MonkeyPatch) -> Iterator[Non
 
 
 # ------------------------------------------------------------ parallel runs
-#: Test files that start vLLM engines (seconds of start-up and both cores each).
-_VLLM_FILES = ("test_vllm_", "test_lora_train.py", "test_qwen2_shape.py")
+#: Test files that start vLLM (tens of seconds of start-up, and both cores, each;
+#: the e2e ones share session runs, tests/e2e/vllm_runs.py) and the files of the
+#: local Ray instance (one per module; two at once would fight over the cores).
+_GROUPS = {
+    "vllm": ("tests/e2e/test_vllm_", "tests/engines/test_vllm_", "tests/cluster/test_vllm_",
+             "tests/e2e/test_lora_train.py", "tests/e2e/test_qwen2_shape.py"),
+    "ray": ("tests/cluster/",),
+}
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """With ``pytest -n N --dist loadgroup`` (``make test``), the tests that start
-    vLLM run one after another on one worker (they share session runs and would
-    fight over the cores), and so do the tests of the shared local Ray instance
-    (one per module); everything else spreads over the workers."""
-    for item in items:
-        name = item.path.name
-        if name.startswith(_VLLM_FILES) or "vllm_runs" in item.fixturenames:
-            item.add_marker(pytest.mark.xdist_group("vllm"))
-        elif "ray_local" in item.fixturenames or item.path.parent.name == "cluster":
-            item.add_marker(pytest.mark.xdist_group("ray"))
+def _scope(nodeid: str) -> str:
+    """The unit of work of a test under ``pytest -n N --dist loadgroup``: its
+    group (:data:`_GROUPS`: run one after the other on one worker), else its file
+    (so module-scoped fixtures are built once)."""
+    for group, prefixes in _GROUPS.items():
+        if nodeid.startswith(prefixes):
+            return group
+    return nodeid.split("::", 1)[0]
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """``--dist loadgroup`` (``make test``) by :func:`_scope`. (xdist's own
+    loadgroup reads ``xdist_group`` marks through a node-id suffix that pytest 9
+    no longer takes, so the groups are made here, from the paths.)"""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByGroup(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _scope(nodeid)
+
+    return ByGroup(config, log)

@@ -128,8 +128,14 @@ class EngineCapabilities:
         if isinstance(declared, EngineCapabilities):
             return declared
         owner = engine if isinstance(engine, type) else type(engine)
-        # Read on the class: an instance's properties are not evaluated.
-        return cls(**{name: all(hasattr(owner, m) for m in members)
+        # Read on the class (an instance's properties are not evaluated), and in
+        # an instance's own attributes (``self.healthy = True`` in __init__).
+        own = {} if isinstance(engine, type) else getattr(engine, "__dict__", {})
+
+        def has(member: str) -> bool:
+            return hasattr(owner, member) or member in own
+
+        return cls(**{name: all(has(m) for m in members)
                       for name, (_, members) in _PROTOCOLS.items()})
 
     def names(self) -> list[str]:
