@@ -199,7 +199,7 @@ def test_a_synchronous_run_is_on_policy_and_goes_on_when_a_server_is_killed(flee
     cfg = server_config({"urls": fleet.urls})
     model, tokenizer = build_policy(cfg.policy, fleet.task, seed=cfg.seed)
     engine = VLLMServerEngine.for_policy(cfg.policy, model, tokenizer, seed=cfg.seed)
-    trainer = GRPOTrainer.from_config(cfg, model=model, tokenizer=tokenizer)
+    trainer = GRPOTrainer.from_config(cfg.policy, cfg.loss, model=model, tokenizer=tokenizer)
     victim = fleet.engine.launched[1]
     with caplog.at_level(logging.WARNING, logger="asyncrl"):
         summary = train(cfg, tmp_path / "run", backends=([engine], trainer),

@@ -61,6 +61,7 @@ from asyncrl.engines.vllm_http import ServerClient, ServerGone, ServerRefused
 from asyncrl.engines.vllm_server_launch import LaunchedServer, launch
 from asyncrl.engines.vllm_server_wire import APIS, Server, add_choice, connect
 from asyncrl.engines.vllm_stream import Run, Sub
+from asyncrl.engines.vllm_transport import write_safetensors
 from asyncrl.errors import (
     BackendLost,
     ConfigError,
@@ -133,7 +134,7 @@ class VLLMServerEngine:
         #: the first generation.
         self._initial = initial_weights is not None
         if initial_weights is not None:
-            setup.write_safetensors(initial_weights, self._weights_dir)
+            write_safetensors(initial_weights, self._weights_dir)
         #: Request ids unique across engines sharing a server.
         self._tag = uuid.uuid4().hex[:12]
         self._request_ids = itertools.count()
@@ -264,7 +265,7 @@ class VLLMServerEngine:
                 f"weight version must not go back (holds {self._version}, got {version})")
         async with self._sync_lock:
             self._initial = False  # superseded
-            await asyncio.to_thread(setup.write_safetensors, weights, self._weights_dir)
+            await asyncio.to_thread(write_safetensors, weights, self._weights_dir)
             await self._reload_all(version)
 
     async def abort(self, group_ids: Sequence[GroupId]) -> None:
