@@ -7,7 +7,7 @@ layouts are those of :mod:`asyncrl.trainers.distributed.state`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -28,7 +28,16 @@ from asyncrl.trainers.distributed.state import (
 )
 
 if TYPE_CHECKING:
-    from asyncrl.trainers.distributed.rank import RankCore
+    from asyncrl.trainers.grpo import GRPOTrainer
+
+
+class RankCore(Protocol):
+    """What these functions read of a rank (:class:`~asyncrl.trainers.distributed.rank.RankCore`;
+    a protocol here, so that this module does not import the rank's)."""
+
+    rank: int
+    world_size: int
+    trainer: GRPOTrainer
 
 #: Full (unsharded) tensors on rank 0's host, nothing elsewhere.
 _FULL_ON_RANK0 = StateDictOptions(full_state_dict=True, cpu_offload=True)
