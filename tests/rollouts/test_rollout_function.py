@@ -167,14 +167,17 @@ def test_an_engine_bug_under_the_session_stays_the_engines() -> None:
 
 
 def test_abort_stops_a_function_in_its_environment_step_without_a_partial() -> None:
+    in_step = asyncio.Event()
+
     async def slow_tool(prompt, session):
         await session.generate(session.start(), stop=")")
+        in_step.set()
         await asyncio.Event().wait()  # an environment step that never ends
 
     async def main():
         engine = wrapped(slow_tool)
         task = asyncio.ensure_future(engine.generate(request()))
-        await asyncio.sleep(5)
+        await in_step.wait()  # the turn is done; the function is in its environment step
         await engine.abort(["g"])
         with pytest.raises(GroupAborted) as err:
             await task
