@@ -18,7 +18,7 @@ from asyncrl.tasks import build_task
 from asyncrl.trainers import GRPOTrainer
 from asyncrl.trainers.distributed import DistributedTrainer, build_local_trainer
 
-from .helpers import config, fixed_rollouts, fsdp, max_abs_diff
+from .helpers import TINY, config, fixed_rollouts, fsdp, max_abs_diff
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -113,3 +113,21 @@ async def test_checkpoints_move_between_single_and_fsdp(
     assert max_abs_diff(other.get_weights_sync(), await sharded.get_weights()) <= 1e-5
     await one.close()
     await other.close()
+
+
+async def test_an_untied_output_layer_equals_the_single_process_trainer() -> None:
+    """The output layer's weight of its own (not tied to the embedding), in the
+    root unit the chunked loss head reads it from; the embedding a unit of its own."""
+    cfg = config(loss={"kl_coef": 0.05},
+                 policy={"model": {**TINY, "tie_word_embeddings": False},
+                         "generation": {"max_new_tokens": 4}, "train_micro_batch_tokens": 48})
+    model, tokenizer = build_policy(cfg.policy, TASK, seed=cfg.seed)
+    one = GRPOTrainer.from_config(cfg.policy, cfg.loss, model=model, tokenizer=tokenizer)
+    two = build_local_trainer(fsdp(cfg), TASK)
+    try:
+        two.load_state_dict(one.state_dict())
+        await run_steps(one, two, [[fixed_rollouts(cfg, 3, seed=s)] for s in range(2)])
+        assert max_abs_diff(one.get_weights_sync(), await two.get_weights()) <= 1e-5
+    finally:
+        await two.close()
+        await one.close()

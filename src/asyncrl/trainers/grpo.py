@@ -113,6 +113,7 @@ class GRPOTrainer:
         lora: LoraConfig | None = None,
         loss_chunk_tokens: int | None = None,
         full_vocab_loss: bool = False,
+        score_through_root: bool = False,
         ref_model: torch.nn.Module | None = None,
         deterministic: bool = False,
         weights_device: str | torch.device = "cpu",
@@ -126,7 +127,7 @@ class GRPOTrainer:
         self._device = next(model.parameters()).device
         self.weights_device = torch.device(weights_device)
         self.scorer = TokenScorer(model, temperature=temperature, chunk=loss_chunk_tokens,
-                                  full_vocab=full_vocab_loss)
+                                  full_vocab=full_vocab_loss, through_root=score_through_root)
         self.ref_model = None
         #: peft's wrapper of ``model`` when training LoRA adapters (None: full model).
         self.lora = lora_.apply_lora(model, lora) if lora is not None else None

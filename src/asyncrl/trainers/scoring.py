@@ -36,15 +36,20 @@ class TokenScorer:
     ``chunk``: tokens per loss chunk (None: :func:`chunk_tokens` of the
     vocabulary). ``full_vocab``: score through the model's full logits, as the
     trainer did before the chunked head (kept as the reference).
+    ``through_root``: the model's output layer passes its input through
+    (:func:`bypass_output_layer`), so the whole model's forward returns the last
+    hidden states: a sharded model (FSDP2) gathers its parameters, and
+    reduce-scatters their gradients, only around its own modules' forward.
     """
 
     def __init__(self, model: torch.nn.Module, *, temperature: float, chunk: int | None = None,
-                 full_vocab: bool = False) -> None:
+                 full_vocab: bool = False, through_root: bool = False) -> None:
         self.temperature = temperature
         head = model.get_output_embeddings()
         self.vocab_size = int(head.weight.shape[0])
         self.chunk = chunk or chunk_tokens(self.vocab_size)
-        self.chunked = not full_vocab and _is_linear_head(model)
+        self.through_root = through_root
+        self.chunked = through_root or (not full_vocab and _is_linear_head(model))
 
     def __call__(self, model: torch.nn.Module, batch: Packed, *,
                  weight_grad: GradSink | None = None) -> tuple[Tensor, Tensor]:
@@ -54,12 +59,30 @@ class TokenScorer:
             logits = model(input_ids=batch.ids, use_cache=False).logits
             return full_logprobs(logits, batch.positions, batch.targets,
                                  temperature=self.temperature)
-        hidden = model.get_decoder()(input_ids=batch.ids, use_cache=False).last_hidden_state
+        if self.through_root:
+            hidden = model(input_ids=batch.ids, use_cache=False).logits
+        else:
+            hidden = model.get_decoder()(input_ids=batch.ids, use_cache=False).last_hidden_state
         h = hidden.flatten(0, 1).index_select(0, batch.positions)
         head = model.get_output_embeddings()
-        return chunked_logprobs(h, head.weight, head.bias, batch.targets,
-                                temperature=self.temperature, chunk=self.chunk,
-                                weight_grad=weight_grad)
+        out = chunked_logprobs(h, head.weight, head.bias, batch.targets,
+                               temperature=self.temperature, chunk=self.chunk,
+                               weight_grad=weight_grad)
+        if self.through_root and not torch.is_grad_enabled() and hasattr(model, "reshard"):
+            model.reshard()  # forward only (the KL reference): no backward will reshard it
+        return out
+
+
+def _pass_through(hidden: Tensor) -> Tensor:
+    return hidden
+
+
+def bypass_output_layer(model: torch.nn.Module) -> None:
+    """Make ``model``'s output layer pass its input through, so that the model's
+    forward returns its last hidden states as ``logits`` (for
+    ``TokenScorer(through_root=True)``, which applies the layer's weight itself,
+    chunk by chunk). The weight stays where it is: state dicts do not change."""
+    model.get_output_embeddings().forward = _pass_through
 
 
 def _is_linear_head(model: torch.nn.Module) -> bool:

@@ -13,11 +13,13 @@ together compute the single-process step:
 * ``step_token_count`` - the step's summed gradient is divided by the token
   count (the sum of loss weights) of *all* ranks (the controller sums them and
   hands it to ``finish_step``): the same token mean as in-process;
-* ``output_grad_sink`` is None and the loss is scored through the model's
-  full logits (``full_vocab_loss``): FSDP gathers, and reduce-scatters the
-  gradient of, a module's parameters only around that module's own forward,
-  which the chunked loss head (reading the output layer's weight directly)
-  does not run. ``policy.train_micro_batch_tokens`` bounds the logits instead.
+* the chunked loss head runs on the whole model's forward: FSDP gathers, and
+  reduce-scatters the gradients of, a unit's parameters only around that unit's
+  own forward, so the output layer passes its hidden states through
+  (:func:`~asyncrl.trainers.scoring.bypass_output_layer`), its weight is the
+  root unit's (gathered from forward to backward), and the head applies it
+  chunk by chunk as in-process: no ``tokens x vocabulary`` tensor on a rank
+  either. ``output_grad_sink`` is None: FSDP reduces every gradient itself.
 
 :class:`RankCore` is what a rank process (or Ray actor) serves: every method is
 called on every rank, in the same order (they run collectives), by
@@ -41,6 +43,7 @@ from asyncrl.devices import policy_dtype
 from asyncrl.trainers.distributed.checks import collective_backend
 from asyncrl.trainers.distributed.sharding import CollectiveTimer, local_state_bytes, shard_model
 from asyncrl.trainers.grpo import GRPOTrainer
+from asyncrl.trainers.scoring import bypass_output_layer
 
 if TYPE_CHECKING:
     from asyncrl.config import RunConfig
@@ -120,16 +123,18 @@ class RankCore:
         self.timer = CollectiveTimer(self.device)
         model, tokenizer = build_policy(host, spec.task, seed=cfg.seed)
         shard_model(model, mesh, self.dtype, self.timer)
+        bypass_output_layer(model)
         ref = None
         if cfg.loss.kl_coef > 0:  # sharded like the policy, never a full copy per rank
             ref, _ = build_policy(host, spec.task, seed=cfg.seed)
-            shard_model(ref, mesh, self.dtype, forward_only=True)
+            shard_model(ref, mesh, self.dtype)
+            bypass_output_layer(ref)
         self.trainer = RankTrainer(
             model, tokenizer, loss=cfg.loss, optimizer=cfg.policy.optimizer,
             temperature=cfg.policy.generation.temperature, num_threads=cfg.policy.num_threads,
             micro_batch_tokens=cfg.policy.train_micro_batch_tokens,
             gradient_checkpointing=cfg.policy.gradient_checkpointing,
-            full_vocab_loss=True, ref_model=ref)
+            score_through_root=True, ref_model=ref)
         self.trainer.output_grad_sink = None  # FSDP reduces every gradient itself
 
     # ------------------------------------------------------------ commands

@@ -89,32 +89,35 @@ class _TimedReduceScatter(DefaultReduceScatter):
 
 def shard_units(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The submodules sharded as units of their own (the model itself is the last
-    unit): the decoder layers (``_no_split_modules``), and the input and output
-    embeddings when they are not tied - with a vocabulary of 150k they are the
-    largest matrices, and in the root unit both would be gathered at once."""
+    unit): the decoder layers (``_no_split_modules``), and the input embedding
+    when it is not tied to the output layer - with a vocabulary of 150k it is one
+    of the largest matrices, and in the root unit it would be gathered for the
+    whole step."""
     names = set(getattr(model, "_no_split_modules", None) or ())
     units = [m for m in model.modules() if type(m).__name__ in names and m is not model]
     embed = getattr(model, "get_input_embeddings", lambda: None)()
     head = getattr(model, "get_output_embeddings", lambda: None)()
     if embed is not None and head is not None and embed.weight is not head.weight:
-        units = [embed, *units, head]
+        units = [embed, *units]
+    # The output layer stays in the root unit: the chunked loss head applies its
+    # weight after the model's forward (trainers/scoring.py, through_root), and
+    # the root keeps its parameters gathered from forward to backward.
     return units
 
 
 def shard_model(model: torch.nn.Module, mesh: Any, compute_dtype: torch.dtype,
-                timer: CollectiveTimer | None = None, *, forward_only: bool = False) -> None:
+                timer: CollectiveTimer | None = None) -> None:
     """Shard ``model`` (float32 parameters) in place over ``mesh``: see the module
-    docstring. ``forward_only`` (the KL reference): FSDP keeps the root's
-    parameters gathered from forward to backward, which never comes for a model
-    that only runs forward, so its root reshards after forward too."""
+    docstring."""
     policy = MixedPrecisionPolicy(
         param_dtype=None if compute_dtype == torch.float32 else compute_dtype,
         reduce_dtype=torch.float32,
     )
     for unit in shard_units(model):
         fully_shard(unit, mesh=mesh, mp_policy=policy)
-    fully_shard(model, mesh=mesh, mp_policy=policy,
-                reshard_after_forward=True if forward_only else None)
+    # The root keeps its parameters gathered after forward (the output layer's
+    # weight is read then); a forward-only model's scorer reshards it itself.
+    fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)
