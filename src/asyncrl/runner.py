@@ -41,7 +41,7 @@ from asyncrl.checkpoint import (
     prepare_resume,
 )
 from asyncrl.checkpoint.resume import ENGINE_SNAPSHOTS
-from asyncrl.checkpoint.store import set_aside_newer
+from asyncrl.checkpoint.store import list_checkpoints, set_aside_newer
 from asyncrl.config import RunConfig, config_from_dict, dump_config
 from asyncrl.controller import Controller, JsonlHistory
 from asyncrl.engines.base import RolloutEngine
@@ -336,7 +336,11 @@ def finish_run_dir(run_dir: Path, controller: Controller, task: Task, cfg: RunCo
     )
     summary["run_dir"] = str(run_dir)
     if summary["stop_reason"] in RESUMABLE_ENDS:
-        summary["resume_command"] = f"asyncrl train --resume {run_dir}"
+        # Stopped at once before its first checkpoint: nothing to resume from,
+        # the run starts over in its directory.
+        summary["resume_command"] = (
+            f"asyncrl train --resume {run_dir}" if list_checkpoints(run_dir) else
+            f"asyncrl train --config {run_dir / 'config.yaml'} --run-dir {run_dir} --overwrite")
     # NaN (e.g. the reward of a run without steps) is written as null: JSON has no NaN.
     write_json(run_dir / "summary.json", summary, indent=2, default=str)
     write_json(run_dir / "timeline.json", controller.timeline.to_list())

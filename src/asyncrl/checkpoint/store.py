@@ -208,8 +208,9 @@ def load_latest(run_dir: str | Path) -> LoadedCheckpoint:
         raise CheckpointError(
             f"{run_dir} has no checkpoints; a run writes them every checkpoint.every_steps "
             "steps and when it ends normally (start it with e.g. checkpoint.every_steps=10). "
-            "A run that never trained a step (its start failed) is started again in the same "
-            f"directory: asyncrl train --config {Path(run_dir) / 'config.yaml'} --run-dir {run_dir}"
+            "A run stopped before its first checkpoint is started again in the same "
+            f"directory: asyncrl train --config {Path(run_dir) / 'config.yaml'} --run-dir {run_dir} "
+            "--overwrite"
         )
     skipped: list[str] = []
     for ckpt in iter_checkpoints(run_dir, skipped=skipped):
