@@ -38,8 +38,8 @@ def _asyncrl_verbosity_restored(monkeypatch: pytest.MonkeyPatch) -> Iterator[Non
 #: the e2e ones share session runs, tests/e2e/vllm_runs.py) and the files of the
 #: local Ray instance (one per module; two at once would fight over the cores).
 _GROUPS = {
-    "vllm": ("tests/e2e/test_vllm_", "tests/engines/test_vllm_", "tests/cluster/test_vllm_",
-             "tests/e2e/test_lora_train.py", "tests/e2e/test_qwen2_shape.py"),
+    "vllm": ("tests/e2e/test_vllm_", "tests/engines/test_vllm_engine.py",
+             "tests/engines/test_vllm_server_engine.py", "tests/cluster/test_vllm_"),
     "ray": ("tests/cluster/",),
 }
 
