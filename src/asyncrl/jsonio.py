@@ -8,14 +8,18 @@ goes through :func:`dumps`, which writes a non-finite number as ``null`` and a
 float with 12 significant digits (checkpoints, which must restore exactly, are
 not written through it). A run killed mid-write can leave a JSONL file whose
 last line is cut short; :func:`read_jsonl` drops such lines with one warning
-instead of failing.
+instead of failing. Whole files (``summary.json``, ``config.yaml``, a cut-back
+``metrics.jsonl``) are replaced through :func:`write_text_atomic`: a run stopped
+mid-write leaves the old file or the new one, never an empty or cut one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -45,8 +49,25 @@ def dumps(value: Any, **kwargs: Any) -> str:
     return json.dumps(jsonable(value), allow_nan=False, **kwargs)
 
 
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Replace ``path`` with ``text`` whole: written beside it, then renamed over it.
+
+    ``Path.write_text`` empties the file before it writes: a SIGINT (or a crash)
+    in between left an empty ``config.yaml`` that the next ``--resume`` refused.
+    """
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
 def write_json(path: str | Path, value: Any, **kwargs: Any) -> None:
-    Path(path).write_text(dumps(value, **kwargs) + "\n")
+    write_text_atomic(path, dumps(value, **kwargs) + "\n")
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:

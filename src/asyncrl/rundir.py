@@ -19,7 +19,7 @@ from pathlib import Path
 
 from asyncrl.checkpoint.store import checkpoint_root, list_checkpoints
 from asyncrl.errors import ConfigError
-from asyncrl.jsonio import dumps, read_jsonl
+from asyncrl.jsonio import dumps, read_jsonl, write_text_atomic
 from asyncrl.run_lock import LOCK_FILE
 
 #: What a run writes into its directory (DESIGN.md §6); --overwrite deletes these only.
@@ -130,4 +130,4 @@ def truncate_metrics(path: Path, *, before_step: int) -> None:
         return
     kept = [r for r in read_jsonl(path)
             if isinstance(r.get("step"), int) and r["step"] < before_step]
-    path.write_text("".join(dumps(r) + "\n" for r in kept))
+    write_text_atomic(path, "".join(dumps(r) + "\n" for r in kept))

@@ -48,7 +48,7 @@ from asyncrl.engines.base import RolloutEngine
 from asyncrl.errors import CheckpointError, ConfigError, add_note
 from asyncrl.evaluation import Evaluator
 from asyncrl.export import export_final
-from asyncrl.jsonio import write_json
+from asyncrl.jsonio import write_json, write_text_atomic
 from asyncrl.metrics import JsonlSink, MetricsSink, TensorBoardSink
 from asyncrl.metrics.progress import progress_sink
 from asyncrl.metrics.report import write_plots
@@ -116,7 +116,7 @@ def train(
                 snapshots = None
                 if resume is not None:
                     resume, snapshots = _restore(cfg, task, engines, trainer, resume, run_dir)
-                (run_dir / "config.yaml").write_text(dump_config(cfg))
+                write_text_atomic(run_dir / "config.yaml", dump_config(cfg))
                 run.build_controller(resume, extra_sinks)
             except BaseException:
                 asyncio.run(run.close())

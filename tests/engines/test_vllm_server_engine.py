@@ -176,19 +176,21 @@ def test_the_generate_api_labels_each_token_as_the_ordering_does(fleet, caplog):
     assert not [r for r in caplog.records if "server labels them" in r.getMessage()]
 
 
-class KillServer:
-    """A metrics sink that kills a server (SIGKILL, its whole process group)
-    once the first training step is written."""
+def kill_mid_stream(engine: VLLMServerEngine, url: str, launched) -> None:
+    """The first request streamed from the server at ``url`` after the first
+    training step kills it (SIGKILL, its whole process group) once its first
+    tokens arrived: a group is in flight on it when it dies. (Killed between
+    steps instead, the weight sync finds it gone first and no group is lost.)"""
+    server = next(s for s in engine._servers if s.client.url == url)
+    original = server.client.stream
 
-    def __init__(self, server) -> None:
-        self.server = server
+    async def stream(path, body):
+        async for event in original(path, body):
+            yield event
+            if server.version >= 1 and launched.running:
+                launched.kill()
 
-    def write(self, record: dict[str, Any]) -> None:
-        if record["step"] == 1:
-            self.server.kill()
-
-    def close(self, summary: dict[str, Any] | None = None) -> None:
-        pass
+    server.client.stream = stream
 
 
 def test_a_synchronous_run_is_on_policy_and_goes_on_when_a_server_is_killed(fleet, tmp_path,
@@ -201,9 +203,9 @@ def test_a_synchronous_run_is_on_policy_and_goes_on_when_a_server_is_killed(flee
     engine = VLLMServerEngine.for_policy(cfg.policy, model, tokenizer, seed=cfg.seed)
     trainer = GRPOTrainer.from_config(cfg.policy, cfg.loss, model=model, tokenizer=tokenizer)
     victim = fleet.engine.launched[1]
+    kill_mid_stream(engine, fleet.urls[1], victim)
     with caplog.at_level(logging.WARNING, logger="asyncrl"):
-        summary = train(cfg, tmp_path / "run", backends=([engine], trainer),
-                        extra_sinks=[KillServer(victim)])
+        summary = train(cfg, tmp_path / "run", backends=([engine], trainer))
     assert summary["ledger"]["balanced"] and summary["steps"] == 4
     assert engine.urls == [fleet.urls[0]] and not victim.running
     lost = [r.getMessage() for r in caplog.records if "lost with engine" in r.getMessage()]

@@ -6,7 +6,10 @@ import json
 import logging
 import math
 
-from asyncrl.jsonio import dumps, read_json, read_jsonl, write_json
+import pytest
+
+from asyncrl import jsonio
+from asyncrl.jsonio import dumps, read_json, read_jsonl, write_json, write_text_atomic
 
 
 def strict(text: str):
@@ -47,3 +50,20 @@ def test_floats_lose_their_last_bit_noise_but_not_their_precision() -> None:
     assert dumps({"reward_mean": mean}) == '{"reward_mean": 0.1}'
     assert strict(dumps([1e-300, 12345678.123456, 1 / 3, True, 3])) == [
         1e-300, 12345678.1235, 0.333333333333, True, 3]
+
+
+def test_a_file_interrupted_mid_write_keeps_its_old_contents(tmp_path, monkeypatch) -> None:
+    """A SIGINT while ``config.yaml`` was rewritten left it empty (the next
+    ``--resume`` refused it): a whole-file write lands whole or not at all."""
+    path = tmp_path / "config.yaml"
+    write_text_atomic(path, "seed: 1\n")
+    assert path.read_text() == "seed: 1\n"
+
+    def interrupted(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(jsonio.os, "replace", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        write_text_atomic(path, "seed: 2\n")
+    assert path.read_text() == "seed: 1\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["config.yaml"]  # no temporary left
