@@ -8,7 +8,10 @@ this module, so the layers stay acyclic.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import copy
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -53,9 +56,10 @@ def build_local_backends(
 
     model, tokenizer = build_policy(cfg.policy, task, seed=cfg.seed)
     engine, weights_device = _engine(cfg, model, tokenizer, work_dir, shared=True)
-    trainer = GRPOTrainer.from_config(cfg.policy, cfg.loss, model=model, tokenizer=tokenizer,
-                                      deterministic=cfg.deterministic,
-                                      weights_device=weights_device)
+    with _closed_on_failure(engine):
+        trainer = GRPOTrainer.from_config(cfg.policy, cfg.loss, model=model, tokenizer=tokenizer,
+                                          deterministic=cfg.deterministic,
+                                          weights_device=weights_device)
     return engine, trainer
 
 
@@ -69,15 +73,21 @@ def build_sharded_backends(
 
     model, tokenizer = build_policy(cfg.policy, task, seed=cfg.seed)
     engine, weights_device = _engine(cfg, model, tokenizer, work_dir, shared=False)
-    try:
+    with _closed_on_failure(engine):
         trainer = build_local_trainer(cfg, task, weights_device=str(weights_device),
                                       run_dir=work_dir)
-    except BaseException:
-        import asyncio
+    return [engine], trainer
 
+
+@contextlib.contextmanager
+def _closed_on_failure(engine: RolloutEngine) -> Iterator[None]:
+    """Close ``engine`` if the trainer cannot be built (or Ctrl-C comes meanwhile):
+    a vLLM engine's processes must not outlive the failed start."""
+    try:
+        yield
+    except BaseException:
         asyncio.run(engine.close())
         raise
-    return [engine], trainer
 
 
 def _engine(cfg: RunConfig, model: Any, tokenizer: Any, work_dir: str | Path | None, *,

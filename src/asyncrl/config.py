@@ -109,32 +109,28 @@ class ArithmeticTaskConfig(TaskBlock):
     partial_credit: PartialCredit = 0.5
 
 
-class ReverseTaskConfig(TaskBlock):
+class _StringTaskConfig(TaskBlock):
+    """What ``reverse`` and ``sort`` share: strings over an alphabet, their lengths drawn."""
+
+    name: str  # each task's own Literal (declared here to keep it the first key)
+    min_length: PosInt = 2
+    max_length: PosInt = 4
+    alphabet: str = "abcd"
+    num_prompts: PosInt | None = None
+    partial_credit: PartialCredit = 0.5
+    #: How string lengths are drawn in [min_length, max_length]: uniform, or
+    #: long_tail - lognormal (sigma 1) around median_length, so that a few answers
+    #: are many times the median (see docs/partial_rollouts.md).
+    lengths: Literal["uniform", "long_tail"] = "uniform"
+    median_length: PosInt = 3
+
+
+class ReverseTaskConfig(_StringTaskConfig):
     name: Literal["reverse"] = "reverse"
-    min_length: PosInt = 2
-    max_length: PosInt = 4
-    alphabet: str = "abcd"
-    num_prompts: PosInt | None = None
-    partial_credit: PartialCredit = 0.5
-    #: How string lengths are drawn in [min_length, max_length]: uniform, or
-    #: long_tail - lognormal (sigma 1) around median_length, so that a few answers
-    #: are many times the median (see docs/partial_rollouts.md).
-    lengths: Literal["uniform", "long_tail"] = "uniform"
-    median_length: PosInt = 3
 
 
-class SortTaskConfig(TaskBlock):
+class SortTaskConfig(_StringTaskConfig):
     name: Literal["sort"] = "sort"
-    min_length: PosInt = 2
-    max_length: PosInt = 4
-    alphabet: str = "abcd"
-    num_prompts: PosInt | None = None
-    partial_credit: PartialCredit = 0.5
-    #: How string lengths are drawn in [min_length, max_length]: uniform, or
-    #: long_tail - lognormal (sigma 1) around median_length, so that a few answers
-    #: are many times the median (see docs/partial_rollouts.md).
-    lengths: Literal["uniform", "long_tail"] = "uniform"
-    median_length: PosInt = 3
 
 
 TaskConfig = Annotated[

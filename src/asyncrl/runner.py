@@ -104,24 +104,37 @@ def train(
             log.warning("%s", warning)
         # One run at a time in a directory, for the whole run (see asyncrl.run_lock).
         with run_dir_lock(run_dir):
-            if fresh:  # a new run, or a fork of ``resume`` into a run directory of its own
-                prepare_run_dir(run_dir, overwrite=overwrite)  # checked again, under the lock
-            engines, trainer = (backends if backends is not None
-                                else build_backends(cfg, task, work_dir=run_dir))
-            if cfg.task.rollout is not None:  # each group runs the task's rollout function
-                engines = apply_rollout(cfg.task.rollout, engines,
-                                        load_tokenizer(cfg.policy, task))
-            run = _Run(cfg, run_dir, task, engines, trainer, evaluator)
             try:
-                snapshots = None
-                if resume is not None:
-                    resume, snapshots = _restore(cfg, task, engines, trainer, resume, run_dir)
-                write_text_atomic(run_dir / "config.yaml", dump_config(cfg))
-                run.build_controller(resume, extra_sinks)
-            except BaseException:
-                asyncio.run(run.close())
+                if fresh:  # a new run, or a fork of ``resume`` into a run directory of its own
+                    prepare_run_dir(run_dir, overwrite=overwrite)  # checked again, under the lock
+                engines, trainer = (backends if backends is not None
+                                    else build_backends(cfg, task, work_dir=run_dir))
+                if cfg.task.rollout is not None:  # each group runs the task's rollout function
+                    engines = apply_rollout(cfg.task.rollout, engines,
+                                            load_tokenizer(cfg.policy, task))
+                run = _Run(cfg, run_dir, task, engines, trainer, evaluator)
+                try:
+                    snapshots = None
+                    if resume is not None:
+                        resume, snapshots = _restore(cfg, task, engines, trainer, resume, run_dir)
+                    write_text_atomic(run_dir / "config.yaml", dump_config(cfg))
+                    run.build_controller(resume, extra_sinks)
+                except BaseException:
+                    asyncio.run(run.close())
+                    raise
+            except KeyboardInterrupt as stop:  # Ctrl-C while starting (vLLM takes minutes)
+                add_note(stop, _start_again_hint(run_dir))
                 raise
             return run.execute(resume, snapshots)
+
+
+def _start_again_hint(run_dir: Path) -> str:
+    """What to run after a stop during start-up: nothing was trained by this run."""
+    if list_checkpoints(run_dir):
+        return (f"stopped while starting, before its first step; resume with: "
+                f"asyncrl train --resume {run_dir}")
+    return ("stopped while starting, before its first step: nothing was trained, the "
+            "same command starts it again")
 
 
 class _Run:

@@ -130,6 +130,38 @@ def test_a_second_signal_stops_at_once_and_keeps_the_newest_checkpoint(tmp_path:
     check_nothing_lost(run, steps=steps)
 
 
+# ------------------------------------------------- a signal during start-up
+def test_a_signal_during_start_up_says_how_to_start_again(tmp_path: Path, capsys,
+                                                           monkeypatch) -> None:
+    """Ctrl-C while the backends are built (a vLLM start takes minutes): exit
+    130 with what to run next - the same command for a new run, --resume for a
+    run with a checkpoint - and both work."""
+    import asyncrl.runner
+
+    real_build = asyncrl.runner.build_backends
+
+    def interrupted_build(*args: object, **kwargs: object):
+        os.kill(os.getpid(), signal.SIGINT)  # delivered at the next bytecode: here
+        raise AssertionError("the SIGINT did not interrupt the start")
+
+    config = tmp_path / "c.yaml"
+    config.write_text(CONFIG.replace("progress: lines", "progress: never"))
+    run = tmp_path / "run"
+    new_run = ["train", "--config", str(config), "--run-dir", str(run), "grpo.max_num_steps=3"]
+    monkeypatch.setattr(asyncrl.runner, "build_backends", interrupted_build)
+    assert main(new_run) == 130
+    err = capsys.readouterr().err
+    assert "asyncrl train: interrupted" in err
+    assert "nothing was trained, the same command starts it again" in err
+    monkeypatch.setattr(asyncrl.runner, "build_backends", real_build)
+    assert main(new_run) == 0  # as the hint says: no --overwrite needed
+    capsys.readouterr()
+    monkeypatch.setattr(asyncrl.runner, "build_backends", interrupted_build)
+    assert main(["train", "--resume", str(run), "grpo.max_num_steps=6"]) == 130
+    assert f"resume with: asyncrl train --resume {run}" in capsys.readouterr().err
+    assert load_latest(run).step == 3  # the interrupted start changed nothing
+
+
 # ----------------------------------------------------------- twenty SIGINTs
 def run_with_sigint_at(argv: list[str], delay: float) -> int:
     """``asyncrl`` in this process, with a real SIGINT ``delay`` seconds in."""

@@ -59,6 +59,8 @@ def _main(argv: Sequence[str] | None) -> int:
         terminated = isinstance(exc, Terminated)
         print(f"asyncrl {args.command}: {'terminated' if terminated else 'interrupted'}",
               file=sys.stderr)
+        for note in getattr(exc, "__notes__", ()):  # e.g. how to start it again
+            print(note, file=sys.stderr)
         return 143 if terminated else 130
 
 
