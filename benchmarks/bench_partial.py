@@ -15,7 +15,8 @@ config, seed and number of steps; three runs:
   come out measurably worse than sync, or the task cannot tell stale from fresh
   tokens and the comparison above proves nothing.
 
-Final reward: mean reward of the last 10 steps, averaged over ``--seeds``.
+Final reward: mean reward of the last 10 steps, averaged over ``--seeds`` (5:
+one seed's ratio swings by about 15% either way).
 Targets: partial >= 0.95 x sync; control <= 0.9 x sync.
 Last line: ``RESULT partial_reward_ratio <partial / sync>``.
 """
@@ -65,7 +66,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--config", default=str(ROOT / "examples" / "long_tail.yaml"))
     parser.add_argument("--steps", type=int, default=None, help="override grpo.max_num_steps")
-    parser.add_argument("--seeds", type=int, default=3, help="seeds per variant (0, 1, ...)")
+    # One seed's ratio swings by +-15% (async timing and sampling): the
+    # targets are for the mean over seeds.
+    parser.add_argument("--seeds", type=int, default=5, help="seeds per variant (0, 1, ...)")
     args = parser.parse_args()
     results: dict[str, list[dict]] = {name: [] for name in VARIANTS}
     with tempfile.TemporaryDirectory() as tmp:
@@ -88,6 +91,10 @@ def main() -> None:
         wall = statistics.mean(s["wall"] for s in runs)
         print(f"{name:<10}{reward[name]:>8.3f}{reward[name] / reward['sync']:>8.3f}"
               f"{wall:>9.1f}{p95:>15.1f}")
+    for name in ("partial", "control"):
+        ratios = [r["reward_last10_mean"] / s["reward_last10_mean"]
+                  for r, s in zip(results[name], results["sync"])]
+        print(f"{name} / sync per seed: {' '.join(f'{x:.3f}' for x in ratios)}")
     partial, control = reward["partial"] / reward["sync"], reward["control"] / reward["sync"]
     print(f"targets: partial >= 0.95 x sync: {'PASS' if partial >= 0.95 else 'FAIL'}; "
           f"negative control <= 0.9 x sync: {'PASS' if control <= 0.9 else 'FAIL'} "

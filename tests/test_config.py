@@ -241,3 +241,13 @@ def test_an_error_from_an_override_names_the_override_not_the_file(tmp_path) -> 
     text = str(err.value)
     assert text.startswith(f"invalid {path} and command-line override:")
     assert "\ngrpo.num_prompts_per_step: " in text
+
+
+def test_a_rule_across_blocks_broken_by_overrides_names_them(tmp_path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("seed: 1\n")
+    overrides = ["trainer.strategy=fsdp", "policy.lora.r=8"]
+    with pytest.raises(ConfigError) as err:
+        load_config(path, overrides)
+    assert str(err.value).startswith(
+        f"invalid {path} with the command-line overrides {' '.join(overrides)}: config: ")

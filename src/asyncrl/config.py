@@ -712,6 +712,9 @@ def _invalid(exc: ValidationError, source: str, overrides: Sequence[str]) -> str
         head = "invalid command-line override"
     elif blamed:
         head = f"invalid {source} and command-line override"
+    elif overrides and any(line.startswith("config:") for line in lines):
+        # A rule across blocks (fsdp with LoRA): the overrides may be what broke it.
+        head = f"invalid {source} with the command-line overrides {' '.join(overrides)}"
     else:
         head = f"invalid {source}"
     # One problem: on the line the CLI starts with "error:" (a log grep finds it).
