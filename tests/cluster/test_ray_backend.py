@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from asyncrl.cluster import build_ray_backends
-from asyncrl.config import CustomEngineConfig
+from asyncrl.config import CustomEngineConfig, load_config
 from asyncrl.errors import RolloutWorkersLost, TrainerLost
 from asyncrl.runner import train
 from asyncrl.tasks import build_task
@@ -209,6 +209,32 @@ def test_a_sharded_trainer_runs_as_rank_actors_and_learns(ray_local, tmp_path: P
     end = sum(r["reward_mean"] for r in records[-10:]) / 10
     assert end > start + 0.1, f"reward did not rise: {start:.3f} -> {end:.3f}"
     assert (tmp_path / "final" / "config.json").is_file()
+
+
+def test_a_rollout_function_drives_the_ray_workers(ray_local, tmp_path: Path, monkeypatch):
+    """``task.rollout`` with ``cluster.backend: ray`` (docs/rollouts.md): the
+    function runs in the driver, each of its turns a generate on a worker (stop
+    strings and environment prefixes cross the actor boundary), and its records
+    keep the per-token contract."""
+    root = Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(root)  # the config's data path is relative to the repository
+    monkeypatch.syspath_prepend(str(root / "examples"))
+    from tests.e2e import tool_use_probe
+    from tests.e2e.test_tool_use import check_records
+
+    tool_use_probe.RECORDS.clear()
+    steps = 2
+    cfg = load_config("examples/tool_use.yaml", [
+        "task.rollout=tests.e2e.tool_use_probe:calculator", f"grpo.max_num_steps={steps}",
+        "grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=4",
+        "async_rl.max_buffered_rollouts=8", "async_rl.min_groups_for_streaming_train=2",
+        "async_rl.max_inflight_prompts=8", "cluster.backend=ray",
+        "cluster.num_rollout_workers=1", "cluster.rollout_worker.num_cpus=0.5",
+        "cluster.trainer.num_cpus=0.5", "checkpoint.every_steps=0", "logging.progress=never",
+        "logging.plots=false"])
+    summary = train(cfg, tmp_path / "run")
+    _assert_complete(summary, steps)
+    assert check_records(tool_use_probe.RECORDS) > 0  # the environment answered calls
 
 
 def test_the_custom_engine_of_the_docs_trains_on_ray(ray_local, tmp_path: Path, monkeypatch):
