@@ -10,7 +10,14 @@ import pytest
 import torch
 
 from asyncrl.config import ArithmeticTaskConfig, GenerationConfig, ModelConfig, PolicyConfig
-from asyncrl.engines import LocalEngine, RolloutEngine, sampling_logprobs
+from asyncrl.engines import (
+    InProcessTransport,
+    LocalEngine,
+    RolloutEngine,
+    WeightTransport,
+    WeightUpdate,
+    sampling_logprobs,
+)
 from asyncrl.errors import TokenizationError
 from asyncrl.policy import build_policy
 from asyncrl.tasks import ArithmeticTask
@@ -338,3 +345,19 @@ async def test_a_request_overrides_temperature_and_length_greedy_at_zero():
     assert max(len(c) for c in sampled.completion_ids) <= 6
     assert any(lp < 0 for row in sampled.behavior_logprobs for lp in row)
     await engine.close()
+
+
+def test_weights_reach_the_model_through_its_in_process_transport() -> None:
+    """The local engine's weight sync is its WeightTransport (route in_process):
+    it refuses an update kind it does not carry, before anything is loaded."""
+    engine = make_engine()
+    transport = engine.transport
+    assert isinstance(transport, InProcessTransport) and isinstance(transport, WeightTransport)
+    assert transport.route == "in_process" and transport.kinds == {"full"}
+    new = {k: torch.full_like(v, 0.5) for k, v in engine.model.state_dict().items()}
+    asyncio.run(engine.update_weights(new, 1))
+    assert engine.weight_version == 1
+    assert all(torch.equal(v, new[k]) for k, v in engine.model.state_dict().items())
+    with pytest.raises(ValueError, match="carries \\['full'\\] updates, not 'adapters'"):
+        asyncio.run(transport.stage(WeightUpdate(2, {}, kind="adapters")))
+    asyncio.run(engine.close())

@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from asyncrl.config import RunConfig, config_from_dict
-from asyncrl.engines import RolloutEngine
+from asyncrl.engines import RolloutEngine, WeightTransport
 from asyncrl.engines.vllm_server import VLLMServerEngine
 from asyncrl.engines.vllm_setup import descendants
 from asyncrl.errors import ConfigError
@@ -202,6 +202,7 @@ def test_a_synchronous_run_is_on_policy_and_goes_on_when_a_server_is_killed(flee
     model, tokenizer = build_policy(cfg.policy, fleet.task, seed=cfg.seed)
     engine = VLLMServerEngine.for_policy(cfg.policy, model, tokenizer, seed=cfg.seed)
     trainer = GRPOTrainer.from_config(cfg.policy, cfg.loss, model=model, tokenizer=tokenizer)
+    assert isinstance(engine.transport, WeightTransport) and engine.transport.route == "http"
     victim = fleet.engine.launched[1]
     kill_mid_stream(engine, fleet.urls[1], victim)
     with caplog.at_level(logging.WARNING, logger="asyncrl"):

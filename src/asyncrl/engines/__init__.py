@@ -23,7 +23,7 @@ from asyncrl.engines.capabilities import (
 )
 from asyncrl.engines.factory import build_engine
 from asyncrl.engines.options import EngineContext, EngineOptions
-from asyncrl.engines.transport import WeightTransport, WeightUpdate
+from asyncrl.engines.transport import InProcessTransport, WeightTransport, WeightUpdate
 
 if TYPE_CHECKING:
     from asyncrl.engines.local import LocalEngine, sampling_logprobs
@@ -34,6 +34,7 @@ __all__ = [
     "EngineCapabilities",
     "EngineContext",
     "EngineOptions",
+    "InProcessTransport",
     "InvalidatesCache",
     "LocalEngine",
     "PinsVersions",

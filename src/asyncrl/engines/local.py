@@ -62,7 +62,7 @@ import torch
 from asyncrl import supervision
 from asyncrl.config import GenerationConfig
 from asyncrl.context_length import check_prompt_fits, context_of
-from asyncrl.devices import adopt, check_device, worker_executor
+from asyncrl.devices import check_device, worker_executor
 from asyncrl.engines.classify import encode_prompt_or_fail
 from asyncrl.engines.completions import (
     empty,
@@ -74,7 +74,7 @@ from asyncrl.engines.completions import (
 )
 from asyncrl.engines.decode import DecodeBatch, ForwardArgs, Sampling, check_finite
 from asyncrl.engines.sampling import sampling_logprobs
-from asyncrl.engines.transport import WeightUpdate
+from asyncrl.engines.transport import InProcessTransport, WeightUpdate
 from asyncrl.engines.versions import PinnedVersions
 from asyncrl.errors import TokenizationError
 from asyncrl.record import Completion
@@ -184,6 +184,8 @@ class LocalEngine:
         recompute_kv_on_update: bool = False,
     ) -> None:
         self.model = model.eval()
+        #: How weight updates reach ``model`` (the ``in_process`` route).
+        self.transport = InProcessTransport(self.model)
         #: Longest prompt + completion: a group that does not fit raises PromptTooLong
         #: (default: the model config's max_position_embeddings; None: no limit).
         self.context_length = (context_of(getattr(model, "config", None))
@@ -276,10 +278,12 @@ class LocalEngine:
             raise ValueError(
                 f"weight version must not go back (holds {self._version}, got {version})"
             )
-        # In process (the transport route "in_process"): queued behind the
-        # running tick, so it lands between two decoding steps.
+        update = WeightUpdate(version, weights)
+        await self.transport.stage(update)
+        # Queued behind the running tick on the engine's thread, so it lands
+        # between two decoding steps.
         await asyncio.get_running_loop().run_in_executor(
-            self._executor, self._load_weights, WeightUpdate(version, weights)
+            self._executor, self._load_weights, update
         )
 
     async def abort(self, group_ids: Sequence[GroupId]) -> None:
@@ -447,8 +451,7 @@ class LocalEngine:
     # ------------------------------------------------- worker-thread side
     def _load_weights(self, update: WeightUpdate) -> None:
         weights, version = update.tensors, update.version
-        self.model.load_state_dict(weights)  # converts to the model's dtype and device
-        adopt(weights.values())  # the trainer's tensors: not reused before read
+        self.transport.load_now(update)
         if self.recompute_kv_on_update:  # before any step can run with the new weights
             self._cache_epoch += 1
         self._version = version

@@ -6,8 +6,9 @@ and knows nothing else about the trip. An engine turns them into a
 the engine's model hold them. A new way for weights to travel (shared memory, a
 collective, HTTP) is a new transport - the controller does not change.
 
-Transports of this project: the local engine loads in process (its own
-thread, between two decoding steps); the vLLM engine picks one of
+Transports of this project: :class:`InProcessTransport` (the local engine's,
+and any engine whose model lives in this process: the load runs on the thread
+that owns the model, between two decoding steps); the vLLM engine picks one of
 :mod:`asyncrl.engines.vllm_transport` (``policy.vllm.weight_transport``).
 """
 
@@ -15,9 +16,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
-__all__ = ["Route", "WeightKind", "WeightTransport", "WeightUpdate"]
+from asyncrl.devices import adopt
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["InProcessTransport", "Route", "WeightKind", "WeightTransport", "WeightUpdate"]
 
 #: What is sent: every tensor of the model, one bucket of them (a large model's
 #: update in parts, each loaded in turn), or LoRA adapters alone.
@@ -67,3 +73,31 @@ def check_kind(transport: WeightTransport, update: WeightUpdate) -> None:
         raise ValueError(
             f"the {transport.route} weight transport carries {sorted(transport.kinds)} "
             f"updates, not {update.kind!r}")
+
+
+class InProcessTransport:
+    """Weights copied into a model of this process: ``load_state_dict``, which
+    converts them to the model's dtype and device.
+
+    An engine that generates on a thread of its own calls :meth:`load_now` on
+    that thread (so the load lands between two decoding steps, never inside
+    one); :meth:`load` is the same call for an engine on the event loop's thread.
+    """
+
+    route: Route = "in_process"
+    kinds: frozenset[WeightKind] = frozenset({"full"})
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+
+    async def stage(self, update: WeightUpdate) -> None:
+        check_kind(self, update)
+
+    async def load(self, update: WeightUpdate) -> None:
+        self.load_now(update)
+
+    def load_now(self, update: WeightUpdate) -> None:
+        """Load ``update`` on the calling thread (the one that owns the model)."""
+        check_kind(self, update)
+        self.model.load_state_dict(update.tensors)
+        adopt(update.tensors.values())  # the sender's tensors: not reused before read

@@ -43,7 +43,7 @@ import logging
 import shutil
 import tempfile
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -57,6 +57,7 @@ from asyncrl.engines.completions import (
     start_weight,
     with_texts,
 )
+from asyncrl.engines.transport import WeightUpdate, check_kind
 from asyncrl.engines.vllm_http import ServerClient, ServerGone, ServerRefused
 from asyncrl.engines.vllm_server_launch import LaunchedServer, launch
 from asyncrl.engines.vllm_server_wire import APIS, Server, add_choice, connect
@@ -127,6 +128,8 @@ class VLLMServerEngine:
             self._owned_dirs.append(weights_dir)
         self._weights_dir = Path(weights_dir)
         self._weights_dir.mkdir(parents=True, exist_ok=True)
+        #: How weight updates reach the servers (the ``http`` route).
+        self.transport = ServerReloadTransport(self._weights_dir, self._reload_all)
         self._version = weight_version
         #: The servers label tokens "default" (or so) until a version is set.
         self._first_version = weight_version
@@ -263,10 +266,11 @@ class VLLMServerEngine:
         if version < self._version:
             raise ValueError(
                 f"weight version must not go back (holds {self._version}, got {version})")
+        update = WeightUpdate(version, weights)
         async with self._sync_lock:
             self._initial = False  # superseded
-            await asyncio.to_thread(write_safetensors, weights, self._weights_dir)
-            await self._reload_all(version)
+            await self.transport.stage(update)
+            await self.transport.load(update)
 
     async def abort(self, group_ids: Sequence[GroupId]) -> None:
         """The servers abort the groups' requests; their ``generate`` raises
@@ -443,4 +447,25 @@ class VLLMServerEngine:
             raise RuntimeError(f"VLLMServerEngine.{what} called after close()")
 
 
-__all__ = ["VLLMServerEngine"]
+class ServerReloadTransport:
+    """``vllm_server``'s weight route: the update is written as safetensors into
+    the engine's weights directory while the servers generate (``stage``), then
+    every live server reloads it over HTTP (``load``: ``/pause`` keeping its
+    requests, ``reload_weights``, ``/update_weight_version``, ``/resume``; a
+    server found gone is dropped)."""
+
+    route = "http"
+    kinds = frozenset({"full"})
+
+    def __init__(self, directory: Path, reload_all: Callable[[int], Awaitable[None]]) -> None:
+        self.directory, self._reload_all = directory, reload_all
+
+    async def stage(self, update: WeightUpdate) -> None:
+        check_kind(self, update)
+        await asyncio.to_thread(write_safetensors, update.tensors, self.directory)
+
+    async def load(self, update: WeightUpdate) -> None:
+        await self._reload_all(update.version)
+
+
+__all__ = ["ServerReloadTransport", "VLLMServerEngine"]
