@@ -8,14 +8,15 @@ config, seed and number of steps; three runs:
 
 * sync:    ``in_order`` lookahead 0, no correction - on-policy GRPO, the reference;
 * partial: the example's own settings - ``windowed`` s=4 by ``end_weight``
-  (stragglers are never aborted for staleness), a buffer of two steps of
-  groups, ``loss.max_token_staleness: 2`` and ``decoupled`` correction;
+  (stragglers are never aborted for staleness), a buffer of one step of
+  groups and twice that in flight, ``loss.max_token_staleness: 2`` and
+  ``decoupled`` correction;
 * control: the negative control - ``windowed`` by ``end_weight`` with a high
   window (s=16) and a buffer to match, no token bound, no correction. It must
   come out measurably worse than sync, or the task cannot tell stale from fresh
   tokens and the comparison above proves nothing.
 
-Final reward: mean reward of the last 10 steps, averaged over ``--seeds`` (5:
+Final reward: mean reward of the last 10 steps, averaged over ``--seeds`` (10:
 one seed's ratio swings by about 15% either way).
 Targets: partial >= 0.95 x sync; control <= 0.9 x sync.
 Last line: ``RESULT partial_reward_ratio <partial / sync>``.
@@ -41,7 +42,7 @@ VARIANTS = {
     "sync": ["async_rl.sampler.name=in_order", "async_rl.sampler.max_lookahead_versions=0",
              "loss.off_policy_correction=none"],
     "partial": [*WINDOWED, "async_rl.sampler.max_staleness_versions=4",
-                "async_rl.max_buffered_rollouts=16", "async_rl.max_inflight_prompts=16",
+                "async_rl.max_buffered_rollouts=8", "async_rl.max_inflight_prompts=16",
                 "loss.max_token_staleness=2", "loss.off_policy_correction=decoupled"],
     "control": [*WINDOWED, "async_rl.sampler.max_staleness_versions=16",
                 "async_rl.max_buffered_rollouts=136", "async_rl.max_inflight_prompts=136",
@@ -68,7 +69,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=None, help="override grpo.max_num_steps")
     # One seed's ratio swings by +-15% (async timing and sampling): the
     # targets are for the mean over seeds.
-    parser.add_argument("--seeds", type=int, default=5, help="seeds per variant (0, 1, ...)")
+    parser.add_argument("--seeds", type=int, default=10, help="seeds per variant (0, 1, ...)")
     args = parser.parse_args()
     results: dict[str, list[dict]] = {name: [] for name in VARIANTS}
     with tempfile.TemporaryDirectory() as tmp:
