@@ -54,12 +54,18 @@ def _scope(nodeid: str) -> str:
     return nodeid.split("::", 1)[0]
 
 
+#: Single files of minutes, handed out right after the groups: at the end of the
+#: run one would keep a worker busy alone.
+_LONG_FILES = ("tests/e2e/test_qwen2_shape.py",)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The groups first, longest first (vLLM ~500 s, Ray ~200 s of a ~1,200 s
-    suite): xdist hands out units in collection order, so the vLLM group starts
-    at once on one worker while the other takes the rest - started late, it
-    alone would outlast everything else. Order within a group or file is kept."""
-    rank = {group: i for i, group in enumerate(_GROUPS)}
+    """The groups first, longest first (vLLM ~550 s, Ray ~180 s of a ~1,400 s
+    suite), then :data:`_LONG_FILES` (~120 s): xdist hands out units in
+    collection order, so the vLLM group starts at once on one worker while the
+    other takes the rest - started late, it alone would outlast everything else.
+    Order within a group or file is kept."""
+    rank = {scope: i for i, scope in enumerate([*_GROUPS, *_LONG_FILES])}
     items.sort(key=lambda item: rank.get(_scope(item.nodeid), len(rank)))
 
 

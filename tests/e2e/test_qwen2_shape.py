@@ -2,9 +2,15 @@
 layers (151,936 ids, GQA, tied embeddings) with 1,024-token completions completes
 a step on this 2-core, 24 GB machine - with the local engine and with vLLM.
 
-Each run is one synchronous step of one prompt and two completions: minutes on
-2 cores, almost all of it the 152k-wide output layer (every generated token reads
-it, every trained one multiplies by it three times). Opt-in (``tests/heavy.py``).
+Each run is one synchronous step of one prompt and two completions; nearly all
+of its time is the 152k-wide output layer (every generated token reads it, every
+trained one multiplies by it three times). The local-engine run is part of
+``make test`` (about two minutes here). It runs in bfloat16, the dtype the
+example runs in on its device (``dtype: auto``), which halves the bytes every
+decoded token reads; float32 exactness at this shape is checked step by step in
+tests/trainers (the loss head, micro-batches, memory). The vLLM run, float32 and
+exact to 1e-3, takes another three and a half minutes and is opt-in
+(``tests/heavy.py``).
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import pytest
 from asyncrl.cli import main
 from tests.heavy import HEAVY
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, HEAVY]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = str(ROOT / "examples" / "qwen2_shape.yaml")
@@ -45,14 +51,21 @@ def run_one_step(run_dir: Path, *overrides: str) -> dict:
     assert record["train/step_tokens"] >= 2000
     assert record["train/micro_batches"] == 2  # 1,088 positions each, budget 2,048
     assert record["train/peak_memory_bytes"] > 0
-    assert record["train/logprob_mismatch_max"] <= 1e-3
+    assert (run_dir / "final" / "model.safetensors").is_file()
     return record
 
 
 def test_local_engine(tmp_path: Path, capsys) -> None:
-    run_one_step(tmp_path / "run")
+    record = run_one_step(tmp_path / "run", "policy.dtype=bfloat16")
+    # On policy within bfloat16's rounding (the bound of tests/trainers/test_learning.py;
+    # measured here: mean 0.001, max 0.016 over 2,048 tokens).
+    assert record["train/logprob_mismatch"] < 1e-2
+    assert record["train/logprob_mismatch_max"] < 0.1
 
 
+@HEAVY
 def test_vllm_engine(tmp_path: Path, capsys) -> None:
-    run_one_step(tmp_path / "run", "policy.engine=vllm", f"policy.vllm.max_model_len={TOKENS + 64}",
-                 "policy.vllm.gpu_memory_utilization=0.15")
+    record = run_one_step(tmp_path / "run", "policy.engine=vllm",
+                          f"policy.vllm.max_model_len={TOKENS + 64}",
+                          "policy.vllm.gpu_memory_utilization=0.15")
+    assert record["train/logprob_mismatch_max"] <= 1e-3
