@@ -141,7 +141,10 @@ def test_a_signal_during_start_up_says_how_to_start_again(tmp_path: Path, capsys
     real_build = asyncrl.runner.build_backends
 
     def interrupted_build(*args: object, **kwargs: object):
-        os.kill(os.getpid(), signal.SIGINT)  # delivered at the next bytecode: here
+        # To this thread (raise(3)), so Python runs the handler at the next bytecode:
+        # here. os.kill(getpid()) may land on another thread (torch's, a previous
+        # test's), and the main thread then sees it only some bytecodes later.
+        signal.raise_signal(signal.SIGINT)
         raise AssertionError("the SIGINT did not interrupt the start")
 
     config = tmp_path / "c.yaml"
