@@ -33,6 +33,27 @@ def _asyncrl_verbosity_restored(monkeypatch: pytest.MonkeyPatch) -> Iterator[Non
     logger.setLevel(level)
 
 
+@pytest.fixture(autouse=True)
+def _signal_handling_restored() -> Iterator[None]:
+    """Each test starts with SIGINT and SIGTERM handled as the session began
+    (Python's defaults) and unblocked: a handler left behind (asyncio's no-op
+    one, an ignore, a blocked signal) would make a later test's real signal do
+    nothing. One left behind is put back, with a warning naming the test."""
+    import signal
+    import warnings
+
+    signals = (signal.SIGINT, signal.SIGTERM)
+    handlers = {sig: signal.getsignal(sig) for sig in signals}
+    yield
+    blocked = signal.pthread_sigmask(signal.SIG_UNBLOCK, signals) & set(signals)
+    changed = {sig: h for sig, h in handlers.items() if signal.getsignal(sig) is not h}
+    for sig, handler in changed.items():
+        signal.signal(sig, handler)
+    if blocked or changed:
+        warnings.warn(f"the test left {sorted(s.name for s in {*blocked, *changed})} "
+                      f"{'blocked' if blocked else 'handled otherwise'}; put back", stacklevel=1)
+
+
 # ------------------------------------------------------------ parallel runs
 #: Test files that start vLLM (tens of seconds of start-up, and both cores, each;
 #: the e2e ones share session runs, tests/e2e/vllm_runs.py) and the files of the

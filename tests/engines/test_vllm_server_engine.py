@@ -176,19 +176,21 @@ def test_the_generate_api_labels_each_token_as_the_ordering_does(fleet, caplog):
     assert not [r for r in caplog.records if "server labels them" in r.getMessage()]
 
 
-def kill_mid_stream(engine: VLLMServerEngine, url: str, launched) -> None:
-    """The first request streamed from the server at ``url`` after the first
-    training step kills it (SIGKILL, its whole process group) once its first
-    tokens arrived: a group is in flight on it when it dies. (Killed between
-    steps instead, the weight sync finds it gone first and no group is lost.)"""
+def kill_at_next_request(engine: VLLMServerEngine, url: str, launched) -> None:
+    """The first request sent to the server at ``url`` after the first training
+    step kills it first (SIGKILL, its whole process group, waited for): a group
+    is dispatched to it when it dies. (Killed between steps instead, the weight
+    sync finds it gone first and no group is lost; killed while a request
+    streams, a short completion may already sit whole in the socket's buffer.)"""
     server = next(s for s in engine._servers if s.client.url == url)
     original = server.client.stream
 
     async def stream(path, body):
+        if server.version >= 1 and launched.running:
+            launched.kill()
+            await asyncio.to_thread(launched.proc.wait)
         async for event in original(path, body):
             yield event
-            if server.version >= 1 and launched.running:
-                launched.kill()
 
     server.client.stream = stream
 
@@ -204,7 +206,7 @@ def test_a_synchronous_run_is_on_policy_and_goes_on_when_a_server_is_killed(flee
     trainer = GRPOTrainer.from_config(cfg.policy, cfg.loss, model=model, tokenizer=tokenizer)
     assert isinstance(engine.transport, WeightTransport) and engine.transport.route == "http"
     victim = fleet.engine.launched[1]
-    kill_mid_stream(engine, fleet.urls[1], victim)
+    kill_at_next_request(engine, fleet.urls[1], victim)
     with caplog.at_level(logging.WARNING, logger="asyncrl"):
         summary = train(cfg, tmp_path / "run", backends=([engine], trainer))
     assert summary["ledger"]["balanced"] and summary["steps"] == 4
