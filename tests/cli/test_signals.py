@@ -131,37 +131,46 @@ def test_a_second_signal_stops_at_once_and_keeps_the_newest_checkpoint(tmp_path:
 
 
 # ------------------------------------------------- a signal during start-up
-def test_a_signal_during_start_up_says_how_to_start_again(tmp_path: Path, capsys,
-                                                           monkeypatch) -> None:
+#: ``asyncrl`` (arguments from the command line) whose backends' build gets a real
+#: SIGINT, in a process of its own as a user's is (in a test process that ran
+#: hundreds of tests before, a library may have taken SIGINT over).
+INTERRUPTED_START = """
+import signal, sys
+import asyncrl.runner
+from asyncrl.cli import main
+
+def interrupted_build(*args, **kwargs):
+    signal.raise_signal(signal.SIGINT)  # Ctrl-C while the backends are built
+    raise AssertionError(f"the SIGINT did not interrupt the start: SIGINT's handler is "
+                         f"{signal.getsignal(signal.SIGINT)!r}")
+
+asyncrl.runner.build_backends = interrupted_build
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def start_interrupted(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([sys.executable, "-c", INTERRUPTED_START, *argv],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 130, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "asyncrl train: interrupted" in proc.stderr
+    return proc
+
+
+def test_a_signal_during_start_up_says_how_to_start_again(tmp_path: Path, capsys) -> None:
     """Ctrl-C while the backends are built (a vLLM start takes minutes): exit
     130 with what to run next - the same command for a new run, --resume for a
     run with a checkpoint - and both work."""
-    import asyncrl.runner
-
-    real_build = asyncrl.runner.build_backends
-
-    def interrupted_build(*args: object, **kwargs: object):
-        # To this thread (raise(3)), so Python runs the handler at the next bytecode:
-        # here. os.kill(getpid()) may land on another thread (torch's, a previous
-        # test's), and the main thread then sees it only some bytecodes later.
-        signal.raise_signal(signal.SIGINT)
-        raise AssertionError("the SIGINT did not interrupt the start")
-
     config = tmp_path / "c.yaml"
     config.write_text(CONFIG.replace("progress: lines", "progress: never"))
     run = tmp_path / "run"
     new_run = ["train", "--config", str(config), "--run-dir", str(run), "grpo.max_num_steps=3"]
-    monkeypatch.setattr(asyncrl.runner, "build_backends", interrupted_build)
-    assert main(new_run) == 130
-    err = capsys.readouterr().err
-    assert "asyncrl train: interrupted" in err
-    assert "nothing was trained, the same command starts it again" in err
-    monkeypatch.setattr(asyncrl.runner, "build_backends", real_build)
+    proc = start_interrupted(new_run)
+    assert "nothing was trained, the same command starts it again" in proc.stderr
     assert main(new_run) == 0  # as the hint says: no --overwrite needed
     capsys.readouterr()
-    monkeypatch.setattr(asyncrl.runner, "build_backends", interrupted_build)
-    assert main(["train", "--resume", str(run), "grpo.max_num_steps=6"]) == 130
-    assert f"resume with: asyncrl train --resume {run}" in capsys.readouterr().err
+    proc = start_interrupted(["train", "--resume", str(run), "grpo.max_num_steps=6"])
+    assert f"resume with: asyncrl train --resume {run}" in proc.stderr
     assert load_latest(run).step == 3  # the interrupted start changed nothing
 
 
