@@ -132,10 +132,12 @@ def test_a_second_signal_stops_at_once_and_keeps_the_newest_checkpoint(tmp_path:
 
 # ------------------------------------------------- a signal during start-up
 #: ``asyncrl`` (arguments from the command line) whose backends' build gets a real
-#: SIGINT, in a process of its own as a user's is (in a test process that ran
-#: hundreds of tests before, a library may have taken SIGINT over).
+#: SIGINT, in a process of its own as a user's is.
 INTERRUPTED_START = """
 import signal, sys
+# As a terminal starts it: SIGINT raises KeyboardInterrupt. (A process inherits an
+# ignored SIGINT - this one may from the test worker - and asyncrl keeps it so.)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 import asyncrl.runner
 from asyncrl.cli import main
 
