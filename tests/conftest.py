@@ -35,10 +35,13 @@ def _asyncrl_verbosity_restored(monkeypatch: pytest.MonkeyPatch) -> Iterator[Non
 
 @pytest.fixture(autouse=True)
 def _signal_handling_restored() -> Iterator[None]:
-    """Each test starts with SIGINT and SIGTERM handled as the session began
-    (Python's defaults) and unblocked: a handler left behind (asyncio's no-op
-    one, an ignore, a blocked signal) would make a later test's real signal do
-    nothing. One left behind is put back, with a warning naming the test."""
+    """After each test, SIGINT and SIGTERM are handled as they were when it
+    started, and unblocked: a handler left behind (asyncio's no-op one, an
+    ignore) or a blocked signal would make a later test's real signal do
+    nothing. What a test left changed is put back, with a warning naming it.
+    (A disposition the whole session inherited - an ignored SIGINT under a
+    shell's background job - is not this fixture's: tests that need a default
+    SIGINT set it in the process they start.)"""
     import signal
     import warnings
 
@@ -50,8 +53,9 @@ def _signal_handling_restored() -> Iterator[None]:
     for sig, handler in changed.items():
         signal.signal(sig, handler)
     if blocked or changed:
-        warnings.warn(f"the test left {sorted(s.name for s in {*blocked, *changed})} "
-                      f"{'blocked' if blocked else 'handled otherwise'}; put back", stacklevel=1)
+        left = [f"{s.name} blocked" for s in sorted(blocked)]
+        left += [f"{s.name} handled otherwise" for s in sorted(changed)]
+        warnings.warn(f"the test left {', '.join(left)}; put back", stacklevel=1)
 
 
 # ------------------------------------------------------------ parallel runs
