@@ -252,6 +252,27 @@ def test_state_dict_is_a_snapshot():
     assert torch.equal(state["model"][name], saved)
 
 
+
+def test_tied_embeddings_are_copied_and_saved_once(tmp_path):
+    """The quickstart's model ties its input and output embeddings: the
+    checkpoint and the weights sent to engines hold that tensor once, and a
+    resumed trainer has it tied again."""
+    _, trainer = make_pair()
+    assert trainer.model.lm_head.weight is trainer.model.model.embed_tokens.weight
+    for weights in (trainer.state_dict()["model"], trainer.get_weights_sync()):
+        assert weights["lm_head.weight"] is weights["model.embed_tokens.weight"]
+    model = trainer.state_dict()["model"]
+    path = tmp_path / "trainer.pt"
+    torch.save({"model": model}, path)
+    distinct = {id(t): t for t in model.values()}.values()
+    assert path.stat().st_size < sum(t.nbytes for t in distinct) + 64 * 1024
+    resumed = GRPOTrainer(*policy(seed=5))
+    resumed.load_state_dict({**trainer.state_dict(),
+                             "model": torch.load(path, weights_only=True)["model"]})
+    assert resumed.model.lm_head.weight is resumed.model.model.embed_tokens.weight
+    for k, v in params(resumed.model).items():
+        assert torch.equal(v, params(trainer.model)[k]), k
+
 # ----------------------------------------------------------- from config
 async def test_build_local_backends_from_a_run_config():
     cfg = RunConfig(policy=PolicyConfig(model=TINY, generation=GenerationConfig(max_new_tokens=3)))

@@ -425,4 +425,16 @@ def _trained_weights(state: dict[str, Any], key: str) -> dict[str, torch.Tensor]
 
 
 def _cpu_copy(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
+    """CPU copies of ``state``'s tensors. Entries that are one tensor (tied input
+    and output embeddings: a quarter of Qwen2.5-0.5B's parameters) stay one in the
+    copy: copied once, sent once, and saved once by ``torch.save``, which writes
+    a storage shared by several entries a single time."""
+    copies: dict[tuple, torch.Tensor] = {}
+    out = {}
+    for name, tensor in state.items():
+        key = (tensor.device, tensor.untyped_storage().data_ptr(), tensor.storage_offset(),
+               tuple(tensor.shape), tensor.stride(), tensor.dtype)
+        if key not in copies:
+            copies[key] = tensor.detach().to("cpu", copy=True)
+        out[name] = copies[key]
+    return out
