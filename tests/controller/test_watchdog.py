@@ -60,9 +60,15 @@ class HangingEngine(FakeEngine):
         return await super().generate(request)
 
 
-def test_abort_stops_gracefully_with_a_checkpoint_and_the_run_resumes(tmp_path: Path) -> None:
+def test_abort_stops_gracefully_with_a_checkpoint_and_the_run_resumes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from asyncrl.checkpoint import load_latest
+    from asyncrl.controller import partials
     from asyncrl.runner import train
+
+    # The hung engine ignores the stop's abort as well: the stop waits out its
+    # grace for the tokens (30 s; 1 s here, in real time), then cancels the group.
+    monkeypatch.setattr(partials, "STOP_GRACE_S", 1.0)
 
     cfg = config_from_dict({
         "grpo": {"num_prompts_per_step": 2, "num_generations_per_prompt": 2, "max_num_steps": 5},

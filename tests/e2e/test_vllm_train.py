@@ -3,16 +3,17 @@
 * A synchronous run (in_order, lookahead 0) is exact: the trainer's log-probs
   equal vLLM's behavior log-probs at every step (what proves the weight sync),
   its ledger balances and its reward rises.
-* Asynchronous runs (in_order lookahead 1; windowed, which aborts in-flight
-  groups) complete with a balanced ledger.
+* Asynchronous runs complete with a balanced ledger: in_order with lookahead 1
+  (the README's vLLM quickstart), and windowed with zero staleness, which aborts
+  in-flight groups inside vLLM at every sync - stopped by Ctrl-C after a few steps.
 * vLLM's processes end with the run: after a normal end, a failure and Ctrl-C
   (which stops the run gracefully: vLLM, in a session of its own, never sees it).
   (After a SIGKILL of the ``asyncrl`` process too: the reaper's own test is in
   tests/engines/test_vllm_setup.py.)
 
-Each run starts its own vLLM (tens of seconds), so runs are few and short;
-the in_order and windowed runs are shared with the calibration test
-(tests/e2e/vllm_runs.py).
+Each run starts its own vLLM (tens of seconds of both cores), so runs are few
+and short, and read by several tests: the in_order run is shared with the output
+test (tests/e2e/vllm_runs.py), the windowed one is the Ctrl-C test's.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import pytest
 from asyncrl.cli import main
 from asyncrl.engines.vllm_setup import descendants
 from tests.e2e import vllm_runs
-from tests.e2e.vllm_runs import QUICKSTART, ROOT, VLLM, SharedRuns
+from tests.e2e.vllm_runs import QUICKSTART, ROOT, SHARED, VLLM, SharedRuns
 from tests.vllm_support import tagged_env, tagged_processes, wait_gone
 
 pytestmark = pytest.mark.e2e
@@ -116,17 +117,6 @@ def test_in_order_with_lookahead_overlaps_and_balances(vllm_runs: SharedRuns) ->
 
 
 @pytest.mark.slow
-def test_windowed_aborts_stale_groups_in_vllm_and_balances(vllm_runs: SharedRuns) -> None:
-    # Zero staleness and admission that never waits: every sync finds groups
-    # generating with the old weights, and aborts them inside vLLM.
-    run = vllm_runs.get("windowed")
-    assert run.code == 0 and run.summary["ledger"]["balanced"]
-    assert run.summary["ledger"]["aborted"] > 0
-    for r in run.records:  # what was trained was generated wholly with the trainer's weights
-        assert r["train/logprob_mismatch_max"] <= 1e-3, r
-
-
-@pytest.mark.slow
 def test_a_failing_run_stops_vllm(tmp_path: Path, capsys) -> None:
     before = descendants()
     # Nothing commits within 50 ms (vLLM's first steps take longer): the watchdog
@@ -139,20 +129,28 @@ def test_a_failing_run_stops_vllm(tmp_path: Path, capsys) -> None:
     assert not descendants() - before, "vLLM processes outlived the failed run"
 
 
+#: The Ctrl-C run: windowed with zero staleness and admission that never waits
+#: (vllm_runs.SHARED["windowed"] without its step count), a checkpoint per step.
+WINDOWED = [*[o for o in SHARED["windowed"] if not o.startswith("grpo.max_num_steps")],
+            "grpo.max_num_steps=500", "checkpoint.every_steps=1"]
+#: Steps (checkpoints) before the Ctrl-C: syncs that found groups in flight.
+STEPS_BEFORE_CTRL_C = 4
+
+
 class Run:
     """``asyncrl -v train`` in a subprocess (own session, tagged environment),
-    its stderr drained by a thread that signals the first checkpoint."""
+    its stderr drained by a thread that counts the checkpoints written."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, run_dir: Path, overrides: list[str]) -> None:
         env, self.tag = tagged_env()
+        self.run_dir = run_dir
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "asyncrl", "-v", "train", "--config", QUICKSTART,
-             "--run-dir", str(tmp_path / "run"), *VLLM, "grpo.max_num_steps=500",
-             "checkpoint.every_steps=1"],
+             "--run-dir", str(run_dir), *VLLM, *overrides],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
             start_new_session=True,
         )
-        self.stepped = threading.Event()
+        self.checkpoints = threading.Semaphore(0)
         self.lines: list[str] = []
         threading.Thread(target=self._drain, daemon=True).start()
 
@@ -161,28 +159,47 @@ class Run:
         for line in self.proc.stderr:
             self.lines.append(line)
             if "checkpoint written" in line:
-                self.stepped.set()
+                self.checkpoints.release()
 
-    def wait_for_a_step(self) -> None:
-        if not self.stepped.wait(timeout=240):
-            self.proc.kill()
-            pytest.fail("no step within 240 s:\n" + "".join(self.lines[-40:]))
+    def wait_for_steps(self, steps: int) -> None:
+        for _ in range(steps):
+            if not self.checkpoints.acquire(timeout=240):
+                self.proc.kill()
+                pytest.fail("no step within 240 s:\n" + "".join(self.lines[-40:]))
         assert len(tagged_processes(self.tag)) >= 3  # asyncrl, vLLM's engine core, its worker
 
 
-def test_ctrl_c_stops_gracefully_and_no_vllm_process_outlives_it(tmp_path: Path) -> None:
-    run = Run(tmp_path)
-    run.wait_for_a_step()
+@pytest.fixture(scope="module")
+def interrupted(tmp_path_factory: pytest.TempPathFactory):
+    """The windowed run, stopped with Ctrl-C after a few steps; the processes
+    it left (checked by the test), its run as read back."""
+    run = Run(tmp_path_factory.mktemp("ctrl-c") / "run", WINDOWED)
+    run.wait_for_steps(STEPS_BEFORE_CTRL_C)
     # What a terminal sends: SIGINT to the whole foreground process group. vLLM's
     # processes run in a session of their own, so only asyncrl gets it: the run
     # stops gracefully (last sync, checkpoint), then shuts vLLM down.
     os.killpg(run.proc.pid, signal.SIGINT)
     code = run.proc.wait(timeout=120)
-    ours = "".join(line for line in run.lines if "asyncrl" in line)
-    assert code == 130, ours[-3000:]
-    assert "vLLM engine" not in ours, ours[-3000:]
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["stop_reason"] == "interrupted" and summary["ledger"]["balanced"]
-    assert summary["resume_command"]
     left = wait_gone(tagged_processes(run.tag), timeout=30)
+    return run, vllm_runs.read_run(run.run_dir, code), left
+
+
+def test_ctrl_c_stops_gracefully_and_no_vllm_process_outlives_it(interrupted) -> None:
+    run, result, left = interrupted
+    ours = "".join(line for line in run.lines if "asyncrl" in line)
+    assert result.code == 130, ours[-3000:]
+    assert "vLLM engine" not in ours, ours[-3000:]
+    assert result.summary["stop_reason"] == "interrupted" and result.summary["ledger"]["balanced"]
+    assert result.summary["resume_command"]
     assert not left, f"left behind after Ctrl-C: {[(p.pid, p.name()) for p in left]}"
+
+
+def test_windowed_aborts_stale_groups_in_vllm_and_balances(interrupted) -> None:
+    # Zero staleness and admission that never waits: every sync finds groups
+    # generating with the old weights, and aborts them inside vLLM.
+    _, result, _ = interrupted
+    assert len(result.records) >= STEPS_BEFORE_CTRL_C and result.summary["ledger"]["balanced"]
+    assert sum(r["groups_aborted"] for r in result.records) > 0, result.records
+    for r in result.records:  # what was trained was generated wholly with the trainer's weights
+        assert r["train/logprob_mismatch_max"] <= 1e-3, r
+        assert r["staleness_max"] == 0

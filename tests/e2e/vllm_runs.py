@@ -1,14 +1,19 @@
 """Short ``asyncrl train`` runs on vLLM, shared by the end-to-end tests that read them.
 
-Starting vLLM takes most of a run's time here (tens of seconds; its steps take
-a tenth of a second each), so a run that several tests can read is made once
-per session (the ``vllm_runs`` fixture of tests/e2e/conftest.py) and kept.
+Starting vLLM takes most of a run's time here (tens of seconds of both cores;
+its steps take a tenth of a second each), so a run that several tests can read
+is made once per session (the ``vllm_runs`` fixture of tests/e2e/conftest.py)
+and kept.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import re
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +26,12 @@ QUICKSTART = str(ROOT / "examples" / "quickstart.yaml")
 VLLM = ["policy.engine=vllm", "policy.model.num_heads=2", "checkpoint.every_steps=0",
         "logging.progress=never", "logging.plots=false", "logging.tensorboard=false"]
 
-#: The shared runs. Both generate up to 6 tokens per completion, so that one can
-#: be calibrated on and the other predicted (tests/e2e/test_vllm_train_calibrate.py).
+#: What the shared runs add to their commands. Both generate up to 6 tokens per
+#: completion, so that one can be calibrated on and the other predicted
+#: (tests/e2e/test_vllm_train_calibrate.py).
 SHARED = {
-    # in_order with one step of lookahead (the quickstart's sampler).
+    # The README's vLLM quickstart as a user types it (in_order, one step of
+    # lookahead), run as its own process: its output is read too.
     "in_order": ["grpo.max_num_steps=30", "policy.generation.max_new_tokens=6"],
     # windowed with zero staleness and admission that never waits: every sync
     # finds groups generating with the old weights, and aborts them inside vLLM.
@@ -42,13 +49,39 @@ class TrainRun:
     code: int
     summary: dict[str, Any]
     records: list[dict[str, Any]]
+    #: Every line the run printed (stdout and stderr), for a run made as a process.
+    output: list[str] = dataclasses.field(default_factory=list)
+
+
+def read_run(run_dir: Path, code: int, output: list[str] | None = None) -> TrainRun:
+    summary = json.loads((run_dir / "summary.json").read_text())
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return TrainRun(run_dir, code, summary, records, output or [])
 
 
 def train(run_dir: Path, *overrides: str, config: str = QUICKSTART) -> TrainRun:
     code = main(["train", "--config", config, "--run-dir", str(run_dir), *VLLM, *overrides])
-    summary = json.loads((run_dir / "summary.json").read_text())
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return TrainRun(run_dir, code, summary, records)
+    return read_run(run_dir, code)
+
+
+def readme_vllm_command() -> list[str]:
+    """The README's vLLM quickstart line, as ``asyncrl`` arguments."""
+    for line in (ROOT / "README.md").read_text().splitlines():
+        if "asyncrl train" in line and "policy.engine=vllm" in line:
+            return shlex.split(line.strip())[1:]
+    raise AssertionError("README.md has no vLLM quickstart line")
+
+
+def cli_train(run_dir: Path, args: list[str]) -> TrainRun:
+    """``asyncrl <args> --run-dir run_dir`` as its own process, from the repository
+    root; its output lines (a carriage return starts a line too, as a progress
+    bar redraws it)."""
+    command, *rest = args
+    proc = subprocess.run([sys.executable, "-m", "asyncrl", command, "--run-dir", str(run_dir),
+                           *rest], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    output = [x for x in re.split(r"[\r\n]+", proc.stdout + proc.stderr) if x.strip()]
+    return read_run(run_dir, proc.returncode, output)
 
 
 class SharedRuns:
@@ -60,5 +93,9 @@ class SharedRuns:
 
     def get(self, name: str) -> TrainRun:
         if name not in self._runs:
-            self._runs[name] = train(self.base / name, *SHARED[name])
+            run_dir = self.base / name
+            if name == "in_order":
+                self._runs[name] = cli_train(run_dir, [*readme_vllm_command(), *SHARED[name]])
+            else:
+                self._runs[name] = train(run_dir, *SHARED[name])
         return self._runs[name]
