@@ -59,12 +59,14 @@ def _signal_handling_restored() -> Iterator[None]:
 
 
 # ------------------------------------------------------------ parallel runs
-#: Test files that start vLLM (tens of seconds of start-up, and both cores, each;
-#: the e2e ones share session runs, tests/e2e/vllm_runs.py) and the files of the
-#: local Ray instance (one per module; two at once would fight over the cores).
+#: Tests that start vLLM (tens of seconds of start-up, and both cores, each;
+#: the e2e ones share session runs, tests/e2e/vllm_runs.py; vLLM binds its
+#: worker to the same core every time) and the files of the local Ray instance
+#: (one per module; two at once would fight over the cores).
 _GROUPS = {
-    "vllm": ("tests/e2e/test_vllm_", "tests/engines/test_vllm_engine.py",
-             "tests/engines/test_vllm_server_engine.py", "tests/cluster/test_vllm_"),
+    "vllm": ("tests/e2e/test_qwen2_shape.py::test_vllm_", "tests/e2e/test_vllm_",
+             "tests/engines/test_vllm_engine.py", "tests/engines/test_vllm_server_engine.py",
+             "tests/cluster/test_vllm_"),
     "ray": ("tests/cluster/",),
 }
 
@@ -85,8 +87,8 @@ _LONG_FILES = ("tests/e2e/test_qwen2_shape.py",)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The groups first, longest first (vLLM ~550 s, Ray ~180 s of a ~1,400 s
-    suite), then :data:`_LONG_FILES` (~120 s): xdist hands out units in
+    """The groups first, longest first (vLLM ~470 s, Ray ~190 s of a ~1,400 s
+    suite), then :data:`_LONG_FILES` (~160 s): xdist hands out units in
     collection order, so the vLLM group starts at once on one worker while the
     other takes the rest - started late, it alone would outlast everything else.
     Order within a group or file is kept."""

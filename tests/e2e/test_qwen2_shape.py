@@ -2,15 +2,19 @@
 layers (151,936 ids, GQA, tied embeddings) with 1,024-token completions completes
 a step on this 2-core, 24 GB machine - with the local engine and with vLLM.
 
-Each run is one synchronous step of one prompt and two completions; nearly all
+Each run is one synchronous step of one prompt and its completions; nearly all
 of its time is the 152k-wide output layer (every generated token reads it, every
-trained one multiplies by it three times). The local-engine run is part of
-``make test`` (about two minutes here). It runs in bfloat16, the dtype the
+trained one multiplies by it three times). They run in bfloat16, the dtype the
 example runs in on its device (``dtype: auto``), which halves the bytes every
-decoded token reads; float32 exactness at this shape is checked step by step in
-tests/trainers (the loss head, micro-batches, memory). The vLLM run, float32 and
-exact to 1e-3, takes another three and a half minutes and is opt-in
-(``tests/heavy.py``).
+decoded token reads; on policy within bfloat16's rounding. Float32 exactness at
+this shape is checked step by step in tests/trainers (the loss head,
+micro-batches, memory).
+
+The local-engine run is part of ``make test`` (two to three minutes here). The
+vLLM runs are opt-in (``tests/heavy.py``): about three minutes and 170-230 CPU
+seconds each (vLLM's start-up, generation, the step, the final checkpoint),
+which ``make test`` on the 2-core CI machine, its cores already busy for the
+whole run, has no room for.
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ import pytest
 
 from tests.heavy import HEAVY
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+# Minutes each on 2 busy cores: past pytest-timeout's 300 s default on a slow day.
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = str(ROOT / "examples" / "qwen2_shape.yaml")
@@ -32,7 +37,7 @@ TOKENS = 1024
 ONE_SMALL_STEP = [
     "policy.device=cpu", "policy.num_threads=1", "policy.model.num_layers=2",
     f"policy.generation.max_new_tokens={TOKENS}", "grpo.max_num_steps=1",
-    "grpo.num_prompts_per_step=1", "grpo.num_generations_per_prompt=2",
+    "grpo.num_prompts_per_step=1",
     "async_rl.sampler.max_lookahead_versions=0", "async_rl.max_buffered_rollouts=1",
     "async_rl.min_groups_for_streaming_train=1", "async_rl.max_inflight_prompts=1",
     "policy.train_micro_batch_tokens=2048", "logging.progress=never",
@@ -40,11 +45,12 @@ ONE_SMALL_STEP = [
 ]
 
 
-def run_one_step(run_dir: Path, *overrides: str) -> dict:
+def run_one_step(run_dir: Path, *overrides: str, completions: int = 2) -> dict:
     # In a process of its own, as a user runs it: the gigabytes it allocates and
     # frees stay out of the test worker, whose later tests measure memory growth.
     proc = subprocess.run([sys.executable, "-m", "asyncrl", "train", "--config", EXAMPLE,
-                           "--run-dir", str(run_dir), *ONE_SMALL_STEP, *overrides],
+                           "--run-dir", str(run_dir), *ONE_SMALL_STEP,
+                           f"grpo.num_generations_per_prompt={completions}", *overrides],
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -52,8 +58,9 @@ def run_one_step(run_dir: Path, *overrides: str) -> dict:
     (record,) = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     # A random model over 151,936 ids all but never samples its EOS: 1,024 tokens each.
     assert record["train/completion_tokens_mean"] >= 1000
-    assert record["train/step_tokens"] >= 2000
-    assert record["train/micro_batches"] == 2  # 1,088 positions each, budget 2,048
+    assert record["train/step_tokens"] >= 1000 * completions
+    # 1,088 positions each, budget 2,048: one sequence per micro-batch.
+    assert record["train/micro_batches"] == completions
     assert record["train/peak_memory_bytes"] > 0
     assert (run_dir / "final" / "model.safetensors").is_file()
     return record
@@ -67,9 +74,26 @@ def test_local_engine(tmp_path: Path) -> None:
     assert record["train/logprob_mismatch_max"] < 0.1
 
 
+#: vLLM on this policy: a context for the step's sequences, two of them at a time
+#: (the start-up's profiling run and KV cache sized to that, not to 64).
+VLLM = ["policy.engine=vllm", f"policy.vllm.max_model_len={TOKENS + 64}",
+        "policy.vllm.gpu_memory_utilization=0.15", "policy.generation.max_batch_sequences=2"]
+
+
 @HEAVY
 def test_vllm_engine(tmp_path: Path) -> None:
-    record = run_one_step(tmp_path / "run", "policy.engine=vllm",
-                          f"policy.vllm.max_model_len={TOKENS + 64}",
-                          "policy.vllm.gpu_memory_utilization=0.15")
+    # One completion: generating two costs as much (every step reads the output
+    # layer once), training them twice as much; the micro-batching is the local run's.
+    record = run_one_step(tmp_path / "run", *VLLM, "policy.dtype=bfloat16",
+                          "policy.vllm.dtype=bfloat16", completions=1)
+    # On policy within bfloat16's rounding, vLLM's kernels against torch's
+    # (measured here: mean 0.010, max 0.058; weights that are not the trainer's
+    # are off by nats).
+    assert record["train/logprob_mismatch"] < 0.03
+    assert record["train/logprob_mismatch_max"] < 0.3
+
+
+@HEAVY
+def test_vllm_engine_in_float32_is_exact(tmp_path: Path) -> None:
+    record = run_one_step(tmp_path / "run", *VLLM)
     assert record["train/logprob_mismatch_max"] <= 1e-3

@@ -14,7 +14,8 @@ Opt-in (``tests/heavy.py``): how far the two real runs' speeds drift apart is
 the machine's, not the fit's. On this shared 2-core machine the steps/s miss was
 5-8% on quiet runs, but 33% with other jobs running and once 35% inside ``make
 test`` itself (its second xdist worker loading the cores unevenly between the
-two runs). The fit's logic is tested without real time in tests/sim/test_calibrate.py. Both runs are shared with tests/e2e/test_vllm_train.py.
+two runs). The fit's logic is tested without real time in tests/sim/test_calibrate.py. The
+in_order run is shared with tests/e2e/test_vllm_train.py and test_vllm_output.py.
 """
 
 from __future__ import annotations

@@ -94,8 +94,6 @@ def write_checkpoint(
     keep_last: int,
 ) -> Path:
     """Write checkpoint ``step`` atomically and prune all but the newest ``keep_last``."""
-    import torch
-
     root = checkpoint_root(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{PREFIX}{step:06d}"
