@@ -19,6 +19,7 @@ from asyncrl.cluster.proxies import (
     RESTART_BACKOFF_S,
     RayEngine,
     WorkerPool,
+    kill_actor,
 )
 from asyncrl.sim.clock import run_virtual
 
@@ -86,3 +87,11 @@ def test_a_successful_restart_makes_the_worker_alive_again() -> None:
 
     engine = run_virtual(main())
     assert engine.state == ALIVE and engine.pid == 2 and engine.restarts == 1
+
+
+def test_killing_an_actor_once_ray_is_shut_down_starts_no_new_instance() -> None:
+    import ray
+
+    ray.shutdown()  # as after a run's end (a no-op when none runs)
+    kill_actor(object())
+    assert not ray.is_initialized()

@@ -80,7 +80,11 @@ def _future(ref: Any) -> asyncio.Future[Any]:
 
 
 def kill_actor(actor: Any) -> None:
-    """Kill an actor for good; it may be dead already."""
+    """Kill an actor for good; it may be dead already. Without a Ray instance
+    (shut down meanwhile) there is nothing left to kill, and ``ray.kill`` would
+    start a new local one."""
+    if not ray.is_initialized():
+        return
     with contextlib.suppress(Exception):
         ray.kill(actor, no_restart=True)
 
