@@ -7,8 +7,9 @@ Two ways, in the same run:
 * reference: ``torch.save`` of the state as the trainer held it before (the tied
   embedding copied as two tensors) with the zip format's CRC-32 of every record,
   written to the same directory the same way (through a Python file, fsync'd);
-* asyncrl:   ``asyncrl.checkpoint.write_checkpoint`` of ``GRPOTrainer``'s copy,
-  manifest and sha256 included.
+* asyncrl:   ``asyncrl.checkpoint.write_checkpoint`` of the state with the
+  embedding held once (as ``GRPOTrainer.state_dict`` now copies it), manifest
+  and sha256 included (the reference has neither: the comparison favours it).
 
 Times are wall seconds, which include the disk's fsync; the CPU seconds beside
 them are what the other work of a run (the event loop, generation) loses.

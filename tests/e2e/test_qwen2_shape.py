@@ -4,9 +4,10 @@ a step on this 2-core, 24 GB machine - with the local engine and with vLLM.
 
 Each run is one synchronous step of one prompt and its completions; nearly all
 of its time is the 152k-wide output layer (every generated token reads it, every
-trained one multiplies by it three times). They run in bfloat16, the dtype the
-example runs in on its device (``dtype: auto``), which halves the bytes every
-decoded token reads; on policy within bfloat16's rounding. Float32 exactness at
+trained one multiplies by it three times). They run in bfloat16 (but for the
+opt-in float32 vLLM one), the dtype the example runs in on its device (``dtype:
+auto``), which halves the bytes every decoded token reads; on policy within
+bfloat16's rounding. Float32 exactness at
 this shape is checked step by step in tests/trainers (the loss head,
 micro-batches, memory).
 

@@ -18,6 +18,7 @@ test (tests/e2e/vllm_runs.py), the windowed one is the Ctrl-C test's.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -26,6 +27,7 @@ import sys
 import threading
 from pathlib import Path
 
+import psutil
 import pytest
 
 from asyncrl.cli import main
@@ -34,7 +36,8 @@ from tests.e2e import vllm_runs
 from tests.e2e.vllm_runs import QUICKSTART, ROOT, SHARED, VLLM, SharedRuns
 from tests.vllm_support import tagged_env, tagged_processes, wait_gone
 
-pytestmark = pytest.mark.e2e
+# The Ctrl-C run's fixture waits up to 4 x 240 s for its steps (far more than it takes).
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 #: Synchronous GRPO that learns visibly within 20 steps: 16 groups per step, lr 3e-3.
 SYNC = ["grpo.max_num_steps=20", "grpo.num_prompts_per_step=16",
         "async_rl.max_buffered_rollouts=32", "async_rl.max_inflight_prompts=32",
@@ -174,12 +177,19 @@ def interrupted(tmp_path_factory: pytest.TempPathFactory):
     """The windowed run, stopped with Ctrl-C after a few steps; the processes
     it left (checked by the test), its run as read back."""
     run = Run(tmp_path_factory.mktemp("ctrl-c") / "run", WINDOWED)
-    run.wait_for_steps(STEPS_BEFORE_CTRL_C)
-    # What a terminal sends: SIGINT to the whole foreground process group. vLLM's
-    # processes run in a session of their own, so only asyncrl gets it: the run
-    # stops gracefully (last sync, checkpoint), then shuts vLLM down.
-    os.killpg(run.proc.pid, signal.SIGINT)
-    code = run.proc.wait(timeout=120)
+    try:
+        run.wait_for_steps(STEPS_BEFORE_CTRL_C)
+        # What a terminal sends: SIGINT to the whole foreground process group. vLLM's
+        # processes run in a session of their own, so only asyncrl gets it: the run
+        # stops gracefully (last sync, checkpoint), then shuts vLLM down.
+        os.killpg(run.proc.pid, signal.SIGINT)
+        code = run.proc.wait(timeout=120)
+    except BaseException:  # no run, nor its vLLM, outlives a failed start or stop
+        for proc in [run.proc, *tagged_processes(run.tag)]:
+            with contextlib.suppress(OSError, psutil.Error):
+                proc.kill()
+        wait_gone(tagged_processes(run.tag), timeout=30)
+        raise
     left = wait_gone(tagged_processes(run.tag), timeout=30)
     return run, vllm_runs.read_run(run.run_dir, code), left
 

@@ -31,8 +31,10 @@ VLLM = ["policy.engine=vllm", "policy.model.num_heads=2", "checkpoint.every_step
 #: (tests/e2e/test_vllm_train_calibrate.py).
 SHARED = {
     # The README's vLLM quickstart as a user types it (in_order, one step of
-    # lookahead), run as its own process: its output is read too.
-    "in_order": ["grpo.max_num_steps=30", "policy.generation.max_new_tokens=6"],
+    # lookahead), run as its own process: its output is read too. No plots or
+    # TensorBoard events, as in the runs of VLLM (and the calibration's source).
+    "in_order": ["grpo.max_num_steps=30", "policy.generation.max_new_tokens=6",
+                 "logging.plots=false", "logging.tensorboard=false"],
     # windowed with zero staleness and admission that never waits: every sync
     # finds groups generating with the old weights, and aborts them inside vLLM.
     "windowed": ["grpo.max_num_steps=20", "async_rl.sampler.name=windowed",
@@ -89,13 +91,22 @@ class SharedRuns:
 
     def __init__(self, base: Path) -> None:
         self.base = base
-        self._runs: dict[str, TrainRun] = {}
+        self._runs: dict[str, TrainRun | BaseException] = {}
 
     def get(self, name: str) -> TrainRun:
         if name not in self._runs:
             run_dir = self.base / name
-            if name == "in_order":
-                self._runs[name] = cli_train(run_dir, [*readme_vllm_command(), *SHARED[name]])
-            else:
-                self._runs[name] = train(run_dir, *SHARED[name])
-        return self._runs[name]
+            try:
+                if name == "in_order":
+                    run = cli_train(run_dir, [*readme_vllm_command(), *SHARED[name]])
+                else:
+                    run = train(run_dir, *SHARED[name])
+            except Exception as exc:  # the next reader gets the same failure, not a rerun
+                self._runs[name] = exc
+                raise
+            self._runs[name] = run
+        run = self._runs[name]
+        if isinstance(run, BaseException):
+            raise AssertionError(f"the shared {name!r} run failed (see the first test "
+                                 "that read it)") from run
+        return run

@@ -252,7 +252,6 @@ def test_state_dict_is_a_snapshot():
     assert torch.equal(state["model"][name], saved)
 
 
-
 def test_tied_embeddings_are_copied_and_saved_once(tmp_path):
     """The quickstart's model ties its input and output embeddings: the
     checkpoint and the weights sent to engines hold that tensor once, and a
@@ -272,6 +271,7 @@ def test_tied_embeddings_are_copied_and_saved_once(tmp_path):
     assert resumed.model.lm_head.weight is resumed.model.model.embed_tokens.weight
     for k, v in params(resumed.model).items():
         assert torch.equal(v, params(trainer.model)[k]), k
+
 
 # ----------------------------------------------------------- from config
 async def test_build_local_backends_from_a_run_config():

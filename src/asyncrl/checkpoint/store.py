@@ -24,6 +24,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,11 +54,18 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+#: Held while :func:`_torch_save` has torch's (process-wide) CRC switch off.
+_CRC_SWITCH = threading.Lock()
+
+
 def _torch_save(obj: Any, fh: Any) -> None:
     """``torch.save`` without the zip format's CRC-32 of every record (a switch
     since torch 2.5): at ~150 MB/s it made writing a large checkpoint CPU-bound
     (1 GiB: 6.9 s with it, 0.8 s without, measured on this project's CPU), and
-    the manifest's sha256, checked on every load, already guards every byte."""
+    the manifest's sha256, checked on every load, already guards every byte.
+    The switch is torch's, for the whole process: another thread's
+    ``torch.save`` meanwhile writes no CRC-32 either (torch reads such files;
+    ``unzip -t`` would call them damaged)."""
     import torch
 
     try:
@@ -65,12 +73,13 @@ def _torch_save(obj: Any, fh: Any) -> None:
     except ImportError:  # torch < 2.5: the checksum is always computed
         torch.save(obj, fh)
         return
-    previous = config.save.compute_crc32
-    config.save.compute_crc32 = False
-    try:
-        torch.save(obj, fh)
-    finally:
-        config.save.compute_crc32 = previous
+    with _CRC_SWITCH:
+        previous = config.save.compute_crc32
+        config.save.compute_crc32 = False
+        try:
+            torch.save(obj, fh)
+        finally:
+            config.save.compute_crc32 = previous
 
 
 def _fsync_dir(path: Path) -> None:

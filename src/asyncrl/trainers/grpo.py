@@ -427,8 +427,8 @@ def _trained_weights(state: dict[str, Any], key: str) -> dict[str, torch.Tensor]
 def _cpu_copy(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """CPU copies of ``state``'s tensors. Entries that are one tensor (tied input
     and output embeddings: a quarter of Qwen2.5-0.5B's parameters) stay one in the
-    copy: copied once, sent once, and saved once by ``torch.save``, which writes
-    a storage shared by several entries a single time."""
+    copy: copied once, and saved once by ``torch.save``, which writes a storage
+    shared by several entries a single time."""
     copies: dict[tuple, torch.Tensor] = {}
     out = {}
     for name, tensor in state.items():
