@@ -233,11 +233,17 @@ class _Run:
                 raise
             await self._end_of_run()
         finally:
-            if not self.stop.forced:  # the final policy, unless asked to stop at once
-                self.final_dir = await export_final(self.run_dir, self.cfg, self.trainer,
-                                                    self.task)
-            self.stop.uninstall(loop)
-            await self.close()
+            try:
+                if not self.stop.forced:  # the final policy, unless asked to stop at once
+                    self.final_dir = await export_final(self.run_dir, self.cfg, self.trainer,
+                                                        self.task)
+                # The engines close under the loop's handlers too: the loop wakes on a
+                # signal whichever thread the kernel hands it to (asyncio watches a
+                # wakeup fd), where a Python handler would wait for the main thread
+                # to run - never, while the loop sleeps on an engine that never closes.
+                await self.close()
+            finally:
+                self.stop.uninstall(loop)
 
     async def _end_of_run(self) -> None:
         """The final checkpoint, when the run stopped with its state whole:
