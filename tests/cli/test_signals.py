@@ -270,7 +270,11 @@ def test_a_second_sigterm_during_wrap_up_still_writes_the_summary_and_exits_143(
         if "wrap-up began" in line:
             proc.send_signal(signal.SIGTERM)  # the second one, after the loop ended
             break
-    _, rest = proc.communicate(timeout=120)
+    try:
+        _, rest = proc.communicate(timeout=120)
+    finally:  # a run that did not stop is not left behind
+        proc.kill()
+        proc.wait()
     err_text = "".join(err) + rest
     assert proc.returncode == 143, err_text[-2000:]
     assert "the run stopped at once; resume it with: asyncrl train --resume" in err_text
