@@ -4,17 +4,19 @@ event loop.
 The trainer's state (a copy of the weights and of AdamW's two moments: ~600 MB
 here) is captured in a worker thread (and written in another, as it always
 was); the loop goes on serving the rollout side. The longest gap between the
-ticks of a 1 ms ticker is measured during the capture, and against the same
-capture done on the loop (how it was done before). benchmarks/bench_failures.py
-reports it, writing included, by model size.
+ticks of a 1 ms ticker, ``longest_stall``) is a measurement, so
+benchmarks/bench_failures.py reports it, writing included, by model size; the
+test checks the mechanism: the loop serves while the copy is in progress.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 import types
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -75,24 +77,34 @@ async def longest_stall(work) -> float:
 
 
 def test_checkpoint_of_a_50m_parameter_model_keeps_the_loop_serving(tmp_path: Path) -> None:
+    """While the trainer's state is being copied, the loop runs a callback the copy
+    schedules on it, and the copy waits for that callback. On the loop thread the
+    copy would wait for itself: the callback could not run until the copy ended.
+    (How long the loop stalls is a measurement: benchmarks/bench_failures.py.)"""
     trainer = big_trainer()
     assert sum(p.numel() for p in trainer.model.parameters()) >= 50_000_000
     hook = CheckpointHook(tmp_path, RunConfig())
     controller = fake_controller(trainer)
-    captured = []
+    copy_state = trainer.state_dict
+    served_during_the_copy: list[bool] = []
 
-    async def checkpoint() -> None:
-        captured.append(await hook.capture(controller, 1))
+    def state_dict_that_needs_the_loop() -> dict:
+        answered = threading.Event()
+        loop.call_soon_threadsafe(answered.set)
+        # The bound only ends a failure (the loop blocked by this very copy).
+        served_during_the_copy.append(answered.wait(timeout=20))
+        return copy_state()
 
-    async def on_the_loop() -> None:
-        trainer.state_dict()  # what the hook did before: the copy on the loop thread
+    trainer.state_dict = state_dict_that_needs_the_loop  # type: ignore[method-assign]
 
-    async def main() -> tuple[float, float]:
-        return await longest_stall(checkpoint), await longest_stall(on_the_loop)
+    async def main() -> Any:
+        nonlocal loop
+        loop = asyncio.get_running_loop()
+        return await hook.capture(controller, 1)
 
-    stall, before = asyncio.run(main())
-    state = captured[0].trainer_state
+    loop: asyncio.AbstractEventLoop | None = None
+    captured = asyncio.run(main())
+    assert served_during_the_copy == [True]
+    state = captured.trainer_state
     assert len(state["optimizer"]["state"]) == len(trainer.params)  # the whole of it
-    # Target 50 ms; the bound leaves room for a loaded CI machine, and the capture
-    # on the loop stalls it for the whole copy.
-    assert stall < 0.25 and stall < before / 2, (stall, before)
+    assert sum(t.numel() for t in state["model"].values()) >= 50_000_000
