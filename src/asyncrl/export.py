@@ -27,6 +27,7 @@ from asyncrl.config import RunConfig, config_from_dict
 from asyncrl.errors import CheckpointError, SetupError
 from asyncrl.hf import ADAPTER_DIR
 from asyncrl.tasks import Task, build_task
+from asyncrl.trainers.base import final_state_dict
 
 log = logging.getLogger("asyncrl.export")
 
@@ -50,15 +51,20 @@ def export_trainer_state(cfg: RunConfig, state: Mapping[str, Any], out_dir: str 
     holds it) describes: its model weights, or the base model of ``cfg`` with its
     LoRA adapters merged (and the adapter beside it)."""
     from asyncrl.hf import save_policy
-    from asyncrl.policy import bind_task_tokenizer, build_policy
+    from asyncrl.policy import bind_task_tokenizer, build_policy, load_tokenizer, model_skeleton
 
     if task is None:
         task = build_task(cfg.task)
         bind_task_tokenizer(task, cfg.policy)
-    model, tokenizer = build_policy(cfg.policy, task, seed=cfg.seed)
     if "adapter" not in state:
-        model.load_state_dict(dict(state["model"]))
+        # The weights are all there: the model around them is built on the meta
+        # device (no memory, no random init: for a 0.5B model that alone took
+        # seconds) and takes the state's tensors as they are, dtype included.
+        tokenizer = load_tokenizer(cfg.policy, task)
+        model = model_skeleton(cfg.policy, tokenizer)
+        model.load_state_dict(dict(state["model"]), assign=True)
         return save_policy(model, tokenizer, out_dir)
+    model, tokenizer = build_policy(cfg.policy, task, seed=cfg.seed)
     from asyncrl.trainers import lora
 
     if cfg.policy.lora is None:
@@ -76,14 +82,14 @@ def export_trainer_state(cfg: RunConfig, state: Mapping[str, Any], out_dir: str 
 
 async def export_final(run_dir: str | Path, cfg: RunConfig, trainer: Any,
                        task: Task | None = None) -> Path | None:
-    """``RUN_DIR/final/`` from the trainer's weights now (``trainer.state_dict()``,
-    as a checkpoint would hold it).
+    """``RUN_DIR/final/`` from the trainer's weights now (its state as a checkpoint
+    would hold it: :func:`~asyncrl.trainers.base.final_state_dict`).
 
     Called when a run ends, however it ends; returns None (and logs why) when
     the export fails, so that a failed export never hides the run's outcome.
     """
     try:
-        state = await asyncio.to_thread(trainer.state_dict)
+        state = await asyncio.to_thread(final_state_dict, trainer)
         return await asyncio.to_thread(export_trainer_state, cfg, state,
                                        Path(run_dir) / FINAL, task=task)
     except Exception as exc:

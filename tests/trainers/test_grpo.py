@@ -6,6 +6,7 @@ import asyncio
 import copy
 import dataclasses
 import math
+import threading
 
 import pytest
 import torch
@@ -250,6 +251,43 @@ def test_state_dict_is_a_snapshot():
     with torch.no_grad():
         trainer.model.get_parameter(name).add_(1.0)
     assert torch.equal(state["model"][name], saved)
+
+
+async def test_the_final_state_is_the_state_without_copies_taken_on_the_trainers_thread():
+    """Once a run has stopped, the final checkpoint and policy take the trainer's
+    tensors as they are (a copy would double the model and optimizer in memory),
+    on the trainer's own thread: after any step still running there."""
+    engine, trainer = make_pair()
+    trainer.train_chunk_sync(await rollouts(engine))
+    trainer.finish_step_sync()
+    threads = []
+    take_state = trainer._state
+
+    def recorded(**kwargs):
+        threads.append(threading.current_thread().name)
+        return take_state(**kwargs)
+
+    trainer._state = recorded
+    final, copied = trainer.final_state_dict(), trainer.state_dict()
+    assert threads[0].startswith("asyncrl-trainer") and threads[1] == "MainThread"
+
+    def same(a, b):
+        if isinstance(a, torch.Tensor):
+            return torch.equal(a, b)
+        if isinstance(a, dict):
+            return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+        if isinstance(a, (list, tuple)):
+            return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+        return a == b
+
+    assert same(final, copied)
+    for name, param in trainer.model.named_parameters():
+        assert final["model"][name].data_ptr() == param.data_ptr(), name
+        assert copied["model"][name].data_ptr() != param.data_ptr(), name
+    moments = [s["exp_avg"] for s in trainer.optimizer.state.values()]
+    saved = [s["exp_avg"] for s in final["optimizer"]["state"].values()]
+    assert moments and {t.data_ptr() for t in saved} == {t.data_ptr() for t in moments}
+    await trainer.close()
 
 
 def test_tied_embeddings_are_copied_and_saved_once(tmp_path):

@@ -19,6 +19,7 @@ from asyncrl.checkpoint.store import (
 )
 from asyncrl.config import RunConfig, apply_overrides, config_from_dict, dump_config
 from asyncrl.errors import CheckpointError, ConfigError
+from asyncrl.trainers.base import final_state_dict
 
 log = logging.getLogger("asyncrl.checkpoint")
 
@@ -66,7 +67,7 @@ class CheckpointHook:
             await controller.read_partials()  # groups generating keep their tokens
             await self._write(await self.capture(controller, version))
 
-    async def capture(self, controller: Any, version: int) -> _Captured:
+    async def capture(self, controller: Any, version: int, *, final: bool = False) -> _Captured:
         """Both states of the same moment, without blocking the event loop.
 
         The controller's state is small and taken at once, on the loop, before
@@ -74,6 +75,8 @@ class CheckpointHook:
         seconds for a large model) is taken in a worker thread while the loop
         keeps serving the rollout side: the trainer does not change meanwhile,
         because the train pump is waiting for this hook (or has stopped).
+        ``final``: no trainer call follows (the run has stopped), so a trainer
+        with ``final_state_dict`` hands over its tensors rather than copies.
         """
         controller_state = controller.state_dict()
         # Deterministic mode: in-flight groups are pinned to recent weight versions
@@ -87,7 +90,9 @@ class CheckpointHook:
         if sharded is not None:
             trainer_state = await asyncio.to_thread(sharded, shards_dir(self.run_dir, version))
         else:
-            trainer_state = await asyncio.to_thread(controller.trainer.state_dict)
+            trainer = controller.trainer
+            trainer_state = await (asyncio.to_thread(final_state_dict, trainer) if final
+                                   else asyncio.to_thread(trainer.state_dict))
         if snapshots is not None:
             trainer_state = {**trainer_state, ENGINE_SNAPSHOTS: snapshots}
         return _Captured(version, controller_state, trainer_state)
@@ -116,7 +121,8 @@ class CheckpointHook:
         returned, before the backends close. Groups in flight then (cancelled by
         the stop) and the groups of a step a stop interrupted are in it, as in
         every checkpoint; it replaces a periodic one of the same step."""
-        return await self._write(await self.capture(controller, controller.version.value))
+        return await self._write(await self.capture(controller, controller.version.value,
+                                                    final=True))
 
 
 def _get(tree: dict[str, Any], dotted: str) -> Any:

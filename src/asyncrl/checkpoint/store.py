@@ -47,10 +47,15 @@ def checkpoint_root(run_dir: str | Path) -> Path:
 
 
 def _sha256(path: Path) -> str:
+    # Read into one reused buffer: a new 1 MiB bytes object per read is fresh
+    # memory each time, which on a VM whose host backs pages lazily made hashing
+    # a 2 GiB checkpoint take 20 s instead of 2 (measured on this project's CI VM).
     digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
+    buffer = bytearray(1 << 20)
+    view = memoryview(buffer)
+    with path.open("rb", buffering=0) as fh:
+        while n := fh.readinto(buffer):
+            digest.update(view[:n])
     return digest.hexdigest()
 
 

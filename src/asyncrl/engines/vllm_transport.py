@@ -120,6 +120,9 @@ def write_safetensors(weights: Mapping[str, torch.Tensor], directory: Path) -> P
         t = tensor.detach().to("cpu").contiguous()
         ptr = t.untyped_storage().data_ptr()
         # Tied weights share one storage, which safetensors refuses to write twice.
+        # Both names are written: vLLM's in-place reload leaves a tied output
+        # layer on the old weights when only the embedding comes (measured: the
+        # engine then falls off policy after a sync).
         if ptr in storages:
             t = t.clone()
         storages.add(ptr)

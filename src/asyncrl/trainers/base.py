@@ -32,7 +32,11 @@ class Trainer(Protocol):
 
     def state_dict(self) -> dict[str, Any]:
         """Called when a checkpoint is written (model, optimizer, RNG), in a worker
-        thread (the event loop keeps serving), while no other trainer call runs."""
+        thread (the event loop keeps serving), while no other trainer call runs.
+        Training goes on while the checkpoint is written, so the tensors must be
+        copies. (A trainer may also offer ``final_state_dict()``: the same state,
+        called once the run has stopped, free to share its tensors; see
+        :func:`final_state_dict`.)"""
         ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -42,3 +46,12 @@ class Trainer(Protocol):
     async def close(self) -> None:
         """Called once when the run ends."""
         ...
+
+
+def final_state_dict(trainer: Trainer) -> dict[str, Any]:
+    """The trainer's state once the run has stopped (the final checkpoint and the
+    final policy; no trainer call follows): its ``final_state_dict()`` where it
+    has one - the state without copying tensors it already holds on the CPU -
+    else its ``state_dict()``."""
+    final = getattr(trainer, "final_state_dict", None)
+    return final() if final is not None else trainer.state_dict()

@@ -40,8 +40,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 from collections.abc import Sequence
+from copy import deepcopy
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -134,7 +134,7 @@ class GRPOTrainer:
         if self.loss_cfg.kl_coef > 0 and self.lora is None:
             # The reference is the policy as it starts, frozen (a LoRA policy's is
             # the same model with its adapters off: no copy).
-            self.ref_model = (ref_model or copy.deepcopy(model)).eval().requires_grad_(False)
+            self.ref_model = (ref_model or deepcopy(model)).eval().requires_grad_(False)
         if gradient_checkpointing:
             enable_checkpointing(model)
         self.precision = MasterWeights(
@@ -212,22 +212,33 @@ class GRPOTrainer:
         return await self._run(self.get_weights_sync)
 
     def state_dict(self) -> dict[str, Any]:
+        return self._state(copy=True)
+
+    def final_state_dict(self) -> dict[str, Any]:
+        """:meth:`state_dict` for when no trainer call follows (the final checkpoint,
+        the final policy): tensors already on the CPU are shared, not copied - a
+        copy would hold the model and optimizer state twice in memory, and take
+        seconds per gigabyte to make. Runs on the trainer's thread, after any
+        call still in flight there (a step a stop cancelled the caller of)."""
+        return self._executor.submit(self._state, copy=False).result()
+
+    def _state(self, *, copy: bool) -> dict[str, Any]:
         state = {
-            "optimizer": _copied(self.optimizer.state_dict()),
+            "optimizer": _detached(self.optimizer.state_dict(), copy=copy),
             "version": self.version,
             "torch_rng": torch.get_rng_state(),
         }
         if self.lora is not None:
             # The base weights are rebuilt from the config: only the adapters change.
-            state["adapter"] = lora_.adapter_state_dict(self.model)
+            state["adapter"] = lora_.adapter_state_dict(self.model, copy=copy)
         else:
-            state["model"] = _cpu_copy(self.model.state_dict())
+            state["model"] = _on_cpu(self.model.state_dict(), copy=copy)
         if self.precision.mixed:
-            state["master"] = self.precision.state_dict()
+            state["master"] = self.precision.state_dict(copy=copy)
         if self.precision.scaler is not None:
             state["grad_scaler"] = self.precision.scaler_state()
         if self.ref_model is not None:
-            state["ref_model"] = _cpu_copy(self.ref_model.state_dict())
+            state["ref_model"] = _on_cpu(self.ref_model.state_dict(), copy=copy)
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -372,7 +383,7 @@ class GRPOTrainer:
         state = (lora_.merged_state_dict(self.model) if self.lora is not None
                  else self.model.state_dict())
         if self.weights_device.type == "cpu":
-            return _cpu_copy(state)
+            return _on_cpu(state)
         weights = {k: v.detach().to(self.weights_device, copy=True) for k, v in state.items()}
         hand_over(weights.values())  # complete before the engine's thread reads them
         return weights
@@ -390,17 +401,18 @@ class GRPOTrainer:
             )
 
 
-def _copied(tree: Any) -> Any:
-    """A deep copy whose tensors are cloned by torch, which lets other threads run
-    meanwhile (``copy.deepcopy`` clones tensor storages holding the GIL: a
-    checkpoint taken off the event loop would still stall it for tens of ms)."""
+def _detached(tree: Any, *, copy: bool) -> Any:
+    """``tree`` with its tensors detached and (``copy``) cloned by torch, which lets
+    other threads run meanwhile (``copy.deepcopy`` clones tensor storages holding
+    the GIL: a checkpoint taken off the event loop would still stall it for tens
+    of ms); what is not a tensor is deep-copied either way."""
     if isinstance(tree, torch.Tensor):
-        return tree.detach().clone()
+        return tree.detach().clone() if copy else tree.detach()
     if isinstance(tree, dict):
-        return {k: _copied(v) for k, v in tree.items()}
+        return {k: _detached(v, copy=copy) for k, v in tree.items()}
     if isinstance(tree, (list, tuple)):
-        return type(tree)(_copied(v) for v in tree)
-    return copy.deepcopy(tree)
+        return type(tree)(_detached(v, copy=copy) for v in tree)
+    return deepcopy(tree)
 
 
 class _StepSums:
@@ -424,17 +436,18 @@ def _trained_weights(state: dict[str, Any], key: str) -> dict[str, torch.Tensor]
     return state[key]
 
 
-def _cpu_copy(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """CPU copies of ``state``'s tensors. Entries that are one tensor (tied input
-    and output embeddings: a quarter of Qwen2.5-0.5B's parameters) stay one in the
-    copy: copied once, and saved once by ``torch.save``, which writes a storage
-    shared by several entries a single time."""
-    copies: dict[tuple, torch.Tensor] = {}
+def _on_cpu(state: dict[str, torch.Tensor], *, copy: bool = True) -> dict[str, torch.Tensor]:
+    """``state``'s tensors on the CPU: copies (``copy``), or the tensors themselves
+    where they are on the CPU already. Entries that are one tensor (tied input and
+    output embeddings: a quarter of Qwen2.5-0.5B's parameters) stay one: copied
+    once, and saved once by ``torch.save``, which writes a storage shared by
+    several entries a single time."""
+    moved: dict[tuple, torch.Tensor] = {}
     out = {}
     for name, tensor in state.items():
         key = (tensor.device, tensor.untyped_storage().data_ptr(), tensor.storage_offset(),
                tuple(tensor.shape), tensor.stride(), tensor.dtype)
-        if key not in copies:
-            copies[key] = tensor.detach().to("cpu", copy=True)
-        out[name] = copies[key]
+        if key not in moved:
+            moved[key] = tensor.detach().to("cpu", copy=copy)
+        out[name] = moved[key]
     return out

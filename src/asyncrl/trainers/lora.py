@@ -97,9 +97,10 @@ def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return state
 
 
-def adapter_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """CPU copies of the adapters' parameters (the trainable ones)."""
-    return {name: p.detach().to("cpu", copy=True)
+def adapter_state_dict(model: torch.nn.Module, *, copy: bool = True) -> dict[str, torch.Tensor]:
+    """The adapters' parameters (the trainable ones) on the CPU: copies, or (not
+    ``copy``) the parameters themselves where they are on the CPU."""
+    return {name: p.detach().to("cpu", copy=copy)
             for name, p in model.named_parameters() if p.requires_grad}
 
 

@@ -126,9 +126,10 @@ class MasterWeights:
             p.grad = None
 
     # ---------------------------------------------------------- checkpoints
-    def state_dict(self) -> dict[str, Tensor]:
-        """CPU copies of the float32 masters of the low-precision parameters."""
-        return {name: m.detach().to("cpu", copy=True)
+    def state_dict(self, *, copy: bool = True) -> dict[str, Tensor]:
+        """The float32 masters of the low-precision parameters on the CPU: copies,
+        or (not ``copy``) the masters themselves where they are on the CPU."""
+        return {name: m.detach().to("cpu", copy=copy)
                 for name, p, m in zip(self.names, self.model_params, self.master) if p is not m}
 
     def load(self, source: dict[str, Tensor]) -> None:
