@@ -63,6 +63,10 @@ def export_trainer_state(cfg: RunConfig, state: Mapping[str, Any], out_dir: str 
         tokenizer = load_tokenizer(cfg.policy, task)
         model = model_skeleton(cfg.policy, tokenizer)
         model.load_state_dict(dict(state["model"]), assign=True)
+        # Assigned, tied weights are two parameters (one tensor, or two equal
+        # ones from a sharded trainer): tie them again, so that the output layer
+        # is saved as the embedding it is, as build_policy's model would be.
+        model.tie_weights()
         return save_policy(model, tokenizer, out_dir)
     model, tokenizer = build_policy(cfg.policy, task, seed=cfg.seed)
     from asyncrl.trainers import lora
