@@ -298,6 +298,12 @@ def test_tied_embeddings_are_copied_and_saved_once(tmp_path):
     assert trainer.model.lm_head.weight is trainer.model.model.embed_tokens.weight
     for weights in (trainer.state_dict()["model"], trainer.get_weights_sync()):
         assert weights["lm_head.weight"] is weights["model.embed_tokens.weight"]
+    # Weights for an engine on another device (a GPU's path; "meta" here): the same.
+    trainer.weights_device = torch.device("meta")
+    weights = trainer.get_weights_sync()
+    assert weights["lm_head.weight"].device.type == "meta"
+    assert weights["lm_head.weight"] is weights["model.embed_tokens.weight"]
+    trainer.weights_device = torch.device("cpu")
     model = trainer.state_dict()["model"]
     path = tmp_path / "trainer.pt"
     torch.save({"model": model}, path)

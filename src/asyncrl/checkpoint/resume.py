@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,8 +92,8 @@ class CheckpointHook:
             trainer_state = await asyncio.to_thread(sharded, shards_dir(self.run_dir, version))
         else:
             trainer = controller.trainer
-            trainer_state = await (asyncio.to_thread(final_state_dict, trainer) if final
-                                   else asyncio.to_thread(trainer.state_dict))
+            take = functools.partial(final_state_dict, trainer) if final else trainer.state_dict
+            trainer_state = await asyncio.to_thread(take)
         if snapshots is not None:
             trainer_state = {**trainer_state, ENGINE_SNAPSHOTS: snapshots}
         return _Captured(version, controller_state, trainer_state)

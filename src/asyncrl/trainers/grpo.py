@@ -232,13 +232,13 @@ class GRPOTrainer:
             # The base weights are rebuilt from the config: only the adapters change.
             state["adapter"] = lora_.adapter_state_dict(self.model, copy=copy)
         else:
-            state["model"] = _on_cpu(self.model.state_dict(), copy=copy)
+            state["model"] = _moved(self.model.state_dict(), CPU, copy=copy)
         if self.precision.mixed:
             state["master"] = self.precision.state_dict(copy=copy)
         if self.precision.scaler is not None:
             state["grad_scaler"] = self.precision.scaler_state()
         if self.ref_model is not None:
-            state["ref_model"] = _on_cpu(self.ref_model.state_dict(), copy=copy)
+            state["ref_model"] = _moved(self.ref_model.state_dict(), CPU, copy=copy)
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -382,9 +382,7 @@ class GRPOTrainer:
         weights, under the base model's names)."""
         state = (lora_.merged_state_dict(self.model) if self.lora is not None
                  else self.model.state_dict())
-        if self.weights_device.type == "cpu":
-            return _on_cpu(state)
-        weights = {k: v.detach().to(self.weights_device, copy=True) for k, v in state.items()}
+        weights = _moved(state, self.weights_device)
         hand_over(weights.values())  # complete before the engine's thread reads them
         return weights
 
@@ -436,18 +434,23 @@ def _trained_weights(state: dict[str, Any], key: str) -> dict[str, torch.Tensor]
     return state[key]
 
 
-def _on_cpu(state: dict[str, torch.Tensor], *, copy: bool = True) -> dict[str, torch.Tensor]:
-    """``state``'s tensors on the CPU: copies (``copy``), or the tensors themselves
-    where they are on the CPU already. Entries that are one tensor (tied input and
-    output embeddings: a quarter of Qwen2.5-0.5B's parameters) stay one: copied
-    once, and saved once by ``torch.save``, which writes a storage shared by
-    several entries a single time."""
+#: Where checkpoint states are held.
+CPU = torch.device("cpu")
+
+
+def _moved(state: dict[str, torch.Tensor], device: torch.device, *,
+           copy: bool = True) -> dict[str, torch.Tensor]:
+    """``state``'s tensors on ``device``: copies (``copy``), or the tensors
+    themselves where they are on ``device`` already. Entries that are one tensor
+    (tied input and output embeddings: a quarter of Qwen2.5-0.5B's parameters)
+    stay one: copied once, and saved once by ``torch.save``, which writes a
+    storage shared by several entries a single time."""
     moved: dict[tuple, torch.Tensor] = {}
     out = {}
     for name, tensor in state.items():
         key = (tensor.device, tensor.untyped_storage().data_ptr(), tensor.storage_offset(),
                tuple(tensor.shape), tensor.stride(), tensor.dtype)
         if key not in moved:
-            moved[key] = tensor.detach().to("cpu", copy=copy)
+            moved[key] = tensor.detach().to(device, copy=copy)
         out[name] = moved[key]
     return out
