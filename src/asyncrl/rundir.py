@@ -22,7 +22,7 @@ from asyncrl.errors import ConfigError
 from asyncrl.jsonio import dumps, read_jsonl, write_text_atomic
 from asyncrl.run_lock import LOCK_FILE
 
-#: What a run writes into its directory (DESIGN.md §6); --overwrite deletes these only.
+#: What a run writes into its directory (docs/design.md, "What a run writes"); --overwrite deletes these only.
 RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json", "timeline.json", "ledger.jsonl",
              "vllm.log")
 RUN_DIRS = ("checkpoints", "tb", "plots", "final", "vllm_model", "wandb")

@@ -1,6 +1,6 @@
 """``train``: build the backends a config names, run the controller, write the run dir.
 
-The run directory (DESIGN.md §6): ``config.yaml``, ``metrics.jsonl``,
+The run directory (docs/design.md, "What a run writes"): ``config.yaml``, ``metrics.jsonl``,
 ``summary.json``, ``timeline.json``, ``ledger.jsonl``, TensorBoard events under
 ``tb/``, PNG plots under ``plots/``, checkpoints under ``checkpoints/`` and the
 final policy in Hugging Face format under ``final/``.

@@ -1,7 +1,7 @@
 """End to end (real time, short): ``asyncrl train`` per sampler family.
 
 Each run trains the quickstart model for a few dozen steps and checks the run
-directory of DESIGN.md §6: a balanced ledger, a reward above its start, the
+directory of docs/design.md, "What a run writes": a balanced ledger, a reward above its start, the
 metrics and summary schemas, TensorBoard events and valid PNG plots.
 """
 

@@ -1,11 +1,11 @@
-"""A linear-scan reference model of the staleness-sampler semantics (DESIGN.md §3).
+"""A linear-scan reference model of the staleness-sampler semantics (docs/design.md).
 
 This is an oracle for the tests and the baseline of ``benchmarks/bench_sampler.py``,
 never used by the runtime. It is deliberately naive so that it can be checked by
 reading it against the semantics table: the state is a plain list of slots in
 dispatch order, and every operation scans that list. Nothing here is optimised.
 
-Notation as in DESIGN.md: ``v`` trainer version, ``s`` the policy's window,
+Notation as in docs/design.md: ``v`` trainer version, ``s`` the policy's window,
 ``d`` the dispatch index of the batch being admitted.
 """
 

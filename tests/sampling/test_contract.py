@@ -1,4 +1,4 @@
-"""Every built-in policy honours the PromptGroupSampler contract (DESIGN.md §3)."""
+"""Every built-in policy honours the PromptGroupSampler contract (docs/design.md)."""
 
 from __future__ import annotations
 

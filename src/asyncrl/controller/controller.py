@@ -365,7 +365,7 @@ class Controller:
         self.version.set(int(state["trainer_version"]))
         self.ctx.stats.load_state_dict(state["stats"], int(state["steps_done"]))
         self.sampler.load_state_dict(state["sampler"])
-        # The protocol's own way to resume the dispatch index (DESIGN.md, section 3):
+        # The protocol's own way to resume the dispatch index (docs/design.md, "The staleness sampler"):
         # every admitted batch took one index, so the next one is the count.
         self.sampler.set_dispatch_index(int(state["dispatch"]["admitted"]))
         self.buffer.load_state_dict({

@@ -1,4 +1,4 @@
-"""The four built-in staleness policies (DESIGN.md §3, one class per row).
+"""The four built-in staleness policies (docs/design.md, one class per row of the policy table).
 
 ``s`` is the policy's window; ``v`` the trainer version; ``d`` the dispatch index.
 
