@@ -84,6 +84,8 @@ def preflight(cfg: RunConfig, *, task: Task | None = None,
             from asyncrl.engines.vllm_setup import check_config
 
             check_config(cfg.policy)
+        if cfg.policy.engine == "vllm_server":  # the key of servers given by URL is there
+            cfg.policy.vllm_server.read_key()
     elif builtin_backends:
         _parse_device(cfg.policy.device)
     engine_caps = None

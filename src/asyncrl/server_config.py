@@ -5,11 +5,14 @@ docs/engines.md, "vLLM servers over HTTP", explains every key."""
 
 from __future__ import annotations
 
+import os
+import re
 from typing import Literal
 
 from pydantic import Field, model_validator
 
 from asyncrl._blocks import Block, PosFloat, PosInt
+from asyncrl.errors import ConfigError
 
 
 class VLLMServerConfig(Block):
@@ -42,6 +45,11 @@ class VLLMServerConfig(Block):
     #: Environment variables of started servers (e.g. ``VLLM_CPU_OMP_THREADS_BIND``
     #: to give each server its own cores).
     env: dict[str, str] = Field(default_factory=dict)
+    #: For servers given by URL: the name of the environment variable holding
+    #: their key, sent with every request (``Authorization: Bearer``). The name,
+    #: never the key: this config is written into the run directory. None: no
+    #: key. Servers asyncrl starts get a random key of their own each run.
+    api_key_env: str | None = None
 
     @model_validator(mode="after")
     def _urls_or_count(self) -> VLLMServerConfig:
@@ -53,7 +61,30 @@ class VLLMServerConfig(Block):
             if not url.startswith(("http://", "https://")):
                 raise ValueError(
                     f"urls: {url!r} is not a base URL; write it as http://host:port")
+        if self.api_key_env is not None:
+            if not self.urls:
+                raise ValueError(
+                    "api_key_env names the key of servers given by urls; the servers "
+                    "asyncrl starts get a random key of their own each run (remove it)")
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.api_key_env):
+                raise ValueError(
+                    "api_key_env is the name of an environment variable (like "
+                    "VLLM_SERVER_KEY), not the key itself: export the key in it")
         return self
+
+    def read_key(self) -> str | None:
+        """The key of the servers given by URL, from the environment variable
+        ``api_key_env`` names (None when it names none); a ConfigError naming the
+        variable when it is unset or empty."""
+        if self.api_key_env is None:
+            return None
+        key = os.environ.get(self.api_key_env, "")
+        if not key:
+            raise ConfigError(
+                f"policy.vllm_server.api_key_env: the environment variable "
+                f"{self.api_key_env} is not set (or empty); export the servers' key in it "
+                "before starting asyncrl, or remove api_key_env for servers without one")
+        return key
 
     @property
     def launches(self) -> bool:

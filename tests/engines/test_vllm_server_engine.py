@@ -2,10 +2,10 @@
 
 Two servers start once for the module (~50 s here, both at once on two
 cores), by asyncrl itself (the ``fleet`` engine, ``num_servers: 2``); the run
-and the engines of the tests drive them by URL (``policy.vllm_server.urls``),
-each loading its policy's starting weights into them first. The tests run in
-file order: the run kills a server, the last test stops them all and checks
-that nothing is left running.
+and the engines of the tests drive them by URL (``policy.vllm_server.urls``,
+their key in the variable ``api_key_env`` names), each loading its policy's
+starting weights into them first. The tests run in file order: the run kills a
+server, the last test stops them all and checks that nothing is left running.
 """
 
 from __future__ import annotations
@@ -17,12 +17,14 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import httpx
 import psutil
 import pytest
 
 from asyncrl.config import RunConfig, config_from_dict
 from asyncrl.engines import RolloutEngine, WeightTransport
 from asyncrl.engines.vllm_server import VLLMServerEngine
+from asyncrl.engines.vllm_server_launch import KEY_ENV
 from asyncrl.engines.vllm_setup import descendants
 from asyncrl.errors import ConfigError
 from asyncrl.policy import build_policy
@@ -33,6 +35,8 @@ from asyncrl.types import GenerationRequest, GroupAborted
 from tests.vllm_support import VLLM_MODEL
 
 QUIET = {"progress": "never", "tensorboard": False, "plots": False}
+#: Where the tests' servers given by URL find the fleet's key.
+KEY_VAR = "ASYNCRL_TEST_VLLM_SERVER_KEY"
 
 
 def server_config(servers: dict[str, Any], **blocks: Any) -> RunConfig:
@@ -63,14 +67,24 @@ def fleet(tmp_path_factory):
     task = build_task(cfg.task)
     model, tokenizer = build_policy(cfg.policy, task, seed=cfg.seed)
     before = descendants()
+    work_dir = tmp_path_factory.mktemp("fleet")
     engine = VLLMServerEngine.for_policy(cfg.policy, model, tokenizer, seed=cfg.seed,
-                                         work_dir=tmp_path_factory.mktemp("fleet"))
+                                         work_dir=work_dir)
     pids = set().union(*(s.pids for s in engine.launched))
+    key = engine.launched[0].key
     try:
-        yield SimpleNamespace(engine=engine, urls=engine.urls, task=task, tokenizer=tokenizer,
-                              model=model, before=before, pids=pids)
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv(KEY_VAR, key)
+            yield SimpleNamespace(engine=engine, urls=engine.urls, task=task,
+                                  tokenizer=tokenizer, model=model, before=before, pids=pids,
+                                  key=key, work_dir=work_dir)
     finally:
         asyncio.run(engine.close())
+
+
+def by_url(urls: list[str], **block: Any) -> RunConfig:
+    """A run on the fleet's servers, their key in :data:`KEY_VAR`."""
+    return server_config({"urls": urls, "api_key_env": KEY_VAR, **block})
 
 
 def records(run_dir: Path) -> list[dict]:
@@ -88,6 +102,49 @@ def test_config_names_the_servers_or_their_count() -> None:
         cfg = server_config({"urls": ["http://127.0.0.1:9"]})
         VLLMServerEngine.for_policy(cfg.policy, *build_policy(cfg.policy, build_task(cfg.task),
                                                               seed=0), seed=0)
+
+
+#: Requests anyone who reaches a server could send: the weight-loading RPC
+#: itself (a harmless method of it), a completion, a pause, and what vLLM's own
+#: --api-key leaves open besides.
+OPEN_DOORS = [("POST", "/collective_rpc", {"method": "check_health"}),
+              ("POST", "/v1/completions", {"model": "asyncrl-policy", "prompt": [1, 2],
+                                           "max_tokens": 1}),
+              ("POST", "/pause", None), ("GET", "/is_paused", None), ("GET", "/health", None),
+              ("GET", "/metrics", None)]
+
+
+def test_every_path_of_a_started_server_wants_the_runs_key(fleet):
+    """Issue 28, item 10: without the run's key (none, or another) every request
+    is refused, the RL endpoints included; the key opens them; it reached the
+    server by its environment, not its command line (``ps`` shows that to all)."""
+    url, key = fleet.urls[0], fleet.key
+    for headers in ({}, {"Authorization": "Bearer not-the-key"}):
+        for method, path, body in OPEN_DOORS:
+            answer = httpx.request(method, url + path, json=body, headers=headers, timeout=60)
+            assert answer.status_code == 401, (path, headers, answer.status_code, answer.text)
+    with_key = {"Authorization": f"Bearer {key}"}
+    answer = httpx.post(url + "/collective_rpc", json={"method": "check_health"},
+                        headers=with_key, timeout=60)
+    assert answer.status_code == 200, answer.text
+    assert httpx.get(url + "/is_paused", headers=with_key, timeout=60).json() == {
+        "is_paused": False}
+    for launched in fleet.engine.launched:
+        assert psutil.Process(launched.proc.pid).environ()[KEY_ENV] == key
+    for pid in fleet.pids:
+        assert key not in " ".join(psutil.Process(pid).cmdline()), pid
+
+
+def test_servers_given_by_url_need_the_key_their_variable_holds(fleet, monkeypatch):
+    def connect(cfg: RunConfig) -> None:
+        VLLMServerEngine.for_policy(cfg.policy, fleet.model, fleet.tokenizer, seed=0)
+
+    with pytest.raises(ConfigError, match=r"asks for a key \(HTTP 401\): set policy\.vllm_server"
+                                          r"\.api_key_env"):
+        connect(server_config({"urls": fleet.urls[:1]}))
+    monkeypatch.setenv(KEY_VAR, "not-the-key")
+    with pytest.raises(ConfigError, match=r"refused asyncrl's key \(HTTP 401\)"):
+        connect(by_url(fleet.urls[:1]))
 
 
 async def _first_tokens(engine: VLLMServerEngine, request: GenerationRequest) -> asyncio.Task:
@@ -159,7 +216,7 @@ def test_tokens_carry_the_version_they_were_sampled_with_and_an_abort_keeps_them
 def test_the_generate_api_labels_each_token_as_the_ordering_does(fleet, caplog):
     """api: generate: the server's own labels; they agree with the versions
     the engine orders the streamed tokens by (a warning would say otherwise)."""
-    cfg = server_config({"urls": fleet.urls, "api": "generate"})
+    cfg = by_url(fleet.urls, api="generate")
     engine = VLLMServerEngine.for_policy(cfg.policy, fleet.model, fleet.tokenizer, seed=0,
                                          weight_version=fleet.engine.weight_version)
     weights = {k: v.clone() for k, v in fleet.model.state_dict().items()}
@@ -200,14 +257,14 @@ def test_a_synchronous_run_is_on_policy_and_goes_on_when_a_server_is_killed(flee
     """Four on-policy steps over both servers; after the first, one is killed:
     its groups fail as infra (EngineUnavailable, retried on the other) and the
     run trains every step on the server left, on-policy at every step."""
-    cfg = server_config({"urls": fleet.urls})
+    cfg = by_url(fleet.urls)
     model, tokenizer = build_policy(cfg.policy, fleet.task, seed=cfg.seed)
     engine = VLLMServerEngine.for_policy(cfg.policy, model, tokenizer, seed=cfg.seed)
     trainer = GRPOTrainer.from_config(cfg.policy, cfg.loss, model=model, tokenizer=tokenizer)
     assert isinstance(engine.transport, WeightTransport) and engine.transport.route == "http"
     victim = fleet.engine.launched[1]
     kill_at_next_request(engine, fleet.urls[1], victim)
-    with caplog.at_level(logging.WARNING, logger="asyncrl"):
+    with caplog.at_level(logging.INFO, logger="asyncrl"):
         summary = train(cfg, tmp_path / "run", backends=([engine], trainer))
     assert summary["ledger"]["balanced"] and summary["steps"] == 4
     assert engine.urls == [fleet.urls[0]] and not victim.running
@@ -219,6 +276,15 @@ def test_a_synchronous_run_is_on_policy_and_goes_on_when_a_server_is_killed(flee
         assert r["staleness_max"] == 0
         assert r["train/logprob_mismatch_max"] <= 1e-3, r
     assert all(r["train/grad_norm"] > 0 for r in rows)  # every sync brought new weights
+    # The servers' key: its variable's name in the config, the key nowhere.
+    written = [p for p in (tmp_path / "run").rglob("*") if p.is_file()]
+    assert {"config.yaml", "summary.json"} <= {p.name for p in written}
+    assert f"api_key_env: {KEY_VAR}" in (tmp_path / "run" / "config.yaml").read_text()
+    logs = list(fleet.work_dir.glob("vllm_server_*.log"))
+    assert len(logs) == 2
+    for path in written + logs:
+        assert fleet.key.encode() not in path.read_bytes(), path
+    assert caplog.records and fleet.key not in caplog.text
 
 
 def test_close_stops_every_server_it_started(fleet):

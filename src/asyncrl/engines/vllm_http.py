@@ -8,6 +8,11 @@ engine asks of it.
   with ``VLLM_SERVER_DEV_MODE=1``: ``/pause``, ``/resume``, ``/collective_rpc``,
   ``/update_weight_version``, ``/abort_requests``, ``/reset_prefix_cache``.
 
+Every request carries the server's key, when it has one, as
+``Authorization: Bearer KEY`` (what :mod:`asyncrl.engines.vllm_server_guard`
+checks on every path of the servers asyncrl starts, and vLLM's own ``--api-key``
+on its ``/v1`` paths).
+
 Failures come out as two exceptions: :class:`ServerGone` when the server could
 not be reached or the connection broke (refused, reset, timed out),
 :class:`ServerRefused` when it answered with an error. The engine decides what
@@ -44,24 +49,32 @@ def httpx_module() -> Any:
 
 
 class ServerClient:
-    """Requests to one vLLM server at ``url`` (``http://host:port``).
+    """Requests to one vLLM server at ``url`` (``http://host:port``), with
+    ``key`` (None: none) on every request.
 
     The async client is made on first use in an event loop, and again in another
     loop (httpx's connections belong to the loop that opened them).
     """
 
-    def __init__(self, url: str, *, timeout_s: float) -> None:
+    def __init__(self, url: str, *, timeout_s: float, key: str | None = None) -> None:
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
+        # Kept in the headers only: never in the URL, a message or a repr.
+        self._headers = {"Authorization": f"Bearer {key}"} if key else {}
         self._client: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def sends_key(self) -> bool:
+        return bool(self._headers)
 
     # ------------------------------------------------------------ sync (setup)
     def get_sync(self, path: str, *, timeout_s: float | None = None) -> Any:
         """GET ``path`` before any event loop runs (start-up checks)."""
         httpx = httpx_module()
         try:
-            response = httpx.get(self.url + path, timeout=timeout_s or self.timeout_s)
+            response = httpx.get(self.url + path, headers=self._headers,
+                                 timeout=timeout_s or self.timeout_s)
         except httpx.HTTPError as exc:
             raise ServerGone(f"{self.url}{path}: {exc!r}") from exc
         return _json_or_raise(response)
@@ -70,7 +83,8 @@ class ServerClient:
         """POST ``path`` before any event loop runs (start-up checks)."""
         httpx = httpx_module()
         try:
-            response = httpx.post(self.url + path, json=body, timeout=self.timeout_s)
+            response = httpx.post(self.url + path, json=body, headers=self._headers,
+                                  timeout=self.timeout_s)
         except httpx.HTTPError as exc:
             raise ServerGone(f"{self.url}{path}: {exc!r}") from exc
         return _json_or_raise(response)
@@ -82,7 +96,7 @@ class ServerClient:
             httpx = httpx_module()
             # No pool limit: every completion stream holds a connection.
             self._client = httpx.AsyncClient(
-                base_url=self.url, timeout=httpx.Timeout(self.timeout_s),
+                base_url=self.url, headers=self._headers, timeout=httpx.Timeout(self.timeout_s),
                 limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
             self._loop = loop
         return self._client

