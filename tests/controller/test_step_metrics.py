@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from asyncrl.types import GenerationRequest
+from asyncrl.types import Completion, GenerationRequest, GroupResult
 from tests.fakes import FakeEngine, FakeTrainer
 from tests.vtime import run_virtual
 
@@ -142,3 +142,46 @@ def test_generated_tokens_are_those_the_engines_returned_during_the_step() -> No
     assert throughput["generated_tokens"] == sum(batch_tokens(b) for b in range(4))
     assert throughput["trained_tokens"] == sum(batch_tokens(b) for b in range(3))
     assert result.summary["time_split"]["generation_s"] == pytest.approx(5.0)
+
+
+class ContinuingEngine(FakeEngine):
+    """Continues a resumed group's tokens with two more per completion."""
+
+    async def generate(self, request: GenerationRequest) -> GroupResult:
+        result = await super().generate(request)
+        if request.prefix is None:
+            return result
+        completions = [Completion.of([*p.token_ids, 3, 3], [*p.logprobs, -0.5, -0.5],
+                                     [*p.version_list(), self.weight_version,
+                                      self.weight_version], "stop", c.text)
+                       for p, c in zip(request.prefix.completions, result.completions)]
+        return GroupResult(result.group_id, result.prompt_ids, completions,
+                           request.prefix.start_weight)
+
+
+def test_a_continued_group_counts_only_the_tokens_generated_after_the_resume() -> None:
+    first = make_controller({"name": "in_order", "max_lookahead_versions": 0}, per_step=N,
+                            capacity=N, min_chunk=N, inflight=N, steps=1)
+    run_virtual(first.run())
+    state = first.state_dict()
+    # The run stopped with batch 1 in flight; give one of its groups 5 tokens per
+    # completion so far, as a stop would have kept them.
+    entry = state["dispatch"]["inflight"][0]
+    kept = Completion.of([3] * 5, [-0.5] * 5, entry["start_weight"], None)
+    entry["partial"] = GroupResult(entry["group_id"], [1, 2], [kept, kept],
+                                   entry["start_weight"]).to_dict()
+    engine = ContinuingEngine(GEN_S)
+    engine.weight_version = state["trainer_version"]  # a resume loads the checkpoint's weights
+    resumed = make_controller({"name": "in_order", "max_lookahead_versions": 0},
+                              engines=[engine], per_step=N, capacity=N, min_chunk=N,
+                              inflight=N, steps=2)
+    resumed.load_state_dict(state)
+    before = resumed.ctx.stats.generated_tokens
+    result = run_virtual(resumed.run())
+    assert result.summary["groups_continued"] == 1
+    record = resumed.step_records[-1]
+    # Step 1 trains batch 1: three fresh groups of two 1-token completions, and
+    # the continued one, 7 tokens per completion of which 2 are new.
+    assert record["rollout/trained_tokens"] == 3 * 2 + 2 * 7
+    assert record["rollout/generated_tokens"] == 3 * 2 + 2 * 2
+    assert result.summary["throughput"]["generated_tokens"] == before + 3 * 2 + 2 * 2
