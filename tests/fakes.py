@@ -81,7 +81,10 @@ Latency = Callable[[GenerationRequest], float]
 
 class FakeEngine:
     """Generates after ``latency(request)`` virtual seconds; may fail on purpose:
-    ``fail(request)`` true raises ``error`` (an infra GenerationError by default)."""
+    ``fail(request)`` true raises ``error`` (an infra GenerationError by default).
+
+    Completions are one token long, or ``lengths(request)[i]`` tokens; one as long
+    as ``max_new_tokens`` ends with ``finish_reason`` length (cut off)."""
 
     def __init__(
         self,
@@ -89,7 +92,11 @@ class FakeEngine:
         *,
         fail: Callable[[GenerationRequest], bool] | None = None,
         error: Callable[[str], BaseException] = GenerationError,
+        lengths: Callable[[GenerationRequest], Sequence[int]] | None = None,
+        max_new_tokens: int | None = None,
     ) -> None:
+        self.lengths = lengths or (lambda r: [1] * r.num_generations)
+        self.max_new_tokens = max_new_tokens
         self.latency = latency if callable(latency) else (lambda _r, x=latency: x)
         self.fail = fail or (lambda _r: False)
         self.fail_error = error
@@ -117,9 +124,10 @@ class FakeEngine:
         self.generated += 1
         n = request.num_generations
         texts = [str((request.prompt.prompt_id + i) % 7) for i in range(n)]
-        # One token per completion, sampled with the weights held at the end.
-        completions = [Completion.of([3], [-0.5], self.weight_version, "stop", text)
-                       for text in texts]
+        # Every token sampled with the weights held at the end.
+        completions = [Completion.of([3] * k, [-0.5] * k, self.weight_version,
+                                     "length" if k == self.max_new_tokens else "stop", text)
+                       for k, text in zip(self.lengths(request), texts)]
         return GroupResult(request.group_id, [1, 2], completions, start)
 
     async def update_weights(self, weights: Any, version: int) -> None:

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from asyncrl.cli import main
+from asyncrl.metrics import JsonlSink
+from asyncrl.sim.clock import run_virtual
+from tests.controller.conftest import make_controller
+from tests.fakes import FakeEngine, FakeTrainer
 
 
 def write(tmp_path, text: str):
@@ -89,3 +94,30 @@ def test_plot_redraws_from_metrics(tmp_path, capsys) -> None:
     for path in paths:
         with open(path, "rb") as fh:
             assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+class _TrainerWithEntropyAndKL(FakeTrainer):
+    """The fake trainer, with the entropy and KL a GRPO trainer logs per chunk."""
+
+    async def train_chunk(self, rollouts, *, step: int) -> dict[str, float]:
+        metrics = await super().train_chunk(rollouts, step=step)
+        return {**metrics, "entropy": 2.0 - step / 10, "kl": step / 100}
+
+
+def test_plot_draws_the_training_curves_of_a_run(tmp_path, capsys) -> None:
+    # A run of the controller with fake backends writes metrics.jsonl; `asyncrl plot`
+    # draws loss, entropy, KL, grad norm, completion length and time split from it.
+    ctl = make_controller({"name": "in_order", "max_lookahead_versions": 1},
+                          engines=[FakeEngine(1.0, lengths=lambda r: [1 + r.prompt.prompt_id % 4,
+                                                                      4], max_new_tokens=4)],
+                          trainer=_TrainerWithEntropyAndKL(step_time=0.5), steps=6)
+    ctl.sinks.append(JsonlSink(tmp_path / "metrics.jsonl"))
+    run_virtual(ctl.run())
+    assert main(["plot", str(tmp_path)]) == 0
+    drawn = {Path(p).name for p in capsys.readouterr().out.split()}
+    curves = {"loss_vs_step.png", "entropy_vs_step.png", "kl_vs_step.png",
+              "grad_norm_vs_step.png", "completion_len_vs_step.png", "step_time_vs_step.png"}
+    assert curves | {"reward_vs_step.png", "reward_vs_time.png"} <= drawn
+    for name in curves:
+        data = (tmp_path / "plots" / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1000, name

@@ -4,16 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from asyncrl.controller.stats import measures_timing
 from asyncrl.errors import ConfigError
 from asyncrl.sim.clock import run_virtual
 from asyncrl.types import Completion, GroupResult
 from tests.controller.conftest import make_controller
 from tests.fakes import FakeEngine, FakeTrainer, lognormal_latency
-
-#: Fields that measure time or momentary occupancy, not what was trained.
-TIMING = {"wall_time_s", "step_time_s", "trainer_idle_s", "generator_util", "groups_per_s",
-          "weight_sync_s",
-          "buffer_ready", "inflight"}
 
 
 class PinnedEngine(FakeEngine):
@@ -69,7 +65,8 @@ def test_same_config_same_result_under_different_timing(sampler: dict) -> None:
         trained: dict[int, list] = {}
         for step, rollouts in ctl.trainer.chunks:
             trained.setdefault(step, []).extend(r.group_id for r in rollouts)
-        metrics = [{k: v for k, v in r.items() if k not in TIMING} for r in ctl.step_records]
+        metrics = [{k: v for k, v in r.items() if not measures_timing(k)}
+                   for r in ctl.step_records]
         runs.append((trained, metrics))
     assert runs[0][0] == runs[1][0]
     assert runs[0][1] == runs[1][1]

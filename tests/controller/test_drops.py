@@ -134,3 +134,66 @@ def test_drop_state_survives_a_checkpoint() -> None:
         copy.load_state_dict(policy.state_dict())
         assert copy.state_dict() == policy.state_dict()
     assert [p.prompt_id for p in drops.spares] == [101, 102, 103]
+
+
+def run_finite(sampler: dict, failing: set[int], *, prompts: int | None = 10, steps: int = 50,
+               per_step: int = 2) -> tuple:
+    """A run over ``prompts`` prompts (None: endless) in which the prompts in
+    ``failing`` always fail their reward, replaced from a reserve of 2 spares."""
+    task = FakeTask(prompts)
+    ctl = make_controller(sampler, task=task, per_step=per_step, capacity=4 * per_step,
+                          steps=steps, scorer=InlineScorer(task, fail=lambda p: p.prompt_id in
+                                                           failing),
+                          rollout_failure={"max_skipped_prompts": 10, "min_step_batch_fraction": 0.5,
+                                           "on_dropped_prompt": "replace",
+                                           "replacement_reserve_prompts": 2})
+    return ctl, run_virtual(ctl.run())
+
+
+# windowed admits all 10 prompts before the first drop (no spares are drawn), so
+# two drops in one batch shrink that step of 2 below its floor: left out.
+FINITE = [(sampler, failing) for sampler in SAMPLERS for failing in ({1, 2}, {2, 7}, {0, 4})
+          if (sampler["name"], failing) != ("windowed", {1, 2})]
+
+
+@pytest.mark.parametrize(("sampler", "failing"), FINITE,
+                         ids=lambda x: x["name"] if isinstance(x, dict) else str(sorted(x)))
+def test_a_finite_source_trains_every_prompt_it_drew(sampler, failing) -> None:
+    # Each drop draws a dispatch batch of spares; when the 10 prompts run out the
+    # spares left in the pool go into the last batches instead of being stranded.
+    ctl, result = run_finite(sampler, failing)
+    assert result.stop_reason in ("source_exhausted", "incomplete_step")
+    ends: dict[str, set[int]] = {}
+    for rec in ctl.ledger.records():
+        ends.setdefault(rec.state, set()).add(rec.prompt_id)
+    assert ends.pop("failed") == failing
+    # windowed evicts what grew too stale (max_staleness_versions): an end, with its reason.
+    evicted = ends.pop("evicted", set())
+    assert sampler["name"] == "windowed" or not evicted
+    assert ends.pop("trained") | evicted == set(range(10)) - failing
+    assert not ends  # nothing pending
+    prompts = result.summary["prompts"]
+    assert prompts["drawn"] == prompts["dispatched"] == 10
+    assert prompts["untrained"] == {"pending": 0, "queued": [], "spare": [], "lookahead": []}
+    assert prompts["untrained_reason"] == ""
+
+
+def test_prompts_a_stopped_run_left_untrained_are_listed_with_the_reason() -> None:
+    # An endless source stopped at max_num_steps: the spare pool (and the prompts
+    # admitted or read ahead) hold prompts no group trained; the summary names them.
+    ctl, result = run_finite(SAMPLERS[0], {1}, prompts=None, steps=3)
+    prompts = result.summary["prompts"]
+    untrained = prompts["untrained"]
+    assert untrained["spare"], untrained  # the drop drew two spares and used one
+    read = ctl.dispatcher.source.source.position  # what the task's source handed out
+    listed = [*untrained["queued"], *untrained["spare"], *untrained["lookahead"]]
+    dispatched = [rec.prompt_id for rec in ctl.ledger.records()]
+    assert sorted(dispatched + listed) == list(range(read))
+    assert prompts["drawn"] == read and prompts["dispatched"] == len(dispatched)
+    pending = [rec for rec in ctl.ledger.records() if rec.state in ("inflight", "ready")]
+    assert untrained["pending"] == len(pending)
+    assert "max_num_steps" in prompts["untrained_reason"]
+    copy = make_controller(SAMPLERS[0], per_step=2, capacity=8)
+    copy.load_state_dict(ctl.state_dict())
+    assert copy.summary()["prompts"]["drawn"] == read
+    assert copy.dispatcher.undispatched() == ctl.dispatcher.undispatched()

@@ -55,8 +55,11 @@ def test_train_per_sampler(sampler: str, tmp_path: Path, capsys) -> None:
 
     assert list((run_dir / "tb").glob("events.out.tfevents.*"))
     plots = sorted(p.name for p in (run_dir / "plots").glob("*.png"))
-    assert plots == ["pump_timeline.png", "reward_vs_step.png", "reward_vs_time.png",
-                     "staleness_hist.png", "token_staleness_hist.png"]
+    # No kl_vs_step.png: the examples train without a KL term (loss.kl_coef 0).
+    assert plots == ["completion_len_vs_step.png", "entropy_vs_step.png",
+                     "grad_norm_vs_step.png", "loss_vs_step.png", "pump_timeline.png",
+                     "reward_vs_step.png", "reward_vs_time.png", "staleness_hist.png",
+                     "step_time_vs_step.png", "token_staleness_hist.png"]
     for name in plots:
         assert (run_dir / "plots" / name).read_bytes()[:8] == PNG
     assert (run_dir / "config.yaml").is_file()

@@ -82,3 +82,29 @@ def test_the_reward_plots_draw_the_eval_curve_where_the_run_evaluated(tmp_path, 
         xs, ys = lines["eval"].get_data()
         assert list(ys) == pytest.approx([0.1, 0.25, 0.4])
         assert list(xs) == ([2, 5, 8] if name == "reward_vs_step.png" else [1.0, 2.5, 4.0])
+
+
+def test_the_training_curves_show_what_the_run_logged(tmp_path, figures) -> None:
+    records = [{"step": s, "train/loss": 1.0 / (s + 1), "train/entropy": 2.0 - s / 10,
+                "train/grad_norm": 0.5 + s, "rollout/completion_len_mean": 10.0 + s,
+                "rollout/completion_len_p50": 9 + s, "rollout/completion_len_p90": 14 + s,
+                "rollout/completion_len_max": 20, "rollout/completion_clipped_frac": s / 10,
+                "step_time_s": 3.0, "trainer_idle_s": 1.0, "time/train_s": 1.25,
+                "time/optimizer_step_s": 0.5, "weight_sync_s": 0.25, "time/eval_s": 0.0,
+                "time/other_s": 0.0} for s in range(5)]
+    plots.plot_training_curves(records, tmp_path, run_name="r")
+    # No train/kl in the records (kl_coef 0): no KL plot.
+    assert set(figures) == {"loss_vs_step.png", "entropy_vs_step.png", "grad_norm_vs_step.png",
+                            "completion_len_vs_step.png", "step_time_vs_step.png"}
+    xs, ys = figures["loss_vs_step.png"].axes[0].get_lines()[0].get_data()
+    assert list(xs) == [0, 1, 2, 3, 4] and list(ys) == pytest.approx([1, 1 / 2, 1 / 3, 1 / 4, 1 / 5])
+    assert "r: loss vs step" in _texts(figures["loss_vs_step.png"])
+    lengths = _texts(figures["completion_len_vs_step.png"])
+    assert {"max", "p90", "mean", "p50", "clipped (right)"} <= set(lengths)
+    split = figures["step_time_vs_step.png"].axes[0]
+    tops = {}
+    for bar in split.patches:  # stacked: each step's bars reach its step time
+        x = round(bar.get_x() + bar.get_width() / 2)
+        tops[x] = max(tops.get(x, 0.0), bar.get_y() + bar.get_height())
+    assert tops == pytest.approx(dict.fromkeys(range(5), 3.0))
+    assert "training (forward/backward)" in _texts(figures["step_time_vs_step.png"])

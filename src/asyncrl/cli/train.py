@@ -70,6 +70,14 @@ def print_summary(console: Console, summary: dict) -> None:
     say(f"staleness       groups mean {summary['staleness_mean']:.2f}  max "
         f"{summary['staleness_max']}   tokens mean {summary.get('token_staleness_mean', 0.0):.2f}"
         f"  p95 {summary.get('token_staleness_p95', 0)}  max {summary.get('token_staleness_max', 0)}")
+    rate, split = summary.get("throughput"), summary.get("time_split")
+    if rate and split and split["steps_s"] > 0:
+        say(f"tokens/s        generated {rate['generated_tokens_per_s']:.1f}   trained "
+            f"{rate['trained_tokens_per_s']:.1f}")
+        say("step time       " + "  ".join(
+            f"{name} {100 * split[key + '_frac']:.0f}%" for name, key in (
+                ("train", "train"), ("optimizer", "optimizer_step"), ("idle", "trainer_idle"),
+                ("sync", "weight_sync"), ("eval", "eval"), ("other", "other"))))
     if summary.get("groups_continued"):
         say(f"continued       {summary['groups_continued']} groups from the tokens they had "
             "at the stop")

@@ -192,6 +192,7 @@ class AttemptRunner:
         start = ctx.now()
         outcome = "failed"
         self.load[idx] += 1
+        ctx.stats.generation_changed(start, +1)
         try:
             result = await _deadline(
                 engine.generate(request), native.generation_timeout_s,
@@ -208,6 +209,7 @@ class AttemptRunner:
             raise
         finally:
             self.load[idx] -= 1
+            ctx.stats.generation_changed(ctx.now(), -1)
             ctx.timeline.add("gen", idx, start, ctx.now(), outcome)
         problem = result.problem(start_weight=entry.start_weight,
                                  num_generations=request.num_generations)
@@ -219,6 +221,9 @@ class AttemptRunner:
         tokens, longest = _token_counts(result)
         ctx.ledger.generated(entry.group_id, start=start, end=ctx.now(), tokens=tokens,
                              longest=longest)
+        # A continued group's result holds the tokens it had before: not generated now.
+        ctx.stats.tokens_generated(
+            tokens - (_token_counts(entry.prefix)[0] if entry.prefix is not None else 0))
         rewards = result.rewards
         if rewards is None:
             self._set_state(entry, EntryState.SCORING)

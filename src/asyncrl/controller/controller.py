@@ -396,8 +396,22 @@ class Controller:
                        **({"imbalance": why} if not ok else {})},
             "failures": {**self.ctx.drops.summary(),
                          "stall_warnings": self.watchdog.warnings if self.watchdog else 0},
+            "prompts": self._prompt_accounts(),
             **self.ctx.stats.totals(self._elapsed()),
         }
+
+    def _prompt_accounts(self) -> dict[str, Any]:
+        """Every prompt read from the task: dispatched as a group (the ledger says
+        what became of it; ``pending`` ones were not trained) or still waiting
+        undispatched, each listed by id, with why the run left them untrained."""
+        waiting = self.dispatcher.undispatched()
+        pending = self.ledger.counts()["pending"]
+        untrained = pending + sum(len(ids) for ids in waiting.values())
+        return {"drawn": self.dispatcher.source.drawn, "dispatched": len(self.ledger),
+                "untrained": {"pending": pending, **waiting},
+                "untrained_reason": (f"the run stopped ({self.stop_reason}: "
+                                     f"{self.stop_message}) before they were trained"
+                                     if untrained else "")}
 
 
 async def _best_effort(call: Awaitable[Any], what: str) -> None:

@@ -59,6 +59,8 @@ class _Source:
         self.source = source
         self.held: collections.deque[Prompt] = collections.deque()
         self.exhausted = False
+        #: Prompts read from the task so far (the summary accounts for each).
+        self.drawn = 0
 
     def peek(self) -> Prompt | None:
         if not self.held and not self.exhausted:
@@ -66,6 +68,7 @@ class _Source:
             if prompt is None:
                 self.exhausted = True
             else:
+                self.drawn += 1
                 self.held.append(prompt)
         return self.held[0] if self.held else None
 
@@ -119,7 +122,7 @@ class Dispatcher:
                 self.admit_state = AdmitState.DRAINING
                 self._blocked()
                 await self._queue_changed.wait()
-            if self.source.peek() is None:
+            if self.source.peek() is None and not ctx.drops.spares:
                 self.admit_state = AdmitState.EXHAUSTED
                 self._blocked()
                 return
@@ -130,7 +133,7 @@ class Dispatcher:
             self.admit_state = AdmitState.RUNNING
             batch_index = self.admitted - 1
             for _ in range(n):
-                prompt = self.source.pop()
+                prompt = self._next_prompt()
                 if prompt is None:
                     break
                 self.queue.append(Entry(prompt, stamp, pin, batch=True, batch_index=batch_index))
@@ -286,6 +289,12 @@ class Dispatcher:
         else:
             ctx.buffer.notify()  # the train pump's step may need fewer groups now
 
+    def _next_prompt(self) -> Prompt | None:
+        """The next prompt to admit: the task's, then - once those run out - the
+        spare pool's (drawn for replacements, they would otherwise never train)."""
+        prompt = self.source.pop()
+        return prompt if prompt is not None else self.ctx.drops.release_spare()
+
     def _draw(self, count: int) -> list[Prompt]:
         """Up to ``count`` prompts from the task, for the spare pool."""
         out = []
@@ -360,6 +369,13 @@ class Dispatcher:
         for loop in self.loops:
             loop.cancel()
 
+    def undispatched(self) -> dict[str, list[int]]:
+        """Prompts read from the task that no group holds yet, by where they wait:
+        admitted but not yet dispatched, in the spare pool, or read ahead."""
+        return {"queued": [e.prompt.prompt_id for e in self.queue if e.group_id is None],
+                "spare": [p.prompt_id for p in self.ctx.drops.spares],
+                "lookahead": [p.prompt_id for p in self.source.held]}
+
     def live_pins(self) -> list[int | None]:
         return [e.pin for e in (*self.queue, *self.active.values())]
 
@@ -379,6 +395,7 @@ class Dispatcher:
             "source": self.source.source.state_dict(),
             "source_held": [prompt_to_dict(p) for p in self.source.held],
             "source_exhausted": self.source.exhausted,
+            "source_drawn": self.source.drawn,
             "drops": self.ctx.drops.state_dict(),
         }
 
@@ -394,6 +411,9 @@ class Dispatcher:
         self.source.held = collections.deque(prompt_from_dict(p) for p in state["source_held"])
         self.source.exhausted = bool(state["source_exhausted"])
         self.ctx.drops.load_state_dict(state.get("drops", {}))
+        # A checkpoint from before the count: every prompt read is dispatched or waits.
+        self.source.drawn = int(state.get("source_drawn", self.next_group + sum(
+            len(ids) for ids in self.undispatched().values())))
 
 
 def _entry_dict(entry: Entry) -> dict[str, Any]:

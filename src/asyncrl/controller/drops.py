@@ -21,7 +21,10 @@ naming it, from the error that used it up; the controller then stops the run
 at its next safe point with a checkpoint.
 
 The spare pool is refilled with one dispatch batch of prompts from the task
-whenever a replacement finds it below ``replacement_reserve_prompts``.
+whenever a replacement finds it below ``replacement_reserve_prompts``. Once the
+task's prompts run out, the admitter takes the spares that are left into the
+last batches (:meth:`DropPolicy.release_spare`): a finite source trains every
+prompt it drew.
 """
 
 from __future__ import annotations
@@ -143,6 +146,12 @@ class DropPolicy:
                 "min_step_batch_fraction") from error
         self.credits[target] = lost
         return None
+
+    def release_spare(self) -> Prompt | None:
+        """The task's prompts ran out: a spare to admit as an ordinary prompt (None:
+        the pool is empty). Drawn prompts are trained, not stranded in the pool;
+        a later drop, finding the pool empty, shrinks its step instead."""
+        return self.spares.popleft() if self.spares else None
 
     def _spare(self, draw: Draw) -> Prompt | None:
         if len(self.spares) < max(1, self.cfg.replacement_reserve_prompts):

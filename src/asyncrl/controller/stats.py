@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -59,6 +60,62 @@ def token_facts(trained: Sequence[tuple[Slot, int]], step: int) -> dict[str, Any
     }
 
 
+def completion_lengths(trained: Sequence[tuple[Slot, int]]) -> tuple[collections.Counter[int], int]:
+    """The lengths (in tokens) of the completions a step trains, counted, and how
+    many were cut off at the token limit (``finish_reason`` length)."""
+    lengths: collections.Counter[int] = collections.Counter()
+    clipped = 0
+    for slot, _ in trained:
+        for completion in slot.payload.result.completions:
+            lengths[len(completion)] += 1
+            clipped += completion.finish_reason == "length"
+    return lengths, clipped
+
+
+def completion_facts(lengths: collections.Counter[int], clipped: int) -> dict[str, Any]:
+    """``rollout/completion_len_*`` (mean, p50, p90, max, min) and the clipped fraction."""
+    n = sum(lengths.values())
+    if not n:
+        return {}
+    return {
+        "rollout/completion_len_mean": sum(k * c for k, c in lengths.items()) / n,
+        "rollout/completion_len_p50": hist_quantile(lengths, 0.5),
+        "rollout/completion_len_p90": hist_quantile(lengths, 0.9),
+        "rollout/completion_len_max": max(lengths),
+        "rollout/completion_len_min": min(lengths),
+        "rollout/completion_clipped_frac": clipped / n,
+    }
+
+
+#: Step-record keys that measure time or momentary occupancy, not what was
+#: trained: deterministic mode reproduces every other key exactly.
+TIMING_KEYS = frozenset({"wall_time_s", "step_time_s", "trainer_idle_s", "generator_util",
+                         "groups_per_s", "weight_sync_s", "buffer_ready", "inflight",
+                         "rollout/generated_tokens"})
+TIMING_PREFIXES = ("time/", "throughput/")
+
+
+def measures_timing(key: str) -> bool:
+    """True for a step-record key that depends on timing (see :data:`TIMING_KEYS`)."""
+    return key in TIMING_KEYS or key.startswith(TIMING_PREFIXES)
+
+
+#: The trainer side's time split of a step (``time/<key>`` per step, summed in the
+#: summary's ``time_split``); with ``trainer_idle_s`` and ``weight_sync_s`` they add
+#: up to ``step_time_s``.
+TRAINER_TIMES = ("train_s", "optimizer_step_s", "eval_s", "other_s")
+
+
+@dataclasses.dataclass(frozen=True)
+class StepMark:
+    """The running integrals when a step began: a step's share is the difference."""
+
+    time: float
+    busy_area: float
+    generating: float
+    generated_tokens: int
+
+
 class RunStats:
     """Counters the pumps update as they go, turned into one record per step
     (``metrics.jsonl``) and the run summary (``summary.json``).
@@ -88,10 +145,23 @@ class RunStats:
         self._inflight = 0
         self._busy_area = 0.0
         self._busy_mark = 0.0
+        #: Engine generate calls running, and the time at least one was (integrated).
+        self._generating = 0
+        self._generating_s = 0.0
+        self._generating_mark = 0.0
+        #: Run totals (summary.json), kept across a resume.
+        self.generated_tokens = 0
+        self.trained_tokens = 0
+        self.time_totals: collections.Counter[str] = collections.Counter()
+        #: Trained completions: how many, their tokens, how many were clipped.
+        self.completions: collections.Counter[str] = collections.Counter()
+        self.completion_len_max = 0
+        self.completion_len_min: int | None = None
 
     def start(self, now: float) -> None:
         self.t0 = now - self.elapsed_before
         self._busy_mark = now
+        self._generating_mark = now
 
     # ----------------------------------------------------------- live updates
     def inflight_changed(self, now: float, inflight: int) -> None:
@@ -109,6 +179,22 @@ class RunStats:
         self.inflight_changed(now, self._inflight)
         return self._busy_area
 
+    def generation_changed(self, now: float, delta: int) -> None:
+        """An engine's ``generate`` call began (+1) or ended (-1)."""
+        if self._generating:
+            self._generating_s += now - self._generating_mark
+        self._generating_mark = now
+        self._generating += delta
+
+    def tokens_generated(self, tokens: int) -> None:
+        """An engine returned ``tokens`` completion tokens it generated."""
+        self.generated_tokens += tokens
+
+    def mark(self, now: float) -> StepMark:
+        """The start of a step (``step_record`` measures from it)."""
+        self.generation_changed(now, 0)
+        return StepMark(now, self.busy_area(now), self._generating_s, self.generated_tokens)
+
     def group_failed(self) -> int:
         self.failed_groups += 1
         self.failed_this_step += 1
@@ -120,8 +206,7 @@ class RunStats:
         *,
         step: int,
         now: float,
-        step_start: float,
-        busy_at_start: float,
+        start: StepMark,
         idle: float,
         trained: Sequence[tuple[Slot, int]],
         chunk_metrics: Sequence[tuple[int, dict[str, float]]],
@@ -132,16 +217,20 @@ class RunStats:
         buffer_ready: int,
         inflight: int,
         failures: dict[str, int] | None = None,
+        times: dict[str, float] | None = None,
     ) -> dict[str, Any]:
-        """The ``metrics.jsonl`` record of step ``step``; updates the run totals."""
-        duration = max(now - step_start, 1e-12)
+        """The ``metrics.jsonl`` record of step ``step``; updates the run totals.
+        ``times``: the trainer side's seconds by :data:`TRAINER_TIMES` key (the
+        rest of the step, ``other_s``, is computed)."""
+        duration = max(now - start.time, 1e-12)
         staleness = [s for _, s in trained]
         rewards = [r for slot, _ in trained for r in slot.payload.rewards]
         hist = collections.Counter(staleness)
         self.staleness_hist.update(hist)
         self.trainer_idle_total += idle
         self.steps_done += 1
-        busy = self.busy_area(now) - busy_at_start
+        busy = self.busy_area(now) - start.busy_area
+        lengths, clipped = completion_lengths(trained)
         record: dict[str, Any] = {
             "step": step,
             "trainer_version": step + 1,
@@ -162,10 +251,14 @@ class RunStats:
             "inflight": inflight,
             "generator_util": busy / (duration * self.max_inflight),
             "groups_per_s": len(trained) / duration,
+            **self._time_split(now, start, duration, idle, sync_s, times or {}),
+            **self._throughput(start, duration, trained),
+            **completion_facts(lengths, clipped),
             **token_facts(trained, step),
         }
         self.token_staleness_hist.update(
             {int(k): n for k, n in record["token_staleness_hist"].items()})
+        self._add_completions(lengths, clipped)
         self.failed_this_step = 0
         for key in sorted({k for _, m in chunk_metrics for k in m}):
             vals = [(n, m[key]) for n, m in chunk_metrics if key in m]
@@ -175,6 +268,42 @@ class RunStats:
             record[f"train/{key}"] = value
         self.records.append(record)
         return record
+
+    def _time_split(self, now: float, start: StepMark, duration: float, idle: float,
+                    sync_s: float, times: dict[str, float]) -> dict[str, float]:
+        """``time/<key>``: where the trainer side's step went, and how long the
+        engines generated meanwhile (at least one ``generate`` call running)."""
+        split = {key: float(times.get(key, 0.0)) for key in TRAINER_TIMES[:-1]}
+        # What the others leave: sampler calls, bookkeeping (never below 0 by rounding).
+        split["other_s"] = max(0.0, duration - idle - sync_s - sum(split.values()))
+        self.generation_changed(now, 0)
+        generating = self._generating_s - start.generating
+        for key, value in (*split.items(), ("trainer_idle_s", idle), ("weight_sync_s", sync_s),
+                           ("generation_s", generating), ("step_s", duration)):
+            self.time_totals[key] += value
+        return {**{f"time/{k}": v for k, v in split.items()}, "time/generation_s": generating}
+
+    def _throughput(self, start: StepMark, duration: float,
+                    trained: Sequence[tuple[Slot, int]]) -> dict[str, float]:
+        """Completion tokens the engines returned during the step and those the
+        step trained, with their rates over the step's time."""
+        generated = self.generated_tokens - start.generated_tokens
+        trained_tokens = sum(slot.payload.result.num_tokens for slot, _ in trained)
+        self.trained_tokens += trained_tokens
+        return {"rollout/generated_tokens": generated, "rollout/trained_tokens": trained_tokens,
+                "throughput/generated_tokens_per_s": generated / duration,
+                "throughput/trained_tokens_per_s": trained_tokens / duration}
+
+    def _add_completions(self, lengths: collections.Counter[int], clipped: int) -> None:
+        if not lengths:
+            return
+        self.completions["count"] += sum(lengths.values())
+        self.completions["tokens"] += sum(k * c for k, c in lengths.items())
+        self.completions["clipped"] += clipped
+        self.completion_len_max = max(self.completion_len_max, max(lengths))
+        low = min(lengths)
+        self.completion_len_min = (low if self.completion_len_min is None
+                                   else min(self.completion_len_min, low))
 
     # ----------------------------------------------------------------- totals
     def totals(self, elapsed: float) -> dict[str, Any]:
@@ -194,7 +323,31 @@ class RunStats:
             "trainer_idle_s": self.trainer_idle_total,
             "max_inflight_seen": self.max_inflight_seen,
             "max_buffer_seen": self.max_buffer_seen,
+            "time_split": self._time_totals(),
+            "throughput": {
+                "generated_tokens": self.generated_tokens,
+                "trained_tokens": self.trained_tokens,
+                "generated_tokens_per_s": self.generated_tokens / elapsed if elapsed > 0 else 0.0,
+                "trained_tokens_per_s": self.trained_tokens / elapsed if elapsed > 0 else 0.0,
+            },
+            "completion_len": self._completion_totals(),
         }
+
+    def _time_totals(self) -> dict[str, float]:
+        """The steps' time, summed by part, and each part's fraction of it."""
+        t = self.time_totals
+        steps = t["step_s"]
+        parts = ("trainer_idle_s", "train_s", "optimizer_step_s", "weight_sync_s", "eval_s",
+                 "other_s", "generation_s")
+        return {"steps_s": steps, **{key: t[key] for key in parts},
+                **{f"{key[:-2]}_frac": t[key] / steps if steps > 0 else 0.0 for key in parts}}
+
+    def _completion_totals(self) -> dict[str, Any]:
+        n = self.completions["count"]
+        return {"completions": n,
+                "mean": self.completions["tokens"] / n if n else 0.0,
+                "min": self.completion_len_min or 0, "max": self.completion_len_max,
+                "clipped_frac": self.completions["clipped"] / n if n else 0.0}
 
     def _token_totals(self) -> dict[str, Any]:
         hist = self.token_staleness_hist
@@ -215,6 +368,12 @@ class RunStats:
             "token_staleness_hist": {str(k): n for k, n in self.token_staleness_hist.items()},
             "trainer_idle_s": self.trainer_idle_total,
             "elapsed_s": elapsed,
+            "generated_tokens": self.generated_tokens,
+            "trained_tokens": self.trained_tokens,
+            "time_totals": dict(self.time_totals),
+            "completions": dict(self.completions),
+            "completion_len_max": self.completion_len_max,
+            "completion_len_min": self.completion_len_min,
         }
 
     def load_state_dict(self, state: dict[str, Any], steps_done: int) -> None:
@@ -229,3 +388,11 @@ class RunStats:
         self.groups_continued = int(state.get("groups_continued", 0))
         self.trainer_idle_total = float(state.get("trainer_idle_s", 0.0))
         self.elapsed_before = float(state.get("elapsed_s", 0.0))
+        # Checkpoints from before these totals start them at zero.
+        self.generated_tokens = int(state.get("generated_tokens", 0))
+        self.trained_tokens = int(state.get("trained_tokens", 0))
+        self.time_totals = collections.Counter(state.get("time_totals", {}))
+        self.completions = collections.Counter(state.get("completions", {}))
+        self.completion_len_max = int(state.get("completion_len_max", 0))
+        low = state.get("completion_len_min")
+        self.completion_len_min = None if low is None else int(low)

@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from asyncrl.buffer import Slot
 from asyncrl.controller.context import RunContext
 from asyncrl.controller.dispatch import Dispatcher
+from asyncrl.controller.stats import StepMark
 from asyncrl.controller.weight_sync import WeightSync
 from asyncrl.errors import ControllerBug, RolloutStall
 from asyncrl.evaluation import Evaluator
@@ -82,9 +83,8 @@ class TrainPump:
         ctx = self.ctx
         ctx.assembling = v
         min_chunk = ctx.cfg.min_groups_for_streaming_train
-        step_start = ctx.now()
-        busy_at_start = ctx.stats.busy_area(step_start)
-        idle, evicted = 0.0, 0
+        start = ctx.stats.mark(ctx.now())
+        idle, evicted, train_s = 0.0, 0, 0.0
         chunk_metrics: list[tuple[int, dict[str, float]]] = []
         self.taken = taken = []
         complete = True
@@ -129,19 +129,21 @@ class TrainPump:
             t = ctx.now()
             metrics = await self.trainer.train_chunk([s.payload for s in chunk], step=v)
             ctx.timeline.add("train", 0, t, ctx.now(), str(v))
+            train_s += ctx.now() - t
             chunk_metrics.append((len(chunk), metrics or {}))
-        await self._finish(v, taken, step_start, busy_at_start, idle, chunk_metrics, evicted)
+        await self._finish(v, taken, start, idle, chunk_metrics, evicted, train_s)
         return complete
 
-    async def _finish(self, v: int, taken: list[Slot], step_start: float, busy_at_start: float,
-                      idle: float, chunk_metrics: list[tuple[int, dict[str, float]]],
-                      evicted: int) -> None:
+    async def _finish(self, v: int, taken: list[Slot], start: StepMark, idle: float,
+                      chunk_metrics: list[tuple[int, dict[str, float]]], evicted: int,
+                      train_s: float) -> None:
         ctx = self.ctx
         self.activity = ("finish_step", ctx.now())
         ctx.assembling = v + 1  # from here on a dropped group can only shrink a later step
         t = ctx.now()
         step_metrics = await self.trainer.finish_step(step=v) or {}
         ctx.timeline.add("step", 0, t, ctx.now(), str(v))  # the optimizer step: trainer-busy
+        times = {"train_s": train_s, "optimizer_step_s": ctx.now() - t, "eval_s": 0.0}
         trained = []
         for slot in taken:
             staleness = v - slot.start_weight
@@ -153,11 +155,13 @@ class TrainPump:
         ctx.progress()
         eval_metrics: dict[str, float] = {}
         if self.evaluator is not None and self.evaluator.due(v + 1):
-            self.activity = ("evaluation", ctx.now())
+            t = ctx.now()
+            self.activity = ("evaluation", t)
             eval_metrics = await self.evaluator.evaluate(self.weight_sync.engines, v + 1)
+            times["eval_s"] = ctx.now() - t
             ctx.progress()
         record = ctx.stats.step_record(
-            step=v, now=ctx.now(), step_start=step_start, busy_at_start=busy_at_start, idle=idle,
+            step=v, now=ctx.now(), start=start, idle=idle, times=times,
             trained=trained, chunk_metrics=chunk_metrics, step_metrics=step_metrics,
             evicted=evicted, aborted=aborted, sync_s=sync_s,
             buffer_ready=ctx.buffer.ready_count, inflight=self.dispatcher.inflight,

@@ -1,4 +1,6 @@
-"""PNG plots of a run: reward curves, staleness histogram, pump timeline, comparisons.
+"""PNG plots of a run: reward curves, training curves (loss, entropy, KL, grad
+norm, completion length, the step's time split), staleness histogram, pump
+timeline, comparisons.
 
 matplotlib runs headless (Agg); every function writes one file and returns its path.
 """
@@ -65,6 +67,94 @@ def plot_reward(records: Sequence[dict[str, Any]], out_dir: Path,
         ax.legend(loc="lower right")
         paths.append(_save(fig, out_dir / name))
     return paths
+
+
+#: One curve per file: metrics.jsonl key, y-axis label, file name.
+CURVES = (("train/loss", "loss", "loss_vs_step.png"),
+          ("train/entropy", "entropy (nats/token)", "entropy_vs_step.png"),
+          ("train/kl", "KL to the reference (k3)", "kl_vs_step.png"),
+          ("train/grad_norm", "gradient norm (before clipping)", "grad_norm_vs_step.png"))
+#: Completion-length curves (tokens) of the completions each step trained.
+LENGTHS = (("rollout/completion_len_max", "max"), ("rollout/completion_len_p90", "p90"),
+           ("rollout/completion_len_mean", "mean"), ("rollout/completion_len_p50", "p50"))
+#: The trainer side's time split of a step, bottom to top (they add up to step_time_s).
+TIME_PARTS = (("trainer_idle_s", "idle (waiting for rollouts)", "#c8c8c8"),
+              ("time/train_s", "training (forward/backward)", "#4c72b0"),
+              ("time/optimizer_step_s", "optimizer step", "#2a3f6b"),
+              ("weight_sync_s", "weight sync", "#8172b2"),
+              ("time/eval_s", "evaluation", "#dd8452"),
+              ("time/other_s", "other", "#937860"))
+
+
+def _series(records: Sequence[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
+    """Steps and values of ``key``, over the records that have it."""
+    have = [r for r in records if key in r]
+    return [r["step"] for r in have], [_float(r[key]) for r in have]
+
+
+def plot_training_curves(records: Sequence[dict[str, Any]], out_dir: Path,
+                         run_name: str = "") -> list[Path]:
+    """Loss, entropy, KL, grad norm, completion length and the step's time split
+    against step, one file each; a metric the run did not log gets none (KL
+    without ``kl_coef``, a custom trainer's missing keys)."""
+    plt = _plt()
+    paths = []
+    for key, label, name in CURVES:
+        steps, values = _series(records, key)
+        if not steps:
+            continue
+        fig, ax = plt.subplots(figsize=(6, 3.6))
+        ax.plot(steps, values, lw=1.5)
+        ax.set_xlabel("training step")
+        ax.set_ylabel(label)
+        ax.set_title(_titled(run_name, f"{key.split('/', 1)[1]} vs step"))
+        ax.grid(alpha=0.3)
+        paths.append(_save(fig, out_dir / name))
+    if any(LENGTHS[0][0] in r for r in records):
+        paths.append(_plot_lengths(records, out_dir / "completion_len_vs_step.png", run_name))
+    if any("time/train_s" in r for r in records):
+        paths.append(_plot_time_split(records, out_dir / "step_time_vs_step.png", run_name))
+    return paths
+
+
+def _plot_lengths(records: Sequence[dict[str, Any]], out: Path, run_name: str) -> Path:
+    """Completion length (max, p90, mean, p50) and, on its own axis, the fraction
+    cut off at the token limit."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for key, label in LENGTHS:
+        ax.plot(*_series(records, key), lw=1.3, label=label)
+    ax.set_xlabel("training step")
+    ax.set_ylabel("completion length (tokens)")
+    clipped = ax.twinx()
+    clipped.plot(*_series(records, "rollout/completion_clipped_frac"), color="gray", ls="--",
+                 lw=1, label="clipped (right)")
+    clipped.set_ylabel("clipped fraction")
+    clipped.set_ylim(-0.02, 1.02)
+    ax.set_title(_titled(run_name, "completion length vs step"))
+    ax.grid(alpha=0.3)
+    handles = ax.get_legend_handles_labels()
+    more = clipped.get_legend_handles_labels()
+    ax.legend(handles[0] + more[0], handles[1] + more[1], loc="best", fontsize="small")
+    return _save(fig, out)
+
+
+def _plot_time_split(records: Sequence[dict[str, Any]], out: Path, run_name: str) -> Path:
+    """Stacked bars: where each step's time went on the trainer side."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    steps = [r["step"] for r in records]
+    bottom = [0.0] * len(records)
+    for key, label, color in TIME_PARTS:
+        values = [_float(r.get(key, 0.0)) for r in records]
+        values = [0.0 if math.isnan(v) else v for v in values]
+        ax.bar(steps, values, bottom=bottom, width=1.0, color=color, label=label, lw=0)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    ax.set_xlabel("training step")
+    ax.set_ylabel("seconds")
+    ax.set_title(_titled(run_name, "step time split"))
+    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize="small", frameon=False)
+    return _save(fig, out)
 
 
 def plot_staleness_hist(hist: dict[str, int], out: Path, title: str = "", *,

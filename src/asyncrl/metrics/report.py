@@ -6,7 +6,12 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.jsonio import read_json, read_jsonl
-from asyncrl.metrics.plots import plot_reward, plot_staleness_hist, plot_timeline
+from asyncrl.metrics.plots import (
+    plot_reward,
+    plot_staleness_hist,
+    plot_timeline,
+    plot_training_curves,
+)
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
@@ -18,8 +23,9 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def write_plots(run_dir: Path) -> list[Path]:
-    """Reward vs step and vs wall time, staleness histograms (groups and tokens),
-    pump timeline."""
+    """Reward vs step and vs wall time, the training curves (loss, entropy, KL,
+    grad norm, completion length, step time split: those the run logged),
+    staleness histograms (groups and tokens), pump timeline."""
     run_dir = Path(run_dir)
     records = read_metrics(run_dir)
     summary_path = run_dir / "summary.json"
@@ -27,6 +33,7 @@ def write_plots(run_dir: Path) -> list[Path]:
     out = run_dir / "plots"
     name = run_dir.resolve().name
     paths = plot_reward(records, out, target=summary.get("target_reward"), run_name=name)
+    paths += plot_training_curves(records, out, run_name=name)
     for key, of, file in (("staleness_hist", "groups", "staleness_hist.png"),
                           ("token_staleness_hist", "tokens", "token_staleness_hist.png")):
         hist: dict[str, int] = {}
