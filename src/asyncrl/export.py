@@ -20,8 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from asyncrl._yaml import load_yaml
 from asyncrl.checkpoint.store import list_checkpoints, load_latest, read_trainer_state, verify
 from asyncrl.config import RunConfig, config_from_dict
 from asyncrl.errors import CheckpointError, SetupError
@@ -159,6 +158,7 @@ def export_checkpoint(run_dir: str | Path, out_dir: str | Path, *, step: int | N
             raise CheckpointError(f"checkpoint {path} is invalid: {problem}; pick another step")
         config_yaml = (path / "config.yaml").read_text()
         state = read_trainer_state(path)
-    cfg = config_from_dict(yaml.safe_load(config_yaml) or {}, source=f"{run_dir} checkpoint config")
+    source = f"{run_dir} checkpoint config"
+    cfg = config_from_dict(load_yaml(config_yaml, source) or {}, source=source)
     # Whatever wrote it (single, or fsdp at any world size): one full model.
     return step, export_trainer_state(cfg, unshard_state(state), out_dir)
