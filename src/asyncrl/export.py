@@ -53,7 +53,9 @@ def export_trainer_state(cfg: RunConfig, state: Mapping[str, Any], out_dir: str 
     from asyncrl.policy import bind_task_tokenizer, build_policy, load_tokenizer, model_skeleton
 
     if task is None:
-        task = build_task(cfg.task)
+        # The prompts and the tokenizer only: the reward (a module of the user's,
+        # maybe not importable here) plays no part in the policy's files.
+        task = build_task(cfg.task, load_reward=False)
         bind_task_tokenizer(task, cfg.policy)
     if "adapter" not in state:
         # The weights are all there: the model around them is built on the meta
