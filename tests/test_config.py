@@ -251,3 +251,45 @@ def test_a_rule_across_blocks_broken_by_overrides_names_them(tmp_path) -> None:
         load_config(path, overrides)
     assert str(err.value).startswith(
         f"invalid {path} with the command-line overrides {' '.join(overrides)}: config: ")
+
+
+# ------------------------------------------- issue 28, items 3 and 6: YAML, overrides
+@pytest.mark.parametrize(("text", "value"), [
+    ("1e-5", 1e-5), ("3e3", 3000.0), ("1.0e5", 1e5), ("-2E-3", -2e-3), (".5e1", 5.0),
+    ("+1e0", 1.0), ("0.001", 0.001), ("7", 7), ("1_000", 1000), (".inf", float("inf")),
+    ("1e", "1e"), ("e5", "e5"), ("1e-5x", "1e-5x"), ("'1e-5'", "1e-5"), ("2001-12-14", None),
+])
+def test_yaml_reads_scientific_notation_as_numbers_and_nothing_else(text, value) -> None:
+    from asyncrl._yaml import load_yaml
+
+    got = load_yaml(f"v: {text}\n", "t")["v"]
+    if value is None:  # a timestamp stays YAML 1.1's date
+        assert type(got).__name__ == "date"
+    else:
+        assert got == value and type(got) is type(value)
+    # The same value on the command line.
+    if value is not None:
+        assert parse_override(f"a={text}")[1] == value
+
+
+def test_yaml_1_1_itself_is_unchanged() -> None:
+    import yaml
+
+    assert yaml.safe_load("v: 1e-5") == {"v": "1e-5"}  # PyYAML's own loader: text
+
+
+def test_overrides_give_one_config_in_any_order(tmp_path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("async_rl:\n  sampler: {name: in_order, max_lookahead_versions: 2}\n")
+    items = ["async_rl.sampler.max_staleness_versions=3", "async_rl.sampler.name=windowed",
+             "task={name: reverse, max_length: 5}", "task.alphabet=ab",
+             "grpo.max_num_steps=9"]
+    import itertools
+
+    configs = [load_config(path, list(order)) for order in itertools.permutations(items)]
+    assert all(c == configs[0] for c in configs)
+    cfg = configs[0]
+    assert cfg.async_rl.sampler.max_staleness_versions == 3
+    assert cfg.task.name == "reverse" and cfg.task.max_length == 5 and cfg.task.alphabet == "ab"
+    # Of two overrides of one key the later one wins, as before.
+    assert load_config(None, ["seed=1", "seed=2"]).seed == 2

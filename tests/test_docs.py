@@ -17,8 +17,8 @@ import shlex
 from pathlib import Path
 
 import pytest
-import yaml
 
+from asyncrl._yaml import load_yaml
 from asyncrl.cli import build_parser, main
 from asyncrl.config import RunConfig, config_from_dict
 
@@ -57,7 +57,7 @@ def test_python_snippets_run(doc: Path, tmp_path: Path, monkeypatch) -> None:
 @pytest.mark.parametrize("doc", docs_with("yaml"), ids=_id)
 def test_yaml_snippets_parse_and_configs_validate(doc: Path) -> None:
     for body in blocks(doc, "yaml"):
-        tree = yaml.safe_load(body)
+        tree = load_yaml(body, f"a yaml block of {_id(doc)}")  # as asyncrl reads a file
         if isinstance(tree, dict) and tree and set(tree) <= set(RunConfig.model_fields):
             config_from_dict(tree, source=f"a yaml block of {_id(doc)}")
 
@@ -83,3 +83,19 @@ def test_cli_lines_parse_and_name_existing_files(doc: Path, monkeypatch) -> None
             assert (REPO / config).is_file(), f"{_id(doc)}: {' '.join(argv)}: no file {config}"
         if args.command == "validate":
             assert main(argv) == 0, f"{_id(doc)}: asyncrl {' '.join(argv)} failed"
+
+
+def test_the_nemo_rl_table_of_training_md_is_the_codes() -> None:
+    """docs/training.md shows asyncrl.nemo_rl_keys.NEMO_RL_KEYS, the table the config
+    blocks read their refusals from: the two never disagree."""
+    from asyncrl.nemo_rl_keys import table_rows
+
+    lines = (REPO / "docs" / "training.md").read_text().splitlines()
+    start = lines.index("| NeMo-RL key | in asyncrl |") + 2  # past the header and |---|
+    shown = []
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        keys, meaning = (cell.strip() for cell in line.strip("|").split(" | "))
+        shown.append((keys, meaning))
+    assert shown == table_rows()

@@ -12,14 +12,17 @@ and ``grpo-llama3.1-8b-instruct-2n8g-async-1off-single-controller-streaming2``.
 from __future__ import annotations
 
 import json
+import typing
 from pathlib import Path
 
 import pytest
 import yaml
+from pydantic import BaseModel
 
 from asyncrl.cli import main
-from asyncrl.config import config_from_dict, load_config
+from asyncrl.config import AsyncRLConfig, config_from_dict, load_config
 from asyncrl.errors import ConfigError
+from asyncrl.nemo_rl_keys import NEMO_RL_KEYS
 
 EXEMPLAR = """
 async_rl:
@@ -158,15 +161,83 @@ def test_gym_subprocess_check_is_accepted_either_way() -> None:
 
 # ----------------------------------------------------------------- old keys
 @pytest.mark.parametrize(("block", "new"), [
-    ({"stall_timeout_s": 1800}, "stall_timeout_s -> stall_watchdog"),
-    ({"rollout_failure": {"max_attempts": 3}}, "max_attempts -> max_infra_attempts_per_prompt"),
-    ({"rollout_failure": {"backoff_s": 0.5}}, "backoff_s -> backoff_base_s"),
-    ({"rollout_failure": {"max_failed_groups": 16}}, "max_failed_groups -> max_skipped_prompts"),
+    ({"stall_timeout_s": 1800}, "stall_timeout_s is an older asyncrl's key: write stall_watchdog"),
+    ({"rollout_failure": {"max_attempts": 3}}, "write max_infra_attempts_per_prompt and"),
+    ({"rollout_failure": {"backoff_s": 0.5}}, "backoff_s is an older asyncrl's key: write "
+                                              "backoff_base_s"),
+    ({"rollout_failure": {"max_failed_groups": 16}}, "write max_skipped_prompts"),
 ])
 def test_replaced_keys_get_one_line_naming_the_new_ones(block, new) -> None:
     with pytest.raises(ConfigError, match=new) as err:
         config_from_dict({"async_rl": block})
     assert len(str(err.value).splitlines()) == 1
+
+
+def _tree_with(path: str, value: object = 1) -> dict:
+    """A config whose async_rl block holds ``path`` (a path inside async_rl)."""
+    node: dict = {}
+    tree = {"async_rl": node}
+    *parents, key = path.split(".")
+    for part in parents:
+        node[part] = {}
+        node = node[part]
+    node[key] = value
+    return tree
+
+
+STALE = [k for k in NEMO_RL_KEYS if k.refusal() is not None]
+
+
+@pytest.mark.parametrize("entry", STALE, ids=lambda k: k.path)
+def test_every_stale_key_of_the_table_is_refused_naming_its_replacement(entry) -> None:
+    # Issue 28, item 7: NeMo-RL's own renames got spelling guesses
+    # (generation_timeout_s -> "did you mean generation_router") or nothing.
+    if entry.path.startswith("sampler."):
+        tree = _tree_with(entry.path)
+        tree["async_rl"]["sampler"]["name"] = "in_order"
+    else:
+        tree = _tree_with(entry.path)
+    with pytest.raises(ConfigError) as err:
+        config_from_dict(tree)
+    text = str(err.value)
+    assert len(text.splitlines()) == 1, text
+    where = ".".join(["async_rl", *filter(None, [entry.block])])
+    assert f"{where}: {entry.refusal()}" in text, text
+    assert "did you mean" not in text and "unknown key" not in text
+
+
+@pytest.mark.parametrize(("path", "named"), [
+    ("generation_timeout_s", "rollout_failure.native.generation_timeout_s"),
+    ("env_timeout_s", "rollout_failure.native.env_timeout_s"),
+    ("rollout_failure.max_attempts_per_prompt", "write max_infra_attempts_per_prompt"),
+    ("rollout_failure.max_gym_row_attempts", "write nemo_gym.max_row_attempts"),
+    ("rollout_failure.on_data_exhausted", "write max_skipped_prompts"),
+])
+def test_the_renames_the_issue_met_name_nemo_rls_replacement(path, named) -> None:
+    with pytest.raises(ConfigError) as err:
+        config_from_dict(_tree_with(path, "skip" if "exhausted" in path else 3))
+    assert named in str(err.value) and "generation_router" not in str(err.value)
+
+
+def _field_paths(model: type, prefix: str = "") -> set[str]:
+    out = set()
+    for name, field in model.model_fields.items():
+        out.add(prefix + name)
+        for sub in (field.annotation, *typing.get_args(field.annotation)):  # X | None too
+            if isinstance(sub, type) and issubclass(sub, BaseModel):
+                out |= _field_paths(sub, f"{prefix}{name}.")
+    return out
+
+
+def test_every_key_the_table_accepts_is_a_key_of_the_block() -> None:
+    accepted = {k.path for k in NEMO_RL_KEYS if k.refusal() is None}
+    missing = accepted - _field_paths(AsyncRLConfig)
+    assert not missing, f"the table accepts keys the config does not have: {missing}"
+    # ... and every key of the block NeMo-RL has is in the table.
+    ours_only = {"stall_watchdog", "rollout_failure", "rollout_failure.native",
+                 "rollout_failure.nemo_gym"}
+    assert {p for p in _field_paths(AsyncRLConfig)
+            if not p.startswith(("generation_", "sampler."))} - ours_only <= accepted
 
 
 def test_max_backoff_below_the_base_is_refused() -> None:

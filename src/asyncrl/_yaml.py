@@ -4,10 +4,18 @@ PyYAML's safe loader silently keeps the last of two equal keys in a mapping, so
 a config with ``lr`` written twice trains with whichever came second. Our loader
 refuses it and names the key and both lines. Merge keys (``<<: *anchor``) may
 still be overridden by explicit keys: that is what they are for.
+
+Numbers in scientific notation are numbers: PyYAML implements YAML 1.1, whose
+floats need a dot and a signed exponent, so ``lr: 1e-5`` (or ``3e3``,
+``1.0e5``) would load as the text ``'1e-5'``. Our loader also resolves YAML
+1.2's float syntax (its core schema), the way every ML config writes a learning
+rate. Every YAML asyncrl reads - config files, a run's ``config.yaml``, a
+checkpoint's copy, command-line override values - goes through this loader.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import yaml
@@ -41,6 +49,14 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+#: YAML 1.2's float (core schema). Appended after YAML 1.1's own resolvers, so it
+#: decides only what they leave as text: ints, 1.1 floats (``0.5``, ``.inf``) and
+#: timestamps resolve as before, and a scalar such as ``1e-5`` becomes a float.
+_FLOAT_1_2 = re.compile(r"^[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?$")
+_StrictLoader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT_1_2,
+                                    list("-+.0123456789"))
+
+
 #: PyYAML problems that usually mean an unquoted value with a colon in it, or a
 #: line indented differently from the keys beside it.
 _COLON_HINT = (
@@ -50,16 +66,24 @@ _COLON_HINT = (
 )
 
 
-def load_yaml(text: str, source: str) -> Any:
-    """Parse ``text`` (from ``source``, named in errors) with duplicate keys refused."""
+def parse_yaml(text: str, source: str) -> Any:
+    """Parse ``text`` with this module's loader; a syntax error raises PyYAML's own
+    :class:`yaml.YAMLError` (for a caller with a message of its own), a duplicated
+    key a :class:`ConfigError` naming ``source``."""
     loader = _StrictLoader(text)
     loader.source = source
     try:
         return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
+def load_yaml(text: str, source: str) -> Any:
+    """Parse ``text`` (from ``source``, named in errors) with duplicate keys refused."""
+    try:
+        return parse_yaml(text, source)
     except yaml.YAMLError as exc:
         text = str(exc)
         colon = "mapping values are not allowed" in text or "but found ':'" in text
         hint = _COLON_HINT if colon or "but got ':'" in text else ""
         raise ConfigError(f"{source}: not valid YAML ({exc}).{hint}") from None
-    finally:
-        loader.dispose()

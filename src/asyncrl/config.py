@@ -11,7 +11,6 @@ the order of the YAML (the dataset task's blocks live in
 
 from __future__ import annotations
 
-import contextlib
 import difflib
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,17 +28,17 @@ from pydantic import (
 from asyncrl._blocks import Block, NonNegFloat, NonNegInt, PosFloat, PosInt
 from asyncrl._targets import TargetBlock
 from asyncrl._validation import explain_errors
-from asyncrl._yaml import load_yaml
+from asyncrl._yaml import load_yaml, parse_yaml
 from asyncrl.dataset_config import DatasetTaskConfig
 from asyncrl.errors import ConfigError
 from asyncrl.failure_config import (
     GenerationFleetHealthConfig,
     GenerationRouterConfig,
-    RefusesRenamedKeys,
     RolloutFailureConfig,
     StallWatchdogConfig,
 )
 from asyncrl.interpolation import resolve_interpolations
+from asyncrl.nemo_rl_keys import RefusesRenamedKeys
 from asyncrl.sampling.config import InOrderSamplerConfig, SamplerConfig
 from asyncrl.server_config import VLLMServerConfig
 from asyncrl.task_block import TaskBlock
@@ -55,10 +54,8 @@ class GRPOConfig(Block):
 # ----------------------------------------------------------------- async RL
 class AsyncRLConfig(Block, RefusesRenamedKeys):
     """NeMo-RL's ``async_rl`` block: a block pasted from NeMo-RL's single-controller
-    configs loads as written (docs/training.md lists what each key does here)."""
-
-    renamed: ClassVar[dict[str, str]] = {
-        "stall_timeout_s": "stall_watchdog: {stall_timeout_s: ..., stall_action: abort}"}
+    configs loads as written (docs/training.md lists what each key does here; the
+    table of :mod:`asyncrl.nemo_rl_keys`, what each NeMo-RL key does)."""
 
     sampler: SamplerConfig = Field(default_factory=InOrderSamplerConfig)
     max_buffered_rollouts: PosInt = 16
@@ -333,6 +330,19 @@ class LossConfig(Block):
     #: with reward 0).
     truncated: Literal["keep", "mask", "zero_reward"] = "keep"
 
+    @property
+    def min_group_size(self) -> int:
+        """The fewest completions per prompt the advantage can learn from.
+
+        The one advantage today is GRPO's group baseline
+        (:func:`asyncrl.trainers.losses.group_advantages`): a completion's reward
+        minus its group's mean (divided by the group's std with scale_advantages),
+        which is 0 for every completion of a group of one. An advantage mode
+        without a group baseline (a running mean, a value model) would answer 1
+        here; RunConfig refuses a smaller grpo.num_generations_per_prompt.
+        """
+        return 2
+
 
 # ------------------------------------------------------------------ trainer
 class TrainerConfig(Block):
@@ -571,6 +581,16 @@ class RunConfig(Block):
         return self
 
     @model_validator(mode="after")
+    def _advantage_has_a_group(self) -> RunConfig:
+        n, need = self.grpo.num_generations_per_prompt, self.loss.min_group_size
+        if n < need:
+            raise ValueError(
+                f"grpo.num_generations_per_prompt={n} trains nothing: GRPO's advantage is a "
+                "completion's reward minus the mean reward of its prompt's group, 0 in a group "
+                f"of one; set grpo.num_generations_per_prompt to {need} or more (8 is usual)")
+        return self
+
+    @model_validator(mode="after")
     def _deterministic_needs_local_engine(self) -> RunConfig:
         if self.deterministic and self.policy.engine != "local":
             raise ValueError(
@@ -616,18 +636,15 @@ def parse_override(text: str) -> tuple[str, Any]:
             "(for example grpo.max_num_steps=20)"
         )
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
+        # The config files' loader: 1e-3 is a number here as there (asyncrl._yaml).
+        value = parse_yaml(raw, f"override {text!r}") if raw.strip() else None
     except yaml.YAMLError as exc:
         raise ConfigError(
             f"override {text!r}: the value is not valid YAML ({exc}). Quote a value that is "
             f"text with YAML's own characters in it ({{ }} [ ] : # ,), e.g. "
             f"""{key}='"{raw.strip()}"'"""
         ) from None
-    if isinstance(value, str):
-        # YAML 1.1 reads "1e-3" as a string; on a command line it is a number.
-        with contextlib.suppress(ValueError):
-            value = float(value)
-    elif isinstance(value, dict) and not raw.lstrip().startswith("{"):
+    if isinstance(value, dict) and not raw.lstrip().startswith("{"):
         # "target=mod:" reads as the mapping {mod: None}; a mapping on the command
         # line is written {key: value}, so anything else was meant as text.
         value = raw.strip()
@@ -638,9 +655,24 @@ def parse_override(text: str) -> tuple[str, Any]:
 _SWAPPABLE = ("async_rl.sampler.name", "task.name", "task.reward.name")
 
 
+def _replaced_depth(key: str) -> int:
+    """How deep the node an override replaces lies: a swap replaces its whole block."""
+    return key.count(".") + (0 if key in _SWAPPABLE else 1)
+
+
 def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    for item in overrides:
-        key, value = parse_override(item)
+    """Apply ``key.path=value`` overrides to a raw config tree (the caller validates
+    the result once, after all of them).
+
+    The result does not depend on their order on the command line: an override
+    that replaces a block is applied before the overrides of keys inside it, so
+    ``task.reward.target=m:f task.reward.name=custom`` is the reverse order's
+    config (the swap to ``custom`` would otherwise drop the target set before
+    it), and ``a.b={...} a.b.c=1`` keeps ``c``. Of two overrides of one key, the
+    later one wins.
+    """
+    parsed = [parse_override(item) for item in overrides]
+    for key, value in sorted(parsed, key=lambda kv: _replaced_depth(kv[0])):  # stable
         # A sampler (task, reward) swap replaces the whole block: keys of the old
         # one would otherwise be rejected as unknown by the new one.
         if key in _SWAPPABLE:

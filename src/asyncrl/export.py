@@ -20,8 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from asyncrl._yaml import load_yaml
 from asyncrl.checkpoint.store import list_checkpoints, load_latest, read_trainer_state, verify
 from asyncrl.config import RunConfig, config_from_dict
 from asyncrl.errors import CheckpointError, SetupError
@@ -54,7 +53,9 @@ def export_trainer_state(cfg: RunConfig, state: Mapping[str, Any], out_dir: str 
     from asyncrl.policy import bind_task_tokenizer, build_policy, load_tokenizer, model_skeleton
 
     if task is None:
-        task = build_task(cfg.task)
+        # The prompts and the tokenizer only: the reward (a module of the user's,
+        # maybe not importable here) plays no part in the policy's files.
+        task = build_task(cfg.task, load_reward=False)
         bind_task_tokenizer(task, cfg.policy)
     if "adapter" not in state:
         # The weights are all there: the model around them is built on the meta
@@ -159,6 +160,7 @@ def export_checkpoint(run_dir: str | Path, out_dir: str | Path, *, step: int | N
             raise CheckpointError(f"checkpoint {path} is invalid: {problem}; pick another step")
         config_yaml = (path / "config.yaml").read_text()
         state = read_trainer_state(path)
-    cfg = config_from_dict(yaml.safe_load(config_yaml) or {}, source=f"{run_dir} checkpoint config")
+    source = f"{run_dir} checkpoint config"
+    cfg = config_from_dict(load_yaml(config_yaml, source) or {}, source=source)
     # Whatever wrote it (single, or fsdp at any world size): one full model.
     return step, export_trainer_state(cfg, unshard_state(state), out_dir)

@@ -4,12 +4,9 @@
 blocks asyncrl accepts only switched off (``generation_fleet_health``,
 ``generation_router``) live here, apart from :mod:`asyncrl.config`, so that the
 one place defining NeMo-RL compatibility is small enough to read whole.
-docs/training.md lists every key and which NeMo-RL keys are implemented,
-accepted only at their off values, or refused.
-
-Keys of an older asyncrl that these blocks replaced are refused with one line
-naming the new keys: a config must never keep parsing while a failure setting
-it asks for silently stops taking effect.
+docs/training.md lists every key; which NeMo-RL keys are implemented,
+accepted only at their off values, or refused (renamed by NeMo-RL, or keys of
+an older asyncrl) is the table of :mod:`asyncrl.nemo_rl_keys`.
 """
 
 from __future__ import annotations
@@ -21,23 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from asyncrl._blocks import Block as _Block
 from asyncrl._blocks import NonNegInt, PosFloat, PosInt
-
-
-class RefusesRenamedKeys(BaseModel):
-    """A block whose keys of an older asyncrl (``renamed``: old -> new) are refused
-    with one line naming the new ones."""
-
-    renamed: ClassVar[dict[str, str]] = {}
-
-    @model_validator(mode="before")
-    @classmethod
-    def _renamed(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            stale = [f"{old} -> {new}" for old, new in cls.renamed.items() if old in data]
-            if stale:
-                raise ValueError("keys replaced by NeMo-RL's names, rewrite them: "
-                                 + "; ".join(stale) + " (see docs/training.md)")
-        return data
+from asyncrl.nemo_rl_keys import RefusesRenamedKeys
 
 
 # ------------------------------------------------------------ rollout failure
@@ -77,12 +58,7 @@ class RolloutFailureConfig(_Block, RefusesRenamedKeys):
     """What a failed attempt costs, and what becomes of a prompt that runs out
     of attempts (docs/controller.md, Failures)."""
 
-    renamed: ClassVar[dict[str, str]] = {
-        "max_attempts": "max_infra_attempts_per_prompt and max_data_attempts_per_prompt",
-        "backoff_s": "backoff_base_s",
-        "max_failed_groups":
-            "max_skipped_prompts (data) and max_consecutive_dropped_prompts (infra)",
-    }
+    nemo_rl_block: ClassVar[str] = "rollout_failure"
 
     #: Attempts that may fail as infra (engine, worker, transport, deadline); each
     #: retry waits a backoff and goes to another engine when there is one.

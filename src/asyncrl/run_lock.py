@@ -40,6 +40,29 @@ def holder_pid(run_dir: str | Path) -> int | None:
         return None
 
 
+def live_holder(run_dir: str | Path) -> int | None:
+    """The pid of the live process holding ``run_dir``'s lock (None: no process
+    holds it; a lock file a dead run left behind does not count).
+
+    It asks the kernel with a shared lock taken and released at once: a run
+    starting in that same instant would be refused as if the directory were in
+    use, and say so; nothing else can come of it.
+    """
+    try:
+        fd = os.open(Path(run_dir) / LOCK_FILE, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:  # no lock file: no run ever held it
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        pid = holder_pid(run_dir)
+        return pid if pid is not None else -1
+    else:
+        return None
+    finally:
+        os.close(fd)  # releases the shared lock, if taken
+
+
 @contextlib.contextmanager
 def run_dir_lock(run_dir: str | Path) -> Iterator[Path]:
     """Hold ``run_dir``'s lock meanwhile (the directory is created if needed);
@@ -66,4 +89,4 @@ def run_dir_lock(run_dir: str | Path) -> Iterator[Path]:
         os.close(fd)  # releases the lock
 
 
-__all__ = ["LOCK_FILE", "RunDirInUse", "holder_pid", "run_dir_lock"]
+__all__ = ["LOCK_FILE", "RunDirInUse", "holder_pid", "live_holder", "run_dir_lock"]

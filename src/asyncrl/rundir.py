@@ -20,7 +20,7 @@ from pathlib import Path
 from asyncrl.checkpoint.store import checkpoint_root, list_checkpoints
 from asyncrl.errors import ConfigError
 from asyncrl.jsonio import dumps, read_jsonl, write_text_atomic
-from asyncrl.run_lock import LOCK_FILE
+from asyncrl.run_lock import LOCK_FILE, RunDirInUse, live_holder
 
 #: What a run writes into its directory (docs/design.md, "What a run writes"); --overwrite deletes these only.
 RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json", "timeline.json", "ledger.jsonl",
@@ -69,13 +69,33 @@ def check_run_dir(run_dir: str | Path | None, *, overwrite: bool = False) -> Pat
             "a run needs an empty or new directory (--overwrite only ever deletes a run's own "
             "files). Pick another --run-dir"
         )
+    # Only advice that is accepted when followed: a live run's directory can be
+    # neither resumed nor overwritten, and --resume needs a checkpoint.
+    pid = live_holder(path)
+    if pid is not None and pid != os.getpid():  # (this process: checked under its own lock)
+        who = f"pid {pid}" if pid > 0 else "a process that is just starting"
+        raise RunDirInUse(
+            f"--run-dir {path} holds a run that is running now ({who}); it can be neither "
+            f"resumed nor overwritten while it runs. Pick another --run-dir, e.g. --run-dir "
+            f"{free_sibling(path)}, or wait for that run to end"
+        )
     if not overwrite and not never_trained(path):
+        resume = (f"Continue it with: asyncrl train --resume {path}; "
+                  if list_checkpoints(path) else "It has no checkpoint to resume from. ")
         raise ConfigError(
-            f"--run-dir {path} already holds a run ({listing}). Continue it with: asyncrl "
-            f"train --resume {path}; start it over with --overwrite (deletes its checkpoints, "
-            "metrics and plots); or pick another --run-dir"
+            f"--run-dir {path} already holds a run ({listing}). {resume}start it over with "
+            "--overwrite (deletes its checkpoints, metrics and plots); or pick another "
+            f"--run-dir, e.g. --run-dir {free_sibling(path)}"
         )
     return path
+
+
+def free_sibling(path: Path) -> Path:
+    """``path-2`` (or ``-3``, ...): the first such name that does not exist yet."""
+    n = 2
+    while (candidate := path.with_name(f"{path.name}-{n}")).exists():
+        n += 1
+    return candidate
 
 
 def never_trained(path: Path) -> bool:

@@ -397,6 +397,10 @@ def resume_run(run_dir: str | Path, overrides: list[str], *, fork_to: str | Path
     if changes:
         print("asyncrl: settings changed since the checkpoint (config.yaml edits or "
               "overrides):\n  " + "\n  ".join(changes))
+        if any(c.startswith("policy.optimizer.") for c in changes):
+            # asyncrl.trainers.optim.apply_optimizer_config, when the trainer loads.
+            print("asyncrl: the optimizer resumes with the checkpoint's moments and these "
+                  "hyper-parameters")
     if target is not run_dir:
         print(f"asyncrl: forking {run_dir} at {ckpt.path.name} (trainer version {ckpt.step}) "
               f"into {target}; {run_dir} is not changed")

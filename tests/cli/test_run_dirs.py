@@ -11,7 +11,10 @@
 from __future__ import annotations
 
 import os
+import re
 import select
+import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -72,6 +75,20 @@ def test_one_run_per_directory_named_refusals_and_a_killed_runs_lock_taken_over(
         assert len(err.strip().splitlines()) == 1, err
         wait_for_steps(winner, 2)
 
+        # A new run there is told the run is live and where to go instead - advice
+        # that works when followed (issue 28, item 9c: it was told to --resume,
+        # which was then refused).
+        assert main(["train", "--config", str(config), "--run-dir", str(run),
+                     "grpo.max_num_steps=1"]) == 2
+        err = capsys.readouterr().err
+        assert f"holds a run that is running now (pid {winner.pid})" in err, err
+        assert "--resume" not in err.replace("neither resumed", "")
+        advice = re.search(r"Pick another --run-dir, e.g. --run-dir (\S+), or wait", err)
+        assert advice is not None, err
+        assert main(["train", "--config", str(config), "--run-dir", advice.group(1),
+                     "grpo.max_num_steps=1", "logging.progress=never"]) == 0
+        assert strict_json((Path(advice.group(1)) / "summary.json").read_text())["steps"] == 1
+
         # While it runs: --overwrite would delete its files, --resume would race it.
         assert main(["train", "--config", str(config), "--run-dir", str(run), "--overwrite",
                      "grpo.max_num_steps=2"]) == 2
@@ -89,7 +106,14 @@ def test_one_run_per_directory_named_refusals_and_a_killed_runs_lock_taken_over(
                 p.wait()
     last = max(int(p.name.split("-")[-1]) for p in (run / "checkpoints").iterdir()
                if p.name.startswith("step-"))
-    assert main(["train", "--resume", str(run), f"grpo.max_num_steps={last + 2}"]) == 0
+    # Now that it is dead, a new run there is told to resume it: following that works.
+    capsys.readouterr()
+    assert main(["train", "--config", str(config), "--run-dir", str(run)]) == 2
+    err = capsys.readouterr().err
+    advice = re.search(r"Continue it with: (asyncrl train --resume \S+);", err)
+    assert advice is not None, err
+    argv = shlex.split(advice.group(1))[1:]
+    assert main([*argv, f"grpo.max_num_steps={last + 2}"]) == 0
     check_nothing_lost(run, steps=last + 2)
     assert (run / LOCK_FILE).read_text().split() == [str(os.getpid())]
 
@@ -144,3 +168,10 @@ def test_a_run_directory_that_never_trained_is_reused_without_overwrite(
     # A directory that trained a step is still refused.
     assert main(["train", "--config", str(config), "--run-dir", str(run), *steps]) == 2
     assert "already holds a run" in capsys.readouterr().err
+    # Without a checkpoint it cannot be resumed, and the advice does not say it can.
+    shutil.rmtree(run / "checkpoints")
+    assert main(["train", "--config", str(config), "--run-dir", str(run), *steps]) == 2
+    err = capsys.readouterr().err
+    assert "It has no checkpoint to resume from" in err and "--resume" not in err, err
+    assert main(["train", "--config", str(config), "--run-dir", str(run), "--overwrite",
+                 *steps]) == 0

@@ -216,6 +216,31 @@ def test_data_failure_beyond_max_skipped_prompts_stops_the_run_naming_it() -> No
     assert ctl.stopped_at_safe_point
 
 
+def test_after_a_data_budget_stop_the_fixed_run_resumes_without_the_lost_group() -> None:
+    # Issue 28, item 9: "fix the reward, then resume" ended in a deadlock - the
+    # failed group's step waited for it forever (its loss was not recorded).
+    task = FakeTask()
+    ctl = make_controller(IN_ORDER, task=task, steps=3,
+                          scorer=InlineScorer(task, fail=lambda p: p.prompt_id == 1),
+                          rollout_failure={"min_step_batch_fraction": 0.5})
+    with pytest.raises(TooManyFailedGroups):
+        run_virtual(ctl.run())
+    assert ctl.stopped_at_safe_point
+    state, trainer_state = ctl.state_dict(), ctl.trainer.state_dict()
+    trainer = FakeTrainer()
+    trainer.load_state_dict(trainer_state)
+    fixed = make_controller(IN_ORDER, task=task, steps=3, trainer=trainer,
+                            history=ctl.ledger.history,
+                            rollout_failure={"min_step_batch_fraction": 0.5})
+    fixed.engines[0].weight_version = state["trainer_version"]  # as the runner loads it
+    fixed.load_state_dict(state)
+    result = run_virtual(fixed.run())
+    assert result.steps == 3 and result.summary["ledger"]["balanced"]
+    (failed,) = [r for r in fixed.ledger.records() if r.state == "failed"]
+    assert failed.prompt_id == 1
+    assert result.summary["ledger"]["trained"] == 3 * 4 - 1  # its step trained on 3 groups
+
+
 class BuggyEngine(FakeEngine):
     """A user's engine with a bug: it raises an error that says neither infra nor data."""
 

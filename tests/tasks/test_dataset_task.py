@@ -266,13 +266,22 @@ def test_build_task_makes_a_dataset_task(tmp_path: Path) -> None:
     assert isinstance(task, DatasetTask) and task.target_reward == 0.9
 
 
-def test_overriding_the_task_or_reward_name_replaces_the_block() -> None:
+def test_overriding_the_task_or_reward_name_replaces_the_block(tmp_path: Path) -> None:
     root = Path(__file__).resolve().parents[2]
     cfg = load_config(root / "examples" / "quickstart.yaml", [
-        "task.name=dataset", "task.path=data.jsonl", "task.reward.num_workers=2",
-        "task.reward.name=regex", "task.reward.pattern=^[0-9]$"])
+        "task.name=dataset", "task.path=data.jsonl", "task.reward.name=regex",
+        "task.reward.pattern=^[0-9]$"])
     assert isinstance(cfg.task, DatasetTaskConfig)  # the arithmetic keys went with the swap
-    assert cfg.task.reward.name == "regex" and cfg.task.reward.num_workers == 4
+    assert cfg.task.reward.name == "regex"
+    # The swap drops the file's keys of the old block; the command line's keys of
+    # the new one stay, in any order (issue 28, item 6).
+    path = tmp_path / "c.yaml"
+    path.write_text("task: {name: dataset, path: d.jsonl, reward: {name: exact_match, "
+                    "num_workers: 2, strip: false}}\n")
+    for overrides in (["task.reward.timeout_s=5", "task.reward.name=regex", "task.reward.pattern=x"],
+                      ["task.reward.pattern=x", "task.reward.name=regex", "task.reward.timeout_s=5"]):
+        reward = load_config(path, overrides).task.reward
+        assert (reward.name, reward.num_workers, reward.timeout_s) == ("regex", 4, 5.0)
 
 
 @pytest.mark.parametrize(("module", "extra", "build"), [

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from asyncrl.config import ArithmeticTaskConfig, ReverseTaskConfig, SortTaskConfig
@@ -47,6 +49,18 @@ def test_char_tokenizer_rejects_unknown_characters():
 
 def test_for_text_ids_do_not_depend_on_sample_order():
     assert CharTokenizer.for_text("ba", "=").chars == CharTokenizer.for_text("=ab").chars == "ab="
+
+
+def test_for_text_takes_lists_of_strings_and_names_anything_else():
+    # Issue 28, item 9: a list raised a raw "sequence item 0: expected str instance".
+    prompts, answers = ["1+2=", "3+4="], ("3", "7")
+    assert CharTokenizer.for_text(prompts, answers, " ").chars == "12347+= "
+    assert CharTokenizer.for_text(iter(["ab"])).chars == "ab"
+    for bad, named in ((["1+2=", 3], "got int 3 in a list"), (5, "got int 5"),
+                       (b"ab", "got bytes b'ab'"), ([None], "got NoneType None in a list")):
+        with pytest.raises(TypeError, match=re.escape(named)) as err:
+            CharTokenizer.for_text(bad)
+        assert "takes strings, or iterables of strings" in str(err.value)
 
 
 @pytest.mark.parametrize("task", ALL_TASKS, ids=lambda t: t.name)

@@ -242,6 +242,30 @@ async def test_state_dict_roundtrip_resumes_identically():
         assert torch.allclose(v, expected[k], atol=1e-7), k
 
 
+async def test_a_resumed_optimizer_takes_the_configs_hyper_parameters(caplog):
+    # Issue 28, item 1: load_state_dict restored the checkpoint's param groups whole,
+    # so lr, betas and weight_decay changed on resume were announced and ignored.
+    engine, trainer = make_pair()
+    data = await rollouts(engine, seed=1)
+    await engine.close()
+    trainer.train_chunk_sync(data)
+    trainer.finish_step_sync()
+    state = trainer.state_dict()
+    changed = OptimizerConfig(lr=0.05, betas=(0.8, 0.9), weight_decay=0.1)
+    resumed = GRPOTrainer(*policy(seed=5), optimizer=changed)
+    with caplog.at_level("INFO", logger="asyncrl.trainers"):
+        resumed.load_state_dict(state)
+    for group in resumed.optimizer.param_groups:
+        assert (group["lr"], group["betas"], group["weight_decay"]) == (0.05, (0.8, 0.9), 0.1)
+    # ... over the checkpoint's moments, which stay.
+    saved = state["optimizer"]["state"]
+    for i, moments in resumed.optimizer.state_dict()["state"].items():
+        assert torch.equal(moments["exp_avg"], saved[i]["exp_avg"])
+    assert "lr 0.001 -> 0.05, betas (0.9, 0.99) -> (0.8, 0.9), weight_decay 0 -> 0.1" \
+        in caplog.text
+    assert resumed.state_dict()["optimizer"]["param_groups"][0]["lr"] == 0.05
+
+
 def test_state_dict_is_a_snapshot():
     _, trainer = make_pair()
     state = trainer.state_dict()

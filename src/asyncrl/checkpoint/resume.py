@@ -41,6 +41,11 @@ IMMUTABLE = (
     "policy.lora",
     "cluster.backend",
 )
+#: Blocks inside an IMMUTABLE one that may change all the same. The reward
+#: (its target, arguments and pool): it scores the completions still to come;
+#: the rewards of groups already scored stay in the checkpoint. "Fix the reward,
+#: then resume" may mean pointing at another function.
+MUTABLE_INSIDE = ("task.reward",)
 
 
 @dataclass
@@ -149,10 +154,14 @@ def config_differences(old: RunConfig, new: RunConfig) -> list[str]:
             flat_b = _flat(after, path + ".") if isinstance(after, dict) else {path: after}
             lines.extend(f"{k}: {flat_a.get(k)!r} -> {flat_b.get(k)!r}"
                          for k in sorted(flat_a.keys() | flat_b.keys())
-                         if flat_a.get(k) != flat_b.get(k))
+                         if flat_a.get(k) != flat_b.get(k) and not _mutable(k))
         else:
             lines.append(f"{path}: {before!r} -> {after!r}")
     return lines
+
+
+def _mutable(path: str) -> bool:
+    return any(path == m or path.startswith(m + ".") for m in MUTABLE_INSIDE)
 
 
 def config_changes(old: RunConfig, new: RunConfig) -> list[str]:
@@ -201,8 +210,8 @@ def prepare_resume(run_dir: str | Path, overrides: list[str]) -> tuple[RunConfig
             f"cannot resume with these settings changed (in {source} or the command-line "
             "overrides) from the checkpoint's: they shape the buffer, the stamps or the model "
             "the checkpoint holds:\n  " + "\n  ".join(diffs)
-            + "\nStart a new run to change them; max_num_steps, logging and checkpoint settings "
-            "may change on resume"
+            + "\nStart a new run to change them; max_num_steps, logging and checkpoint settings, "
+            "the optimizer's and the reward (task.reward) may change on resume"
         )
     return cfg, ckpt
 

@@ -12,6 +12,30 @@ from collections.abc import Sequence
 from asyncrl.errors import AsyncRLError
 
 
+class CommandParser(argparse.ArgumentParser):
+    """A command's parser: its positionals (the ``key.path=value`` overrides) may
+    come before, between or after its options, e.g. ``asyncrl validate --config X
+    seed=1 --json a.b=c``.
+
+    Plain argparse takes a command's positionals from one consecutive run of
+    arguments only. Its intermixed parsing (``parse_intermixed_args``) takes them
+    from anywhere but refuses a parser with subcommands, so it is each command's
+    own parser that parses intermixed, when the top-level parser hands it the
+    command's arguments.
+    """
+
+    _intermixed = False
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        if self._intermixed:  # the two passes of the intermixed parse itself
+            return super().parse_known_args(args, namespace)
+        self._intermixed = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._intermixed = False
+
+
 def build_parser() -> argparse.ArgumentParser:
     from asyncrl.cli import export, plot, simulate, train, validate
 
@@ -20,7 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Asynchronous RL for language-model policies, with pluggable staleness samplers.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                parser_class=CommandParser)
     for module in (train, simulate, validate, plot, export):
         module.register(sub)
     return parser
@@ -64,4 +89,4 @@ def _main(argv: Sequence[str] | None) -> int:
         return 143 if terminated else 130
 
 
-__all__ = ["build_parser", "main"]
+__all__ = ["CommandParser", "build_parser", "main"]

@@ -102,10 +102,16 @@ class DropPolicy:
                   "error": _first_line(error)}
         self.recent.append(record)
         who = f"prompt {entry.prompt.prompt_id} (group {entry.group_id!r})"
+        target = max(step, entry.stamp if entry.stamp is not None
+                     else entry.batch_index if entry.batch_index is not None else step)
         if kind == "data":
             self.skipped += 1
             self._count("prompts_skipped")
             if self.skipped > rf.max_skipped_prompts:
+                # The run stops, its state checkpointed: the group is failed for good,
+                # so the step it was meant for trains without it once the run is
+                # resumed ("fix the reward, then resume"), rather than wait for it.
+                self.credits[target] = self.credits.get(target, 0) + 1
                 raise TooManyFailedGroups(
                     f"{self.skipped} prompt(s) failed max_data_attempts_per_prompt="
                     f"{rf.max_data_attempts_per_prompt} times as data, more than "
@@ -115,6 +121,7 @@ class DropPolicy:
         else:
             self.consecutive += 1
             if self.consecutive > rf.max_consecutive_dropped_prompts:
+                self.credits[target] = self.credits.get(target, 0) + 1  # as above
                 raise TooManyFailedGroups(
                     f"{self.consecutive} prompt(s) in a row failed "
                     f"max_infra_attempts_per_prompt={rf.max_infra_attempts_per_prompt} times as "
@@ -130,8 +137,6 @@ class DropPolicy:
                 record["outcome"] = "replaced"
                 return Entry(spare, entry.stamp, entry.pin, batch_index=entry.batch_index,
                              replacements=entry.replacements + 1)
-        target = max(step, entry.stamp if entry.stamp is not None
-                     else entry.batch_index if entry.batch_index is not None else step)
         lost = self.credits.get(target, 0) + 1
         record["outcome"] = f"step {target} shrank"
         if self.n - lost < self.floor:

@@ -18,6 +18,7 @@ from asyncrl._targets import TargetBlock, load_target
 from asyncrl._validation import explain
 from asyncrl.buffer import RolloutBuffer
 from asyncrl.errors import SamplerConfigError
+from asyncrl.nemo_rl_keys import RefusesRenamedKeys
 from asyncrl.sampling.base import BaseSampler, PromptGroupSampler
 from asyncrl.sampling.policies import (
     InOrderSampler,
@@ -35,7 +36,9 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class InOrderSamplerConfig(_Strict):
+class InOrderSamplerConfig(_Strict, RefusesRenamedKeys):
+    nemo_rl_block: ClassVar[str] = "sampler"  # NeMo-RL's PPO warm-up key, refused
+
     name: Literal["in_order"] = "in_order"
     max_lookahead_versions: _Window = 1
 

@@ -25,8 +25,13 @@ _TASKS = {
 }
 
 
-def build_task(cfg) -> Task:
-    """The built-in task for a ``task`` config block (a config model or a plain dict)."""
+def build_task(cfg, *, load_reward: bool = True) -> Task:
+    """The built-in task for a ``task`` config block (a config model or a plain dict).
+
+    ``load_reward=False``: a dataset task resolves its reward on first use, not now
+    (a custom reward's module is not imported by what needs only the prompts and
+    the tokenizer, e.g. an export). The other tasks' rewards are built in.
+    """
     if isinstance(cfg, dict):
         from pydantic import TypeAdapter, ValidationError
 
@@ -37,12 +42,15 @@ def build_task(cfg) -> Task:
         except ValidationError as exc:
             raise ConfigError(f"invalid task block: {exc}") from None
     try:
-        return _TASKS[type(cfg)](cfg)
+        task_class = _TASKS[type(cfg)]
     except KeyError:
         raise ConfigError(
             f"build_task: no built-in task for {type(cfg).__name__}; "
             f"use one of {sorted(c.__name__ for c in _TASKS)} or build your Task directly"
         ) from None
+    if task_class is DatasetTask:
+        return DatasetTask(cfg, load_reward=load_reward)
+    return task_class(cfg)
 
 
 __all__ = [

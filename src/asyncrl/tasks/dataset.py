@@ -29,6 +29,7 @@ from asyncrl.tasks.data_files import read_file, record_location
 from asyncrl.tasks.rewards.functions import (
     RESERVED,
     RecordReward,
+    RewardFunction,
     build_reward_function,
     score_many,
 )
@@ -61,7 +62,11 @@ class DatasetTask:
 
     name = "dataset"
 
-    def __init__(self, cfg: DatasetTaskConfig) -> None:
+    def __init__(self, cfg: DatasetTaskConfig, *, load_reward: bool = True) -> None:
+        """``load_reward``: resolve the reward now (a custom target is imported, so a
+        bad one fails when the task is built, e.g. by ``asyncrl validate``); False:
+        on first use - what needs the prompts and the tokenizer only (an export)
+        then never imports the reward's module."""
         self.cfg = cfg
         self.target_reward = cfg.target_reward
         ds, self.format = read_file(cfg.path, cfg.format)
@@ -81,10 +86,19 @@ class DatasetTask:
         #: Fields passed to the reward as ``**record``: all but the prompt and the answer.
         self.record_fields = [k for k in ds.column_names
                               if k not in (cfg.prompt_key, cfg.answer_key) and k not in RESERVED]
-        self.reward_function = build_reward_function(cfg.reward, self.record_fields)
-        #: What the reward pool's workers call (picklable, without the dataset).
-        self.pooled_reward = RecordReward(self.reward_function)
         self._chat: Any = None
+        if load_reward:
+            self.reward_function  # noqa: B018 - resolved now, see above
+
+    @cached_property
+    def reward_function(self) -> RewardFunction:
+        """The configured reward function (a custom one imported on first access)."""
+        return build_reward_function(self.cfg.reward, self.record_fields)
+
+    @cached_property
+    def pooled_reward(self) -> RecordReward:
+        """What the reward pool's workers call (picklable, without the dataset)."""
+        return RecordReward(self.reward_function)
 
     # ------------------------------------------------------------ records
     def _where(self, index: int) -> str:

@@ -64,10 +64,16 @@ class CharTokenizer:
         self.vocab_size = len(chars) + 3
 
     @classmethod
-    def for_text(cls, *samples: str) -> CharTokenizer:
+    def for_text(cls, *samples: str | Iterable[str]) -> CharTokenizer:
         """The tokenizer whose vocabulary is exactly the characters of ``samples``
-        (in :data:`DEFAULT_CHARS` order, so the ids do not depend on the samples' order)."""
-        used = set("".join(samples))
+        (in :data:`DEFAULT_CHARS` order, so the ids do not depend on the samples' order).
+
+        Each sample is a string or an iterable of strings, so that the prompts and
+        answers of a task can be passed as the lists they are:
+        ``CharTokenizer.for_text(prompts, answers, "=")``. Anything else is a
+        TypeError naming what it got.
+        """
+        used = set("".join(_texts(samples)))
         unknown = used - set(DEFAULT_CHARS)
         if unknown:
             raise ValueError(
@@ -93,6 +99,25 @@ class CharTokenizer:
 
     def __repr__(self) -> str:
         return f"CharTokenizer({self.chars!r})"
+
+
+def _texts(samples: tuple[object, ...]) -> list[str]:
+    """``for_text``'s samples as strings: a string as it is, an iterable's items."""
+    texts: list[str] = []
+    for sample in samples:
+        if isinstance(sample, str):
+            texts.append(sample)
+            continue
+        iterable = isinstance(sample, Iterable) and not isinstance(sample, (bytes, bytearray))
+        items = list(sample) if iterable else [sample]
+        bad = [x for x in items if not isinstance(x, str)]
+        if not iterable or bad:
+            raise TypeError(
+                f"CharTokenizer.for_text takes strings, or iterables of strings (e.g. a list of "
+                f"prompts); got {type(bad[0]).__name__} {bad[0]!r}"
+                + (f" in a {type(sample).__name__}" if iterable else ""))
+        texts.extend(items)
+    return texts
 
 
 def encode_prompt(tokenizer: Tokenizer, text: str) -> list[int]:

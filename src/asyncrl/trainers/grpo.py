@@ -54,6 +54,7 @@ from asyncrl.trainers import lora as lora_
 from asyncrl.trainers.distributed.state import SHARDED_KEY, unshard_state
 from asyncrl.trainers.losses import k3_kl, token_losses
 from asyncrl.trainers.memory import StepPeakMemory
+from asyncrl.trainers.optim import apply_optimizer_config, hyperparameters
 from asyncrl.trainers.packing import (
     Flat,
     Packed,
@@ -150,9 +151,7 @@ class GRPOTrainer:
                                  if head.requires_grad else None)
         self.optimizer = torch.optim.AdamW(
             self.params,
-            lr=self.opt_cfg.lr,
-            betas=tuple(self.opt_cfg.betas),
-            weight_decay=self.opt_cfg.weight_decay,
+            **hyperparameters(self.opt_cfg),
             # One kernel for the whole update instead of a few per tensor.
             **({"fused": True} if self._device.type == "cuda" else {}),
         )
@@ -254,6 +253,8 @@ class GRPOTrainer:
         self.precision.load(state.get("master", weights))
         self.precision.load_scaler_state(state.get("grad_scaler"))
         self.optimizer.load_state_dict(state["optimizer"])
+        # The checkpoint's moments, the config's hyper-parameters (lr changed on resume).
+        apply_optimizer_config(self.optimizer, self.opt_cfg)
         self.version = int(state["version"])
         torch.set_rng_state(state["torch_rng"])
         if self.ref_model is not None and "ref_model" in state:

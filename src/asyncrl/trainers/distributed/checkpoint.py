@@ -26,6 +26,7 @@ from asyncrl.trainers.distributed.state import (
     master_weights,
     named_optimizer_state,
 )
+from asyncrl.trainers.optim import apply_optimizer_config
 
 if TYPE_CHECKING:
     from asyncrl.trainers.grpo import GRPOTrainer
@@ -115,6 +116,9 @@ def load(core: RankCore, state: dict[str, Any] | None, header: dict[str, Any]) -
             set_model_state_dict(t.ref_model, ref, options=_FROM_RANK0)
     if not header["optimizer"]:  # saved before the first step: a fresh optimizer
         t.optimizer.state.clear()
+    # The checkpoint's moments, the config's hyper-parameters (lr changed on resume);
+    # every rank sets them on its own shards' optimizer.
+    apply_optimizer_config(t.optimizer, t.opt_cfg)
     t.version = int(header["version"])
     torch.set_rng_state(header["torch_rng"])
     t.optimizer.zero_grad(set_to_none=True)

@@ -1,0 +1,158 @@
+"""NeMo-RL's ``async_rl`` keys and what asyncrl does with each: one table.
+
+:data:`NEMO_RL_KEYS` is the one list of them. The config blocks read their
+refusals from it (:class:`RefusesRenamedKeys`): a key NeMo-RL renamed is
+refused with one line naming the key that replaced it - never with a
+"did you mean" guess by spelling, which for ``generation_timeout_s`` would
+name ``generation_router``. docs/training.md shows the table as
+:func:`table_rows` renders it (tests/test_docs.py checks that they agree), and
+tests/test_nemo_rl_compat.py checks every row against the config blocks.
+
+The renames are NeMo-RL's own (its ``single_controller_utils/config.py``
+refuses the old names the same way): the fault-tolerance keys it moved from
+``async_rl`` into ``rollout_failure``, the blocks it renamed, and the keys of
+``rollout_failure`` it replaced. Keys of an older asyncrl are in the table too,
+so that one mechanism refuses every stale key.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal, NamedTuple
+
+from pydantic import BaseModel, model_validator
+
+Fate = Literal["implemented", "at_default", "no_effect", "off_only", "renamed",
+               "old_asyncrl", "refused"]
+
+
+class NemoRLKey(NamedTuple):
+    """One key: its path inside ``async_rl``, what asyncrl does with it, and the detail
+    that completes it - the replacement of a renamed key (a path inside the key's own
+    block), the reason of a refused one, the value an ``at_default`` key must have."""
+
+    path: str
+    fate: Fate
+    detail: str = ""
+
+    @property
+    def block(self) -> str:
+        """The path of the block the key is in ("" for ``async_rl`` itself)."""
+        return self.path.rpartition(".")[0]
+
+    @property
+    def key(self) -> str:
+        return self.path.rpartition(".")[2]
+
+    def refusal(self) -> str | None:
+        """The line a config holding this key gets (None: asyncrl takes the key)."""
+        if self.fate == "renamed":
+            return f"{self.key} is NeMo-RL's old name: write {self.detail}"
+        if self.fate == "old_asyncrl":
+            return f"{self.key} is an older asyncrl's key: write {self.detail}"
+        if self.fate == "refused":
+            return f"{self.key}: {self.detail}"
+        return None
+
+    def _in_block(self, text: str) -> str:
+        return f"{self.block}.{text}" if self.block else text
+
+    def meaning(self) -> str:
+        """What docs/training.md says of the key."""
+        return {
+            "implemented": "implemented",
+            "at_default": f"accepted at NeMo-RL's default ({self.detail}) only: a NeMo-Gym "
+                          "path, which asyncrl does not have",
+            "no_effect": "accepted either way, no effect (NeMo-Gym only)",
+            "off_only": "accepted with `enabled: false` only (its other keys are kept and do "
+                        f"nothing); `enabled: true` is refused: {self.detail}",
+            "renamed": f"renamed by NeMo-RL to {self._in_block(self.detail)}: refused with "
+                       "one line naming it",
+            "old_asyncrl": f"an older asyncrl's key, replaced by {self._in_block(self.detail)}: "
+                           "refused with one line naming it",
+            "refused": f"refused with one line: {self.detail}",
+        }[self.fate]
+
+
+def _implemented(block: str, *keys: str) -> list[NemoRLKey]:
+    return [NemoRLKey(f"{block}.{k}" if block else k, "implemented") for k in keys]
+
+
+#: Every key of NeMo-RL's ``async_rl`` block (and the stale ones it or asyncrl refuses).
+NEMO_RL_KEYS: tuple[NemoRLKey, ...] = (
+    *_implemented("", "sampler", "max_buffered_rollouts", "min_groups_for_streaming_train",
+                  "max_inflight_prompts", "recompute_kv_cache_after_weight_updates",
+                  "diagnostics"),
+    *_implemented("rollout_failure", "max_infra_attempts_per_prompt",
+                  "max_data_attempts_per_prompt", "backoff_base_s", "max_backoff_s",
+                  "max_skipped_prompts", "max_consecutive_dropped_prompts",
+                  "min_step_batch_fraction", "on_dropped_prompt", "max_replacement_attempts",
+                  "replacement_reserve_prompts"),
+    *_implemented("rollout_failure.native", "generation_timeout_s", "env_timeout_s"),
+    *_implemented("stall_watchdog", "interval_s", "stall_timeout_s", "stall_action"),
+    NemoRLKey("rollout_failure.nemo_gym.rollout_timeout_s", "at_default", "`null`"),
+    NemoRLKey("rollout_failure.nemo_gym.max_row_attempts", "at_default", "`3`"),
+    NemoRLKey("stall_watchdog.gym_subprocess_check", "no_effect"),
+    NemoRLKey("generation_fleet_health", "off_only",
+              "the Ray backend restarts dead workers itself (`cluster.max_worker_restarts`)"),
+    NemoRLKey("generation_router", "off_only", "the router serves NeMo-Gym"),
+    NemoRLKey("sampler.warmup_lookahead_versions", "refused",
+              "NeMo-RL widens the lookahead with it while a PPO critic warms up; asyncrl "
+              "trains GRPO, without a critic: remove it"),
+    # NeMo-RL's renames: blocks renamed, deadlines moved into rollout_failure.
+    NemoRLKey("watchdog", "renamed", "stall_watchdog"),
+    NemoRLKey("fleet_health", "renamed", "generation_fleet_health"),
+    NemoRLKey("policy_router", "renamed", "generation_router"),
+    NemoRLKey("generation_timeout_s", "renamed", "rollout_failure.native.generation_timeout_s"),
+    NemoRLKey("env_timeout_s", "renamed", "rollout_failure.native.env_timeout_s"),
+    NemoRLKey("rollout_timeout_s", "renamed", "rollout_failure.nemo_gym.rollout_timeout_s"),
+    NemoRLKey("rollout_failure.max_attempts_per_prompt", "renamed",
+              "max_infra_attempts_per_prompt"),
+    NemoRLKey("rollout_failure.on_data_exhausted", "renamed",
+              "max_skipped_prompts (0 is the old fail_fast; skip is a budget of prompts, "
+              "e.g. 100)"),
+    NemoRLKey("rollout_failure.max_gym_row_attempts", "renamed", "nemo_gym.max_row_attempts"),
+    # An older asyncrl's keys.
+    NemoRLKey("stall_timeout_s", "old_asyncrl",
+              "stall_watchdog: {stall_timeout_s: ..., stall_action: abort}"),
+    NemoRLKey("rollout_failure.max_attempts", "old_asyncrl",
+              "max_infra_attempts_per_prompt and max_data_attempts_per_prompt"),
+    NemoRLKey("rollout_failure.backoff_s", "old_asyncrl", "backoff_base_s"),
+    NemoRLKey("rollout_failure.max_failed_groups", "old_asyncrl",
+              "max_skipped_prompts (data) and max_consecutive_dropped_prompts (infra)"),
+)
+
+
+def refusals(block: str) -> dict[str, str]:
+    """The keys refused in ``block`` (a path inside ``async_rl``), each with its line."""
+    return {k.key: line for k in NEMO_RL_KEYS
+            if k.block == block and (line := k.refusal()) is not None}
+
+
+def table_rows() -> list[tuple[str, str]]:
+    """The table of docs/training.md: (keys, meaning) rows, keys of one meaning
+    together, in the order of :data:`NEMO_RL_KEYS`."""
+    rows: dict[str, list[str]] = {}
+    for k in NEMO_RL_KEYS:
+        rows.setdefault(k.meaning(), []).append(f"`{k.path}`")
+    return [(", ".join(paths), meaning) for meaning, paths in rows.items()]
+
+
+class RefusesRenamedKeys(BaseModel):
+    """A config block that refuses the stale keys :data:`NEMO_RL_KEYS` lists for it
+    (``nemo_rl_block``: its path inside ``async_rl``) with one line each, naming
+    what replaced them: a config must never keep parsing while a setting it asks
+    for silently stops taking effect."""
+
+    nemo_rl_block: ClassVar[str] = ""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            stale = [line for key, line in refusals(cls.nemo_rl_block).items() if key in data]
+            if stale:
+                raise ValueError("; ".join(stale) + " (see docs/training.md, async_rl)")
+        return data
+
+
+__all__ = ["NEMO_RL_KEYS", "NemoRLKey", "RefusesRenamedKeys", "refusals", "table_rows"]
