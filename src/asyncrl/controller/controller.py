@@ -37,6 +37,7 @@ from asyncrl.controller.context import RunContext
 from asyncrl.controller.determinism import Determinism, NoDeterminism
 from asyncrl.controller.dispatch import Dispatcher
 from asyncrl.controller.drops import DropPolicy
+from asyncrl.controller.failure_log import SHOWN_GROUPS
 from asyncrl.controller.ledger import Ledger, LedgerHistory
 from asyncrl.controller.partials import read_partials, stop_generating
 from asyncrl.controller.stats import RunStats
@@ -434,8 +435,8 @@ def _reported(errors: list[BaseException],
     for error in unique:
         groups = (repeats or {}).get(id(error))
         if groups:
-            shown = ", ".join(str(g) for g in groups[:12])
-            more = f" and {len(groups) - 12} more" if len(groups) > 12 else ""
+            shown = ", ".join(str(g) for g in groups[:SHOWN_GROUPS])
+            more = f" and {len(groups) - SHOWN_GROUPS} more" if len(groups) > SHOWN_GROUPS else ""
             add_note(error, f"the same error hit {len(groups)} more group(s) too: {shown}{more}")
     first, *others = unique
     counts = collections.Counter(f"{type(e).__name__}: {_first_line(e)}" for e in others)
