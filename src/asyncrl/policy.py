@@ -182,31 +182,102 @@ def load_tokenizer(cfg: PolicyConfig, task: Task | None = None) -> Tokenizer:
 
 def check_prompts_encode(task: Task, cfg: PolicyConfig, *, seed: int = 0,
                          sample: int = 64) -> None:
-    """Refuse a pretrained tokenizer that turns characters of the task's prompts
-    into its unknown token (a character-level vocabulary from another task
-    would silently train on prompts with holes in them). The first ``sample``
-    prompts are checked."""
-    if cfg.model_name_or_path is None:
-        return  # a from-scratch vocabulary is the task's own
+    """Refuse a tokenizer that cannot encode the task's text: a pretrained one
+    that turns characters of the prompts into its unknown token (a character-level
+    vocabulary from another task would silently train on prompts with holes in
+    them), or a from-scratch model's (the task's own, e.g. a
+    :class:`~asyncrl.tasks.CharTokenizer`) that lacks characters of the prompts
+    or of the answers (the policy could never write them: an exact answer would
+    be out of reach). The first ``sample`` prompts are checked."""
     tokenizer = load_tokenizer(cfg, task)
-    unk = getattr(getattr(tokenizer, "tokenizer", None), "unk_token_id", None)
-    if unk is None:
-        return  # byte-level tokenizers encode every text
+    own = cfg.model_name_or_path is None
     source = task.prompt_source(seed)
     for _ in range(sample):
         prompt = source.next_prompt()
         if prompt is None:
             return
-        if unk not in tokenizer.encode(prompt.text):
-            continue
-        missing = sorted({ch for ch in prompt.text if unk in tokenizer.encode(ch)})
-        shown = ", ".join(repr(ch) for ch in missing) or "some of its text"
+        texts = {"prompt": prompt.text}
+        if own and isinstance(prompt.answer, str):
+            texts["answer"] = prompt.answer
+        for what, text in texts.items():
+            missing = _unencodable(tokenizer, text)
+            if missing is None:
+                continue
+            shown = ", ".join(repr(ch) for ch in missing) or "some of its text"
+            if own:
+                raise ConfigError(
+                    f"the task's tokenizer {tokenizer!r} (the vocabulary of a from-scratch "
+                    f"model) cannot encode {shown} of the {what} {text!r}; give the task a "
+                    "tokenizer that covers its prompts and answers (e.g. "
+                    "CharTokenizer.for_text(...) over all of them)")
+            raise ConfigError(
+                f"policy.model_name_or_path={cfg.model_name_or_path!r}: its tokenizer cannot "
+                f"encode {shown} of the prompt {text!r} (they become its unknown token); use a "
+                "model whose tokenizer covers the task's text, or build one from scratch "
+                "(policy.model_name_or_path: null)"
+            )
+
+
+def _unencodable(tokenizer: Tokenizer, text: str) -> list[str] | None:
+    """The characters of ``text`` that ``tokenizer`` cannot encode (a character
+    vocabulary raises for them, a pretrained one maps them to its unknown token),
+    sorted; None when all of ``text`` encodes."""
+    unk = getattr(getattr(tokenizer, "tokenizer", None), "unk_token_id", None)
+
+    def fails(piece: str) -> bool:
+        try:
+            ids = tokenizer.encode(piece)
+        except (ValueError, KeyError):
+            return True
+        return unk is not None and unk in ids  # byte-level tokenizers have no unk
+
+    if not fails(text):
+        return None
+    return sorted({ch for ch in text if fails(ch)})
+
+
+def check_vocabulary(cfg: PolicyConfig, tokenizer: Tokenizer) -> None:
+    """Refuse a tokenizer with ids the model's embedding has no row for: the first
+    such id in a prompt (or a pad in a batch) would fail deep inside the model's
+    forward with an ``IndexError``. The model's vocabulary is read from its
+    config (``config.json`` of ``policy.model_name_or_path``, or ``policy.model``),
+    not by building it."""
+    if cfg.model_name_or_path is None:
+        check_model_shape(cfg.model, tokenizer.vocab_size)  # names policy.model.vocab_size
+        rows = cfg.model.vocab_size or tokenizer.vocab_size
+        where = "policy.model (a from-scratch model)"
+    else:
+        rows = _pretrained_vocab_size(cfg)
+        if rows is None:
+            return  # a config without a vocabulary size: nothing to check against
+        where = f"policy.model_name_or_path={cfg.model_name_or_path!r}"
+        if tokenizer.vocab_size > rows:
+            raise ConfigError(
+                f"{where}: its tokenizer has {tokenizer.vocab_size} ids but the model's "
+                f"embedding has {rows} (config.json vocab_size), so ids {rows} and up index "
+                "past it; resize the model to its tokenizer (model.resize_token_embeddings("
+                "len(tokenizer)), then save_pretrained), or use the tokenizer the model was "
+                "trained with")
+    specials = {"pad": tokenizer.pad_id, "eos": tokenizer.eos_id, "bos": tokenizer.bos_id}
+    beyond = {name: i for name, i in specials.items() if i is not None and not 0 <= i < rows}
+    if beyond:
+        shown = ", ".join(f"{name} id {i}" for name, i in beyond.items())
+        need = max(beyond.values()) + 1
+        fix = (f"set policy.model.vocab_size to {need} or more, or give the task's tokenizer a "
+               "vocab_size that counts its special ids" if cfg.model_name_or_path is None else
+               f"resize the model's embedding (model.resize_token_embeddings({need}), then "
+               "save_pretrained), or give the tokenizer special tokens the model has")
         raise ConfigError(
-            f"policy.model_name_or_path={cfg.model_name_or_path!r}: its tokenizer cannot encode "
-            f"{shown} of the prompt {prompt.text!r} (they become its unknown token); use a "
-            "model whose tokenizer covers the task's text, or build one from scratch "
-            "(policy.model_name_or_path: null)"
-        )
+            f"{where}: the tokenizer's {shown} is outside the model's embedding of {rows} "
+            f"ids (0 to {rows - 1}); {fix}")
+
+
+def _pretrained_vocab_size(cfg: PolicyConfig) -> int | None:
+    """``vocab_size`` of the model's ``config.json`` (a multimodal model's text part's)."""
+    transformers = require("transformers", "hf", "loading policy.model_name_or_path")
+    config = _from_pretrained(transformers.AutoConfig, _pretrained_dir(cfg))
+    size = getattr(config.get_text_config(), "vocab_size", None)
+    return int(size) if size is not None else None
 
 
 def bind_task_tokenizer(task: Task, cfg: PolicyConfig) -> None:

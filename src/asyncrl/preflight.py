@@ -10,6 +10,10 @@ model weights are built or loaded.
   ``policy.model_name_or_path`` holding a readable config, weights and a tokenizer;
 * the task, built as ``train`` builds it, with the held-out prompts of
   ``cfg.eval`` and (a dataset task's chat template) the policy's tokenizer;
+* the vocabulary: every id the tokenizer makes (its size, pad, eos and bos)
+  has a row in the model's embedding, read from ``config.json`` or
+  ``policy.model``; the tokenizer encodes the task's prompts (and, the task's
+  own tokenizer, its answers);
 * the context length: the longest prompt plus ``max_new_tokens`` fits the
   model's context (:mod:`asyncrl.context_length`);
 * ``logging.wandb``: wandb installed and, online, logged in;
@@ -39,6 +43,7 @@ from asyncrl.policy import (
     bind_task_tokenizer,
     check_model_shape,
     check_prompts_encode,
+    check_vocabulary,
     load_tokenizer,
 )
 from asyncrl.rollouts.target import describe as describe_rollout
@@ -105,17 +110,17 @@ def preflight(cfg: RunConfig, *, task: Task | None = None,
     if cfg.task.rollout is not None:  # importable, an async def taking (prompt, session)
         load_rollout(cfg.task.rollout)
     bind_task_tokenizer(task, cfg.policy)
-    if builtin_backends and cfg.cluster.backend == "local":
-        check_prompts_encode(task, cfg.policy, seed=cfg.seed)
-    if builtin_backends and cfg.policy.model_name_or_path is None:
-        # The output layer must cover the task tokenizer's ids (policy.model.vocab_size).
-        check_model_shape(cfg.policy.model, load_tokenizer(cfg.policy, task).vocab_size)
     context: dict[str, Any] = {}
     # On Ray a pretrained model's files are the workers' (their engines check
     # every prompt at run time); a from-scratch shape is known everywhere.
     if builtin_backends and (cfg.cluster.backend == "local"
                              or cfg.policy.model_name_or_path is None):
-        context = check_context(cfg, task, load_tokenizer(cfg.policy, task), evaluator)
+        tokenizer = load_tokenizer(cfg.policy, task)
+        # Every id the tokenizer makes has a row in the model's embedding, and
+        # the tokenizer encodes the task's text (the answers too, for the task's own).
+        check_vocabulary(cfg.policy, tokenizer)
+        check_prompts_encode(task, cfg.policy, seed=cfg.seed)
+        context = check_context(cfg, task, tokenizer, evaluator)
     capacity = cfg.async_rl.max_buffered_rollouts
     sampler = create_sampler(RolloutBuffer(capacity), cfg.async_rl.sampler)
     validate_setup(sampler, cfg.grpo, cfg.async_rl, deterministic=cfg.deterministic)

@@ -8,6 +8,7 @@ refuse it before it writes anything into the run directory.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -48,6 +49,8 @@ BAD = [
     ("eval-holdout-on-a-built-in-task", ["eval.holdout=4"], "seeded stream of its own"),
     ("eval-holdout-too-large", [f"task={{name: dataset, path: {NUMBER_WORDS}, template: "
                                 "'{word} ='}", "eval.holdout=10"], "leaves no training records"),
+    ("char-vocab-above-model-vocab", ["policy.model.vocab_size=5"],
+     "policy.model.vocab_size=5 is smaller than the tokenizer's vocabulary (15 ids)"),
     ("chat-template-without-one", [f"task={{name: dataset, path: {NUMBER_WORDS}, template: "
                                    "'{word} =', chat_template: true}"],
      "needs a pretrained tokenizer with a chat template"),
@@ -135,3 +138,107 @@ def test_verbose_prints_the_traceback_of_the_users_code_that_raised(config: Path
     assert main(["-v", "validate", "--config", str(config), *overrides]) == 2
     err = capsys.readouterr().err
     assert "Traceback" in err and "bad_samplers.py" in err
+
+
+# ------------------------------------------------------ issue 28, item 4: vocabularies
+def _save_model(path: Path, vocab_size: int, tokenizer) -> Path:
+    """A tiny Llama whose embedding has ``vocab_size`` rows, saved with ``tokenizer``."""
+    import transformers
+
+    config = transformers.LlamaConfig(
+        vocab_size=vocab_size, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=32, max_position_embeddings=64)
+    transformers.LlamaForCausalLM(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def _refused_alike(config: Path, tmp_path: Path, capsys, overrides: list[str]) -> str:
+    """validate and train both refuse with one line (the same); train writes nothing."""
+    capsys.readouterr()  # what saving the model printed (its progress bar)
+    assert main(["validate", "--config", str(config), *overrides]) == 2
+    err = capsys.readouterr().err
+    [line] = err.strip().splitlines()
+    run_dir = tmp_path / "run"
+    assert main(["train", "--config", str(config), "--run-dir", str(run_dir), *overrides]) == 2
+    train_line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert train_line.partition(" error: ")[2] == line.partition(" error: ")[2]
+    assert not run_dir.exists(), "train wrote into the run directory before refusing"
+    return line
+
+
+def test_a_tokenizer_larger_than_the_models_embedding_is_refused(
+        config: Path, tmp_path: Path, capsys) -> None:
+    # The arithmetic task's 15 character ids, a model with 10 embedding rows: the
+    # first "=" (id 14) failed in the engine's forward as an IndexError.
+    from asyncrl.hf import char_tokenizer_to_hf
+    from asyncrl.tasks import ArithmeticTask
+
+    model = _save_model(tmp_path / "small", 10, char_tokenizer_to_hf(ArithmeticTask().tokenizer))
+    line = _refused_alike(config, tmp_path, capsys, [f"policy.model_name_or_path={model}"])
+    assert "its tokenizer has 15 ids but the model's embedding has 10" in line, line
+    assert "resize_token_embeddings" in line
+
+
+def test_a_special_token_beyond_the_models_embedding_is_refused(
+        config: Path, tmp_path: Path, capsys) -> None:
+    # A tokenizer whose eos id (40) lies beyond its len() (8 tokens) and beyond the
+    # model's 16 rows: its size fits, the first padded batch or eos would not.
+    import tokenizers
+    import transformers
+
+    vocab = {"<pad>": 0, "1": 1, "2": 2, "3": 3, "+": 4, "=": 5, "0": 6, "<eos>": 40}
+    backend = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<pad>"))
+    backend.pre_tokenizer = tokenizers.pre_tokenizers.Split(
+        tokenizers.Regex(r"[\s\S]"), behavior="isolated")
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>", unk_token="<pad>")
+    assert len(tokenizer) <= 16 < tokenizer.eos_token_id
+    model = _save_model(tmp_path / "eos", 16, tokenizer)
+    line = _refused_alike(config, tmp_path, capsys, [f"policy.model_name_or_path={model}"])
+    assert "the tokenizer's eos id 40 is outside the model's embedding of 16 ids" in line, line
+    assert "resize_token_embeddings(41)" in line
+
+
+class _CharTask:
+    """A library task bringing its own character tokenizer (the CLI's tasks build
+    theirs from their text, a user's task may not): one prompt and answer."""
+
+    name = "letters"
+    target_reward = 1.0
+
+    def __init__(self, chars: str, prompt: str = "ab=", answer: str = "ba",
+                 vocab_size: int | None = None) -> None:
+        from asyncrl.tasks import CharTokenizer
+
+        self.tokenizer = CharTokenizer(chars)
+        if vocab_size is not None:  # a tokenizer that miscounts its ids
+            self.tokenizer.vocab_size = vocab_size
+        self.text = (prompt, answer)
+
+    def prompt_source(self, seed: int):
+        from asyncrl.tasks import SeededPromptSource
+
+        return SeededPromptSource(lambda rng, i: self.text, seed=seed, task=self.name)
+
+    def reward(self, prompt, completion: str) -> float:
+        return float(completion == prompt.answer)
+
+
+@pytest.mark.parametrize(("task", "fragment"), [
+    (_CharTask("ab"), "cannot encode '=' of the prompt 'ab='"),
+    (_CharTask("a=", prompt="a=", answer="ab"), "cannot encode 'b' of the answer 'ab'"),
+    (_CharTask("ab=", vocab_size=2),
+     "the tokenizer's eos id 2 is outside the model's embedding of 2 ids"),
+], ids=["prompt", "answer", "special-id-beyond-vocab-size"])
+def test_a_from_scratch_vocabulary_covers_the_task(task, fragment: str) -> None:
+    from asyncrl.config import load_config
+    from asyncrl.errors import ConfigError
+    from asyncrl.preflight import preflight
+
+    cfg = load_config(None, ["grpo.num_prompts_per_step=8", "grpo.max_num_steps=2",
+                             "async_rl.max_buffered_rollouts=16",
+                             "async_rl.min_groups_for_streaming_train=8"])
+    with pytest.raises(ConfigError, match=re.escape(fragment)):
+        preflight(cfg, task=task)
+    assert preflight(cfg, task=_CharTask("ab=")).task is not None  # a covering one passes

@@ -293,6 +293,48 @@ def test_several_bugs_are_all_reported() -> None:
     assert "1 more error(s) stopped this run too" in notes and "BackendBug" in notes
 
 
+def test_the_same_bug_in_every_group_is_one_error_naming_the_groups(caplog) -> None:
+    # Issue 28, item 5: eight groups hitting one bug printed eight ERROR lines and
+    # "7 more error(s)". Now: one stop line, one error, the other groups as a note.
+    engine = FakeEngine(1.0, fail=lambda r: True, error=lambda text: IndexError("out of range"))
+    ctl = make_controller(IN_ORDER, engines=[engine], steps=5, inflight=8)
+    with caplog.at_level(logging.DEBUG, "asyncrl.controller"), pytest.raises(BackendBug) as err:
+        run_virtual(ctl.run())
+    notes = getattr(err.value, "__notes__", [])
+    assert len(notes) == 1 and notes[0].startswith("the same error hit 7 more group(s) too: ")
+    assert "more error(s)" not in "".join(notes)
+    loud = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(loud) == 1 and loud[0].startswith("stopping the run at its next safe point"), loud
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_failed_attempts_of_one_kind_are_logged_once_then_counted(caplog) -> None:
+    class Flaky(FakeEngine):  # every group's first attempt fails alike, the retry works
+        def __init__(self) -> None:
+            super().__init__()
+            self.failed: list = []  # the groups whose first attempt raised
+
+        async def generate(self, request):
+            if request.attempt == 1:
+                await asyncio.sleep(1.0)
+                self.failed.append(request.group_id)
+                raise GenerationError(f"device lost while generating group {request.group_id}")
+            return await super().generate(request)
+
+    engine = Flaky()
+    ctl = make_controller(IN_ORDER, engines=[engine], steps=2, inflight=8,
+                          rollout_failure={"backoff_base_s": 0.5})
+    with caplog.at_level(logging.WARNING, "asyncrl.controller"):
+        run_virtual(ctl.run())
+    lines = [r.getMessage() for r in caplog.records]
+    [first] = [line for line in lines if "failed as infra" in line]
+    assert "failed as infra in engine 0 (tests.controller" in first
+    counted = [line for line in lines if line.startswith("the same failure hit")]
+    assert len(engine.failed) > 8, lines
+    assert sum(int(line.split()[4]) for line in counted) == len(engine.failed) - 1, lines
+    assert "device lost while generating group ..." in counted[0]
+
+
 # -------------------------------------- errors raised while a group is aborted
 class RaisesWhenAborted(FakeEngine):
     """A cancelled attempt raises instead of ending quietly (a cleanup error)."""

@@ -52,10 +52,11 @@ def logprobs(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
 # ------------------------------------------------------------ the example
 def test_dataset_example_learns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """examples/dataset.yaml as shipped (300 steps): its data path is relative to
-    the repository root. Measured over seeds 0..3 the mean reward of the last 10
-    steps first reached 0.9 at steps 205..276 and ended at 0.94..0.99; on a
-    machine loaded by other jobs (other interleavings of the async run) one run
-    ended at 0.83, so the bar is 0.8."""
+    the repository root. Measured over seeds 0..3 (seed 0 several times: the run
+    is asynchronous, its numbers vary) the mean reward of the last 10 steps first
+    reached 0.9 at steps 205..293 and mostly ended at 0.94..0.99; on a machine
+    loaded by other jobs (other interleavings of the async run) one run ended at
+    0.83, so the bar is 0.8 (docs/tasks.md states the same ranges)."""
     monkeypatch.chdir(ROOT)
     run_dir = tmp_path / "run"
     assert main(["train", "--config", "examples/dataset.yaml", "--run-dir", str(run_dir),

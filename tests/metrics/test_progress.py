@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import io
+import math
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from asyncrl.metrics.progress import ProgressLines, ProgressSink, progress_sink
+from asyncrl.metrics.progress import Eta, ProgressLines, ProgressSink, progress_sink
 
 
 class Terminal(io.StringIO):
@@ -51,8 +52,37 @@ def test_a_resumed_run_counts_rate_and_eta_from_its_own_start() -> None:
     sink = ProgressLines(100, start_step=50, every_s=0.0, stream=out)
     sink.write(record(50, 1000.0))  # wall time continues the run it resumes
     sink.write(record(51, 1002.0))
+    sink.write(record(52, 1004.0))
     last = out.getvalue().splitlines()[-1]
-    assert "step 52/100 (52%)" in last and "5.3 groups/s" in last and "eta 1m12s" in last
+    # 24 groups in 5 s (from the start of this process's first step); 2 s a step
+    # after the first, 47 steps left.
+    assert "step 53/100 (53%)" in last and "4.8 groups/s" in last and "eta 1m34s" in last
+
+
+def test_the_eta_leaves_out_the_first_step_and_waits_for_two_more() -> None:
+    """Issue 28, item 9: a first step of 60 s (vLLM's warm-up) made the ETA of a
+    run of 1 s steps read hours. The records' run clock is the (fake) clock here."""
+    eta = Eta(100)
+    assert math.isnan(eta.update(1, 60.0))  # the first step: no pace yet
+    assert math.isnan(eta.update(2, 61.0))  # one step after it: not yet
+    assert eta.update(3, 62.0) == pytest.approx(97.0)  # 1 s a step, 97 steps left
+    assert eta.update(10, 75.0) == pytest.approx(90 * 15 / 9)  # the pace since step 1
+    out = io.StringIO()
+    sink = ProgressLines(100, every_s=0.0, stream=out)
+    for step, t in enumerate((60.0, 61.0, 62.0)):
+        sink.write({**record(step, t), "step_time_s": 60.0 if step == 0 else 1.0})
+    assert [line.split()[-1] for line in out.getvalue().splitlines()] == ["-", "-", "1m37s"]
+
+
+def test_the_bar_shows_the_same_eta() -> None:
+    from rich.console import Console
+
+    out = Terminal()
+    sink = ProgressSink(100, console=Console(file=out, force_terminal=False, width=200))
+    for step, t in enumerate((60.0, 61.0, 62.0)):
+        sink.write(record(step, t))
+    sink.close()  # draws the bar's last state
+    assert "step    3/100" in out.getvalue() and "eta 1m37s" in out.getvalue(), out.getvalue()
 
 
 @pytest.mark.e2e

@@ -185,3 +185,24 @@ def test_a_directory_without_a_run_is_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / "a" / "ledger.jsonl").write_text("".join(json.dumps(r) + "\n" for r in old))
     with pytest.raises(ConfigError, match="generation timings and tokens"):
         calibrate(tmp_path / "a")
+
+
+def test_a_run_too_short_to_fit_is_refused_naming_the_steps_needed(tmp_path: Path) -> None:
+    """Issue 28, item 9: a 2-step run was fitted (R^2 0.00) and the command exited 0.
+    A real ``asyncrl simulate`` process: the exit status and the one line it prints."""
+    import os
+    import subprocess
+    import sys
+
+    write_run(run_config({"name": "in_order", "max_lookahead_versions": 1}, capacity=16,
+                         steps=2), tmp_path / "short")
+    assert len((tmp_path / "short" / "metrics.jsonl").read_text().splitlines()) == 2
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        str(Path(p).resolve()) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)}
+    proc = subprocess.run([sys.executable, "-m", "asyncrl", "simulate", "--calibrate",
+                           str(tmp_path / "short")], capture_output=True, text=True,
+                          timeout=120, env=env)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    [line] = proc.stderr.strip().splitlines()
+    assert "metrics.jsonl has 2 training step(s), a fit needs at least 5" in line, line
+    assert not (tmp_path / "short" / "simulate.yaml").exists()

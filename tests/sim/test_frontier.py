@@ -123,6 +123,45 @@ def test_cli_frontier_marks_the_config_and_recommends_a_better_one(
     assert " ".join(f"'{o}'" for o in best["overrides"]) in out.replace("\n", "")
 
 
+def test_cli_on_the_frontier_shows_the_nearest_trade_offs_on_either_side(
+        config_file: Path, tmp_path: Path) -> None:
+    """Issue 28, item 9: a config already on the frontier got "is on the frontier"
+    and nothing else, while the README says --frontier recommends one. It now names
+    its neighbours on the frontier, with their numbers and overrides. A real
+    ``asyncrl simulate`` process, on a frontier point with a neighbour either side."""
+    import os
+    import subprocess
+    import sys
+
+    from asyncrl.sim.frontier import sweep
+
+    first = sweep(config_from_dict(CONFIG), steps=12)
+    middle = first.frontier[len(first.frontier) // 2]
+    assert 0 < first.frontier.index(middle) < len(first.frontier) - 1
+    run = tmp_path / "front"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        str(Path(p).resolve()) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "asyncrl", "simulate", "--config", str(config_file), "--frontier",
+         "--steps", "12", "--no-plots", "--run-dir", str(run), *middle.candidate.overrides()],
+        capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr
+    saved = json.loads((run / "frontier.json").read_text())
+    (user,) = [p for p in saved["points"] if p["is_user"]]
+    assert user["config"] == middle.candidate.label and user["on_frontier"] and user["is_closest"]
+    front = sorted((p for p in saved["points"] if p["on_frontier"]),
+                   key=lambda p: (-p["efficiency"], p["token_staleness_p95"]))
+    i = front.index(user)
+    up, down = front[i - 1], front[i + 1]
+    text = saved["recommendation"]
+    assert "is on the frontier" in text and "The nearest trade-offs on the frontier: " in text
+    assert f"more efficient, {up['config']} (efficiency" in text, text
+    assert f"less efficient, {down['config']} (efficiency" in text, text
+    for other in (up, down):
+        assert " ".join(f"'{o}'" for o in other["overrides"]) in text
+    assert text in proc.stdout.splitlines()  # printed as one line, overrides whole
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--frontier", "--compare", "windowed"], "drop --compare"),
     (["--out", "x.yaml"], "--out goes with --calibrate"),

@@ -117,7 +117,7 @@ def test_a_hung_thread_times_out_at_timeout_s_and_is_abandoned() -> None:
             await pool.score(PROMPT, ["h"])
         assert loop.time() == 10.0 and pool.hung == 2
         # As many abandoned calls as workers: refuse at once, and say what to do.
-        with pytest.raises(RewardError, match=r"2 jobs of .* still running after timing out.*"
+        with pytest.raises(RewardError, match=r"every worker of .*num_workers=2\) is held by a call that timed out.*"
                                               "executor: process"):
             await pool.score(PROMPT, ["a"])
         import reward_fns

@@ -209,7 +209,8 @@ def run_frontier(args: argparse.Namespace, cfg: Any) -> int:
         f"asyncrl simulate --frontier: {len(front.points)} configs x {steps} steps, "
         f"{len(front.frontier)} on the frontier (efficiency up, token-staleness p95 and waste "
         "down)")))
-    console.print(recommendation(front), markup=False)
+    # One line however wide (the terminal wraps it): its overrides copy and paste whole.
+    console.print(recommendation(front), markup=False, soft_wrap=True)
     for cand, error in front.refused:
         console.print(f"skipped {cand.label}: {error}", markup=False)
     console.print(front.user.result.bound.describe())

@@ -39,6 +39,7 @@ from typing import Any, TypeVar
 from asyncrl.controller.context import RunContext
 from asyncrl.controller.determinism import NoDeterminism
 from asyncrl.controller.entry import Entry, EntryState
+from asyncrl.controller.failure_log import blame, failure_key
 from asyncrl.controller.partials import keep_partial
 from asyncrl.engines.base import RolloutEngine
 from asyncrl.errors import (
@@ -67,13 +68,18 @@ class Exhausted:
 
     kind: FailureKind
     error: BaseException
+    #: The failure's kind (:func:`~asyncrl.controller.failure_log.failure_key`).
+    key: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
 class Fatal:
-    """An error that stops the run (a bug in a component, named in ``error``)."""
+    """An error that stops the run (a bug in a component, named in ``error``);
+    ``key``: its kind (:func:`~asyncrl.controller.failure_log.failure_key`), the
+    same for the same bug hitting other groups, which are then reported with it."""
 
     error: BaseException
+    key: str
 
 
 def qualified_name(obj: Any) -> str:
@@ -140,7 +146,7 @@ class AttemptRunner:
                     raise  # no engine is left to retry on: the run fails
                 kind = failure_kind(exc)
                 if kind is None:
-                    return Fatal(self._bug(entry, exc))
+                    return self._bug(entry, exc)
                 if isinstance(exc, EngineUnavailable):
                     # The engine's worker died, not the group: retry at once on
                     # another engine, without charging the group's budgets.
@@ -148,20 +154,24 @@ class AttemptRunner:
                     log.warning("group %s attempt %d lost with engine %s (%s); retrying",
                                 entry.group_id, entry.attempts, entry.engine, exc)
                     continue
+                who = self.blame(entry, exc)
+                key = failure_key(exc, who, entry.group_id, entry.prompt.prompt_id)
                 if kind == "data":
                     entry.data_failures += 1
                     if entry.data_failures >= rf.max_data_attempts_per_prompt:
-                        return Exhausted("data", exc)
-                    log.warning("group %s attempt %d failed as data (%s); retrying",
-                                entry.group_id, entry.attempts, exc)
+                        return Exhausted("data", exc, key)
+                    self.ctx.failures.warn(
+                        "retried", key, entry.group_id, "group %s attempt %d failed as data in "
+                        "%s (%s); retrying", entry.group_id, entry.attempts, who, exc)
                     continue
                 entry.infra_failures += 1
                 if entry.infra_failures >= rf.max_infra_attempts_per_prompt:
-                    return Exhausted("infra", exc)
+                    return Exhausted("infra", exc, key)
                 entry.avoid = entry.engine
                 delay = rf.backoff(entry.infra_failures)
-                log.warning("group %s attempt %d failed as infra on engine %s (%s); retrying "
-                            "in %.2fs", entry.group_id, entry.attempts, entry.engine, exc, delay)
+                self.ctx.failures.warn(
+                    "retried", key, entry.group_id, "group %s attempt %d failed as infra in %s "
+                    "(%s); retrying in %.2fs", entry.group_id, entry.attempts, who, exc, delay)
                 self._set_state(entry, EntryState.BACKOFF)
                 await asyncio.sleep(delay)  # exponential backoff, not a poll
                 self._set_state(entry, EntryState.GENERATING)
@@ -236,15 +246,20 @@ class AttemptRunner:
                        _checked_rewards(rewards, result), entry.stamp, entry.attempts)
 
     # ------------------------------------------------------------- failures
-    def _bug(self, entry: Entry, exc: BaseException) -> BackendBug:
+    def blame(self, entry: Entry, exc: BaseException) -> str:
+        """The component a failure of ``entry``'s attempt is charged to, in words."""
+        engine = self.engines[entry.engine or 0]
+        return blame(exc, engine=f"engine {entry.engine} ({qualified_name(engine)})",
+                     scoring=entry.state is EntryState.SCORING,
+                     scorer=f"the scorer {qualified_name(self.scorer)}")
+
+    def _bug(self, entry: Entry, exc: BaseException) -> Fatal:
         """Name the component that raised an unclassified error: the engine of
         the attempt, or the scorer when it failed while scoring."""
+        who = self.blame(entry, exc)
         if entry.state is EntryState.SCORING:
-            who = f"the scorer {qualified_name(self.scorer)}"
             contract = "a Scorer raises asyncrl.errors.RewardError (data) or RewardTimeout (infra)"
         else:
-            engine = self.engines[entry.engine or 0]
-            who = f"engine {entry.engine} ({qualified_name(engine)})"
             contract = ("an engine raises asyncrl.errors.GenerationError (infra) or "
                         "PromptError (data) for a failure it expects")
         error = BackendBug(
@@ -253,18 +268,27 @@ class AttemptRunner:
             f"infra nor data is a bug in that component and is not retried ({contract}). "
             "Fix it, then resume the run from its checkpoint")
         error.__cause__ = exc
-        return error
+        return Fatal(error, failure_key(exc, who, entry.group_id, entry.prompt.prompt_id))
 
     def _while_cancelled(self, entry: Entry, exc: BaseException) -> Fatal | None:
         """An error raised while the group was being aborted (or cancelled because
         the run ends): never a failed attempt, the group is accounted for already
-        (aborted, or pending). A bug is still reported; a classified error is logged."""
+        (aborted, or pending). A bug is still reported (as the same kind as the
+        bug outside a cancellation); a classified error is logged, once per kind
+        while aborting, and only at debug level at the end of the run (it stopped
+        for a reason reported already; the group stays pending for a resume)."""
         doing = "aborted" if entry.aborted else "cancelled at the end of the run"
         if failure_kind(exc) is None and not isinstance(exc, BackendLost):
             bug = self._bug(entry, exc)
-            return Fatal(BackendBug(f"while group {entry.group_id!r} was being {doing}: {bug}"))
-        log.warning("group %s raised %r while being %s; it was %s anyway",
-                    entry.group_id, exc, doing, doing.split(" ")[0])
+            return Fatal(BackendBug(f"while group {entry.group_id!r} was being {doing}: "
+                                    f"{bug.error}"), bug.key)
+        message = "group %s raised %r while being %s; it was %s anyway"
+        args = (entry.group_id, exc, doing, doing.split(" ")[0])
+        if entry.aborted:
+            key = failure_key(exc, self.blame(entry, exc), entry.group_id, entry.prompt.prompt_id)
+            self.ctx.failures.warn("raised while aborted", key, entry.group_id, message, *args)
+        else:
+            log.debug(message, *args)
         return None
 
     def _diagnose(self, entry: Entry, rollout: Rollout) -> None:

@@ -16,11 +16,13 @@ from collections.abc import Callable
 from asyncrl.buffer import RolloutBuffer
 from asyncrl.config import AsyncRLConfig, GRPOConfig
 from asyncrl.controller.drops import DropPolicy
+from asyncrl.controller.failure_log import FailureLog
 from asyncrl.controller.ledger import Ledger
 from asyncrl.controller.stats import RunStats
 from asyncrl.engines.capabilities import EngineCapabilities
 from asyncrl.metrics import Timeline
 from asyncrl.sampling import PromptGroupSampler
+from asyncrl.types import GroupId
 from asyncrl.version import TrainerVersion
 
 log = logging.getLogger("asyncrl.controller")
@@ -58,15 +60,34 @@ class RunContext:
     fatal: list[BaseException] = dataclasses.field(default_factory=list)
     #: Set by the controller: stop dispatching and stop the train pump.
     on_fatal: Callable[[BaseException], None] | None = None
+    #: Per-group failure lines, each kind once (the controller flushes the counts).
+    failures: FailureLog = dataclasses.field(default_factory=lambda: FailureLog(log))
+    #: The other groups the same fatal error hit, by the error first reported
+    #: (``id(error)``): reported with it, not as errors of their own.
+    fatal_repeats: dict[int, list[GroupId]] = dataclasses.field(default_factory=dict)
+    _fatal_keys: dict[str, BaseException] = dataclasses.field(default_factory=dict)
 
     def progress(self) -> None:
         """A group committed or a step finished."""
         self.last_progress = self.now()
 
-    def fail(self, error: BaseException) -> None:
+    def fail(self, error: BaseException, *, key: str | None = None,
+             group: GroupId | None = None) -> None:
         """Stop the run for ``error``: nothing more is dispatched, the train pump
         stops at its next safe point (the state stays whole, so the run can be
-        checkpointed), and ``Controller.run`` raises it."""
+        checkpointed), and ``Controller.run`` raises it.
+
+        ``key``: the error's kind (a bug of one component hits every group in
+        flight alike); a later error of the same kind only adds ``group`` to the
+        groups the first one reports (:attr:`fatal_repeats`)."""
+        first = self._fatal_keys.get(key) if key is not None else None
+        if first is not None:
+            self.fatal_repeats.setdefault(id(first), []).append(group)
+            log.debug("the same error for group %s: %s", group, error)
+            return
+        if key is not None:
+            self._fatal_keys[key] = error
+        self.failures.flush()  # the counts of what came before, ahead of the stop line
         text = str(error).strip().splitlines()
         log.warning("stopping the run at its next safe point: %s: %s", type(error).__name__,
                     text[0] if text else "")

@@ -23,6 +23,7 @@ Invariants the roles keep, and the tests check:
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Sequence
@@ -36,6 +37,7 @@ from asyncrl.controller.context import RunContext
 from asyncrl.controller.determinism import Determinism, NoDeterminism
 from asyncrl.controller.dispatch import Dispatcher
 from asyncrl.controller.drops import DropPolicy
+from asyncrl.controller.failure_log import SHOWN_GROUPS
 from asyncrl.controller.ledger import Ledger, LedgerHistory
 from asyncrl.controller.partials import read_partials, stop_generating
 from asyncrl.controller.stats import RunStats
@@ -246,7 +248,7 @@ class Controller:
         except BaseExceptionGroup as group:
             broken = True
             self.train_pump.stop_reason = "error"
-            raise _reported([*_causes(group), *ctx.fatal]) from None
+            raise _reported([*_causes(group), *ctx.fatal], ctx.fatal_repeats) from None
         except asyncio.CancelledError:
             broken = True
             self.train_pump.stop_reason = "cancelled"
@@ -254,9 +256,10 @@ class Controller:
         finally:
             supervision.uninstall(token)
             self._running = False
+            ctx.failures.flush()
             await self._shutdown(check_balance=not broken)
         if ctx.fatal:
-            raise _reported(ctx.fatal)
+            raise _reported(ctx.fatal, ctx.fatal_repeats)
         return RunResult(self.summary(), self.steps_done, self.stop_reason)
 
     def _on_fatal(self, error: BaseException) -> None:
@@ -282,6 +285,7 @@ class Controller:
         self.train_pump.request_stop(reason, message or f"stop requested ({reason})")
 
     async def _after_step(self, version: int) -> None:
+        self.ctx.failures.flush()  # a failure that keeps coming back: counted once a step
         if self.on_step_end is not None:
             await self.on_step_end(self, version)
 
@@ -433,18 +437,27 @@ def _causes(group: BaseExceptionGroup) -> list[BaseException]:
     return out
 
 
-def _reported(errors: list[BaseException]) -> BaseException:
+def _reported(errors: list[BaseException],
+              repeats: dict[int, list[Any]] | None = None) -> BaseException:
     """The first error, carrying every other one as a note: when several tasks
-    fail, each error is reported, not just the first."""
+    fail, each error is reported once, not just the first. Errors with the same
+    type and text are one line with their count; ``repeats`` (by ``id``) lists
+    the other groups an error hit (:meth:`RunContext.fail`), noted on it."""
     unique = list({id(e): e for e in errors}.values())
     if not unique:
         return asyncio.CancelledError()
+    for error in unique:
+        groups = (repeats or {}).get(id(error))
+        if groups:
+            shown = ", ".join(str(g) for g in groups[:SHOWN_GROUPS])
+            more = f" and {len(groups) - SHOWN_GROUPS} more" if len(groups) > SHOWN_GROUPS else ""
+            add_note(error, f"the same error hit {len(groups)} more group(s) too: {shown}{more}")
     first, *others = unique
-    if others:
-        lines = "\n".join(f"  {type(e).__name__}: {_first_line(e)}" for e in others)
+    counts = collections.Counter(f"{type(e).__name__}: {_first_line(e)}" for e in others)
+    if counts:
+        lines = "\n".join(f"  {text}" + (f" (x{n})" if n > 1 else "")
+                          for text, n in counts.items())
         add_note(first, f"{len(others)} more error(s) stopped this run too:\n{lines}")
-        for other in others:
-            log.error("this error stopped the run too: %r", other)
     return first
 
 

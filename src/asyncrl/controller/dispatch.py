@@ -231,7 +231,7 @@ class Dispatcher:
         if isinstance(outcome, Fatal):
             # The group stays in flight (pending): the checkpoint keeps it and a
             # resume, after the fix, tries it again.
-            self.ctx.fail(outcome.error)
+            self.ctx.fail(outcome.error, key=outcome.key, group=entry.group_id)
             return
         if isinstance(outcome, Exhausted):
             self._give_up(entry, outcome)
@@ -280,9 +280,11 @@ class Dispatcher:
             if not any(isinstance(e, TooManyFailedGroups) for e in ctx.fatal):
                 ctx.fail(exc)
             return
-        log.warning("group %s failed for good (%s budget, %d attempts: %s); %s", gid,
-                    exhausted.kind, entry.attempts, error,
-                    "replacing its prompt" if replacement is not None else "its step shrinks")
+        ctx.failures.warn("failed for good", exhausted.key, gid,
+                          "group %s failed for good (%s budget, %d attempts: %s); %s", gid,
+                          exhausted.kind, entry.attempts, error,
+                          "replacing its prompt" if replacement is not None
+                          else "its step shrinks")
         if replacement is not None:
             self.queue.appendleft(replacement)
             self._queue_changed.fire()

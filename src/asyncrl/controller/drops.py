@@ -34,7 +34,15 @@ from collections.abc import Callable
 from typing import Any
 
 from asyncrl.controller.entry import Entry
-from asyncrl.errors import FailureKind, TooManyFailedGroups
+from asyncrl.errors import (
+    FailureKind,
+    PromptError,
+    RewardError,
+    RewardTimeout,
+    RewardWorkerLost,
+    TooManyFailedGroups,
+    failure_kind,
+)
 from asyncrl.failure_config import RolloutFailureConfig
 from asyncrl.types import Prompt, prompt_from_dict, prompt_to_dict
 
@@ -46,6 +54,23 @@ COUNTERS = ("groups_failed_infra", "groups_failed_data", "prompts_skipped", "pro
 TOTALS = ("steps_shrunk", "groups_shrunk")
 
 Draw = Callable[[int], list[Prompt]]
+
+
+def _fix(error: BaseException) -> str:
+    """What to do about the failure that used a budget up, for the component
+    that raised it (the reward's failures are not the engines' to fix)."""
+    if isinstance(error, RewardTimeout):
+        return ("The reward is too slow or hangs: fix it, or raise the timeout the error "
+                "names (task.reward.executor: process kills a hung call)")
+    if isinstance(error, RewardWorkerLost):
+        return "The reward's worker process died: fix the reward (its error is printed above)"
+    if isinstance(error, RewardError):
+        return "Fix the reward function (the error names where it raised)"
+    if isinstance(error, PromptError):
+        return "Fix the task or the data (the error names the prompt)"
+    if failure_kind(error) == "data":
+        return "Fix the reward, the task or the data"
+    return "Check the engines (their logs say why)"
 
 
 def _first_line(error: BaseException) -> str:
@@ -116,8 +141,8 @@ class DropPolicy:
                     f"{self.skipped} prompt(s) failed max_data_attempts_per_prompt="
                     f"{rf.max_data_attempts_per_prompt} times as data, more than "
                     f"async_rl.rollout_failure.max_skipped_prompts={rf.max_skipped_prompts}; "
-                    f"the last, {who}: {_first_line(error)}. Fix the reward, the task or the "
-                    "data, or raise max_skipped_prompts to skip such prompts") from error
+                    f"the last, {who}: {_first_line(error)}. {_fix(error)}, or raise "
+                    "max_skipped_prompts to skip such prompts") from error
         else:
             self.consecutive += 1
             if self.consecutive > rf.max_consecutive_dropped_prompts:
@@ -127,9 +152,9 @@ class DropPolicy:
                     f"max_infra_attempts_per_prompt={rf.max_infra_attempts_per_prompt} times as "
                     f"infrastructure, more than async_rl.rollout_failure."
                     f"max_consecutive_dropped_prompts={rf.max_consecutive_dropped_prompts}; the "
-                    f"last, {who}: {_first_line(error)}. Check the engines (their logs say "
-                    "why), or raise max_consecutive_dropped_prompts (or "
-                    "max_infra_attempts_per_prompt) to ride out an outage") from error
+                    f"last, {who}: {_first_line(error)}. {_fix(error)}, or raise "
+                    "max_consecutive_dropped_prompts (or max_infra_attempts_per_prompt) to "
+                    "ride out an outage") from error
         if rf.on_dropped_prompt == "replace" and entry.replacements < rf.max_replacement_attempts:
             spare = self._spare(draw)
             if spare is not None:

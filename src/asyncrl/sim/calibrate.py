@@ -22,8 +22,9 @@ What a run directory records and what is fitted from it (docs/simulate.md, secti
 * the fleet: ``rollout_slots`` = engines x ``max_batch_sequences //
   num_generations_per_prompt``; ``failure_rate`` from the failed attempts.
 
-The first step is left out where the run has more (it carries the run's warm-up:
-first forward passes, allocator growth), so the fit describes the steady state;
+The first step is left out (it carries the run's warm-up: first forward passes,
+allocator growth), so the fit describes the steady state; a run of fewer than
+:data:`MIN_STEPS` steps is refused;
 :func:`steps_per_s` measures a run - real or simulated - the same way.
 """
 
@@ -44,6 +45,10 @@ from asyncrl.jsonio import read_json, read_jsonl
 
 #: Fewer groups with generation timings than this cannot be fitted.
 MIN_GROUPS = 8
+#: Fewer training steps than this are refused: the first is the warm-up and left
+#: out, and the trainer's per-step costs and the steady-state generation need
+#: four more (a 2-step run fitted R^2 0.00 and looked like a result).
+MIN_STEPS = 5
 #: Lengths are stored to this many decimals (the calibrated block stays readable).
 DECIMALS = 2
 #: Refits of the latency model with the load averaged over tokens (it converges fast).
@@ -122,8 +127,14 @@ def calibrate(run_dir: str | Path, overrides: Sequence[str] = ()) -> Calibration
             f"need at least {MIN_GROUPS}. Runs record them since asyncrl 0.1 (gen_start, "
             "gen_end, tokens, tokens_longest): calibrate on a longer or newer run")
     steps = [r for r in records if "wall_time_s" in r]
-    used = steps[1:] if len(steps) > 2 else steps
-    warm_end = _sync_end(intervals, int(steps[0]["step"])) if len(steps) > 2 else -math.inf
+    if len(steps) < MIN_STEPS:
+        raise ConfigError(
+            f"--calibrate {run}: metrics.jsonl has {len(steps)} training step(s), a fit needs at "
+            f"least {MIN_STEPS} (the first is the warm-up and left out; the trainer's costs "
+            "per step and the steady-state generation need the others). Calibrate on a run "
+            f"of {MIN_STEPS} or more steps (grpo.max_num_steps), or resume this one for more")
+    used = steps[1:]
+    warm_end = _sync_end(intervals, int(steps[0]["step"]))
     steady = [g for g in groups if float(g["gen_start"]) >= warm_end]
     fit_groups = steady if len(steady) >= MIN_GROUPS else groups
 

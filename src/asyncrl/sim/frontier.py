@@ -107,6 +107,13 @@ class Frontier:
                       key=lambda p: (-p.objective("efficiency"),
                                      p.objective("token_staleness_p95")))
 
+    def neighbours(self, point: Point) -> tuple[Point | None, Point | None]:
+        """The frontier points next to ``point`` (on the frontier) in :attr:`frontier`'s
+        order: the next more efficient one and the next less efficient one (None at an end)."""
+        front = self.frontier
+        i = front.index(point)
+        return (front[i - 1] if i > 0 else None, front[i + 1] if i + 1 < len(front) else None)
+
 
 def user_candidate(cfg: RunConfig) -> Candidate:
     a = cfg.async_rl

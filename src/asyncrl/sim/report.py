@@ -218,19 +218,30 @@ def rich_frontier_table(front: Any, *, title: str = "") -> Any:
 
 
 def recommendation(front: Any) -> str:
-    """One paragraph: where the user's config sits and what to change."""
+    """One paragraph: where the user's config sits and what to change. Off the
+    frontier: the closest frontier config at least as good on all three. On it:
+    nothing beats it, and its neighbours on the frontier (as the table lists it,
+    best efficiency first) are the nearest other trade-offs, one on either side."""
     user, best = front.user, front.closest
     if user.is_closest:
+        up, down = front.neighbours(user)
+        sides = [f"{word}, {_trade(user, p)}" for word, p in
+                 (("more efficient", up), ("less efficient", down)) if p is not None]
         return (f"your config ({user.candidate.label}) is on the frontier: no swept config beats "
-                "it on efficiency, token-staleness p95 and waste at once.")
-    u, b = user.result, best.result
-    return (
-        f"your config ({user.candidate.label}) is off the frontier; the closest frontier config "
-        f"at least as good on all three is {best.candidate.label}: efficiency "
-        f"{_pct(u.efficiency)} -> {_pct(b.efficiency)}, token-staleness p95 "
-        f"{u.token_staleness_p95} -> {b.token_staleness_p95}, waste {_pct(u.waste_frac)} -> "
-        f"{_pct(b.waste_frac)}. To run it: " + " ".join(f"'{o}'" for o in
-                                                         best.candidate.overrides()))
+                "it on efficiency, token-staleness p95 and waste at once. " + (
+                    "The nearest trade-offs on the frontier: " + "; ".join(sides) + "."
+                    if sides else "It is the only config on the frontier."))
+    return (f"your config ({user.candidate.label}) is off the frontier; the closest frontier "
+            f"config at least as good on all three is {_trade(user, best)}.")
+
+
+def _trade(user: Any, other: Any) -> str:
+    """``other``'s label, how each objective changes from ``user``'s, and its overrides."""
+    u, o = user.result, other.result
+    return (f"{other.candidate.label} (efficiency {_pct(u.efficiency)} -> {_pct(o.efficiency)}, "
+            f"token-staleness p95 {u.token_staleness_p95} -> {o.token_staleness_p95}, waste "
+            f"{_pct(u.waste_frac)} -> {_pct(o.waste_frac)}; run it with "
+            + " ".join(f"'{x}'" for x in other.candidate.overrides()) + ")")
 
 
 def write_frontier_dir(front: Any, run_dir: str | Path, cfg: RunConfig, *,

@@ -167,6 +167,7 @@ class RewardPool:
         self._closed = False
         #: Jobs that timed out and whose thread still runs (thread executor).
         self.hung = 0
+        self._warned_hung = False
         self.groups = 0
         self.timeouts = 0
 
@@ -185,9 +186,12 @@ class RewardPool:
             raise RewardWorkerLost("the reward pool is closed")
         if self.hung >= self.num_workers:
             raise RewardTimeout(
-                f"{self.hung} jobs of {self.name} are still running after timing out and "
-                "threads cannot be stopped; set task.reward.executor: process so that hung "
-                "calls are killed, or fix what makes the reward hang"
+                # No count that changes from call to call: the same refusal of
+                # many groups is then one failure (the controller groups them).
+                f"every worker of {self.name} (task.reward.num_workers={self.num_workers}) "
+                "is held by a call that timed out and threads cannot be stopped; set "
+                "task.reward.executor: process so that hung calls are killed, or fix what "
+                "makes the reward hang"
             )
         scored = self._prepare(prompt) if self._prepare is not None else prompt
         if self._slots is None:
@@ -259,8 +263,12 @@ class RewardPool:
             worker.signal_kill()
         else:
             self.hung += 1
-            log.warning("%s ran past task.reward.timeout_s=%gs; its thread cannot be stopped "
-                        "and is abandoned (%d abandoned now)", self.name, self.timeout_s, self.hung)
+            # Once per pool: each timeout fails its group, which the controller
+            # reports; the count is in the error once num_workers are abandoned.
+            level = logging.DEBUG if self._warned_hung else logging.WARNING
+            self._warned_hung = True
+            log.log(level, "%s ran past task.reward.timeout_s=%gs; its thread cannot be stopped "
+                    "and is abandoned (%d abandoned now)", self.name, self.timeout_s, self.hung)
 
     def _finished(self, *, expired: bool) -> None:
         if not expired:

@@ -41,7 +41,12 @@ import torch.distributed as dist
 
 from asyncrl.devices import policy_dtype
 from asyncrl.trainers.distributed.checks import collective_backend
-from asyncrl.trainers.distributed.sharding import CollectiveTimer, local_state_bytes, shard_model
+from asyncrl.trainers.distributed.sharding import (
+    CollectiveTimer,
+    ignore_root_view_warning,
+    local_state_bytes,
+    shard_model,
+)
 from asyncrl.trainers.grpo import GRPOTrainer
 from asyncrl.trainers.scoring import bypass_output_layer
 
@@ -124,6 +129,7 @@ class RankCore:
         model, tokenizer = build_policy(host, spec.task, seed=cfg.seed)
         shard_model(model, mesh, self.dtype, self.timer)
         bypass_output_layer(model)
+        ignore_root_view_warning()  # the scorer reads the root's view out-of-place
         ref = None
         if cfg.loss.kl_coef > 0:  # sharded like the policy, never a full copy per rank
             ref, _ = build_policy(host, spec.task, seed=cfg.seed)

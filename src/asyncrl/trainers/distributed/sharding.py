@@ -21,6 +21,7 @@ Two settings make a sharded step equal the in-process one:
 from __future__ import annotations
 
 import time
+import warnings
 from typing import Any
 
 import torch
@@ -103,6 +104,24 @@ def shard_units(model: torch.nn.Module) -> list[torch.nn.Module]:
     # weight after the model's forward (trainers/scoring.py, through_root), and
     # the root keeps its parameters gathered from forward to backward.
     return units
+
+
+def ignore_root_view_warning() -> None:
+    """Silence FSDP2's "returned a view tensor ... can cause backward to fail"
+    warning for the sharded root (the causal LM itself), in this rank's process.
+
+    Why it is safe here: the root's output is the last hidden state sliced by
+    ``logits_to_keep`` (a view), through the bypassed output layer
+    (:func:`~asyncrl.trainers.scoring.bypass_output_layer`); its one reader,
+    :class:`~asyncrl.trainers.scoring.TokenScorer`, only flattens it and
+    ``index_select``s the completion positions - out-of-place ops, so FSDP's
+    pre-backward hook on the view is never dropped (what the warning is about).
+    The filter matches the message for a ``...ForCausalLM`` root and torch's
+    module only: the same warning for any other unit (a decoder layer) still shows."""
+    warnings.filterwarnings(
+        "ignore", category=UserWarning,
+        message=r"FSDP2-wrapped module \(FSDP\w+ForCausalLM\) returned a view tensor",
+        module=r"torch\.distributed\.fsdp\._fully_shard\._fsdp_state")
 
 
 def shard_model(model: torch.nn.Module, mesh: Any, compute_dtype: torch.dtype,

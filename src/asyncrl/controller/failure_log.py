@@ -1,0 +1,109 @@
+"""Failure lines without the repetition: the same failure of many groups is one line.
+
+A broken reward or engine fails every group in flight the same way: sixteen
+groups give sixteen identical warnings (and sixteen more when they retry), and
+the line that explains the stop scrolls away. :class:`FailureLog` logs the
+first failure of each *kind* in full and only counts the same failure of other
+groups; :meth:`FailureLog.flush` then writes one line per repeated kind with
+the count and the groups. The kind (:func:`failure_key`) is the component that
+failed and the error's text without the ids of the group it hit.
+
+The controller flushes after every step, before it stops for an error and at
+the end of the run, so a failure that keeps coming back in a long run is still
+reported once per step, and a run that stops shows the count before the error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+from collections.abc import Hashable
+
+from asyncrl.errors import RewardError
+from asyncrl.types import GroupId
+
+#: Groups a repeat line names; the count covers the rest.
+SHOWN_GROUPS = 12
+
+_COMPLETION = re.compile(r"\bcompletion \d+: ")
+_ATTEMPT = re.compile(r"\battempt \d+")
+
+
+def blame(error: BaseException, *, engine: str, scoring: bool, scorer: str) -> str:
+    """The component a failed attempt is charged to, in words: the reward for a
+    :class:`~asyncrl.errors.RewardError` (its timeouts and lost workers too),
+    ``scorer`` for another error raised while the group was scored, else
+    ``engine`` (the engine that ran the attempt)."""
+    if isinstance(error, RewardError):
+        return "the reward"
+    return scorer if scoring else engine
+
+
+def without_ids(text: str, group_id: GroupId, prompt_id: Hashable) -> str:
+    """``text`` without what names one group: its id, its prompt's id, the
+    attempt and the completion (the same failure of two groups differs only there).
+    A leading ``prompt N: `` (how the reward pool starts its errors) is dropped."""
+    text = _COMPLETION.sub("", text)
+    for word, value in (("group", group_id), ("prompt", prompt_id)):
+        for shown in dict.fromkeys((repr(value), str(value))):
+            own = rf"\b{word} {re.escape(shown)}(?!\w)"
+            text = re.sub(rf"^{own}: ", "", text)
+            text = re.sub(own, f"{word} ...", text)
+    return _ATTEMPT.sub("attempt ...", text)
+
+
+def failure_key(error: BaseException, component: str, group_id: GroupId,
+                prompt_id: Hashable) -> str:
+    """What the same failure of different groups shares: the component and the
+    error (its type and first line, without the group's ids)."""
+    lines = str(error).strip().splitlines()
+    text = without_ids(lines[0] if lines else "", group_id, prompt_id)
+    return f"{component}: {type(error).__name__}: {text}".rstrip(": ")
+
+
+@dataclasses.dataclass
+class _Repeats:
+    #: What happened to the groups ("retried", "failed for good", ...).
+    what: str
+    #: Groups that failed this way since the last flush (the first one excluded).
+    groups: list[GroupId] = dataclasses.field(default_factory=list)
+    count: int = 0
+
+
+class FailureLog:
+    """Per-group failure lines on ``log``, each kind in full once (see the module)."""
+
+    def __init__(self, log: logging.Logger) -> None:
+        self.log = log
+        self._seen: dict[tuple[str, str], _Repeats] = {}
+
+    def warn(self, what: str, key: str, group_id: GroupId, message: str, *args: object) -> None:
+        """Log ``message % args`` for group ``group_id`` unless a failure of kind
+        ``key`` that ended the same way (``what``: "retried", ...) was logged
+        already; then count it for the next :meth:`flush`."""
+        repeats = self._seen.get((what, key))
+        if repeats is None:
+            self._seen[what, key] = _Repeats(what)
+            self.log.warning(message, *args)
+            return
+        repeats.count += 1
+        if len(repeats.groups) < SHOWN_GROUPS:
+            repeats.groups.append(group_id)
+        self.log.debug(message, *args)
+
+    def flush(self) -> None:
+        """One line per kind that repeated since the last flush: the count and the groups."""
+        for (_, key), repeats in self._seen.items():
+            if not repeats.count:
+                continue
+            shown = ", ".join(str(g) for g in repeats.groups)
+            more = repeats.count - len(repeats.groups)
+            self.log.warning("the same failure hit %d more group(s) too (%s; groups %s%s): %s",
+                             repeats.count, repeats.what, shown,
+                             f" and {more} more" if more > 0 else "", key)
+            repeats.count = 0
+            repeats.groups.clear()
+
+
+__all__ = ["FailureLog", "blame", "failure_key", "without_ids"]

@@ -1,0 +1,49 @@
+"""The kind of a failure (what the same failure of many groups shares) and the
+repeat lines (issue 28, item 5)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from asyncrl.controller.failure_log import FailureLog, failure_key, without_ids
+from asyncrl.errors import RewardError
+
+
+@pytest.mark.parametrize(("text", "group", "prompt", "generic"), [
+    # The reward pool's prefix and the completion number go; the rest stays.
+    ("prompt 4: completion 3: m:f raised ValueError: boom (at m.py:3 in f)", 4, 4,
+     "m:f raised ValueError: boom (at m.py:3 in f)"),
+    ("raised IndexError: out of range (group 12, prompt 7, attempt 2). Fix it", 12, 7,
+     "raised IndexError: out of range (group ..., prompt ..., attempt ...). Fix it"),
+    # Only this group's own ids: "prompt 1" is not a prefix of "prompt 12".
+    ("group 1 waited for group 12 and prompt 1.", 1, 1, "group ... waited for group 12 and "
+     "prompt ...."),
+    ("cleanup of group 'g7' failed", "g7", 7, "cleanup of group ... failed"),
+])
+def test_without_ids_keeps_what_the_groups_share(text, group, prompt, generic) -> None:
+    assert without_ids(text, group, prompt) == generic
+
+
+def test_two_groups_failing_alike_share_a_key() -> None:
+    one = failure_key(RewardError("prompt 1: completion 0: f raised E: x"), "the reward", 1, 1)
+    two = failure_key(RewardError("prompt 2: completion 5: f raised E: x"), "the reward", 2, 2)
+    assert one == two == "the reward: RewardError: f raised E: x"
+
+
+def test_the_first_is_logged_the_rest_counted_until_a_flush(caplog) -> None:
+    failures = FailureLog(logging.getLogger("asyncrl.test"))
+    with caplog.at_level(logging.WARNING, "asyncrl.test"):
+        for group in range(20):
+            failures.warn("retried", "k", group, "group %s failed", group)
+        failures.warn("failed for good", "k", 0, "group %s gave up", 0)  # another outcome
+        failures.flush()
+        failures.flush()  # nothing new: nothing printed
+        failures.warn("retried", "k", 20, "group %s failed", 20)  # known: counted, not printed
+        failures.flush()
+    assert [r.getMessage() for r in caplog.records] == [
+        "group 0 failed", "group 0 gave up",
+        "the same failure hit 19 more group(s) too (retried; groups 1, 2, 3, 4, 5, 6, 7, 8, 9, "
+        "10, 11, 12 and 7 more): k",
+        "the same failure hit 1 more group(s) too (retried; groups 20): k"]
