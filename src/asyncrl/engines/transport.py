@@ -18,8 +18,6 @@ import dataclasses
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
-from asyncrl.devices import adopt
-
 if TYPE_CHECKING:
     import torch
 
@@ -98,6 +96,8 @@ class InProcessTransport:
 
     def load_now(self, update: WeightUpdate) -> None:
         """Load ``update`` on the calling thread (the one that owns the model)."""
+        from asyncrl.devices import adopt  # torch: not imported with the engine protocol
+
         check_kind(self, update)
         self.model.load_state_dict(update.tensors)
         adopt(update.tensors.values())  # the sender's tensors: not reused before read
