@@ -11,8 +11,10 @@ the order of the YAML (the dataset task's blocks live in
 
 from __future__ import annotations
 
+import copy
 import difflib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from os import PathLike
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Union
 
@@ -671,8 +673,12 @@ def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any
     it), and ``a.b={...} a.b.c=1`` keeps ``c``. Of two overrides of one key, the
     later one wins.
     """
-    parsed = [parse_override(item) for item in overrides]
-    for key, value in sorted(parsed, key=lambda kv: _replaced_depth(kv[0])):  # stable
+    return set_overrides(tree, [parse_override(item) for item in overrides])
+
+
+def set_overrides(tree: dict[str, Any], overrides: Sequence[tuple[str, Any]]) -> dict[str, Any]:
+    """:func:`apply_overrides` for overrides already parsed: (``key.path``, value) pairs."""
+    for key, value in sorted(overrides, key=lambda kv: _replaced_depth(kv[0])):  # stable
         # A sampler (task, reward) swap replaces the whole block: keys of the old
         # one would otherwise be rejected as unknown by the new one.
         if key in _SWAPPABLE:
@@ -714,20 +720,28 @@ def config_from_dict(tree: dict[str, Any], *, source: str = "config",
     ``${a.b}`` references are resolved first (:mod:`asyncrl.interpolation`): after
     the overrides, which the caller has applied to ``tree``.
     """
+    blame = [(parse_override(text)[0], text) for text in overrides]
+    return _validated(tree, source, blame, origin="command-line override")
+
+
+def _validated(tree: dict[str, Any], source: str, blame: Sequence[tuple[str, str]], *,
+               origin: str) -> RunConfig:
+    """``tree`` validated; ``blame``: (``key.path``, as the user wrote it) of each
+    override applied to it, named by an error about that key."""
     tree = resolve_interpolations(tree, source=source, defaults=_default_tree)
     _fill_default_tags(tree)
     try:
         return RunConfig.model_validate(tree)
     except ValidationError as exc:
-        raise ConfigError(_invalid(exc, source, overrides)) from None
+        raise ConfigError(_invalid(exc, source, blame, origin)) from None
 
 
 def _default_tree() -> dict[str, Any]:
     return RunConfig().model_dump(mode="json")
 
 
-def _invalid(exc: ValidationError, source: str, overrides: Sequence[str]) -> str:
-    keys = [(parse_override(o)[0], o) for o in overrides]
+def _invalid(exc: ValidationError, source: str, keys: Sequence[tuple[str, str]],
+             origin: str) -> str:
     lines, blamed = [], 0
     for path, problem in explain_errors(exc, RunConfig):
         # The last override that set this path, a block above it or a key below it.
@@ -738,15 +752,14 @@ def _invalid(exc: ValidationError, source: str, overrides: Sequence[str]) -> str
                         or (key in _SWAPPABLE and path.startswith(key.rsplit(".", 1)[0] + "."))),
                        None)
         blamed += culprit is not None
-        lines.append(f"{path}: {problem}"
-                     + (f' (from the command-line override "{culprit}")' if culprit else ""))
+        lines.append(f"{path}: {problem}" + (f' (from the {origin} "{culprit}")' if culprit else ""))
     if blamed == len(lines):
-        head = "invalid command-line override"
+        head = f"invalid {origin}"
     elif blamed:
-        head = f"invalid {source} and command-line override"
-    elif overrides and any(line.startswith("config:") for line in lines):
+        head = f"invalid {source} and {origin}"
+    elif keys and any(line.startswith("config:") for line in lines):
         # A rule across blocks (fsdp with LoRA): the overrides may be what broke it.
-        head = f"invalid {source} with the command-line overrides {' '.join(overrides)}"
+        head = f"invalid {source} with the {origin}s {' '.join(text for _, text in keys)}"
     else:
         head = f"invalid {source}"
     # One problem: on the line the CLI starts with "error:" (a log grep finds it).
@@ -764,20 +777,60 @@ EMPTY_FILE_HINT = (
 
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
     """Read a YAML file (or start from defaults when ``path`` is None) and apply overrides."""
-    tree: dict[str, Any] = {}
-    source = "defaults"
-    if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file {str(p)!r} does not exist; pass an existing YAML file")
-        loaded = load_yaml(p.read_text(), str(p))
-        if loaded is None:
-            raise ConfigError(f"{p} is empty (or only comments): {EMPTY_FILE_HINT}")
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{p}: the top level must be a mapping of blocks, got {type(loaded).__name__}")
-        tree, source = loaded, str(p)
+    tree, source = ({}, "defaults") if path is None else (_read_file(Path(path)), str(path))
     apply_overrides(tree, list(overrides or []))
     return config_from_dict(tree, source=source, overrides=list(overrides or []))
+
+
+def _read_file(p: Path) -> dict[str, Any]:
+    if not p.is_file():
+        raise ConfigError(f"config file {str(p)!r} does not exist; pass an existing YAML file")
+    loaded = load_yaml(p.read_text(), str(p))
+    if loaded is None:
+        raise ConfigError(f"{p} is empty (or only comments): {EMPTY_FILE_HINT}")
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{p}: the top level must be a mapping of blocks, got {type(loaded).__name__}")
+    return loaded
+
+
+#: What ``asyncrl.train`` and ``asyncrl.build_controller`` take as their config.
+ConfigSource = RunConfig | Mapping[str, Any] | str | PathLike
+
+
+def resolve_config(config: ConfigSource, overrides: Mapping[str, Any] | None = None) -> RunConfig:
+    """The run config ``config`` names, with keyword ``overrides`` applied.
+
+    ``config``: a :class:`RunConfig`, a mapping (validated as a YAML file is, not
+    changed) or the path of a YAML file. ``overrides``: config keys as keywords,
+    ``__`` standing for each dot (``grpo__max_num_steps=20`` is the command line's
+    ``grpo.max_num_steps=20``), values as Python objects; applied as the command
+    line applies its overrides, and an error names the keyword that set the field.
+    """
+    overrides = dict(overrides or {})
+    if isinstance(config, RunConfig):
+        if not overrides:
+            return config
+        tree, source = config.model_dump(mode="json"), "RunConfig"
+    elif isinstance(config, Mapping):
+        tree, source = copy.deepcopy(dict(config)), "config dict"
+    elif isinstance(config, (str, PathLike)):
+        tree, source = _read_file(Path(config)), str(config)
+    else:
+        raise ConfigError(f"config: got {type(config).__name__}; pass a RunConfig, a dict of "
+                          "config blocks or the path of a YAML file")
+    named = [(name, _dotted(name), copy.deepcopy(value)) for name, value in overrides.items()]
+    set_overrides(tree, [(key, value) for _, key, value in named])
+    blame = [(key, f"{name}={value!r}") for name, key, value in named]
+    return _validated(tree, source, blame, origin="keyword override")
+
+
+def _dotted(name: str) -> str:
+    """``grpo__max_num_steps`` -> ``grpo.max_num_steps`` (config keys have no ``__``)."""
+    key = name.replace("__", ".")
+    if any(not part for part in key.split(".")):
+        raise ConfigError(f"keyword override {name!r} is not a config key with '__' for each dot "
+                          "(for example grpo__max_num_steps=20)")
+    return key
 
 
 def dump_config(cfg: RunConfig) -> str:
