@@ -107,8 +107,9 @@ class Controller:
         the buffer (``async_rl.max_buffered_rollouts``) and sampler
         (``async_rl.sampler``, over ``buffer``), the prompts from
         ``task.prompt_source(seed)``. A ``sampler`` given comes with the
-        ``buffer`` it was built over. :meth:`from_config` also builds the engines
-        and the trainer."""
+        ``buffer`` it was built over. ``asyncrl.build_controller(config)``
+        (:mod:`asyncrl.assemble`) also builds the engines and the trainer from a
+        config, and closes them after the run."""
         if not engines:
             raise UsageError("Controller needs at least one rollout engine (engines=[...])")
         self.task = task

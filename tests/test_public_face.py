@@ -1,0 +1,273 @@
+"""The public face (issue 30, item 0): ``asyncrl.train`` and ``asyncrl.build_controller``
+take a config in any of its forms with keyword overrides, ``build_controller``
+closes what it built and only that, the protocols users implement are exported,
+and ``import asyncrl`` stays light."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import asyncrl
+from asyncrl import assemble
+from asyncrl._yaml import load_yaml
+from asyncrl.buffer import RolloutBuffer
+from asyncrl.config import load_config, resolve_config
+from asyncrl.errors import ConfigError, UsageError
+from asyncrl.sampling import create_sampler
+from tests.fakes import FakeEngine, FakeTrainer, InlineScorer
+
+REPO = Path(__file__).resolve().parents[1]
+QUICK = REPO / "examples" / "quickstart.yaml"
+
+
+def quick_dict() -> dict[str, Any]:
+    return load_yaml(QUICK.read_text(), str(QUICK))
+
+
+# ------------------------------------------------------------------ the root
+def test_import_asyncrl_imports_no_torch_and_no_backend() -> None:
+    code = ("import sys, asyncrl; "
+            "print(sorted(m for m in ('torch', 'transformers', 'ray', 'vllm') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_the_root_exports_the_entry_points_and_the_protocols_users_implement() -> None:
+    from asyncrl.engines.base import RolloutEngine
+    from asyncrl.metrics import MetricsSink
+    from asyncrl.tasks.base import PromptSource, Task
+    from asyncrl.trainers.base import Trainer
+
+    assert asyncrl.train is assemble.train
+    assert asyncrl.build_controller is assemble.build_controller
+    assert (asyncrl.Task, asyncrl.PromptSource, asyncrl.RolloutEngine, asyncrl.Trainer,
+            asyncrl.MetricsSink) == (Task, PromptSource, RolloutEngine, Trainer, MetricsSink)
+    assert all(hasattr(asyncrl, name) for name in asyncrl.__all__)
+    assert {"train", "build_controller"} <= set(dir(asyncrl))
+
+
+# ------------------------------------------------------------ config forms
+TINY = {"grpo__max_num_steps": 2, "logging__progress": "never", "logging__tensorboard": False,
+        "logging__plots": False, "checkpoint__every_steps": 0}
+
+
+def test_a_path_a_dict_and_a_run_config_give_the_command_lines_config() -> None:
+    cli = load_config(QUICK, ["grpo.max_num_steps=2", "logging.progress=never",
+                              "logging.tensorboard=false", "logging.plots=false",
+                              "checkpoint.every_steps=0"])
+    tree = quick_dict()
+    for form in (QUICK, str(QUICK), tree, load_config(QUICK)):
+        assert resolve_config(form, TINY) == cli
+    assert tree == quick_dict()  # the caller's dict is not changed
+
+
+def test_a_run_config_without_overrides_is_used_as_it_is() -> None:
+    cfg = load_config(QUICK)
+    assert resolve_config(cfg) is cfg
+
+
+def test_a_swap_replaces_the_block_as_on_the_command_line() -> None:
+    swapped = resolve_config(QUICK, {"async_rl__sampler__name": "windowed",
+                                     "async_rl__sampler__max_staleness_versions": 2})
+    assert swapped == load_config(QUICK, ["async_rl.sampler.max_staleness_versions=2",
+                                          "async_rl.sampler.name=windowed"])
+
+
+@pytest.mark.parametrize(("overrides", "says"), [
+    ({"grpo__max_num_stepz": 2},
+     "invalid keyword override: grpo.max_num_stepz: unknown key. did you mean 'max_num_steps'?"),
+    ({"grpo__max_num_steps": 0},
+     'grpo.max_num_steps: Input should be greater than or equal to 1 (got 0) '
+     '(from the keyword override "grpo__max_num_steps=0")'),
+    ({"__grpo": 1}, "keyword override '__grpo' is not a config key with '__' for each dot"),
+])
+def test_a_bad_override_is_one_line_naming_the_field(overrides, says) -> None:
+    with pytest.raises(ConfigError) as info:
+        resolve_config(QUICK, overrides)
+    assert says in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_config_of_another_type_is_refused_naming_the_forms() -> None:
+    with pytest.raises(ConfigError, match="config: got int; pass a RunConfig, a dict"):
+        resolve_config(7)  # type: ignore[arg-type]
+
+
+# -------------------------------------------------------------------- train
+@pytest.mark.e2e
+@pytest.mark.parametrize("form", ["path", "dict", "RunConfig"])
+def test_train_runs_a_config_of_each_form_with_overrides(form: str, tmp_path: Path) -> None:
+    config = {"path": QUICK, "dict": quick_dict(), "RunConfig": load_config(QUICK)}[form]
+    summary = asyncrl.train(config, run_dir=tmp_path / "run", **TINY)
+    assert summary["steps"] == 2 and summary["stop_reason"] == "max_num_steps"
+    assert summary["ledger"]["balanced"] and summary["ledger"]["trained"] == 2 * 8
+    assert load_config(tmp_path / "run" / "config.yaml") == resolve_config(QUICK, TINY)
+    written = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert (written["steps"], written["ledger"]) == (summary["steps"], summary["ledger"])
+
+
+def test_train_refuses_a_bad_override_before_it_writes_anything(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"grpo\.max_num_stepz: unknown key"):
+        asyncrl.train(QUICK, run_dir=tmp_path / "run", grpo__max_num_stepz=2)
+    assert not (tmp_path / "run").exists()
+
+
+def test_train_from_async_code_points_at_build_controller() -> None:
+    async def main() -> None:
+        asyncrl.train(QUICK, **TINY)
+
+    with pytest.raises(UsageError, match=r"async with asyncrl\.build_controller"):
+        asyncio.run(main())
+
+
+# --------------------------------------------------------- build_controller
+class OwnedEngine(FakeEngine):
+    def __init__(self, closed: list[object]) -> None:
+        super().__init__(latency=0.0)
+        self.closed = closed
+
+    async def close(self) -> None:
+        self.closed.append(self)
+
+
+class OwnedTrainer(FakeTrainer):
+    def __init__(self, closed: list[object]) -> None:
+        super().__init__(step_time=0.0)
+        self.closed = closed
+
+    async def close(self) -> None:
+        self.closed.append(self)
+
+
+class OwnedScorer(InlineScorer):
+    def __init__(self, task: Any, closed: list[object]) -> None:
+        super().__init__(task)
+        self.closed = closed
+
+    async def close(self) -> None:
+        self.closed.append(self)
+
+
+class Built:
+    """What build_controller built through its builders (fakes), and what was closed."""
+
+    def __init__(self) -> None:
+        self.made: list[object] = []
+        self.closed: list[object] = []
+
+    def backends(self, cfg: Any, task: Any, work_dir: Any = None) -> tuple[list, Any]:
+        engines = [OwnedEngine(self.closed), OwnedEngine(self.closed)]
+        trainer = OwnedTrainer(self.closed)
+        self.made += [*engines, trainer]
+        return engines, trainer
+
+    def scorer(self, task: Any, task_cfg: Any = None) -> OwnedScorer:
+        scorer = OwnedScorer(task, self.closed)
+        self.made.append(scorer)
+        return scorer
+
+    def each_closed_once(self) -> bool:
+        return sorted(map(id, self.closed)) == sorted(map(id, self.made))
+
+
+@pytest.fixture
+def built(monkeypatch: pytest.MonkeyPatch) -> Built:
+    import asyncrl.tasks
+
+    seen = Built()
+    monkeypatch.setattr(assemble, "build_backends", seen.backends)
+    monkeypatch.setattr(assemble, "build_scorer", seen.scorer)
+    monkeypatch.setattr(asyncrl.tasks, "build_scorer", seen.scorer)  # the evaluator's pool
+    return seen
+
+
+def test_build_controller_closes_what_it_built_after_the_run(built: Built) -> None:
+    async def main() -> asyncrl.RunResult:
+        async with asyncrl.build_controller(QUICK, grpo__max_num_steps=2, eval__every_steps=1,
+                                            eval__num_prompts=2) as controller:
+            result = await controller.run()
+            assert built.closed == []  # nothing is closed while the block runs
+        return result
+
+    assert asyncio.run(main()).steps == 2
+    assert len(built.made) == 5  # two engines, the trainer, the reward and eval pools
+    assert built.each_closed_once()
+
+
+def test_build_controller_closes_what_it_built_when_the_block_raises(built: Built) -> None:
+    async def main() -> None:
+        async with asyncrl.build_controller(QUICK, grpo__max_num_steps=2):
+            raise ValueError("the script's own bug")
+
+    with pytest.raises(ValueError, match="the script's own bug"):
+        asyncio.run(main())
+    assert len(built.made) == 4 and built.each_closed_once()
+
+
+def test_build_controller_closes_what_it_built_when_the_block_is_cancelled(built: Built) -> None:
+    async def main() -> None:
+        entered = asyncio.Event()
+
+        async def script() -> None:
+            async with asyncrl.build_controller(QUICK, grpo__max_num_steps=2):
+                entered.set()
+                await asyncio.Event().wait()  # until cancelled
+
+        task = asyncio.create_task(script())
+        await entered.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    assert len(built.made) == 4 and built.each_closed_once()
+
+
+def test_build_controller_closes_what_it_built_when_the_controller_is_refused(
+        built: Built) -> None:
+    sampler = create_sampler(RolloutBuffer(16), {"name": "in_order"})
+
+    async def main() -> None:
+        async with asyncrl.build_controller(QUICK, sampler=sampler):  # no buffer= with it
+            pass
+
+    with pytest.raises(UsageError, match="needs the buffer the sampler was built over"):
+        asyncio.run(main())
+    assert len(built.made) == 4 and built.each_closed_once()
+
+
+@pytest.mark.parametrize("body_raises", [False, True])
+def test_build_controller_leaves_what_it_was_handed_open(built: Built, body_raises: bool) -> None:
+    mine: list[object] = []
+    engine, trainer = OwnedEngine(mine), OwnedTrainer(mine)
+
+    async def main() -> None:
+        async with asyncrl.build_controller(QUICK, engines=[engine], trainer=trainer,
+                                            grpo__max_num_steps=2) as controller:
+            await controller.run()
+            if body_raises:
+                raise ValueError("after the run")
+
+    if body_raises:
+        with pytest.raises(ValueError, match="after the run"):
+            asyncio.run(main())
+    else:
+        asyncio.run(main())
+    assert engine.generated > 0 and trainer.steps == [0, 1]  # they did run
+    assert mine == []  # the caller's: not closed
+    assert len(built.made) == 1 and built.each_closed_once()  # the reward pool it built
+
+
+def test_build_controller_needs_engines_and_trainer_together() -> None:
+    async def main() -> None:
+        async with asyncrl.build_controller(QUICK, engines=[FakeEngine()]):
+            pass
+
+    with pytest.raises(UsageError, match="pass engines= and trainer= together"):
+        asyncio.run(main())
