@@ -8,8 +8,10 @@ run (here: one version), and each trained group reports how stale it was.
     python examples/minimal_async_grpo.py              # about a minute
     python examples/minimal_async_grpo.py --seconds 5  # a quick look
 
-`asyncrl train --config examples/quickstart.yaml` runs the same thing with a
-run directory, checkpoints, plots and a resumable state around it.
+`asyncrl train --config examples/quickstart.yaml` (or `asyncrl.train(...)`)
+runs the same thing with a run directory, checkpoints, plots and a resumable
+state around it; `async with asyncrl.build_controller(config)` builds these
+pieces from a config and closes them (docs/controller.md).
 """
 
 import argparse

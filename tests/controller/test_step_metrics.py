@@ -16,7 +16,8 @@ from .conftest import make_controller
 N, STEPS = 4, 3
 GEN_S, CHUNK_S, OPT_S = 2.0, 0.5, 1.0
 MAX_NEW = 6
-#: What metrics.jsonl had before these metrics; every key stays (DESIGN.md, section 6).
+#: What metrics.jsonl had before these metrics, docs/design.md's "What a run writes"
+#: among them; every key stays.
 DESIGN_KEYS = {"step", "trainer_version", "wall_time_s", "reward_mean", "staleness_mean",
                "staleness_max", "groups_trained", "groups_evicted", "groups_aborted",
                "groups_failed", "trainer_idle_s", "buffer_ready", "inflight", "step_time_s",
