@@ -19,7 +19,7 @@ from asyncrl.runner import train
 from asyncrl.tasks import build_task
 from tests.cluster.conftest import Probe, tiny_config
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.e2e, pytest.mark.ray]
 ray = pytest.importorskip("ray", reason="the Ray backend needs the optional 'ray' package")
 
 

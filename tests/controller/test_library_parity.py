@@ -17,6 +17,8 @@ from asyncrl.controller import Controller, MemoryHistory
 from asyncrl.runner import train
 from asyncrl.tasks import build_task
 
+pytestmark = pytest.mark.e2e
+
 #: Released when the test ends; a hung reward call waits for it at most 5 s.
 _RELEASE = threading.Event()
 

@@ -60,6 +60,7 @@ class HangingEngine(FakeEngine):
         return await super().generate(request)
 
 
+@pytest.mark.e2e
 def test_abort_stops_gracefully_with_a_checkpoint_and_the_run_resumes(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from asyncrl.checkpoint import load_latest

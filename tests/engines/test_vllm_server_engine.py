@@ -32,6 +32,7 @@ from asyncrl.trainers.grpo import GRPOTrainer
 from asyncrl.types import GenerationRequest, GroupAborted
 from tests.vllm_support import VLLM_MODEL
 
+pytestmark = pytest.mark.e2e
 QUIET = {"progress": "never", "tensorboard": False, "plots": False}
 
 

@@ -205,6 +205,7 @@ def test_at_most_num_workers_groups_run_and_cancelled_waiters_free_their_slot() 
 
 
 # -------------------------------------------------------------- processes
+@pytest.mark.e2e
 def test_a_hung_process_is_killed_and_replaced() -> None:
     async def main() -> None:
         loop = asyncio.get_running_loop()

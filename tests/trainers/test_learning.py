@@ -11,6 +11,7 @@ from asyncrl.config import ArithmeticTaskConfig, GRPOConfig, PolicyConfig, RunCo
 from asyncrl.tasks import build_task
 from asyncrl.types import GenerationRequest, Rollout
 
+pytestmark = pytest.mark.e2e
 pytest.importorskip("transformers")
 
 
