@@ -11,7 +11,7 @@ bfloat16's rounding. Float32 exactness at
 this shape is checked step by step in tests/trainers (the loss head,
 micro-batches, memory).
 
-The local-engine run is part of ``make test`` (about two minutes here). The
+The local-engine run is part of ``make test`` (88 s here). The
 vLLM runs are opt-in (``tests/heavy.py``): the bfloat16 one takes ~165 s and
 ~170 CPU seconds here (vLLM's start-up, generation, the step, the final
 checkpoint and export), and ``make test`` on the 2-core CI machine, its cores
