@@ -16,7 +16,9 @@ from asyncrl.trainers.distributed import build_local_trainer
 
 from .helpers import config, fixed_rollouts, fsdp
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
+# pytest's 300-s timeout: only a hang reaches it, also on a loaded machine (the
+# hung rank is ended by the collective timeout, seconds).
+pytestmark = pytest.mark.e2e
 
 CFG = config()
 TASK = build_task(CFG.task)
