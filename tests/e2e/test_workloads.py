@@ -71,11 +71,10 @@ def dataset_learning(run_dir: Path, *overrides: str) -> dict[str, Any]:
             "evals": evals, "eval": evals[-1][1]}
 
 
-#: Margins over the control that the asynchronous run clears on a loaded machine.
-#: Measured with benchmarks/bench_async_learning.py (20 runs of each, two CPU hogs
-#: beside them on the 2 cores, other jobs running too): see the test's docstring.
-LAST10_MARGIN = 0.35
-EVAL_MARGIN = 0.3
+#: Margins over the control that the asynchronous run must clear: about half the
+#: smallest measured (see the test's docstring).
+LAST10_MARGIN = 0.4
+EVAL_MARGIN = 0.4
 
 
 def test_dataset_example_learns_asynchronously_beyond_its_control(
@@ -86,12 +85,15 @@ def test_dataset_example_learns_asynchronously_beyond_its_control(
 
     The run is asynchronous, so how generation and training interleave - and
     with it the learning curve - depends on the machine's load; the bars are set
-    from that spread. 20 runs with two CPU hogs beside them
-    (``python benchmarks/bench_async_learning.py --runs 20 --hogs 2``): the
-    learner's last-10 reward MEASURED_LAST10, its eval at step 300 MEASURED_EVAL;
-    the control's last-10 MEASURED_CONTROL_LAST10, its eval MEASURED_CONTROL_EVAL.
-    The bars (:data:`LAST10_MARGIN`, :data:`EVAL_MARGIN` over the control) lie
-    under the smallest margins measured."""
+    from that spread. 20 runs with two CPU hogs beside them on the 2 cores, other
+    jobs running too (``python benchmarks/bench_async_learning.py --runs 10
+    --hogs 2``, twice; 26-76 s a run): the learner's last-10 reward min 0.830,
+    median 0.830, max 0.986 (15 runs at 0.830: one word of ten not learned), its
+    eval at step 300 min 0.850, median 0.850, max 1.000; the control's last-10
+    0.010 and eval 0.000 in all 20. Margins: last-10 min 0.820, eval min 0.850.
+    Inside a whole ``make test`` one run had reached only 0.744 (last-10, at
+    best), so the bars (:data:`LAST10_MARGIN`, :data:`EVAL_MARGIN` over the
+    control) lie at about half the smallest margins measured."""
     monkeypatch.chdir(ROOT)
     learner = dataset_learning(tmp_path / "run")
     control = dataset_learning(tmp_path / "control", *CONTROL)
