@@ -34,7 +34,10 @@ def ray_local() -> Iterator[Any]:
     examples = str(Path(__file__).resolve().parents[2] / "examples")
     os.environ["PYTHONPATH"] = os.pathsep.join(
         p for p in (os.environ.get("PYTHONPATH"), examples) if p)
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
+    # address="local": an instance of its own, whatever RAY_ADDRESS or the
+    # address file a `ray start` on this machine left in /tmp/ray say (a stale
+    # one made every ray.init() here try to join a cluster that was gone).
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
              configure_logging=False)
     try:
         yield ray
