@@ -224,7 +224,7 @@ def test_twenty_sigints_at_random_points_lose_nothing(tmp_path: Path, capsys) ->
             argv = ["train", "--config", str(config), "--run-dir", str(run), "--overwrite",
                     f"grpo.max_num_steps={target}"]
         code = run_with_sigint_at(argv, rng.uniform(0.02, 1.5))
-        assert code in (0, 130), (code, argv, capsys.readouterr().err[-3000:])
+        assert code in (0, 130), f"exit {code} of {argv}:\n{capsys.readouterr().err[-5000:]}"
         interrupted += code == 130
         if (run / "summary.json").is_file():
             assert strict_json((run / "summary.json").read_text())["ledger"]["balanced"]
