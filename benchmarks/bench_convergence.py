@@ -86,6 +86,10 @@ def main() -> None:
     args = parser.parse_args()
     logging.getLogger("asyncrl").setLevel(logging.ERROR)
     os.chdir(ROOT)  # the examples' data paths are relative to the repository root
+    # ray_fsdp: a Ray instance of its own (not a cluster an address file names), its
+    # workers at this process's priority (at Ray's default nice 15 they starve).
+    os.environ.setdefault("RAY_ADDRESS", "local")
+    os.environ.setdefault("RAY_worker_niceness", "0")
     results: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for variant in args.variants.split(","):
