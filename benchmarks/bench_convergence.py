@@ -23,7 +23,11 @@ Variants (the claims the end-to-end tests made before they moved here):
     python benchmarks/bench_convergence.py --seeds 5 --variants in_order,lora
 
 Per variant a ``RESULT learning_rise_<variant>_median <median rise>`` line, and
-how many seeds cleared the bar the test used to assert.
+how many seeds cleared the bar the test used to assert. Measured with
+``--seeds 3`` on the shared 2-core machine: median (min) rise in_order 0.254
+(0.207), weight_fifo 0.274 (0.207), windowed 0.225 (0.223), ready_first 0.245
+(0.175), lora 0.038 (0.037), tool_use 0.039 (0.036), vllm_sync 0.077 (0.066),
+ray_fsdp 0.262 (0.212): every seed over its old bar.
 """
 
 from __future__ import annotations
