@@ -5,10 +5,12 @@
   (``time.sleep``, ``asyncio.sleep`` with a delay other than a literal 0),
   outside :data:`REAL_TIME_HELPERS`: durations and rates are benchmark output
   (benchmarks/), waits are on events, latencies are virtual (tests/vtime.py).
-* A test module that starts processes or sends signals carries the ``e2e``
-  marker (registered in pyproject.toml): ``pytest -m e2e`` is the set whose
-  verdict could depend on load, the set ``tests/stress.sh --marked`` repeats
-  under a CPU hog.
+* A test that starts processes or sends signals (itself, through a function or
+  fixture of its module, or through the Ray and shared-vLLM-run fixtures)
+  carries the ``e2e`` marker (registered in pyproject.toml), as do, by hand,
+  the tests of real time or of a learning outcome: ``pytest -m e2e`` is the set
+  whose verdict could depend on load, the set ``tests/stress.sh --marked``
+  repeats under CPU hogs.
 
 Both read the source with :mod:`ast`, so comments and strings never count.
 """
@@ -83,6 +85,7 @@ def test_no_clock_reads_or_real_sleeps(path: Path) -> None:
     name = str(path.relative_to(TESTS))
     uses = real_time_uses(path.read_text())
     if name in REAL_TIME_HELPERS:
+        assert uses, f"tests/{name} no longer uses real time: take it off REAL_TIME_HELPERS"
         return
     assert not uses, (
         f"tests/{name} reads the clock or sleeps in real time: "
