@@ -121,6 +121,7 @@ def test_pasted_blocks_validate_with_their_references_resolved(name, tmp_path: P
     assert main(["validate", "--config", str(path), "--json"]) == 0
 
 
+@pytest.mark.e2e
 def test_the_exemplar_block_trains(tmp_path: Path, capsys) -> None:
     from asyncrl.runner import train
 

@@ -16,7 +16,7 @@ from asyncrl.tasks import build_task
 from tests.cluster.conftest import Probe, tiny_config
 from tests.vllm_support import VLLM_MODEL, wait_gone
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.ray, pytest.mark.slow]
 
 
 def test_one_vllm_worker_runs_balanced_and_loads_every_version(ray_local, tmp_path: Path):

@@ -31,6 +31,7 @@ from asyncrl.sim.clock import run_virtual
 from asyncrl.types import GenerationRequest, Prompt
 from tests.controller.conftest import make_controller
 from tests.fakes import FakeEngine, FakeTask, FakeTrainer, InlineScorer
+from tests.vtime import advance
 
 IN_ORDER = {"name": "in_order", "max_lookahead_versions": 1}
 
@@ -388,7 +389,7 @@ def test_a_failing_background_task_of_a_backend_reaches_the_run() -> None:
             return await super().generate(request)
 
         async def _broken(self):
-            await asyncio.sleep(0.5)
+            await advance(0.5)
             raise OSError("lost the shared-memory segment")
 
     ctl = make_controller(IN_ORDER, engines=[SpawningEngine(1.0)], steps=20)

@@ -20,7 +20,8 @@ from asyncrl.trainers.distributed import DistributedTrainer, build_local_trainer
 
 from .helpers import TINY, config, fixed_rollouts, fsdp, max_abs_diff
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+# pytest's 300-s timeout: only a hang reaches it, also on a loaded machine.
+pytestmark = pytest.mark.e2e
 
 # float32; every loss term on (decoupled correction, KL to a sharded reference,
 # entropy bonus), and micro-batches of 4 sequences so that the ranks plan

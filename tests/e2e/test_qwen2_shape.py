@@ -11,7 +11,7 @@ bfloat16's rounding. Float32 exactness at
 this shape is checked step by step in tests/trainers (the loss head,
 micro-batches, memory).
 
-The local-engine run is part of ``make test`` (about two minutes here). The
+The local-engine run is part of ``make test`` (88 s here). The
 vLLM runs are opt-in (``tests/heavy.py``): the bfloat16 one takes ~165 s and
 ~170 CPU seconds here (vLLM's start-up, generation, the step, the final
 checkpoint and export), and ``make test`` on the 2-core CI machine, its cores
@@ -47,7 +47,7 @@ ONE_SMALL_STEP = [
 ]
 
 
-def run_one_step(run_dir: Path, *overrides: str, completions: int = 2) -> dict:
+def run_one_step(run_dir: Path, *overrides: str, completions: int = 1) -> dict:
     # In a process of its own, as a user runs it: the gigabytes it allocates and
     # frees stay out of the test worker, whose later tests measure memory growth.
     proc = subprocess.run([sys.executable, "-m", "asyncrl", "train", "--config", EXAMPLE,
@@ -69,9 +69,12 @@ def run_one_step(run_dir: Path, *overrides: str, completions: int = 2) -> dict:
 
 
 def test_local_engine(tmp_path: Path) -> None:
+    # One completion, as the vLLM runs: a second costs as much generation (every
+    # decoded token reads the output layer once, for the whole batch) and doubles
+    # the training, and tells nothing the first does not.
     record = run_one_step(tmp_path / "run", "policy.dtype=bfloat16")
     # On policy within bfloat16's rounding (the bound of tests/trainers/test_learning.py;
-    # measured here: mean 0.001, max 0.016 over 2,048 tokens).
+    # measured here with two completions: mean 0.001, max 0.016 over 2,048 tokens).
     assert record["train/logprob_mismatch"] < 1e-2
     assert record["train/logprob_mismatch_max"] < 0.1
 
@@ -84,10 +87,8 @@ VLLM = ["policy.engine=vllm", f"policy.vllm.max_model_len={TOKENS + 64}",
 
 @HEAVY
 def test_vllm_engine(tmp_path: Path) -> None:
-    # One completion: generating two costs as much (every step reads the output
-    # layer once), training them twice as much; the micro-batching is the local run's.
     record = run_one_step(tmp_path / "run", *VLLM, "policy.dtype=bfloat16",
-                          "policy.vllm.dtype=bfloat16", completions=1)
+                          "policy.vllm.dtype=bfloat16")
     # On policy within bfloat16's rounding, vLLM's kernels against torch's
     # (measured here: mean 0.010, max 0.058; weights that are not the trainer's
     # are off by nats).

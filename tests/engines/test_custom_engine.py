@@ -28,6 +28,7 @@ def test_the_docs_show_the_whole_engine_in_under_80_lines():
     assert source in (REPO / "docs" / "engines.md").read_text()
 
 
+@pytest.mark.e2e
 def test_the_custom_engine_of_the_docs_trains_the_quickstart(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(REPO / "examples"))
     summary = train(custom_quickstart(), tmp_path / "run")

@@ -30,7 +30,7 @@ from asyncrl.trainers.grpo import GRPOTrainer
 from asyncrl.types import Completion, GenerationRequest, GroupAborted, GroupResult, Prompt
 from tests.vllm_support import as_rollout, vllm_run_config
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
 
 TEMPERATURE = 0.8
 CFG = vllm_run_config(policy={"generation": {"max_new_tokens": 8, "temperature": TEMPERATURE}})

@@ -34,6 +34,7 @@ from asyncrl.trainers.grpo import GRPOTrainer
 from asyncrl.types import GenerationRequest, GroupAborted
 from tests.vllm_support import VLLM_MODEL
 
+pytestmark = pytest.mark.e2e
 QUIET = {"progress": "never", "tensorboard": False, "plots": False}
 #: Where the tests' servers given by URL find the fleet's key.
 KEY_VAR = "ASYNCRL_TEST_VLLM_SERVER_KEY"

@@ -137,6 +137,7 @@ else:
 """
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("end", ["sigkill", "release"])
 def test_the_reaper_kills_what_a_dead_owner_left_unless_released(end):
     owner = subprocess.run([sys.executable, "-c", OWNER, end], capture_output=True, text=True,

@@ -1,8 +1,8 @@
 """``asyncrl simulate --calibrate`` on run directories whose truth is known: a
 "real" run made by the Controller with simulated backends of known costs, under
 virtual time, written like ``asyncrl train`` writes a run. The fit must
-recover the costs and predict another setup. (The vLLM run is in
-tests/e2e/test_vllm_calibrate.py.)"""
+recover the costs and predict another setup. (On real vLLM runs, whose speeds
+the machine's load sways: benchmarks/bench_calibrate.py.)"""
 
 from __future__ import annotations
 
