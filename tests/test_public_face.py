@@ -32,6 +32,7 @@ def quick_dict() -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------ the root
+@pytest.mark.e2e
 def test_import_asyncrl_imports_no_torch_and_no_backend() -> None:
     code = ("import sys, asyncrl; "
             "print(sorted(m for m in ('torch', 'transformers', 'ray', 'vllm') if m in sys.modules))")

@@ -317,7 +317,7 @@ def test_failed_attempts_of_one_kind_are_logged_once_then_counted(caplog) -> Non
 
         async def generate(self, request):
             if request.attempt == 1:
-                await asyncio.sleep(1.0)
+                await advance(1.0)
                 self.failed.append(request.group_id)
                 raise GenerationError(f"device lost while generating group {request.group_id}")
             return await super().generate(request)

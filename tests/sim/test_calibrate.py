@@ -187,6 +187,7 @@ def test_a_directory_without_a_run_is_a_clear_error(tmp_path: Path) -> None:
         calibrate(tmp_path / "a")
 
 
+@pytest.mark.e2e
 def test_a_run_too_short_to_fit_is_refused_naming_the_steps_needed(tmp_path: Path) -> None:
     """Issue 28, item 9: a 2-step run was fitted (R^2 0.00) and the command exited 0.
     A real ``asyncrl simulate`` process: the exit status and the one line it prints."""
