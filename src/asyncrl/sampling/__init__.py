@@ -2,7 +2,7 @@
 
 from asyncrl.errors import SamplerConfigError
 from asyncrl.sampling.base import BaseSampler, PromptGroupSampler
-from asyncrl.sampling.config import (
+from asyncrl.sampling.factory import (
     SAMPLER_NAMES,
     WINDOW_FIELD,
     CustomSamplerConfig,
