@@ -1,8 +1,8 @@
 """Config of the dataset task and its reward: ``task: {name: dataset, path: ..., reward: {...}}``.
 
-A block of its own (not in :mod:`asyncrl.config`, which includes it in the
-``task`` union) so that the task package can import these models without an
-import cycle. See docs/tasks.md for what every key does.
+A module of its own (:mod:`asyncrl.config.schema` puts it in the ``task``
+union): the dataset task (:mod:`asyncrl.tasks.dataset`) and its reward read
+these models. See docs/tasks.md for what every key does.
 """
 
 from __future__ import annotations
@@ -11,17 +11,13 @@ import re
 import string
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from asyncrl.config.task_block import TaskBlock
-
-
-class _Block(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+from asyncrl.config.blocks import Block, TaskBlock
 
 
 # ------------------------------------------------------------------- reward
-class RewardPoolConfig(_Block):
+class RewardPoolConfig(Block):
     """Where and how long a reward function may run (every reward block has these).
 
     Built-in tasks have no reward block; their scorer uses these defaults.

@@ -2,8 +2,8 @@
 
 ``async_rl.rollout_failure``, ``async_rl.stall_watchdog`` and the two NeMo-RL
 blocks asyncrl accepts only switched off (``generation_fleet_health``,
-``generation_router``) live here, apart from :mod:`asyncrl.config`, so that the
-one place defining NeMo-RL compatibility is small enough to read whole.
+``generation_router``) live here, apart from :mod:`asyncrl.config.schema`, so
+that the one place defining NeMo-RL compatibility is small enough to read whole.
 docs/training.md lists every key; which NeMo-RL keys are implemented,
 accepted only at their off values, or refused (renamed by NeMo-RL, or keys of
 an older asyncrl) is the table of :mod:`asyncrl.config.nemo_rl_keys`.
@@ -14,15 +14,14 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
-from asyncrl.config.blocks import Block as _Block
-from asyncrl.config.blocks import NonNegInt, PosFloat, PosInt
+from asyncrl.config.blocks import Block, NonNegInt, PosFloat, PosInt
 from asyncrl.config.nemo_rl_keys import RefusesRenamedKeys
 
 
 # ------------------------------------------------------------ rollout failure
-class NativeTimeoutsConfig(_Block):
+class NativeTimeoutsConfig(Block):
     """Deadlines of one attempt (None: none, the default)."""
 
     #: One generation call of one prompt group; past it the attempt fails as infra.
@@ -32,7 +31,7 @@ class NativeTimeoutsConfig(_Block):
     env_timeout_s: PosFloat | None = None
 
 
-class NemoGymConfig(_Block):
+class NemoGymConfig(Block):
     """NeMo-RL's NeMo-Gym rollout path, which asyncrl does not have: accepted at
     its defaults only."""
 
@@ -54,7 +53,7 @@ class NemoGymConfig(_Block):
         return data
 
 
-class RolloutFailureConfig(_Block, RefusesRenamedKeys):
+class RolloutFailureConfig(Block, RefusesRenamedKeys):
     """What a failed attempt costs, and what becomes of a prompt that runs out
     of attempts (docs/controller.md, Failures)."""
 
@@ -114,7 +113,7 @@ class RolloutFailureConfig(_Block, RefusesRenamedKeys):
 
 
 # --------------------------------------------------------------- watchdog
-class StallWatchdogConfig(_Block):
+class StallWatchdogConfig(Block):
     """Last-resort stall detection (``async_rl.stall_watchdog: null`` turns it off;
     ``asyncrl simulate`` always runs without it)."""
 
@@ -139,12 +138,12 @@ class StallWatchdogConfig(_Block):
 
 
 # ---------------------------------------------- NeMo-RL blocks accepted off
-class _OffOnly(BaseModel):
+class _OffOnly(Block):
     """A NeMo-RL block asyncrl cannot honour yet: accepted with ``enabled: false``
     (its other keys then do nothing, in NeMo-RL too), refused with one line otherwise.
     Other keys are kept as written, so a block pasted from any NeMo-RL version loads."""
 
-    model_config = ConfigDict(extra="allow", frozen=True)
+    model_config = ConfigDict(extra="allow")
     why: ClassVar[str] = ""
 
     enabled: Literal[False] = False

@@ -12,8 +12,9 @@ import importlib
 import inspect
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import ConfigDict, field_validator
 
+from asyncrl.config.blocks import Block
 from asyncrl.errors import ConfigError
 
 Kind = Literal["class", "function"]
@@ -44,11 +45,11 @@ def check_class_target(value: Any, *, example: str) -> str:
     return value
 
 
-class TargetBlock(BaseModel):
+class TargetBlock(Block):
     """A config block that names a class, ``target: "module:ClassName"``; every
     other key goes to its constructor (``custom`` samplers and engines)."""
 
-    model_config = ConfigDict(extra="allow", frozen=True)
+    model_config = ConfigDict(extra="allow")
     #: A well-formed target, for messages.
     example: ClassVar[str] = "my_pkg.module:MyClass"
     target: str

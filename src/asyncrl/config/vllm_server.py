@@ -1,7 +1,7 @@
 """Config of the ``vllm serve`` engine (``policy.engine: vllm_server``), the
-``policy.vllm_server`` block. Apart from :mod:`asyncrl.config` so that the
-engine (:mod:`asyncrl.engines.vllm.server.engine`) and its block can be read together;
-docs/engines.md, "vLLM servers over HTTP", explains every key."""
+``policy.vllm_server`` block. Apart from :mod:`asyncrl.config.policy` so that
+the engine (:mod:`asyncrl.engines.vllm.server.engine`) and its block can be read
+together; docs/engines.md, "vLLM servers over HTTP", explains every key."""
 
 from __future__ import annotations
 

@@ -1,23 +1,24 @@
-"""Sampler configs (a discriminated union on ``name``) and the one factory."""
+"""The one sampler factory: the staleness sampler an ``async_rl.sampler``
+block (:mod:`asyncrl.config.sampler`) describes, built over the buffer, and the
+checks a ``custom`` sampler class must pass."""
 
 from __future__ import annotations
 
 import inspect
-from typing import Annotated, Any, ClassVar, Literal, Union
+from typing import Any
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    StrictInt,
-    TypeAdapter,
-    ValidationError,
-)
+from pydantic import BaseModel
 
 from asyncrl.buffer import RolloutBuffer
-from asyncrl.config.explain import explain
-from asyncrl.config.nemo_rl_keys import RefusesRenamedKeys
-from asyncrl.config.targets import TargetBlock, load_target
+from asyncrl.config.sampler import (
+    CustomSamplerConfig,
+    InOrderSamplerConfig,
+    ReadyFirstSamplerConfig,
+    WeightFifoSamplerConfig,
+    WindowedSamplerConfig,
+    parse_sampler_config,
+)
+from asyncrl.config.targets import load_target
 from asyncrl.errors import SamplerConfigError
 from asyncrl.sampling.base import BaseSampler, PromptGroupSampler
 from asyncrl.sampling.policies import (
@@ -27,95 +28,12 @@ from asyncrl.sampling.policies import (
     WindowedSampler,
 )
 
-_Window = Annotated[
-    StrictInt, Field(ge=0, description="staleness/lookahead window in versions")
-]
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class InOrderSamplerConfig(_Strict, RefusesRenamedKeys):
-    nemo_rl_block: ClassVar[str] = "sampler"  # NeMo-RL's PPO warm-up key, refused
-
-    name: Literal["in_order"] = "in_order"
-    max_lookahead_versions: _Window = 1
-
-
-#: Which weight of a group the window bounds (see docs/samplers.md).
-_StalenessOf = Literal["start_weight", "end_weight"]
-
-
-class WeightFifoSamplerConfig(_Strict):
-    name: Literal["weight_fifo"] = "weight_fifo"
-    max_staleness_versions: _Window = 1
-    staleness_of: _StalenessOf = "start_weight"
-
-
-class WindowedSamplerConfig(_Strict):
-    name: Literal["windowed"] = "windowed"
-    max_staleness_versions: _Window = 1
-    sample_freshest_first: bool = False
-    staleness_of: _StalenessOf = "start_weight"
-
-
-class ReadyFirstSamplerConfig(_Strict):
-    name: Literal["ready_first"] = "ready_first"
-    max_staleness_versions: _Window = 1
-
-
-class CustomSamplerConfig(TargetBlock):
-    """``target: "module:ClassName"``; every other key goes to the constructor."""
-
-    example: ClassVar[str] = "my_pkg.samplers:MySampler"
-    name: Literal["custom"] = "custom"
-
-
-SamplerConfig = Annotated[
-    Union[  # noqa: UP007 - pydantic discriminated unions read clearer this way
-        InOrderSamplerConfig,
-        WeightFifoSamplerConfig,
-        WindowedSamplerConfig,
-        ReadyFirstSamplerConfig,
-        CustomSamplerConfig,
-    ],
-    Field(discriminator="name"),
-]
-
-_ADAPTER: TypeAdapter[Any] = TypeAdapter(SamplerConfig)
-
 _BUILTINS: dict[type[BaseModel], type] = {
     InOrderSamplerConfig: InOrderSampler,
     WeightFifoSamplerConfig: WeightFifoSampler,
     WindowedSamplerConfig: WindowedSampler,
     ReadyFirstSamplerConfig: ReadyFirstSampler,
 }
-
-SAMPLER_NAMES = ("in_order", "weight_fifo", "windowed", "ready_first", "custom")
-
-# The window knob's name per built-in policy, for tools that vary it (simulate --compare).
-WINDOW_FIELD = {
-    "in_order": "max_lookahead_versions",
-    "weight_fifo": "max_staleness_versions",
-    "windowed": "max_staleness_versions",
-    "ready_first": "max_staleness_versions",
-}
-
-
-def parse_sampler_config(cfg: Any, *, path: str = "async_rl.sampler") -> Any:
-    """Validate a dict (or pass through a config model) into a SamplerConfig member."""
-    if isinstance(cfg, BaseModel):
-        return cfg
-    if not isinstance(cfg, dict) or "name" not in cfg:
-        raise SamplerConfigError(
-            f"{path}: expected a mapping with a 'name' key, one of {', '.join(SAMPLER_NAMES)}; "
-            f"got {cfg!r}"
-        )
-    try:
-        return _ADAPTER.validate_python(cfg)
-    except ValidationError as exc:
-        raise SamplerConfigError(explain(exc, SamplerConfig, path)) from None
 
 
 def create_sampler(buffer: RolloutBuffer, cfg: Any) -> PromptGroupSampler:

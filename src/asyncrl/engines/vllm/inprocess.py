@@ -111,7 +111,7 @@ class VLLMEngine:
             from vllm.platforms import current_platform
             from vllm.v1.engine.async_llm import AsyncLLM
 
-        #: vLLM's own output: ``log_file`` unless asyncrl is verbose (see vllm_output).
+        #: vLLM's own output: ``log_file`` unless asyncrl is verbose (see vllm/output.py).
         self._output = VLLMOutput(log_file)
 
         self.tokenizer = tokenizer

@@ -101,7 +101,7 @@ def shard_units(model: torch.nn.Module) -> list[torch.nn.Module]:
     if embed is not None and head is not None and embed.weight is not head.weight:
         units = [embed, *units]
     # The output layer stays in the root unit: the chunked loss head applies its
-    # weight after the model's forward (trainers/scoring.py, through_root), and
+    # weight after the model's forward (trainers/token_logprobs.py, through_root), and
     # the root keeps its parameters gathered from forward to backward.
     return units
 
