@@ -14,8 +14,9 @@ import torch
 import yaml
 
 from asyncrl.config import config_from_dict, load_config
-from asyncrl.engines import vllm_setup, vllm_transport
 from asyncrl.engines.options import EngineOptions
+from asyncrl.engines.vllm import setup as vllm_setup
+from asyncrl.engines.vllm import transport as vllm_transport
 from asyncrl.errors import ConfigError, MissingDependency
 from asyncrl.policy.build import build_policy
 from asyncrl.policy.hf import save_policy

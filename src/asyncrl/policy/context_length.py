@@ -20,17 +20,18 @@ every engine: they stop at the same limit.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from asyncrl.errors import ConfigError, PromptTooLong
 from asyncrl.policy.prompt_lengths import LongestPrompt, longest_of, longest_prompt
 
 if TYPE_CHECKING:
     from asyncrl.config import PolicyConfig, RunConfig
-    from asyncrl.controller.evaluation import Evaluator
     from asyncrl.tasks.tokenizer import Tokenizer
+    from asyncrl.types import Prompt
 
 #: Attributes of a transformers model config that hold its context length, in
 #: the order they are looked up (Llama-style first, then GPT-2, then others).
@@ -48,6 +49,20 @@ class ContextLimit:
     setting: str | None = None
     #: The limit above this one (the model's, above vLLM's max_model_len), if any.
     ceiling: ContextLimit | None = None
+
+
+class _EvalLimit(Protocol):
+    #: Length limit of eval completions (None: policy.generation.max_new_tokens).
+    max_new_tokens: int | None
+
+
+class HeldOut(Protocol):
+    """What :func:`check_context` reads of the held-out prompts (the run's
+    :class:`~asyncrl.controller.evaluation.Evaluator` is one): declared here, so
+    that the policy's check does not import the controller."""
+
+    prompts: Sequence[Prompt]
+    settings: _EvalLimit
 
 
 def context_of(model_config: Any) -> int | None:
@@ -101,7 +116,7 @@ def engine_context(policy: PolicyConfig) -> ContextLimit | None:
 
 
 def check_context(cfg: RunConfig, task: Any, tokenizer: Tokenizer,
-                  evaluator: Evaluator | None = None) -> dict[str, Any]:
+                  evaluator: HeldOut | None = None) -> dict[str, Any]:
     """Refuse a run whose longest prompt plus ``max_new_tokens`` does not fit the
     engine's context (also for the held-out prompts); returns the facts
     ``context_length`` and ``longest_prompt_tokens`` (None when unknown)."""
@@ -171,4 +186,4 @@ def check_prompt_fits(group_id: Any, prompt_tokens: int, max_new_tokens: int,
     )
 
 
-__all__ = ["CONTEXT_ATTRIBUTES", "ContextLimit", "check_context", "check_prompt_fits", "context_of", "engine_context", "model_context"]
+__all__ = ["CONTEXT_ATTRIBUTES", "ContextLimit", "HeldOut", "check_context", "check_prompt_fits", "context_of", "engine_context", "model_context"]

@@ -63,21 +63,18 @@ from asyncrl._util import supervision
 from asyncrl.config import GenerationConfig
 from asyncrl.engines.classify import encode_prompt_or_fail
 from asyncrl.engines.completions import (
-    empty,
-    joined,
     partial_result,
-    prefix_of,
     start_weight,
     with_texts,
 )
 from asyncrl.engines.local.decode import DecodeBatch, ForwardArgs, Sampling, check_finite
+from asyncrl.engines.local.group import Group
 from asyncrl.engines.local.token_sampling import sampling_logprobs
 from asyncrl.engines.local.versions import PinnedVersions
 from asyncrl.engines.transport import InProcessTransport, WeightUpdate
 from asyncrl.errors import TokenizationError
 from asyncrl.policy.context_length import check_prompt_fits, context_of
 from asyncrl.policy.devices import check_device, worker_executor
-from asyncrl.record import Completion
 from asyncrl.tasks.tokenizer import Tokenizer
 from asyncrl.types import GenerationError, GenerationRequest, GroupAborted, GroupId, GroupResult
 
@@ -86,83 +83,6 @@ if TYPE_CHECKING:
     from asyncrl.engines.options import EngineOptions
 
 __all__ = ["LocalEngine", "sampling_logprobs"]
-
-
-class _Group:
-    """One request being generated: its rows' outputs so far, and its future.
-
-    Row ``i`` continues ``prefix[i]`` (None: from the prompt); ``done[i]`` is
-    its completion once it ended (a finished prefix is done from the start).
-    """
-
-    def __init__(
-        self,
-        request: GenerationRequest,
-        future: asyncio.Future,
-        prompt_ids: list[int],
-        start_weight: int,
-        generation: GenerationConfig,
-        device: torch.device,
-    ) -> None:
-        self.request = request
-        self.future = future
-        self.prompt_ids = prompt_ids
-        self.start_weight = start_weight
-        self.prefix = prefix_of(request)
-        self.done: list[Completion | None] = [
-            p if p is not None and p.finished else None for p in self.prefix]
-        self.aborted = False
-        #: The batch decoding the group's rows (None while queued).
-        self.batch: DecodeBatch | None = None
-        # Seeded groups draw from their own generator: their samples do not
-        # depend on how many other rows were sampled before them.
-        self.rng = (None if request.seed is None
-                    else torch.Generator(device).manual_seed(request.seed))
-        # The request's sampling overrides, else the engine's configuration.
-        self.sampling = (
-            generation.temperature if request.temperature is None else request.temperature,
-            generation.top_p if request.top_p is None else request.top_p,
-        )
-        self.limit = (generation.max_new_tokens if request.max_new_tokens is None
-                      else request.max_new_tokens)
-        for i, p in enumerate(self.prefix):  # a prefix at the limit has ended
-            if self.done[i] is None and p is not None and len(p) >= self.limit:
-                self.done[i] = p.continued(Completion([], [], (), "length"))
-        self.open_rows = sum(d is None for d in self.done)
-
-    def open_indices(self) -> list[int]:
-        return [i for i, d in enumerate(self.done) if d is None]
-
-    def context(self, i: int) -> list[int]:
-        """What row ``i`` is prefilled with: the prompt and the tokens it continues."""
-        p = self.prefix[i]
-        return self.prompt_ids if p is None else [*self.prompt_ids, *p.token_ids]
-
-    def remaining(self, i: int) -> int:
-        """Tokens row ``i`` may still generate."""
-        p = self.prefix[i]
-        return self.limit - (0 if p is None else len(p))
-
-    def add_row(self, i: int, tokens: list[int], logprobs: list[float], versions: list[int],
-                finish_reason: str | None) -> None:
-        """Row ``i`` ended with these new tokens (``versions``: the weights that
-        sampled each)."""
-        new = Completion.of(tokens, logprobs, versions, finish_reason)  # type: ignore[arg-type]
-        self.done[i] = joined(self.prefix[i], new)
-        self.open_rows -= 1
-
-    def partial(self, rows: dict[int, tuple[list[int], list[float], list[int], str | None]]
-                ) -> list[Completion]:
-        """Every completion so far: the ended ones, ``rows`` (read from the
-        batch) for the others, else what they continue from."""
-        out = []
-        for i, d in enumerate(self.done):
-            if d is None and i in rows:
-                d = joined(self.prefix[i], Completion.of(*rows[i]))  # type: ignore[arg-type]
-            if d is None:
-                d = self.prefix[i]
-            out.append(d if d is not None else empty())
-        return out
 
 
 class LocalEngine:
@@ -199,8 +119,8 @@ class LocalEngine:
         # model's device: sampling never leaves it.
         self._rng = torch.Generator(self._device).manual_seed(seed)
         self._executor, self._stream = worker_executor("engine", num_threads, self._device)
-        self._groups: dict[GroupId, _Group] = {}  # every group not yet resolved
-        self._pending: deque[_Group] = deque()  # groups waiting for a batch
+        self._groups: dict[GroupId, Group] = {}  # every group not yet resolved
+        self._pending: deque[Group] = deque()  # groups waiting for a batch
         self._active: list[DecodeBatch] = []
         self._wakeup = asyncio.Event()
         self._scheduler: asyncio.Task | None = None
@@ -254,7 +174,7 @@ class LocalEngine:
         prompt_ids = encode_prompt_or_fail(self.tokenizer, request.prompt)
         if request.weight_version is not None:
             self._pinned.check(request.group_id, request.weight_version)
-        group = _Group(request, asyncio.get_running_loop().create_future(), prompt_ids,
+        group = Group(request, asyncio.get_running_loop().create_future(), prompt_ids,
                        start_weight(request, self._version), self.generation, self._device)
         check_prompt_fits(request.group_id, len(prompt_ids), group.limit, self.context_length)
         self._groups[request.group_id] = group
@@ -303,7 +223,7 @@ class LocalEngine:
         partials = await self._partials(groups) if groups else []
         return {g.request.group_id: p for g, p in zip(groups, partials)}
 
-    async def _partials(self, groups: list[_Group]) -> list[GroupResult]:
+    async def _partials(self, groups: list[Group]) -> list[GroupResult]:
         """Read the groups' tokens so far in the engine's thread, between two steps."""
         def read() -> list[dict[int, Any]]:
             for batch in {id(g.batch): g.batch for g in groups if g.batch is not None}.values():
@@ -333,12 +253,12 @@ class LocalEngine:
         await asyncio.to_thread(self._executor.shutdown, wait=True)
 
     # ------------------------------------------------- event-loop side
-    def _forget(self, group: _Group) -> None:
+    def _forget(self, group: Group) -> None:
         # A retry may reuse the group id: only remove this very attempt.
         if self._groups.get(group.request.group_id) is group:
             del self._groups[group.request.group_id]
 
-    def _abort(self, group: _Group, partial: GroupResult | None = None) -> None:
+    def _abort(self, group: Group, partial: GroupResult | None = None) -> None:
         group.aborted = True  # the next tick drops its rows
         self._forget(group)
         if group in self._pending:
@@ -403,7 +323,7 @@ class LocalEngine:
     def _start_pending(self) -> None:
         """Move queued groups into new batches while the row budget allows."""
         budget = self.generation.max_batch_sequences - sum(len(b.rows) for b in self._active)
-        shared: dict[tuple, list[_Group]] = {}
+        shared: dict[tuple, list[Group]] = {}
         while self._pending:
             n = self._pending[0].request.num_generations
             # A group larger than the whole budget still runs, alone.
@@ -421,7 +341,7 @@ class LocalEngine:
         for groups in shared.values():
             self._active.append(self._batch(groups, self._rng))
 
-    def _batch(self, groups: list[_Group], rng: torch.Generator) -> DecodeBatch:
+    def _batch(self, groups: list[Group], rng: torch.Generator) -> DecodeBatch:
         temperature, top_p = groups[0].sampling
         batch = DecodeBatch(
             groups, pad_id=self.tokenizer.pad_id, eos_id=self.tokenizer.eos_id,
@@ -432,7 +352,7 @@ class LocalEngine:
             group.batch = batch
         return batch
 
-    def _finish(self, group: _Group) -> None:
+    def _finish(self, group: Group) -> None:
         self._forget(group)
         if group.future.done():  # aborted or cancelled meanwhile
             return
