@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT / "examples"))  # tool_use:calculator, as its config
 
 from asyncrl.config import load_config  # noqa: E402
 from asyncrl.metrics.report import read_metrics  # noqa: E402
-from asyncrl.runner import train  # noqa: E402
+from asyncrl.run.train import train  # noqa: E402
 
 QUIET = ["logging.progress=never", "logging.plots=false", "logging.tensorboard=false",
          "checkpoint.every_steps=0"]

@@ -32,7 +32,7 @@ from asyncrl.config import (
 )
 from asyncrl.controller import Controller
 from asyncrl.engines import EngineOptions, build_engine
-from asyncrl.policy import build_policy
+from asyncrl.policy.build import build_policy
 from asyncrl.sampling import create_sampler
 from asyncrl.tasks.arithmetic import ArithmeticTask
 from asyncrl.trainers.grpo import GRPOTrainer

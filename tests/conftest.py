@@ -10,7 +10,7 @@ import pytest
 
 @pytest.fixture(scope="session", autouse=True)
 def _private_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """asyncrl's on-disk cache (the prompt-length scan of asyncrl.prompt_lengths)
+    """asyncrl's on-disk cache (the prompt-length scan of asyncrl.policy.prompt_lengths)
     in a directory of the test session's own, for every process the tests start:
     nothing is read from or left in the user's ~/.cache."""
     path = tmp_path_factory.mktemp("asyncrl-cache")

@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 
 import asyncrl
-from asyncrl import assemble
-from asyncrl._yaml import load_yaml
 from asyncrl.buffer import RolloutBuffer
 from asyncrl.config import load_config, resolve_config
+from asyncrl.config.strict_yaml import load_yaml
 from asyncrl.errors import ConfigError, UsageError
+from asyncrl.run import assemble
 from asyncrl.sampling import create_sampler
 from tests.fakes import FakeEngine, FakeTrainer, InlineScorer
 

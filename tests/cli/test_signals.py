@@ -146,7 +146,7 @@ import signal, sys
 # As a terminal starts it: SIGINT raises KeyboardInterrupt. (A process inherits an
 # ignored SIGINT - this one may from the test worker - and asyncrl keeps it so.)
 signal.signal(signal.SIGINT, signal.default_int_handler)
-import asyncrl.runner
+import asyncrl.run.train
 from asyncrl.cli import main
 
 def interrupted_build(*args, **kwargs):
@@ -154,7 +154,7 @@ def interrupted_build(*args, **kwargs):
     raise AssertionError(f"the SIGINT did not interrupt the start: SIGINT's handler is "
                          f"{signal.getsignal(signal.SIGINT)!r}")
 
-asyncrl.runner.build_backends = interrupted_build
+asyncrl.run.train.build_backends = interrupted_build
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -246,7 +246,7 @@ def test_twenty_sigints_at_random_points_lose_nothing(tmp_path: Path, capsys) ->
 SLOW_WRAP_UP = r"""
 import asyncio, sys
 from asyncrl.cli import main
-from asyncrl.engines.local import LocalEngine
+from asyncrl.engines.local.engine import LocalEngine
 
 async def close(self):
     print("test: wrap-up began", file=sys.stderr, flush=True)

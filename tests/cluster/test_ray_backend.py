@@ -1,6 +1,6 @@
 """The Ray backend end to end: real actors on a local Ray instance, real worker deaths.
 
-Every test runs ``asyncrl.runner.train`` on a tiny config; the actors' start-up
+Every test runs ``asyncrl.run.train.train`` on a tiny config; the actors' start-up
 (a Python process importing torch and transformers each) is most of the time.
 """
 
@@ -15,7 +15,7 @@ import pytest
 from asyncrl.cluster import build_ray_backends
 from asyncrl.config import CustomEngineConfig, load_config
 from asyncrl.errors import RolloutWorkersLost, TrainerLost
-from asyncrl.runner import train
+from asyncrl.run.train import train
 from asyncrl.tasks import build_task
 from tests.cluster.conftest import Probe, tiny_config
 

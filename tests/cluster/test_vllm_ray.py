@@ -11,7 +11,7 @@ import pytest
 
 from asyncrl.cluster import build_ray_backends
 from asyncrl.config import ModelConfig
-from asyncrl.runner import train
+from asyncrl.run.train import train
 from asyncrl.tasks import build_task
 from tests.cluster.conftest import Probe, tiny_config
 from tests.vllm_support import VLLM_MODEL, wait_gone

@@ -380,7 +380,7 @@ def test_a_bug_while_aborting_stops_the_run_and_every_one_is_reported() -> None:
 
 # --------------------------------------------------------------- supervision
 def test_a_failing_background_task_of_a_backend_reaches_the_run() -> None:
-    from asyncrl import supervision
+    from asyncrl._util import supervision
 
     class SpawningEngine(FakeEngine):
         async def generate(self, request):

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.backends import build_local_backends
 from asyncrl.config import config_from_dict
 from asyncrl.controller import Controller, MemoryHistory
-from asyncrl.runner import train
+from asyncrl.run.backends import build_local_backends
+from asyncrl.run.train import train
 from asyncrl.tasks import build_task
 
 pytestmark = pytest.mark.e2e

@@ -65,7 +65,7 @@ def test_abort_stops_gracefully_with_a_checkpoint_and_the_run_resumes(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from asyncrl.checkpoint import load_latest
     from asyncrl.controller import partials
-    from asyncrl.runner import train
+    from asyncrl.run.train import train
 
     # The hung engine ignores the stop's abort as well: the stop waits out its
     # grace for the tokens (30 s; 1 s here, in real time), then cancels the group.

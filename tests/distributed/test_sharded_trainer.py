@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.policy import build_policy
+from asyncrl.policy.build import build_policy
 from asyncrl.tasks import build_task
 from asyncrl.trainers import GRPOTrainer
 from asyncrl.trainers.distributed import DistributedTrainer, build_local_trainer

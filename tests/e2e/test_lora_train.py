@@ -26,8 +26,8 @@ import torch
 
 from asyncrl.cli import main
 from asyncrl.config import load_config
-from asyncrl.engines.vllm_setup import descendants
-from asyncrl.policy import build_policy
+from asyncrl.engines.vllm.setup import descendants
+from asyncrl.policy.build import build_policy
 from asyncrl.tasks import build_task
 from tests.heavy import HEAVY
 

@@ -34,7 +34,7 @@ import psutil
 import pytest
 
 from asyncrl.cli import main
-from asyncrl.engines.vllm_setup import descendants
+from asyncrl.engines.vllm.setup import descendants
 from tests.e2e import vllm_runs
 from tests.e2e.vllm_runs import QUICKSTART, ROOT, SHARED, VLLM, SharedRuns
 from tests.vllm_support import tagged_env, tagged_processes, wait_gone
@@ -54,9 +54,9 @@ def test_a_synchronous_vllm_run_is_exact_on_a_pretrained_chat_model(
     """The workloads and vLLM together, on-policy: a local model with a chat
     template, a prompt file, a custom reward function scored in the reward pool;
     every token sampled with exactly the weights the trainer held."""
-    from asyncrl.backends import build_local_backends
     from asyncrl.config import load_config
-    from asyncrl.runner import train as run_train
+    from asyncrl.run.backends import build_local_backends
+    from asyncrl.run.train import train as run_train
     from asyncrl.tasks import build_task
     from tests.pretrained import (
         SUMS,

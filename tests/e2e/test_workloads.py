@@ -18,7 +18,7 @@ import torch
 
 from asyncrl.cli import main
 from asyncrl.config import load_config
-from asyncrl.policy import build_policy
+from asyncrl.policy.build import build_policy
 from asyncrl.tasks import build_task
 from tests.pretrained import (
     SUMS,
@@ -106,8 +106,8 @@ def test_dataset_example_learns_asynchronously_beyond_its_control(
 # ------------------------------------------------------- pretrained + chat
 def test_a_pretrained_chat_model_trains_on_a_dataset_with_a_custom_reward(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from asyncrl.backends import build_local_backends
-    from asyncrl.runner import train
+    from asyncrl.run.backends import build_local_backends
+    from asyncrl.run.train import train
 
     monkeypatch.syspath_prepend(str(ROOT / "tests" / "tasks"))
     import reward_fns
@@ -144,7 +144,7 @@ def test_a_pretrained_chat_model_trains_on_a_dataset_with_a_custom_reward(
 def test_the_gsm8k_style_example_runs_with_a_local_chat_model(tmp_path: Path) -> None:
     """The example's layout for real: a local model, GSM8K-format data, math_verify."""
     pytest.importorskip("math_verify")
-    from asyncrl.runner import train
+    from asyncrl.run.train import train
 
     model_dir = save_tiny_chat_model(tmp_path / "model")
     cfg = load_config(ROOT / "examples" / "gsm8k_style.yaml", [

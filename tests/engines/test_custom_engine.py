@@ -10,7 +10,7 @@ import pytest
 from asyncrl.config import load_config
 from asyncrl.engines.factory import check_engine_target
 from asyncrl.errors import ConfigError
-from asyncrl.runner import train
+from asyncrl.run.train import train
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "custom_engine.py"

@@ -20,11 +20,11 @@ import torch
 
 from asyncrl.config import GenerationConfig
 from asyncrl.engines import EngineOptions, RolloutEngine, sampling_logprobs
-from asyncrl.engines.local import LocalEngine
-from asyncrl.engines.vllm import VLLMEngine
-from asyncrl.engines.vllm_setup import descendants
+from asyncrl.engines.local.engine import LocalEngine
+from asyncrl.engines.vllm.inprocess import VLLMEngine
+from asyncrl.engines.vllm.setup import descendants
 from asyncrl.errors import BackendLost, PromptTooLong
-from asyncrl.policy import build_policy
+from asyncrl.policy.build import build_policy
 from asyncrl.tasks import build_task
 from asyncrl.trainers.grpo import GRPOTrainer
 from asyncrl.types import Completion, GenerationRequest, GroupAborted, GroupResult, Prompt

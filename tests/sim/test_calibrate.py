@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from asyncrl._util.jsonio import write_json
 from asyncrl.cli import main
 from asyncrl.config import RunConfig, config_from_dict, dump_config, load_config
 from asyncrl.controller import Controller
 from asyncrl.controller.ledger import MemoryHistory
 from asyncrl.errors import ConfigError
-from asyncrl.jsonio import write_json
 from asyncrl.metrics import MemorySink
 from asyncrl.sim.backends import SimEngine, SimTask, SimTrainer
 from asyncrl.sim.calibrate import calibrate, concurrency, fit_nonnegative, steps_per_s

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from asyncrl.backends import build_local_backends
 from asyncrl.config import ArithmeticTaskConfig, GRPOConfig, PolicyConfig, RunConfig
+from asyncrl.run.backends import build_local_backends
 from asyncrl.tasks import build_task
 from asyncrl.types import GenerationRequest, Rollout
 

@@ -8,7 +8,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from asyncrl._bounded import KEEP
+from asyncrl._util.bounded import KEEP
 from asyncrl.buffer import Slot
 
 #: Step records kept in memory (every one is in metrics.jsonl).

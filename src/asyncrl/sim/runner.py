@@ -22,11 +22,11 @@ from typing import Any
 
 from asyncrl.buffer import RolloutBuffer
 from asyncrl.config import RunConfig, SimulateConfig
+from asyncrl.config.sampler import CustomSamplerConfig
 from asyncrl.controller import Controller
 from asyncrl.errors import ConfigError
 from asyncrl.metrics import MemorySink
 from asyncrl.sampling import WINDOW_FIELD, create_sampler, parse_sampler_config
-from asyncrl.sampling.config import CustomSamplerConfig
 from asyncrl.sim.backends import SimEngine, SimTask, SimTrainer
 from asyncrl.sim.clock import LoopKind, run_virtual
 from asyncrl.sim.latency import LatencyModel, make_latency_model
