@@ -27,7 +27,7 @@ from asyncrl.tasks.base import Scorer, Task
 from asyncrl.types import GenerationRequest, Prompt
 
 if TYPE_CHECKING:
-    from asyncrl.config import EvalConfig
+    from asyncrl.config import EvalConfig, TaskConfig
     from asyncrl.policy.build import PolicyTokenizer
 
 log = logging.getLogger("asyncrl.eval")
@@ -104,7 +104,7 @@ class Evaluator:
 EVAL_SEED_OFFSET = 1_000_003
 
 
-def build_evaluation(ev: EvalConfig | None, task: Task, *, task_cfg: Any, seed: int,
+def build_evaluation(ev: EvalConfig | None, task: Task, *, task_cfg: TaskConfig, seed: int,
                      tokenizer: PolicyTokenizer) -> tuple[Task, Evaluator | None]:
     """The task to train on and the :class:`Evaluator` of the ``eval`` block
     ``ev`` (None without one), for ``task`` built from the ``task`` block
