@@ -126,16 +126,29 @@ def test_the_walk_leaves_a_component_s_own_blocks_alone(source: str) -> None:
 
 
 # ------------------------------------------------------------ the tokenizer
+#: A built-in task; a dataset whose prompts the policy's chat template formats,
+#: with held-out prompts evaluated (formatted by the same tokenizer).
+TASKS = {
+    "builtin": lambda data: ({"name": "arithmetic", "max_operand": 3, "operators": "+"}, None),
+    "chat_dataset": lambda data: (
+        {"name": "dataset", "path": str(data), "prompt_key": "question",
+         "template": "{question}=", "chat_template": True},
+        {"holdout": 3, "every_steps": 1, "num_prompts": 3}),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(TASKS))
 def test_a_run_reads_the_pretrained_tokenizer_once(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A built-in task on a pretrained policy: the checks, the policy built for
-    engine and trainer, and the final export all use one read of the tokenizer."""
+        kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pretrained policy: the checks, the chat template, the policy built for
+    engine and trainer, and the final export all use one read of its tokenizer."""
     transformers = pytest.importorskip("transformers")
     from asyncrl.config import config_from_dict
     from asyncrl.run.train import train
-    from tests.pretrained import save_tiny_chat_model
+    from tests.pretrained import save_tiny_chat_model, write_sums
 
     model_dir = save_tiny_chat_model(tmp_path / "model")
+    task, evaluation = TASKS[kind](write_sums(tmp_path / "sums.jsonl"))
     reads: list[Any] = []
     read = transformers.AutoTokenizer.from_pretrained
 
@@ -149,7 +162,8 @@ def test_a_run_reads_the_pretrained_tokenizer_once(
                  "max_num_steps": 1},
         "async_rl": {"max_buffered_rollouts": 4, "min_groups_for_streaming_train": 2,
                      "max_inflight_prompts": 4},
-        "task": {"name": "arithmetic", "max_operand": 3, "operators": "+"},
+        "task": task,
+        "eval": evaluation,
         "policy": {"model_name_or_path": str(model_dir), "generation": {"max_new_tokens": 2},
                    "num_threads": 1},
         "checkpoint": {"every_steps": 0},
@@ -157,4 +171,6 @@ def test_a_run_reads_the_pretrained_tokenizer_once(
     })
     summary = train(cfg, tmp_path / "run")
     assert summary["steps"] == 1 and (tmp_path / "run" / "final").is_dir()
+    if evaluation is not None:  # the held-out prompts were generated for
+        assert "eval/reward_mean" in (tmp_path / "run" / "metrics.jsonl").read_text()
     assert len(reads) == 1, reads
