@@ -17,7 +17,7 @@ from asyncrl.config import config_from_dict, load_config
 from asyncrl.controller.evaluation import build_evaluation
 from asyncrl.engines import LocalEngine
 from asyncrl.errors import ConfigError, PromptTooLong
-from asyncrl.policy.build import bind_task_tokenizer, build_policy, load_tokenizer
+from asyncrl.policy.build import PolicyTokenizer, bind_task_tokenizer, build_policy
 from asyncrl.policy.context_length import check_context, engine_context
 from asyncrl.run.preflight import preflight
 from asyncrl.tasks import build_task
@@ -43,9 +43,11 @@ def test_validate_refuses_a_completion_that_cannot_fit_with_the_numbers_and_the_
 
 def check(*overrides: str, tree: dict | None = None) -> dict:
     cfg = load_config(QUICKSTART, list(overrides)) if tree is None else config_from_dict(tree)
-    task, evaluator = build_evaluation(cfg)
-    bind_task_tokenizer(task, cfg.policy)
-    return check_context(cfg, task, load_tokenizer(cfg.policy, task), evaluator)
+    tokenizer = PolicyTokenizer(cfg.policy)
+    task, evaluator = build_evaluation(cfg.eval, build_task(cfg.task), task_cfg=cfg.task,
+                                       seed=cfg.seed, tokenizer=tokenizer)
+    bind_task_tokenizer(task, tokenizer)
+    return check_context(cfg.policy, task, tokenizer.get(task), evaluator)
 
 
 def test_a_config_that_fits_reports_its_context_and_longest_prompt() -> None:

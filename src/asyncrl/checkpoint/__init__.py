@@ -1,12 +1,7 @@
-"""Checkpoints with nothing lost, and resume."""
+"""Checkpoints with nothing lost: written during a run (:class:`CheckpointHook`),
+listed, verified and loaded (resuming a run is :mod:`asyncrl.run.resume`'s)."""
 
-from asyncrl.checkpoint.resume import (
-    IMMUTABLE,
-    CheckpointHook,
-    config_changes,
-    config_differences,
-    prepare_resume,
-)
+from asyncrl.checkpoint.hook import CheckpointHook
 from asyncrl.checkpoint.store import (
     LoadedCheckpoint,
     iter_checkpoints,
@@ -17,15 +12,11 @@ from asyncrl.checkpoint.store import (
 )
 
 __all__ = [
-    "IMMUTABLE",
     "CheckpointHook",
     "LoadedCheckpoint",
-    "config_changes",
-    "config_differences",
     "iter_checkpoints",
     "list_checkpoints",
     "load_latest",
-    "prepare_resume",
     "verify",
     "write_checkpoint",
 ]

@@ -20,7 +20,7 @@ from asyncrl.run.preflight import preflight
 
 if TYPE_CHECKING:
     from asyncrl.config import RunConfig
-    from asyncrl.tasks.base import Task
+    from asyncrl.run.preflight import Preflight
     from asyncrl.trainers.estimate import MemoryEstimate
 
 log = logging.getLogger("asyncrl.validate")
@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
     checked = preflight(cfg)
     facts = checked.facts
-    memory = None if args.no_memory else _estimate(cfg, checked.task)
+    memory = None if args.no_memory else _estimate(cfg, checked)
     if args.json:
         print(json.dumps({**facts, "memory": memory.as_dict() if memory else None}))
         return 0
@@ -98,13 +98,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _estimate(cfg: RunConfig, task: Task) -> MemoryEstimate | None:
-    """The estimate, or None (with a note) when it cannot be made: it informs,
-    it never refuses a config."""
+def _estimate(cfg: RunConfig, checked: Preflight) -> MemoryEstimate | None:
+    """The estimate (with the tokenizer the checks read), or None (with a note)
+    when it cannot be made: it informs, it never refuses a config."""
+    from asyncrl.run.options import trainer_options
     from asyncrl.trainers.estimate import estimate_step_memory
 
     try:
-        return estimate_step_memory(cfg, task)
+        return estimate_step_memory(cfg.policy, trainer_options(cfg),
+                                    checked.tokenizer.get(checked.task))
     except AsyncRLError:
         raise  # a config error: refused, like every other check
     except Exception as exc:  # an exotic model the dry run cannot trace

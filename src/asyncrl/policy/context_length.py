@@ -29,7 +29,7 @@ from asyncrl.errors import ConfigError, PromptTooLong
 from asyncrl.policy.prompt_lengths import LongestPrompt, longest_of, longest_prompt
 
 if TYPE_CHECKING:
-    from asyncrl.config import PolicyConfig, RunConfig
+    from asyncrl.config import PolicyConfig
     from asyncrl.tasks.tokenizer import Tokenizer
     from asyncrl.types import Prompt
 
@@ -115,15 +115,15 @@ def engine_context(policy: PolicyConfig) -> ContextLimit | None:
                         ceiling=model)
 
 
-def check_context(cfg: RunConfig, task: Any, tokenizer: Tokenizer,
+def check_context(policy: PolicyConfig, task: Any, tokenizer: Tokenizer,
                   evaluator: HeldOut | None = None) -> dict[str, Any]:
-    """Refuse a run whose longest prompt plus ``max_new_tokens`` does not fit the
-    engine's context (also for the held-out prompts); returns the facts
-    ``context_length`` and ``longest_prompt_tokens`` (None when unknown)."""
-    limit = engine_context(cfg.policy)
+    """Refuse a run whose longest prompt plus ``policy.generation.max_new_tokens``
+    does not fit the engine's context (also for the held-out prompts); returns the
+    facts ``context_length`` and ``longest_prompt_tokens`` (None when unknown)."""
+    limit = engine_context(policy)
     if limit is None:
         return {"context_length": None, "longest_prompt_tokens": None}
-    new_tokens = cfg.policy.generation.max_new_tokens
+    new_tokens = policy.generation.max_new_tokens
     longest = longest_prompt(task, tokenizer)
     _check_fits(longest, new_tokens, "policy.generation.max_new_tokens", limit,
                 data=getattr(getattr(task, "cfg", None), "path", None))

@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any
 from asyncrl.config import ConfigSource, resolve_config
 from asyncrl.controller import Controller
 from asyncrl.errors import UsageError
-from asyncrl.policy.build import load_tokenizer
 from asyncrl.rollouts import apply_rollout
 from asyncrl.run.backends import build_backends
 from asyncrl.run.preflight import preflight
@@ -117,14 +116,15 @@ async def build_controller(
         if checked.evaluator is not None:  # the checks built its reward pool
             _own(owned, checked.evaluator.scorer)
         if engines is None or trainer is None:
-            engines, trainer = build_backends(cfg, checked.task, work_dir=work_dir)
+            engines, trainer = build_backends(cfg, checked.task, work_dir=work_dir,
+                                              policy_tokenizer=checked.tokenizer)
             _own(owned, trainer)
             for engine in reversed(engines):  # the engines close before the trainer
                 _own(owned, engine)
         if cfg.task.rollout is not None:  # each group runs the task's rollout function
             # The wrappers close the engine they wrap: only the engines are owned.
             engines = apply_rollout(cfg.task.rollout, engines,
-                                    load_tokenizer(cfg.policy, checked.task))
+                                    checked.tokenizer.get(checked.task))
         if scorer is None:
             scorer = _own(owned, build_scorer(checked.task, cfg.task))
         yield Controller(

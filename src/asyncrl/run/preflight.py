@@ -38,11 +38,11 @@ from asyncrl.controller.validation import derived_facts, failure_warnings, valid
 from asyncrl.errors import AsyncRLError, ConfigError, require
 from asyncrl.metrics.wandb_sink import check_wandb
 from asyncrl.policy.build import (
+    PolicyTokenizer,
     bind_task_tokenizer,
     check_model_shape,
     check_prompts_encode,
     check_vocabulary,
-    load_tokenizer,
 )
 from asyncrl.policy.context_length import check_context
 from asyncrl.policy.devices import check_device
@@ -63,9 +63,12 @@ _WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin", "model*.bin")
 @dataclass(frozen=True)
 class Preflight:
     """What the checks found: the task they built (the training task, bound to the
-    policy's tokenizer), the evaluator of ``cfg.eval`` and the sampler's derived facts."""
+    policy's tokenizer), the evaluator of ``cfg.eval``, the sampler's derived facts,
+    and the policy's tokenizer, which the rest of the run gets from here (read at
+    most once per run)."""
 
     task: Task
+    tokenizer: PolicyTokenizer
     facts: dict[str, Any] = field(default_factory=dict)
     evaluator: Evaluator | None = None
 
@@ -100,27 +103,30 @@ def preflight(cfg: RunConfig, *, task: Task | None = None,
 
         engine_caps = EngineCapabilities.of(engine_class(cfg.policy))
     check_wandb(cfg.logging.wandb)
-    if builtin_backends:
-        check_trainer(cfg)  # trainer.strategy: fsdp - ranks, GPUs, collective backend
+    if builtin_backends:  # trainer.strategy: fsdp - ranks, GPUs, collective backend
+        check_trainer(cfg.trainer, device=cfg.policy.device, cluster=cfg.cluster)
     if task is None:
         task = _build_task(cfg)
+    # Read when first needed, then handed on: the whole run reads it once.
+    tokenizer = PolicyTokenizer(cfg.policy)
     # Held-out prompts (may leave records out of the training task), and the
     # chat template of a dataset task: its prompts need the policy's tokenizer.
-    task, evaluator = build_evaluation(cfg, task)
+    task, evaluator = build_evaluation(cfg.eval, task, task_cfg=cfg.task, seed=cfg.seed,
+                                       tokenizer=tokenizer)
     if cfg.task.rollout is not None:  # importable, an async def taking (prompt, session)
         load_rollout(cfg.task.rollout)
-    bind_task_tokenizer(task, cfg.policy)
+    bind_task_tokenizer(task, tokenizer)
     context: dict[str, Any] = {}
     # On Ray a pretrained model's files are the workers' (their engines check
     # every prompt at run time); a from-scratch shape is known everywhere.
     if builtin_backends and (cfg.cluster.backend == "local"
                              or cfg.policy.model_name_or_path is None):
-        tokenizer = load_tokenizer(cfg.policy, task)
+        tokens = tokenizer.get(task)
         # Every id the tokenizer makes has a row in the model's embedding, and
         # the tokenizer encodes the task's text (the answers too, for the task's own).
-        check_vocabulary(cfg.policy, tokenizer)
-        check_prompts_encode(task, cfg.policy, seed=cfg.seed)
-        context = check_context(cfg, task, tokenizer, evaluator)
+        check_vocabulary(cfg.policy, tokens)
+        check_prompts_encode(task, cfg.policy, tokens, seed=cfg.seed)
+        context = check_context(cfg.policy, task, tokens, evaluator)
     capacity = cfg.async_rl.max_buffered_rollouts
     sampler = create_sampler(RolloutBuffer(capacity), cfg.async_rl.sampler)
     validate_setup(sampler, cfg.grpo, cfg.async_rl, deterministic=cfg.deterministic)
@@ -130,11 +136,12 @@ def preflight(cfg: RunConfig, *, task: Task | None = None,
     facts["min_step_groups"] = cfg.async_rl.rollout_failure.step_floor(cfg.grpo.num_prompts_per_step)
     facts["warnings"] = failure_warnings(cfg.grpo, cfg.async_rl)
     facts["max_token_staleness"] = cfg.loss.max_token_staleness
-    facts["trainer"] = trainer_layout(cfg)
+    facts["trainer"] = trainer_layout(cfg.trainer, device=cfg.policy.device,
+                                      cluster_backend=cfg.cluster.backend)
     facts["engine"] = cfg.policy.engine
     facts["engine_capabilities"] = None if engine_caps is None else engine_caps.names()
     facts["rollout"] = describe_rollout(cfg.task.rollout)
-    return Preflight(task=task, facts=facts, evaluator=evaluator)
+    return Preflight(task=task, tokenizer=tokenizer, facts=facts, evaluator=evaluator)
 
 
 def _parse_device(device: str) -> Any:

@@ -32,14 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl._util.jsonio import write_json, write_text_atomic
-from asyncrl.checkpoint import (
-    CheckpointHook,
-    LoadedCheckpoint,
-    config_changes,
-    iter_checkpoints,
-    prepare_resume,
-)
-from asyncrl.checkpoint.resume import ENGINE_SNAPSHOTS
+from asyncrl.checkpoint import CheckpointHook, LoadedCheckpoint, iter_checkpoints
+from asyncrl.checkpoint.hook import ENGINE_SNAPSHOTS
 from asyncrl.checkpoint.store import list_checkpoints, set_aside_newer
 from asyncrl.config import RunConfig, config_from_dict, dump_config
 from asyncrl.config.strict_yaml import load_yaml
@@ -50,12 +44,13 @@ from asyncrl.errors import CheckpointError, ConfigError, add_note
 from asyncrl.metrics import JsonlSink, MetricsSink, TensorBoardSink
 from asyncrl.metrics.progress import progress_sink
 from asyncrl.metrics.report import write_plots
-from asyncrl.policy.build import load_tokenizer
+from asyncrl.policy.build import PolicyTokenizer
 from asyncrl.rollouts import apply_rollout
 from asyncrl.run.backends import build_backends
 from asyncrl.run.export import export_final
 from asyncrl.run.lock import run_dir_lock
 from asyncrl.run.preflight import preflight
+from asyncrl.run.resume import config_changes, prepare_resume
 from asyncrl.run.rundir import check_run_dir, fork_run_dir, prepare_run_dir, truncate_metrics
 from asyncrl.run.signals import GracefulStop, Terminated, sigterm_as_interrupt
 from asyncrl.tasks import Task, build_scorer
@@ -107,12 +102,11 @@ def train(
             try:
                 if fresh:  # a new run, or a fork of ``resume`` into a run directory of its own
                     prepare_run_dir(run_dir, overwrite=overwrite)  # checked again, under the lock
-                engines, trainer = (backends if backends is not None
-                                    else build_backends(cfg, task, work_dir=run_dir))
+                engines, trainer = (backends if backends is not None else build_backends(
+                    cfg, task, work_dir=run_dir, policy_tokenizer=checked.tokenizer))
                 if cfg.task.rollout is not None:  # each group runs the task's rollout function
-                    engines = apply_rollout(cfg.task.rollout, engines,
-                                            load_tokenizer(cfg.policy, task))
-                run = _Run(cfg, run_dir, task, engines, trainer, evaluator)
+                    engines = apply_rollout(cfg.task.rollout, engines, checked.tokenizer.get(task))
+                run = _Run(cfg, run_dir, task, engines, trainer, evaluator, checked.tokenizer)
                 try:
                     snapshots = None
                     if resume is not None:
@@ -142,9 +136,10 @@ class _Run:
 
     def __init__(self, cfg: RunConfig, run_dir: Path, task: Task,
                  engines: Sequence[RolloutEngine], trainer: Trainer,
-                 evaluator: Evaluator | None) -> None:
+                 evaluator: Evaluator | None, tokenizer: PolicyTokenizer) -> None:
         self.cfg, self.run_dir, self.task = cfg, run_dir, task
         self.engines, self.trainer, self.evaluator = engines, trainer, evaluator
+        self.tokenizer = tokenizer
         self.scorer = build_scorer(task, cfg.task)
         self.controller: Controller | None = None
         self.stop: GracefulStop | None = None
@@ -181,7 +176,8 @@ class _Run:
         self.controller = Controller(
             task=self.task, engines=self.engines, trainer=self.trainer, grpo=cfg.grpo,
             async_rl=cfg.async_rl, seed=cfg.seed, deterministic=cfg.deterministic, sinks=sinks,
-            on_step_end=CheckpointHook(run_dir, cfg), ledger_history=history,
+            on_step_end=CheckpointHook(run_dir, cfg.checkpoint, dump_config(cfg)),
+            ledger_history=history,
             scorer=self.scorer, evaluator=self.evaluator,
         )
         if resume is not None:
@@ -236,7 +232,7 @@ class _Run:
             try:
                 if not self.stop.forced:  # the final policy, unless asked to stop at once
                     self.final_dir = await export_final(self.run_dir, self.cfg, self.trainer,
-                                                        self.task)
+                                                        self.task, self.tokenizer)
                 # The engines close under the loop's handlers too: the loop wakes on a
                 # signal whichever thread the kernel hands it to (asyncio watches a
                 # wakeup fd), where a Python handler would wait for the main thread

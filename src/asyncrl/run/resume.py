@@ -1,0 +1,128 @@
+"""Preparing ``asyncrl train --resume RUN_DIR``: the newest valid checkpoint and the
+config to continue with, refused when a setting that shapes the checkpoint's
+state changed (:func:`asyncrl.run.train.resume_run` runs it; the checkpoints
+are written by :class:`asyncrl.checkpoint.CheckpointHook`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from asyncrl.checkpoint.store import LoadedCheckpoint, load_latest
+from asyncrl.config import RunConfig, apply_overrides, config_from_dict
+from asyncrl.config.strict_yaml import load_yaml
+from asyncrl.errors import CheckpointError, ConfigError
+
+#: Config paths that cannot change under a resumed run: they shape the ledger,
+#: the stamps already given, the buffer contents or the model's parameters.
+IMMUTABLE = (
+    "seed",
+    "deterministic",
+    "grpo.num_prompts_per_step",
+    "grpo.num_generations_per_prompt",
+    "async_rl.sampler",
+    "task",
+    "policy.model",
+    "policy.model_name_or_path",
+    "policy.lora",
+    "cluster.backend",
+)
+#: Blocks inside an IMMUTABLE one that may change all the same. The reward
+#: (its target, arguments and pool): it scores the completions still to come;
+#: the rewards of groups already scored stay in the checkpoint. "Fix the reward,
+#: then resume" may mean pointing at another function.
+MUTABLE_INSIDE = ("task.reward",)
+
+
+def _get(tree: dict[str, Any], dotted: str) -> Any:
+    node: Any = tree
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def config_differences(old: RunConfig, new: RunConfig) -> list[str]:
+    """Immutable settings that differ, as ``path: old -> new`` lines: in a block
+    (``task``, ``policy.model``, ...) the keys that changed, not the whole block."""
+    a, b = old.model_dump(mode="json"), new.model_dump(mode="json")
+    lines = []
+    for path in IMMUTABLE:
+        before, after = _get(a, path), _get(b, path)
+        if before == after:
+            continue
+        if isinstance(before, dict) or isinstance(after, dict):
+            flat_a = _flat(before, path + ".") if isinstance(before, dict) else {path: before}
+            flat_b = _flat(after, path + ".") if isinstance(after, dict) else {path: after}
+            lines.extend(f"{k}: {flat_a.get(k)!r} -> {flat_b.get(k)!r}"
+                         for k in sorted(flat_a.keys() | flat_b.keys())
+                         if flat_a.get(k) != flat_b.get(k) and not _mutable(k))
+        else:
+            lines.append(f"{path}: {before!r} -> {after!r}")
+    return lines
+
+
+def _mutable(path: str) -> bool:
+    return any(path == m or path.startswith(m + ".") for m in MUTABLE_INSIDE)
+
+
+def config_changes(old: RunConfig, new: RunConfig) -> list[str]:
+    """Every setting that differs, as ``path: old -> new`` lines."""
+    a, b = _flat(old.model_dump(mode="json")), _flat(new.model_dump(mode="json"))
+    return [f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(a.keys() | b.keys())
+            if a.get(k) != b.get(k)]
+
+
+def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(_flat(value, path + "."))
+        else:
+            out[path] = value
+    return out
+
+
+def prepare_resume(run_dir: str | Path, overrides: list[str]) -> tuple[RunConfig, LoadedCheckpoint]:
+    """Load the newest valid checkpoint and the config to continue with.
+
+    The config is the run directory's ``config.yaml`` (the one the run last
+    started with, or as the user edited it since) with ``overrides`` on top; when
+    that file is missing, the checkpoint's own copy. Settings in
+    :data:`IMMUTABLE` must equal the checkpoint's, or resuming is refused with
+    the differences named.
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise CheckpointError(f"--resume {run_dir}: no such run directory")
+    ckpt = load_latest(run_dir)
+    saved = config_from_dict(_mapping(ckpt.config_yaml, f"{ckpt.path}/config.yaml"),
+                             source=f"{ckpt.path}/config.yaml")
+    edited = run_dir / "config.yaml"
+    if edited.is_file():
+        source, text = str(edited), edited.read_text()
+    else:
+        source, text = f"{ckpt.path}/config.yaml", ckpt.config_yaml
+    tree = apply_overrides(_mapping(text, source), list(overrides))
+    cfg = config_from_dict(tree, source=source, overrides=list(overrides))
+    diffs = config_differences(saved, cfg)
+    if diffs:
+        raise CheckpointError(
+            f"cannot resume with these settings changed (in {source} or the command-line "
+            "overrides) from the checkpoint's: they shape the buffer, the stamps or the model "
+            "the checkpoint holds:\n  " + "\n  ".join(diffs)
+            + "\nStart a new run to change them; max_num_steps, logging and checkpoint settings, "
+            "the optimizer's and the reward (task.reward) may change on resume"
+        )
+    return cfg, ckpt
+
+
+def _mapping(text: str, source: str) -> dict[str, Any]:
+    tree = load_yaml(text, source)
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{source}: expected the run's config (a mapping of blocks), got "
+                          f"{type(tree).__name__}; restore it, or delete it to resume with the "
+                          "checkpoint's own config")
+    return tree
