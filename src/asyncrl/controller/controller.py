@@ -60,6 +60,7 @@ from asyncrl.sampling import PromptGroupSampler, create_sampler
 from asyncrl.tasks.base import PromptSource, Scorer, Task
 from asyncrl.tasks.rewards import build_scorer
 from asyncrl.trainers.base import Trainer
+from asyncrl.trainers.capabilities import TrainerCapabilities
 from asyncrl.types import rollout_from_dict, rollout_to_dict
 from asyncrl.version import TrainerVersion
 
@@ -117,6 +118,8 @@ class Controller:
         #: Each engine's optional capabilities, read here once (asyncrl.engines.capabilities).
         self.capabilities = [EngineCapabilities.of(e) for e in self.engines]
         self.trainer = trainer
+        #: The trainer's optional capabilities, read here once (asyncrl.trainers.capabilities).
+        self.trainer_capabilities = TrainerCapabilities.of(trainer)
         self.grpo = grpo
         self.cfg = async_rl
         self.seed = seed

@@ -28,13 +28,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
 from asyncrl.config import ModelConfig, PolicyConfig
 from asyncrl.errors import ConfigError, require
 from asyncrl.policy.devices import check_device, policy_dtype
+from asyncrl.tasks.capabilities import (
+    BindsTokenizer,
+    ChoosesBinding,
+    TaskCapabilities,
+    own_tokenizer,
+)
 from asyncrl.tasks.tokenizer import CharTokenizer, Tokenizer
 
 if TYPE_CHECKING:
@@ -93,7 +99,7 @@ def build_policy(
     if cfg.model_name_or_path is not None:
         return _load_pretrained(transformers, cfg)
 
-    tokenizer = getattr(task, "tokenizer", None) or CharTokenizer()
+    tokenizer = own_tokenizer(task) or CharTokenizer()
     m = cfg.model
     check_model_shape(m, tokenizer.vocab_size)
     # transformers initialises weights from torch's global RNG; fork it so that
@@ -174,7 +180,7 @@ def model_skeleton(cfg: PolicyConfig, tokenizer: Tokenizer) -> torch.nn.Module:
 def load_tokenizer(cfg: PolicyConfig, task: Task | None = None) -> Tokenizer:
     """The tokenizer :func:`build_policy` would use, without building the model."""
     if cfg.model_name_or_path is None:
-        return getattr(task, "tokenizer", None) or CharTokenizer()
+        return own_tokenizer(task) or CharTokenizer()
     transformers = require("transformers", "hf", "loading the policy's tokenizer")
     path = _pretrained_dir(cfg)
     return HFTokenizer(_from_pretrained(transformers.AutoTokenizer, path))
@@ -283,11 +289,14 @@ def _pretrained_vocab_size(cfg: PolicyConfig) -> int | None:
 def bind_task_tokenizer(task: Task, cfg: PolicyConfig) -> None:
     """Give a task that formats prompts with the policy's tokenizer (a dataset
     task with ``chat_template: true``) that tokenizer, before any prompt is drawn."""
-    bind = getattr(task, "bind_tokenizer", None)
+    caps = TaskCapabilities.of(task)
+    if not caps.bind_tokenizer:
+        return
     # Only a task that formats prompts with it (chat_template) gets the tokenizer:
     # loading one needs the model directory, which a Ray driver may not have.
-    if bind is not None and getattr(task, "needs_policy_tokenizer", True):
-        bind(load_tokenizer(cfg, task))
+    if caps.needs_policy_tokenizer and not cast(ChoosesBinding, task).needs_policy_tokenizer:
+        return
+    cast(BindsTokenizer, task).bind_tokenizer(load_tokenizer(cfg, task))
 
 
 def _pretrained_dir(cfg: PolicyConfig) -> Path:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from asyncrl.errors import ConfigError, PromptTooLong
 from asyncrl.policy.prompt_lengths import LongestPrompt, longest_of, longest_prompt
+from asyncrl.tasks.capabilities import records_path
 
 if TYPE_CHECKING:
     from asyncrl.config import PolicyConfig, RunConfig
@@ -126,7 +127,7 @@ def check_context(cfg: RunConfig, task: Any, tokenizer: Tokenizer,
     new_tokens = cfg.policy.generation.max_new_tokens
     longest = longest_prompt(task, tokenizer)
     _check_fits(longest, new_tokens, "policy.generation.max_new_tokens", limit,
-                data=getattr(getattr(task, "cfg", None), "path", None))
+                data=records_path(task))
     if evaluator is not None:
         texts = [p.text for p in evaluator.prompts]
         found = longest_of(texts, tokenizer)

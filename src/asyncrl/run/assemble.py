@@ -112,7 +112,11 @@ async def build_controller(
     """
     cfg = resolve_config(config, overrides)
     _both_or_neither(engines, trainer, "build_controller")
-    checked = preflight(cfg, task=task, builtin_backends=engines is None)
+    checked = preflight(cfg, task=task,
+                        backends=None if engines is None or trainer is None
+                        else (engines, trainer))
+    for warning in checked.facts["warnings"]:  # as asyncrl train logs them
+        log.warning("%s", warning)
     async with contextlib.AsyncExitStack() as owned:  # closed in the reverse order
         if checked.evaluator is not None:  # the checks built its reward pool
             _own(owned, checked.evaluator.scorer)

@@ -18,6 +18,10 @@ model weights are built or loaded.
   model's context (:mod:`asyncrl.policy.context_length`);
 * ``logging.wandb``: wandb installed and, online, logged in;
 * the trainer layout (``trainer``): GPUs for every rank, the collective backend;
+* the protocols: the task, the trainer and the engines have their required
+  members; their optional capabilities are listed, and a public attribute that
+  looks like an optional member misspelled is warned about
+  (:mod:`asyncrl.run.protocols`);
 * the sampler, built as the controller builds it (a ``custom`` one included),
   and its derived facts: plausible values, a buffer large enough, a pinned
   weight version in deterministic mode (:func:`~asyncrl.controller.validation.validate_setup`).
@@ -48,11 +52,14 @@ from asyncrl.policy.context_length import check_context
 from asyncrl.policy.devices import check_device
 from asyncrl.rollouts.target import describe as describe_rollout
 from asyncrl.rollouts.target import load_rollout
+from asyncrl.run.protocols import RunProtocols, check_members
 from asyncrl.sampling import create_sampler
+from asyncrl.tasks.capabilities import TaskCapabilities
 from asyncrl.trainers.distributed.checks import check_trainer, trainer_layout
 
 if TYPE_CHECKING:
     from asyncrl.config import PolicyConfig, RunConfig
+    from asyncrl.run.protocols import Backends
     from asyncrl.tasks.base import Task
 
 #: Files a tokenizer written by ``save_pretrained`` has at least one of.
@@ -71,13 +78,14 @@ class Preflight:
 
 
 def preflight(cfg: RunConfig, *, task: Task | None = None,
-              builtin_backends: bool = True) -> Preflight:
+              backends: Backends | None = None) -> Preflight:
     """Run every pre-run check on ``cfg``; raise a :class:`ConfigError` naming the fix.
 
-    ``task``: a task the caller built itself (not built again). ``builtin_backends``:
-    False when the caller brings its own engines and trainer, whose device and
-    model are then theirs to check.
+    ``task``: a task the caller built itself (not built again). ``backends``: the
+    engines and the trainer the caller brings (None: the built-in ones ``cfg``
+    names), whose device and model are then theirs to check.
     """
+    builtin_backends = backends is None
     if builtin_backends and cfg.cluster.backend == "local":
         check_device(cfg.policy.device)
         if cfg.policy.engine_device is not None:
@@ -93,17 +101,14 @@ def preflight(cfg: RunConfig, *, task: Task | None = None,
             cfg.policy.vllm_server.read_key()
     elif builtin_backends:
         _parse_device(cfg.policy.device)
-    engine_caps = None
-    if builtin_backends:  # the engine class imports, takes its keys, has every member
-        from asyncrl.engines.capabilities import EngineCapabilities
-        from asyncrl.engines.factory import engine_class
-
-        engine_caps = EngineCapabilities.of(engine_class(cfg.policy))
+    # The engine and trainer classes import; a custom one takes its keys, has every member.
+    protocols = RunProtocols.of(cfg, backends)
     check_wandb(cfg.logging.wandb)
     if builtin_backends:
         check_trainer(cfg)  # trainer.strategy: fsdp - ranks, GPUs, collective backend
     if task is None:
         task = _build_task(cfg)
+    check_members(task, TaskCapabilities, "task")
     # Held-out prompts (may leave records out of the training task), and the
     # chat template of a dataset task: its prompts need the policy's tokenizer.
     task, evaluator = build_evaluation(cfg, task)
@@ -128,11 +133,12 @@ def preflight(cfg: RunConfig, *, task: Task | None = None,
     facts["max_buffered_rollouts"] = capacity
     facts.update(context)
     facts["min_step_groups"] = cfg.async_rl.rollout_failure.step_floor(cfg.grpo.num_prompts_per_step)
-    facts["warnings"] = failure_warnings(cfg.grpo, cfg.async_rl)
+    facts["warnings"] = [*failure_warnings(cfg.grpo, cfg.async_rl),
+                         *protocols.misspellings(task)]
     facts["max_token_staleness"] = cfg.loss.max_token_staleness
     facts["trainer"] = trainer_layout(cfg)
     facts["engine"] = cfg.policy.engine
-    facts["engine_capabilities"] = None if engine_caps is None else engine_caps.names()
+    facts.update(protocols.facts(task))
     facts["rollout"] = describe_rollout(cfg.task.rollout)
     return Preflight(task=task, facts=facts, evaluator=evaluator)
 

@@ -98,7 +98,7 @@ def train(
         fresh = home is None or (run_dir is not None and Path(run_dir).resolve() != home.resolve())
         run_dir = check_run_dir(run_dir, overwrite=overwrite) if fresh else home
         # Every pre-run check, before anything is written (asyncrl validate runs the same).
-        checked = preflight(cfg, task=task, builtin_backends=backends is None)
+        checked = preflight(cfg, task=task, backends=backends)
         task, evaluator = checked.task, checked.evaluator
         for warning in checked.facts.get("warnings", ()):
             log.warning("%s", warning)
@@ -347,7 +347,7 @@ def _restore(cfg: RunConfig, task: Task, engines: Sequence[RolloutEngine], train
 def finish_run_dir(run_dir: Path, controller: Controller, task: Task, cfg: RunConfig,
                    summary: dict[str, Any], *, plots: bool = True) -> dict[str, Any]:
     """Write summary.json, timeline.json, the pending groups' ledger lines and the plots."""
-    target = getattr(task, "target_reward", None)
+    target = task.target_reward  # a required member (the pre-run checks refuse a task without)
     summary["target_reward"] = target
     last10 = summary.get("reward_last10_mean")
     summary["reached_target"] = bool(
