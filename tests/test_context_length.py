@@ -16,6 +16,7 @@ from asyncrl.cli import main
 from asyncrl.config import config_from_dict, load_config
 from asyncrl.controller.evaluation import build_evaluation
 from asyncrl.engines import LocalEngine
+from asyncrl.engines.specs import context_cap
 from asyncrl.errors import ConfigError, PromptTooLong
 from asyncrl.policy.build import bind_task_tokenizer, build_policy, load_tokenizer
 from asyncrl.policy.context_length import check_context, engine_context
@@ -45,7 +46,8 @@ def check(*overrides: str, tree: dict | None = None) -> dict:
     cfg = load_config(QUICKSTART, list(overrides)) if tree is None else config_from_dict(tree)
     task, evaluator = build_evaluation(cfg)
     bind_task_tokenizer(task, cfg.policy)
-    return check_context(cfg, task, load_tokenizer(cfg.policy, task), evaluator)
+    return check_context(cfg, task, load_tokenizer(cfg.policy, task), evaluator,
+                         cap=context_cap(cfg.policy))
 
 
 def test_a_config_that_fits_reports_its_context_and_longest_prompt() -> None:
@@ -71,7 +73,7 @@ def test_vllm_max_model_len_is_the_context_and_may_not_exceed_the_model() -> Non
                                           r"policy.vllm.max_model_len to 70 or more"):
         check(*vllm, "policy.vllm.max_model_len=32", "policy.generation.max_new_tokens=65")
     cfg = load_config(QUICKSTART, [*vllm, "policy.vllm.max_model_len=32"])
-    assert engine_context(cfg.policy).tokens == 32
+    assert engine_context(cfg.policy, context_cap(cfg.policy)).tokens == 32
 
 
 def write_words(path: Path, longest: str) -> Path:

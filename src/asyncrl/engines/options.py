@@ -34,8 +34,10 @@ class EngineOptions:
     @classmethod
     def of(cls, cfg: RunConfig, work_dir: str | Path | None = None) -> EngineOptions:
         """The options a run config implies (its one place that reads the whole run)."""
-        vllm = cfg.policy.engine in ("vllm", "vllm_server")
-        vllm_seed = cfg.policy.vllm.seed if vllm else None
+        from asyncrl.engines.specs import engine_spec
+
+        reads_vllm = engine_spec(cfg.policy).reads_vllm_block
+        vllm_seed = cfg.policy.vllm.seed if reads_vllm else None
         return cls(
             seed=cfg.seed if vllm_seed is None else vllm_seed,
             pin_versions=cfg.deterministic,

@@ -97,9 +97,10 @@ def _engine(cfg: RunConfig, model: Any, tokenizer: Any, work_dir: str | Path | N
     updates ``model``, so the engine (which generates concurrently) gets a copy."""
     from asyncrl.engines.capabilities import EngineCapabilities
     from asyncrl.engines.factory import EngineOptions, build_engine
+    from asyncrl.engines.specs import engine_spec
 
-    # vLLM (in process or servers) only saves the model for its own processes: no copy needed.
-    copied = shared and cfg.policy.engine not in ("vllm", "vllm_server")
+    # An engine that loads a saved copy into its own processes (vLLM) needs no copy.
+    copied = shared and engine_spec(cfg.policy).uses_given_model
     engine = build_engine(cfg.policy, EngineOptions.of(cfg, work_dir),
                           model=copy.deepcopy(model) if copied else model, tokenizer=tokenizer)
     # Weights go straight to the engine's device (on a GPU, never through the

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from asyncrl.buffer import RolloutBuffer
 from asyncrl.controller.evaluation import Evaluator, build_evaluation
 from asyncrl.controller.validation import derived_facts, failure_warnings, validate_setup
+from asyncrl.engines.specs import context_cap, engine_spec
 from asyncrl.errors import AsyncRLError, ConfigError, require
 from asyncrl.metrics.wandb_sink import check_wandb
 from asyncrl.policy.build import (
@@ -91,14 +92,10 @@ def preflight(cfg: RunConfig, *, task: Task | None = None,
         if cfg.policy.engine_device is not None:
             check_device(cfg.policy.engine_device, "policy.engine_device")
         check_model_source(cfg.policy)
-        # vLLM installed, engine_args, head sizes (also for the servers vllm_server starts)
-        if cfg.policy.engine == "vllm" or (cfg.policy.engine == "vllm_server"
-                                           and cfg.policy.vllm_server.launches):
-            from asyncrl.engines.vllm.setup import check_config
-
-            check_config(cfg.policy)
-        if cfg.policy.engine == "vllm_server":  # the key of servers given by URL is there
-            cfg.policy.vllm_server.read_key()
+        # The engine kind's own: vLLM installed, engine_args, head sizes, a server key
+        check_engine = engine_spec(cfg.policy).check
+        if check_engine is not None:
+            check_engine(cfg.policy)
     elif builtin_backends:
         _parse_device(cfg.policy.device)
     # The engine and trainer classes import; a custom one takes its keys, has every member.
@@ -125,7 +122,7 @@ def preflight(cfg: RunConfig, *, task: Task | None = None,
         # the tokenizer encodes the task's text (the answers too, for the task's own).
         check_vocabulary(cfg.policy, tokenizer)
         check_prompts_encode(task, cfg.policy, seed=cfg.seed)
-        context = check_context(cfg, task, tokenizer, evaluator)
+        context = check_context(cfg, task, tokenizer, evaluator, cap=context_cap(cfg.policy))
     capacity = cfg.async_rl.max_buffered_rollouts
     sampler = create_sampler(RolloutBuffer(capacity), cfg.async_rl.sampler)
     validate_setup(sampler, cfg.grpo, cfg.async_rl, deterministic=cfg.deterministic)
