@@ -61,7 +61,7 @@ from asyncrl.tasks.base import PromptSource, Scorer, Task
 from asyncrl.tasks.rewards import build_scorer
 from asyncrl.trainers.base import Trainer
 from asyncrl.trainers.capabilities import TrainerCapabilities
-from asyncrl.types import rollout_from_dict, rollout_to_dict
+from asyncrl.types import StopReason, rollout_from_dict, rollout_to_dict
 from asyncrl.version import TrainerVersion
 
 log = logging.getLogger("asyncrl.controller")
@@ -77,7 +77,7 @@ STATE_FORMAT = 3
 class RunResult:
     summary: dict[str, Any]
     steps: int
-    stop_reason: str
+    stop_reason: StopReason | str
 
 
 class Controller:
@@ -197,7 +197,9 @@ class Controller:
         return list(self.ctx.stats.records)
 
     @property
-    def stop_reason(self) -> str:
+    def stop_reason(self) -> StopReason | str:
+        """Why the run stopped: a :class:`~asyncrl.types.StopReason`, or the
+        caller's own reason given to :meth:`request_stop`."""
         return self.train_pump.stop_reason
 
     @property
@@ -247,15 +249,15 @@ class Controller:
                                           self.capabilities)
                 self.dispatcher.cancel()
             if ctx.fatal:
-                self.train_pump.stop_reason = "error"
+                self.train_pump.stop_reason = StopReason.ERROR
             self.stopped_at_safe_point = True
         except BaseExceptionGroup as group:
             broken = True
-            self.train_pump.stop_reason = "error"
+            self.train_pump.stop_reason = StopReason.ERROR
             raise _reported([*_causes(group), *ctx.fatal], ctx.fatal_repeats) from None
         except asyncio.CancelledError:
             broken = True
-            self.train_pump.stop_reason = "cancelled"
+            self.train_pump.stop_reason = StopReason.CANCELLED
             raise
         finally:
             supervision.uninstall(token)
@@ -271,7 +273,7 @@ class Controller:
         the train pump at its next safe point."""
         self.dispatcher.stop_dispatching()
         text = str(error).strip().splitlines()
-        self.train_pump.request_stop("error", f"{type(error).__name__}: "
+        self.train_pump.request_stop(StopReason.ERROR, f"{type(error).__name__}: "
                                               f"{text[0] if text else ''}")
 
     def _background_failed(self, error: BaseException, name: str) -> None:
@@ -281,7 +283,8 @@ class Controller:
         bug.__cause__ = error
         self.ctx.fail(bug)
 
-    def request_stop(self, reason: str = "stopped", message: str = "") -> None:
+    def request_stop(self, reason: StopReason | str = StopReason.STOPPED,
+                     message: str = "") -> None:
         """Stop gracefully: the train pump stops at its next safe point (between
         trainer calls); an unfinished step is abandoned and its groups stay
         pending; nothing more is dispatched. :meth:`run` then returns, and
@@ -396,7 +399,7 @@ class Controller:
         return {
             "steps": self.steps_done,
             "trainer_version": self.version.value,
-            "stop_reason": self.stop_reason,
+            "stop_reason": str(self.stop_reason),  # the plain value, as JSON writes it
             "stop_message": self.stop_message,
             "sampler": type(self.sampler).__name__,
             "is_on_policy": bool(self.sampler.is_on_policy),

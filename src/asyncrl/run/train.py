@@ -60,14 +60,16 @@ from asyncrl.run.rundir import check_run_dir, fork_run_dir, prepare_run_dir, tru
 from asyncrl.run.signals import GracefulStop, Terminated, sigterm_as_interrupt
 from asyncrl.tasks import Task, build_scorer
 from asyncrl.trainers.base import Trainer
+from asyncrl.types import StopReason
 
 log = logging.getLogger("asyncrl.runner")
 
 #: Stop reasons after which the run's state is whole and worth a final checkpoint.
-CHECKPOINTED_ENDS = ("max_num_steps", "source_exhausted", "incomplete_step",
-                     "interrupted", "terminated", "stalled")
+CHECKPOINTED_ENDS = (StopReason.MAX_NUM_STEPS, StopReason.SOURCE_EXHAUSTED,
+                     StopReason.INCOMPLETE_STEP, StopReason.INTERRUPTED, StopReason.TERMINATED,
+                     StopReason.STALLED)
 #: Stop reasons whose summary carries the command that resumes the run.
-RESUMABLE_ENDS = ("interrupted", "terminated", "stalled")
+RESUMABLE_ENDS = (StopReason.INTERRUPTED, StopReason.TERMINATED, StopReason.STALLED)
 
 
 def train(
@@ -292,8 +294,8 @@ class _Run:
         # backends shut down) is written here.
         if forced is not None:
             first = stop.reason if stop is not None else None
-            summary["stop_reason"] = first or (
-                "terminated" if isinstance(forced, Terminated) else "interrupted")
+            summary["stop_reason"] = str(first or (
+                StopReason.TERMINATED if isinstance(forced, Terminated) else StopReason.INTERRUPTED))
             summary["stop_message"] = ("stopped at once on a second signal" if first
                                        else "stopped at once by a signal outside the run's "
                                             "event loop")
