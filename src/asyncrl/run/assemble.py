@@ -26,7 +26,7 @@ from asyncrl.controller import Controller
 from asyncrl.errors import UsageError
 from asyncrl.policy.build import load_tokenizer
 from asyncrl.rollouts import apply_rollout
-from asyncrl.run.backends import build_backends
+from asyncrl.run.backends import build_backends, own_backend
 from asyncrl.run.preflight import preflight
 from asyncrl.run.train import train as run_train
 from asyncrl.tasks import build_scorer
@@ -119,18 +119,18 @@ async def build_controller(
         log.warning("%s", warning)
     async with contextlib.AsyncExitStack() as owned:  # closed in the reverse order
         if checked.evaluator is not None:  # the checks built its reward pool
-            _own(owned, checked.evaluator.scorer)
+            own_backend(owned, checked.evaluator.scorer)
         if engines is None or trainer is None:
             engines, trainer = build_backends(cfg, checked.task, work_dir=work_dir)
-            _own(owned, trainer)
+            own_backend(owned, trainer)
             for engine in reversed(engines):  # the engines close before the trainer
-                _own(owned, engine)
+                own_backend(owned, engine)
         if cfg.task.rollout is not None:  # each group runs the task's rollout function
             # The wrappers close the engine they wrap: only the engines are owned.
             engines = apply_rollout(cfg.task.rollout, engines,
                                     load_tokenizer(cfg.policy, checked.task))
         if scorer is None:
-            scorer = _own(owned, build_scorer(checked.task, cfg.task))
+            scorer = own_backend(owned, build_scorer(checked.task, cfg.task))
         yield Controller(
             task=checked.task, engines=engines, trainer=trainer, grpo=cfg.grpo,
             async_rl=cfg.async_rl, seed=cfg.seed, deterministic=cfg.deterministic,
@@ -138,20 +138,6 @@ async def build_controller(
             evaluator=evaluator if evaluator is not None else checked.evaluator,
             ledger_history=ledger_history, buffer=buffer, sampler=sampler, prompts=prompts,
         )
-
-
-def _own(stack: contextlib.AsyncExitStack, backend: Any) -> Any:
-    """``backend`` is closed when ``stack`` unwinds; a failing close is logged, so
-    that it never hides how the block ended (as ``asyncrl train`` closes its own)."""
-
-    async def close() -> None:
-        try:
-            await backend.close()
-        except Exception as exc:
-            log.warning("closing %s failed: %r", type(backend).__name__, exc)
-
-    stack.push_async_callback(close)
-    return backend
 
 
 def _both_or_neither(engines: Any, trainer: Any, entry: str) -> None:

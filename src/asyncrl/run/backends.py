@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,24 @@ if TYPE_CHECKING:
     from asyncrl.tasks.base import Task
     from asyncrl.trainers.base import Trainer
     from asyncrl.trainers.grpo import GRPOTrainer
+
+log = logging.getLogger("asyncrl.runner")
+
+
+def own_backend(stack: contextlib.AsyncExitStack, backend: Any) -> Any:
+    """``backend`` (an engine, a trainer, a reward pool: anything with ``async
+    close()``) is closed when ``stack`` unwinds, on every path: after a failing
+    or cancelled close before it too. A close that fails is logged, so that it
+    never hides how the run ended."""
+
+    async def close() -> None:
+        try:
+            await backend.close()
+        except Exception as exc:
+            log.warning("closing %s failed: %r", type(backend).__name__, exc)
+
+    stack.push_async_callback(close)
+    return backend
 
 
 def build_backends(

@@ -49,7 +49,7 @@ class GracefulStop:
         self._previous: dict[signal.Signals, Any] = {}
 
     @property
-    def reason(self) -> str | None:
+    def reason(self) -> StopReason | None:
         """``interrupted`` / ``terminated`` after the first signal, else None."""
         return STOP_SIGNALS[self.received[0]][0] if self.received else None
 

@@ -24,6 +24,7 @@ A run ends in one of three ways, and each leaves the run directory whole:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import sys
@@ -52,7 +53,7 @@ from asyncrl.metrics.progress import progress_sink
 from asyncrl.metrics.report import write_plots
 from asyncrl.policy.build import load_tokenizer
 from asyncrl.rollouts import apply_rollout
-from asyncrl.run.backends import build_backends
+from asyncrl.run.backends import build_backends, own_backend
 from asyncrl.run.export import export_final
 from asyncrl.run.lock import run_dir_lock
 from asyncrl.run.preflight import preflight
@@ -200,7 +201,8 @@ class _Run:
         except asyncio.CancelledError as exc:
             forced = exc
             if self.stop is not None and self.stop.forced:  # the second signal
-                raise (Terminated if self.stop.reason == "terminated" else KeyboardInterrupt)(
+                raise (Terminated if self.stop.reason is StopReason.TERMINATED
+                       else KeyboardInterrupt)(
                     "stopped at once on a second signal") from None
             raise
         finally:
@@ -274,12 +276,12 @@ class _Run:
                          f"the cause, resume with: asyncrl train --resume {self.run_dir}")
 
     async def close(self) -> None:
+        """Close the reward pools, then the engines, then the trainer: each one,
+        even when a close before it fails or is cancelled (a second signal)."""
         eval_scorer = [self.evaluator.scorer] if self.evaluator is not None else []
-        for backend in (self.scorer, *eval_scorer, *self.engines, self.trainer):
-            try:
-                await backend.close()
-            except Exception as exc:  # a failing close must not hide the run's outcome
-                log.warning("closing %s failed: %r", type(backend).__name__, exc)
+        async with contextlib.AsyncExitStack() as owned:  # unwinds in reverse order
+            for backend in reversed((self.scorer, *eval_scorer, *self.engines, self.trainer)):
+                own_backend(owned, backend)
 
     def finish(self, *, forced: BaseException | None) -> dict[str, Any]:
         """Write summary.json, timeline.json, the ledger's pending groups and the plots
