@@ -178,3 +178,9 @@ def test_a_task_with_only_the_required_members_trains(tmp_path: Path) -> None:
                             logging__tensorboard=False, logging__plots=False)
     assert summary["steps"] == 2 and summary["stop_reason"] == "max_num_steps"
     assert summary["ledger"]["trained"] == 2 * 8 and summary["target_reward"] == 0.9
+    # summary.json holds only the keys the typed summary declares.
+    from asyncrl.controller import RunDirSummary
+
+    written = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert set(written) == set(summary)
+    assert set(summary) <= RunDirSummary.__required_keys__ | RunDirSummary.__optional_keys__

@@ -42,6 +42,7 @@ from asyncrl.controller.failure_log import SHOWN_GROUPS
 from asyncrl.controller.ledger import Ledger, LedgerHistory
 from asyncrl.controller.partials import read_partials, stop_generating
 from asyncrl.controller.stats import RunStats
+from asyncrl.controller.summary import RunSummary
 from asyncrl.controller.train_pump import TrainPump
 from asyncrl.controller.validation import validate_setup
 from asyncrl.controller.watchdog import StallWatchdog, stall_message
@@ -75,7 +76,7 @@ STATE_FORMAT = 3
 
 @dataclasses.dataclass
 class RunResult:
-    summary: dict[str, Any]
+    summary: RunSummary
     steps: int
     stop_reason: StopReason | str
 
@@ -394,7 +395,7 @@ class Controller:
         records = self.step_records
         return records[-1]["wall_time_s"] if records else self.ctx.stats.elapsed_before
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> RunSummary:
         ok, why = self.ledger.check_balance(self._holder_ids())
         return {
             "steps": self.steps_done,

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.config import ConfigSource, resolve_config
-from asyncrl.controller import Controller
+from asyncrl.controller import Controller, RunDirSummary
 from asyncrl.errors import UsageError
 from asyncrl.policy.build import load_tokenizer
 from asyncrl.rollouts import apply_rollout
@@ -57,7 +57,7 @@ def train(
     sinks: Sequence[MetricsSink] = (),
     overwrite: bool = False,
     **overrides: Any,
-) -> dict[str, Any]:
+) -> RunDirSummary:
     """Run async GRPO as ``asyncrl train --config ... key.path=value`` does; returns
     the summary it writes to ``run_dir/summary.json``.
 

@@ -44,7 +44,7 @@ from asyncrl.checkpoint.resume import ENGINE_SNAPSHOTS
 from asyncrl.checkpoint.store import list_checkpoints, set_aside_newer
 from asyncrl.config import RunConfig, config_from_dict, dump_config
 from asyncrl.config.strict_yaml import load_yaml
-from asyncrl.controller import Controller, JsonlHistory
+from asyncrl.controller import Controller, JsonlHistory, RunDirSummary
 from asyncrl.controller.evaluation import Evaluator
 from asyncrl.engines.base import RolloutEngine
 from asyncrl.errors import CheckpointError, ConfigError, add_note
@@ -82,7 +82,7 @@ def train(
     extra_sinks: Sequence[MetricsSink] = (),
     resume: LoadedCheckpoint | None = None,
     overwrite: bool = False,
-) -> dict[str, Any]:
+) -> RunDirSummary:
     """Run async GRPO as configured; returns the summary written to ``summary.json``.
 
     ``task`` and ``backends`` let library users plug in their own task, engines
@@ -190,7 +190,7 @@ class _Run:
         if resume is not None:
             self.controller.load_state_dict(resume.controller_state)
 
-    def execute(self, resume: LoadedCheckpoint | None, snapshots: Any) -> dict[str, Any]:
+    def execute(self, resume: LoadedCheckpoint | None, snapshots: Any) -> RunDirSummary:
         """Run the event-loop program; whatever happens, write the run directory."""
         forced: BaseException | None = None
         try:
@@ -283,13 +283,13 @@ class _Run:
             for backend in reversed((self.scorer, *eval_scorer, *self.engines, self.trainer)):
                 own_backend(owned, backend)
 
-    def finish(self, *, forced: BaseException | None) -> dict[str, Any]:
+    def finish(self, *, forced: BaseException | None) -> RunDirSummary:
         """Write summary.json, timeline.json, the ledger's pending groups and the plots
         (also after an error); after a signal, print how to resume. ``forced``: the
         interrupt that stopped the run at once (None: it was not)."""
         controller = self.controller
         assert controller is not None
-        summary = controller.summary()
+        summary = RunDirSummary(**controller.summary())
         stop = self.stop
         # A graceful stop is the controller's own stop reason. Only a forced end (a
         # second signal, or a signal outside the loop's handlers, e.g. while the
@@ -349,7 +349,7 @@ def _restore(cfg: RunConfig, task: Task, engines: Sequence[RolloutEngine], train
 
 
 def finish_run_dir(run_dir: Path, controller: Controller, task: Task, cfg: RunConfig,
-                   summary: dict[str, Any], *, plots: bool = True) -> dict[str, Any]:
+                   summary: RunDirSummary, *, plots: bool = True) -> RunDirSummary:
     """Write summary.json, timeline.json, the pending groups' ledger lines and the plots."""
     target = task.target_reward  # a required member (the pre-run checks refuse a task without)
     summary["target_reward"] = target
@@ -383,7 +383,7 @@ def finish_run_dir(run_dir: Path, controller: Controller, task: Task, cfg: RunCo
 
 
 def resume_run(run_dir: str | Path, overrides: list[str], *, fork_to: str | Path | None = None,
-               overwrite: bool = False) -> dict[str, Any] | None:
+               overwrite: bool = False) -> RunDirSummary | None:
     """``asyncrl train --resume RUN_DIR [--run-dir NEW]``: continue from the newest
     valid checkpoint, in place or forked into ``fork_to`` (RUN_DIR is then not
     changed). Returns None, changing nothing, when there is nothing left to do."""
