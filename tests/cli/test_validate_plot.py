@@ -153,3 +153,28 @@ def test_plot_draws_the_training_curves_of_a_run(tmp_path, capsys) -> None:
     for name in curves:
         data = (tmp_path / "plots" / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1000, name
+
+
+class MisspelledEngine:
+    """A custom engine whose ``invalidate_caches`` is meant as ``invalidate_cache``."""
+
+    def __init__(self, ctx) -> None: ...
+
+    async def generate(self, request): ...
+
+    async def update_weights(self, weights, version) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def invalidate_caches(self) -> None: ...
+
+
+def test_validate_reports_a_misspelled_optional_member_of_a_custom_engine(tmp_path,
+                                                                           capsys) -> None:
+    cfg = write(tmp_path, "policy: {engine: custom, custom_engine: "
+                          "{target: 'tests.cli.test_validate_plot:MisspelledEngine'}}\n")
+    assert main(["validate", "--config", cfg, "--no-memory"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert ("MisspelledEngine.invalidate_caches is no member of asyncrl.engines.RolloutEngine, "
+            "so asyncrl never uses it; did you mean the optional member 'invalidate_cache'?") in out
+    assert "engine (custom) capabilities" in out
