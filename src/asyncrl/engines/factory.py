@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from asyncrl.config.targets import load_target
 from asyncrl.engines.base import RolloutEngine
+from asyncrl.engines.capabilities import EngineCapabilities
 from asyncrl.engines.options import EngineContext, EngineOptions
 from asyncrl.engines.specs import engine_spec
 from asyncrl.errors import ConfigError
@@ -118,9 +119,8 @@ def _custom(policy: PolicyConfig, ctx: EngineContext, weights: Mapping[str, Any]
 _BUILDERS: dict[str, Builder] = {"local": _local, "vllm": _vllm, "vllm_server": _vllm_server,
                                  "custom": _custom}
 
-#: RolloutEngine's members, and which must be coroutines.
-_MEMBERS = ("generate", "update_weights", "close")
-_ASYNC = ("generate", "update_weights", "close")
+#: RolloutEngine's required members (all of them coroutines).
+_MEMBERS = _ASYNC = EngineCapabilities.REQUIRED
 
 
 def missing_engine_members(obj: Any) -> list[str]:
