@@ -109,6 +109,8 @@ def _estimate(cfg: RunConfig, task: Task) -> MemoryEstimate | None:
     except Exception as exc:  # an exotic model the dry run cannot trace
         log.warning("no memory estimate for this config: %s: %s", type(exc).__name__, exc)
         return None
+
+
 def capability_rows(facts: dict) -> list[tuple[str, str]]:
     """Each optional capability of the task, the trainer and the engine: present
     or absent (asyncrl.tasks.capabilities, asyncrl.trainers.capabilities,
