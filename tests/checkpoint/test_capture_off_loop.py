@@ -22,6 +22,7 @@ import torch
 from asyncrl.checkpoint.hook import CheckpointHook
 from asyncrl.config import CheckpointConfig
 from asyncrl.tasks.tokenizer import CharTokenizer
+from asyncrl.trainers.capabilities import TrainerCapabilities
 from asyncrl.trainers.grpo import GRPOTrainer
 
 
@@ -48,6 +49,7 @@ def big_trainer(params: int = 50_000_000) -> GRPOTrainer:
 
 def fake_controller(trainer: GRPOTrainer) -> types.SimpleNamespace:
     return types.SimpleNamespace(trainer=trainer, engines=[object()], deterministic=False,
+                                 trainer_capabilities=TrainerCapabilities.of(trainer),
                                  state_dict=lambda: {"trainer_version": 1},
                                  version=types.SimpleNamespace(value=1))
 

@@ -69,12 +69,13 @@ class CheckpointHook:
         snapshots = controller.engines[0].retained_weights() if pins else None  # type: ignore[attr-defined]
         # A sharded trainer's ranks write their shards themselves (moved into the
         # checkpoint with the rest); any other trainer hands over its whole state.
-        sharded = getattr(controller.trainer, "sharded_state_dict", None)
-        if sharded is not None:
-            trainer_state = await asyncio.to_thread(sharded, shards_dir(self.run_dir, version))
+        trainer, caps = controller.trainer, controller.trainer_capabilities
+        if caps.sharded_state_dict:
+            trainer_state = await asyncio.to_thread(trainer.sharded_state_dict,
+                                                    shards_dir(self.run_dir, version))
         else:
-            trainer = controller.trainer
-            take = functools.partial(final_state_dict, trainer) if final else trainer.state_dict
+            take = (functools.partial(final_state_dict, trainer, caps) if final
+                    else trainer.state_dict)
             trainer_state = await asyncio.to_thread(take)
         if snapshots is not None:
             trainer_state = {**trainer_state, ENGINE_SNAPSHOTS: snapshots}

@@ -11,10 +11,11 @@ from rich.console import Console
 from asyncrl.config import load_config
 from asyncrl.errors import ConfigError
 from asyncrl.run.signals import EXIT_CODES
+from asyncrl.types import StopReason
 
 #: Exit codes by stop reason (0 for the others): the signals', and 1 for a run the
 #: stall watchdog stopped (stall_action: abort).
-STOP_EXIT_CODES = {**EXIT_CODES, "stalled": 1}
+STOP_EXIT_CODES = {**EXIT_CODES, StopReason.STALLED: 1}
 
 
 def register(sub: argparse._SubParsersAction) -> None:

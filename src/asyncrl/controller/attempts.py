@@ -307,8 +307,8 @@ def _being_cancelled() -> bool:
     """True while this task is being cancelled (the run is failing): an error
     raised meanwhile is not a failed attempt. (Python 3.11+; 3.10 relies on
     the flags the dispatcher sets.)"""
-    task = asyncio.current_task()
-    cancelling = getattr(task, "cancelling", None)
+    current = asyncio.current_task()
+    cancelling = getattr(current, "cancelling", None)  # an asyncio.Task's, on 3.11+
     return bool(cancelling is not None and cancelling())
 
 

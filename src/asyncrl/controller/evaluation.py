@@ -19,11 +19,12 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from asyncrl.engines.base import RolloutEngine
 from asyncrl.errors import ConfigError
 from asyncrl.tasks.base import Scorer, Task
+from asyncrl.tasks.capabilities import HasRecords, TaskCapabilities, records_path
 from asyncrl.types import GenerationRequest, Prompt
 
 if TYPE_CHECKING:
@@ -110,7 +111,8 @@ def build_evaluation(ev: EvalConfig | None, task: Task, *, task_cfg: TaskConfig,
     ``ev`` (None without one), for ``task`` built from the ``task`` block
     ``task_cfg`` (whose ``reward`` configures the scorer), or by the caller.
 
-    For a dataset task the held-out records come from ``eval.path`` or are the
+    For a task over the records of a file (the dataset task,
+    :class:`~asyncrl.tasks.capabilities.HasRecords`) the held-out records come from ``eval.path`` or are the
     last ``eval.holdout`` records of the training file, which the returned
     training task then leaves out. A from-scratch model's character vocabulary
     covers the held-out prompts too (they are added to ``task.extra_chars``).
@@ -120,12 +122,11 @@ def build_evaluation(ev: EvalConfig | None, task: Task, *, task_cfg: TaskConfig,
     """
     from asyncrl.policy.build import bind_task_tokenizer
     from asyncrl.tasks import build_scorer, build_task
-    from asyncrl.tasks.dataset import DatasetTask
 
     if ev is None:
         return task, None
     _warn_about(ev, task)
-    if not isinstance(task, DatasetTask):
+    if not TaskCapabilities.of(task).records:
         if ev.path is not None or ev.holdout is not None:
             raise ConfigError(
                 "eval.path and eval.holdout name held-out records of a dataset task; this task "
@@ -134,19 +135,20 @@ def build_evaluation(ev: EvalConfig | None, task: Task, *, task_cfg: TaskConfig,
         source = task.prompt_source(seed + EVAL_SEED_OFFSET)
         prompts = [p for p in (source.next_prompt() for _ in range(ev.num_prompts)) if p]
         return task, Evaluator(prompts, build_scorer(task, task_cfg), _settings(ev))
-    eval_task, indices = _held_out(ev, task)
+    records = cast(HasRecords, task)
+    eval_task, indices = _held_out(ev, records)
     chars = "".join(sorted({c for i in indices
                             for c in eval_task.raw_prompt(i) + str(eval_task.answer(i) or "")}))
-    train_cfg = task.cfg.model_copy(update={"extra_chars": task.cfg.extra_chars + chars})
+    train_cfg = records.cfg.model_copy(update={"extra_chars": records.cfg.extra_chars + chars})
     if ev.holdout is not None:
-        train_cfg = train_cfg.model_copy(update={"max_prompts": task.num_records - ev.holdout})
+        train_cfg = train_cfg.model_copy(update={"max_prompts": records.num_records - ev.holdout})
     task = build_task(train_cfg)
     bind_task_tokenizer(eval_task, tokenizer)  # a chat template formats eval prompts too
     prompts = [eval_task.make_prompt(i, position=j, epoch=0) for j, i in enumerate(indices)]
     return task, Evaluator(prompts, build_scorer(eval_task, eval_task.cfg), _settings(ev))
 
 
-def _held_out(ev: EvalConfig, task: Any) -> tuple[Any, list[int]]:
+def _held_out(ev: EvalConfig, task: HasRecords) -> tuple[Any, list[int]]:
     from asyncrl.tasks import build_task
 
     if ev.path is not None:
@@ -168,7 +170,7 @@ def _held_out(ev: EvalConfig, task: Any) -> tuple[Any, list[int]]:
 def _warn_about(ev: EvalConfig, task: Task) -> None:
     """Settings that make the eval numbers mean less than they seem (warnings:
     each can be meant, e.g. by a docs example with ten records)."""
-    train_path = getattr(getattr(task, "cfg", None), "path", None)
+    train_path = records_path(task)
     if ev.path is not None and train_path is not None and \
             Path(ev.path).expanduser().resolve() == Path(train_path).expanduser().resolve():
         log.warning(

@@ -36,8 +36,10 @@ class EngineOptions:
            deterministic: bool = False, work_dir: str | Path | None = None) -> EngineOptions:
         """The options of the ``policy`` and ``async_rl`` blocks, the run's ``seed``
         and ``deterministic``, and its directory."""
-        vllm = policy.engine in ("vllm", "vllm_server")
-        vllm_seed = policy.vllm.seed if vllm else None
+        from asyncrl.engines.specs import engine_spec
+
+        reads_vllm = engine_spec(policy).reads_vllm_block
+        vllm_seed = policy.vllm.seed if reads_vllm else None
         return cls(
             seed=seed if vllm_seed is None else vllm_seed,
             pin_versions=deterministic,

@@ -28,13 +28,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
 from asyncrl.config import ModelConfig, PolicyConfig
 from asyncrl.errors import ConfigError, require
 from asyncrl.policy.devices import check_device, policy_dtype
+from asyncrl.tasks.capabilities import (
+    BindsTokenizer,
+    ChoosesBinding,
+    TaskCapabilities,
+    own_tokenizer,
+)
 from asyncrl.tasks.tokenizer import CharTokenizer, Tokenizer
 
 if TYPE_CHECKING:
@@ -181,7 +187,7 @@ def load_tokenizer(cfg: PolicyConfig, task: Task | None = None) -> Tokenizer:
     (a pretrained one is read from its directory at every call: a run reads it
     once, through its :class:`PolicyTokenizer`)."""
     if cfg.model_name_or_path is None:
-        return getattr(task, "tokenizer", None) or CharTokenizer()
+        return own_tokenizer(task) or CharTokenizer()
     transformers = require("transformers", "hf", "loading the policy's tokenizer")
     path = _pretrained_dir(cfg)
     return HFTokenizer(_from_pretrained(transformers.AutoTokenizer, path))
@@ -315,11 +321,14 @@ def _pretrained_vocab_size(cfg: PolicyConfig) -> int | None:
 def bind_task_tokenizer(task: Task, tokenizer: PolicyTokenizer) -> None:
     """Give a task that formats prompts with the policy's tokenizer (a dataset
     task with ``chat_template: true``) that tokenizer, before any prompt is drawn."""
-    bind = getattr(task, "bind_tokenizer", None)
+    caps = TaskCapabilities.of(task)
+    if not caps.bind_tokenizer:
+        return
     # Only a task that formats prompts with it (chat_template) gets the tokenizer:
     # loading one needs the model directory, which a Ray driver may not have.
-    if bind is not None and getattr(task, "needs_policy_tokenizer", True):
-        bind(tokenizer.get(task))
+    if caps.needs_policy_tokenizer and not cast(ChoosesBinding, task).needs_policy_tokenizer:
+        return
+    cast(BindsTokenizer, task).bind_tokenizer(tokenizer.get(task))
 
 
 def _pretrained_dir(cfg: PolicyConfig) -> Path:

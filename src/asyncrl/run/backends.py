@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +26,24 @@ if TYPE_CHECKING:
     from asyncrl.tasks.base import Task
     from asyncrl.trainers.base import Trainer
     from asyncrl.trainers.grpo import GRPOTrainer
+
+log = logging.getLogger("asyncrl.runner")
+
+
+def own_backend(stack: contextlib.AsyncExitStack, backend: Any) -> Any:
+    """``backend`` (an engine, a trainer, a reward pool: anything with ``async
+    close()``) is closed when ``stack`` unwinds, on every path: after a failing
+    or cancelled close before it too. A close that fails is logged, so that it
+    never hides how the run ended."""
+
+    async def close() -> None:
+        try:
+            await backend.close()
+        except Exception as exc:
+            log.warning("closing %s failed: %r", type(backend).__name__, exc)
+
+    stack.push_async_callback(close)
+    return backend
 
 
 def build_backends(
@@ -117,9 +136,10 @@ def _engine(cfg: RunConfig, model: Any, tokenizer: Any, work_dir: str | Path | N
     updates ``model``, so the engine (which generates concurrently) gets a copy."""
     from asyncrl.engines.capabilities import EngineCapabilities
     from asyncrl.engines.factory import build_engine
+    from asyncrl.engines.specs import engine_spec
 
-    # vLLM (in process or servers) only saves the model for its own processes: no copy needed.
-    copied = shared and cfg.policy.engine not in ("vllm", "vllm_server")
+    # An engine that loads a saved copy into its own processes (vLLM) needs no copy.
+    copied = shared and engine_spec(cfg.policy).uses_given_model
     engine = build_engine(cfg.policy, engine_options(cfg, work_dir),
                           model=copy.deepcopy(model) if copied else model, tokenizer=tokenizer)
     # Weights go straight to the engine's device (on a GPU, never through the
