@@ -53,6 +53,7 @@ from asyncrl.errors import (
     RewardTimeout,
     failure_kind,
 )
+from asyncrl.record import counted
 from asyncrl.tasks.base import Scorer
 from asyncrl.types import GenerationRequest, GroupResult, Rollout
 
@@ -331,17 +332,23 @@ async def _deadline(call: Awaitable[T], seconds: float | None,
 def _token_counts(result: GroupResult) -> tuple[int, int]:
     """All completion tokens of a group, and those of its longest completion
     (one record shared by several completions is measured once)."""
-    tokens = longest = size = 0
-    last = None
-    for c in result.completions:
-        if c is not last:
-            last, size = c, len(c)
-            longest = max(longest, size)
-        tokens += size
+    tokens = longest = 0
+    for c, times in counted(result.completions):
+        size = len(c.token_ids)
+        tokens += size * times
+        if size > longest:
+            longest = size
     return tokens, longest
 
 
 def _checked_rewards(rewards: Sequence[float], result: GroupResult) -> list[float]:
+    n = len(result.completions)
+    # Plain finite floats, one per completion (what simulated engines and most
+    # reward functions give): nothing to convert. A float sum is finite only if
+    # every term is (an overflow to inf falls through to the full check).
+    if (len(rewards) == n and all(type(r) is float for r in rewards)
+            and math.isfinite(sum(rewards))):
+        return list(rewards)
     # Anything float() takes as a number (numpy and 0-d torch scalars too), but
     # not text: float("1") would hide a reward function returning strings.
     wrong = [r for r in rewards if isinstance(r, (str, bytes)) or not hasattr(r, "__float__")]
@@ -349,9 +356,9 @@ def _checked_rewards(rewards: Sequence[float], result: GroupResult) -> list[floa
         raise RewardError(f"reward {wrong[0]!r} ({type(wrong[0]).__name__}) is not a number; "
                           "return a float")
     out = [float(r) for r in rewards]
-    if len(out) != len(result.completion_ids):
+    if len(out) != n:
         raise RewardError(
-            f"got {len(out)} rewards for {len(result.completion_ids)} completions; a reward "
+            f"got {len(out)} rewards for {n} completions; a reward "
             "function returns one float per completion"
         )
     bad = [r for r in out if not math.isfinite(r)]

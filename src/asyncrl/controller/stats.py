@@ -10,6 +10,7 @@ from typing import Any
 
 from asyncrl._bounded import KEEP
 from asyncrl.buffer import Slot
+from asyncrl.record import counted
 
 #: Step records kept in memory (every one is in metrics.jsonl).
 KEEP_RECORDS = KEEP
@@ -34,19 +35,22 @@ def token_facts(trained: Sequence[tuple[Slot, int]], step: int) -> dict[str, Any
     """Token-level staleness of the groups a step trains: ``step - version`` of
     every token, the fraction of tokens sampled after their group's first weight
     update (``version > start_weight``) and each group's version span
-    (``end_weight - start_weight``)."""
+    (``end_weight - start_weight``). O(spans): a record shared by several
+    completions counts once, times their number."""
     hist: collections.Counter[int] = collections.Counter()
     after = 0
     spans = []
     for slot, _ in trained:
         result = slot.payload.result
-        start = result.start_weight
-        spans.append(result.end_weight - start)
-        for completion in result.completions:
+        start = end = result.start_weight
+        for completion, times in counted(result.completions):
             for version, count in completion.versions:
-                hist[step - version] += count
+                hist[step - version] += count * times
                 if version > start:
-                    after += count
+                    after += count * times
+                    if version > end:
+                        end = version
+        spans.append(end - start)  # end: the result's end_weight
     tokens = sum(hist.values())
     return {
         "train/token_staleness_mean": (sum(k * n for k, n in hist.items()) / tokens
@@ -66,9 +70,9 @@ def completion_lengths(trained: Sequence[tuple[Slot, int]]) -> tuple[collections
     lengths: collections.Counter[int] = collections.Counter()
     clipped = 0
     for slot, _ in trained:
-        for completion in slot.payload.result.completions:
-            lengths[len(completion)] += 1
-            clipped += completion.finish_reason == "length"
+        for completion, times in counted(slot.payload.result.completions):
+            lengths[len(completion.token_ids)] += times
+            clipped += times * (completion.finish_reason == "length")
     return lengths, clipped
 
 

@@ -20,7 +20,7 @@ from array import array
 from collections.abc import Sequence
 
 from asyncrl.config import LossConfig
-from asyncrl.record import Completion, VersionSpans
+from asyncrl.record import Completion, VersionSpans, counted
 from asyncrl.sim.latency import Work
 from asyncrl.trainers.masks import MaskStats, token_masks
 from asyncrl.types import Rollout
@@ -120,23 +120,17 @@ def count_masked(rollout: Rollout, *, step: int, cfg: LossConfig, stats: MaskSta
     training step ``step`` to ``stats``: :func:`asyncrl.trainers.masks.token_masks`'s
     rule, counted per span instead of per token (the simulator's completions
     have no ``loss_mask``; one that has is handed to ``token_masks`` itself)."""
-    completions = rollout.result.completions
-    if not completions:
-        return
-    first = completions[0]
-    # A simulated group's completions are often one shared record (list.count
-    # finds that by identity, in C): count it once.
-    alike = completions.count(first) == len(completions)
-    if (first.loss_mask is not None if alike
-            else any(c.loss_mask is not None for c in completions)):
+    records = counted(rollout.result.completions)
+    if any(c.loss_mask is not None for c, _ in records):
         token_masks(rollout, step=step, cfg=cfg, stats=stats)
         return
     oldest = None if cfg.max_token_staleness is None else step - cfg.max_token_staleness
-    for c in (first,) if alike else completions:
-        times = len(completions) if alike else 1
-        n = len(c)
+    masks_truncated = cfg.truncated == "mask"
+    # A simulated group's completions are often one shared record: counted once.
+    for c, times in records:
+        n = len(c.token_ids)
         truncated = c.finish_reason == "length"
-        if truncated and cfg.truncated == "mask":
+        if truncated and masks_truncated:
             masked = n
         elif oldest is None:
             masked = 0
