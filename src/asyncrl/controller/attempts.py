@@ -187,15 +187,16 @@ class AttemptRunner:
         native = ctx.cfg.rollout_failure.native
         if entry.state is not EntryState.GENERATING:  # a retry after a failed scoring
             self._set_state(entry, EntryState.GENERATING)
-        idx = self.pick_engine(entry.avoid)
+        idx = 0 if len(self.engines) == 1 else self.pick_engine(entry.avoid)
         entry.engine = idx
         engine = self.engines[idx]
+        determinism = self.determinism
         request = GenerationRequest(
             group_id=entry.group_id,
             prompt=entry.prompt,
             num_generations=ctx.grpo.num_generations_per_prompt,
             attempt=entry.attempts,
-            seed=self.determinism.seed(entry.group_id),
+            seed=determinism.seed(entry.group_id) if determinism.enabled else None,
             weight_version=entry.pin,
             start_weight=entry.start_weight,
             prefix=entry.prefix,
@@ -204,13 +205,17 @@ class AttemptRunner:
         outcome = "failed"
         self.load[idx] += 1
         ctx.stats.generation_changed(start, +1)
+        limit = native.generation_timeout_s
         try:
-            result = await _deadline(
-                engine.generate(request), native.generation_timeout_s,
-                lambda: GenerationTimeout(
-                    f"engine {idx} ({type(engine).__name__}) generated group "
-                    f"{entry.group_id!r} for longer than async_rl.rollout_failure.native."
-                    f"generation_timeout_s={native.generation_timeout_s:g}s"))
+            if limit is None:  # no deadline: no wrapper coroutine on the hot path
+                result = await engine.generate(request)
+            else:
+                result = await _deadline(
+                    engine.generate(request), limit,
+                    lambda: GenerationTimeout(
+                        f"engine {idx} ({type(engine).__name__}) generated group "
+                        f"{entry.group_id!r} for longer than async_rl.rollout_failure.native."
+                        f"generation_timeout_s={limit:g}s"))
             outcome = "ok"
         except (asyncio.CancelledError, GroupAborted):
             outcome = "aborted"
@@ -220,8 +225,9 @@ class AttemptRunner:
             raise
         finally:
             self.load[idx] -= 1
-            ctx.stats.generation_changed(ctx.now(), -1)
-            ctx.timeline.add("gen", idx, start, ctx.now(), outcome)
+            end = ctx.now()
+            ctx.stats.generation_changed(end, -1)
+            ctx.timeline.add("gen", idx, start, end, outcome)
         problem = result.problem(start_weight=entry.start_weight,
                                  num_generations=request.num_generations)
         if problem is not None:
@@ -230,7 +236,7 @@ class AttemptRunner:
             raise ValueError(f"it returned an invalid result: {problem} (see asyncrl.record)")
         entry.partial = result  # kept by a checkpoint or a stop while it is scored
         tokens, longest = _token_counts(result)
-        ctx.ledger.generated(entry.group_id, start=start, end=ctx.now(), tokens=tokens,
+        ctx.ledger.generated(entry.group_id, start=start, end=end, tokens=tokens,
                              longest=longest)
         # A continued group's result holds the tokens it had before: not generated now.
         ctx.stats.tokens_generated(
@@ -238,11 +244,13 @@ class AttemptRunner:
         rewards = result.rewards
         if rewards is None:
             self._set_state(entry, EntryState.SCORING)
-            rewards = await _deadline(
-                self.scorer.score(entry.prompt, result.completion_texts), native.env_timeout_s,
+            score = self.scorer.score(entry.prompt, result.completion_texts)
+            env_limit = native.env_timeout_s
+            rewards = await (score if env_limit is None else _deadline(
+                score, env_limit,
                 lambda: RewardTimeout(
                     f"scoring group {entry.group_id!r} took longer than async_rl."
-                    f"rollout_failure.native.env_timeout_s={native.env_timeout_s:g}s"))
+                    f"rollout_failure.native.env_timeout_s={env_limit:g}s")))
         return Rollout(entry.group_id, entry.prompt, result,
                        _checked_rewards(rewards, result), entry.stamp, entry.attempts)
 
@@ -341,14 +349,19 @@ def _token_counts(result: GroupResult) -> tuple[int, int]:
     return tokens, longest
 
 
+#: Reward types taken as they are (converted with ``float``, checked finite).
+_PLAIN_REWARDS = frozenset({float, int})
+
+
 def _checked_rewards(rewards: Sequence[float], result: GroupResult) -> list[float]:
     n = len(result.completions)
-    # Plain finite floats, one per completion (what simulated engines and most
-    # reward functions give): nothing to convert. A float sum is finite only if
+    # Plain numbers, one per completion (what simulated engines and most reward
+    # functions give): converted and checked in C. A float sum is finite only if
     # every term is (an overflow to inf falls through to the full check).
-    if (len(rewards) == n and all(type(r) is float for r in rewards)
-            and math.isfinite(sum(rewards))):
-        return list(rewards)
+    if len(rewards) == n and set(map(type, rewards)) <= _PLAIN_REWARDS:
+        out = list(map(float, rewards))
+        if math.isfinite(sum(out)):
+            return out
     # Anything float() takes as a number (numpy and 0-d torch scalars too), but
     # not text: float("1") would hide a reward function returning strings.
     wrong = [r for r in rewards if isinstance(r, (str, bytes)) or not hasattr(r, "__float__")]
