@@ -50,7 +50,9 @@ def counted(completions: Sequence[Completion]) -> list[tuple[Completion, int]]:
     one object already; a middle one that is another object but equal in
     contents counts as shared, which derives the same facts."""
     n = len(completions)
-    if n > 1:
+    if n == 1:
+        return [(completions[0], 1)]
+    if n:
         first = completions[0]
         if first is completions[-1] and completions.count(first) == n:
             return [(first, n)]
@@ -116,11 +118,11 @@ class Completion:
            versions: int | Iterable[int], finish_reason: FinishReason | None, text: str = "",
            loss_mask: Sequence[int] | None = None) -> Completion:
         """A completion from one version per token (or one version for all)."""
-        ids = [int(t) for t in token_ids]
+        ids = list(map(int, token_ids))
         spans = (((int(versions), len(ids)),) if ids else ()) if isinstance(versions, int) \
             else spans_of(versions)
-        return cls(ids, [float(x) for x in logprobs], spans, finish_reason, text,
-                   None if loss_mask is None else [int(m) for m in loss_mask])
+        return cls(ids, list(map(float, logprobs)), spans, finish_reason, text,
+                   None if loss_mask is None else list(map(int, loss_mask)))
 
     def continued(self, more: Completion) -> Completion:
         """This (unfinished) completion followed by ``more``, the tokens generated

@@ -228,14 +228,8 @@ class AttemptRunner:
             end = ctx.now()
             ctx.stats.generation_changed(end, -1)
             ctx.timeline.add("gen", idx, start, end, outcome)
-        problem = result.problem(start_weight=entry.start_weight,
-                                 num_generations=request.num_generations)
-        if problem is not None:
-            # Unclassified on purpose: a result that breaks the record's contract is
-            # a bug of the engine (reported as BackendBug, naming it), not a retry.
-            raise ValueError(f"it returned an invalid result: {problem} (see asyncrl.record)")
+        tokens, longest = _checked_counts(result, entry.start_weight, request.num_generations)
         entry.partial = result  # kept by a checkpoint or a stop while it is scored
-        tokens, longest = _token_counts(result)
         ctx.ledger.generated(entry.group_id, start=start, end=end, tokens=tokens,
                              longest=longest)
         # A continued group's result holds the tokens it had before: not generated now.
@@ -335,6 +329,32 @@ async def _deadline(call: Awaitable[T], seconds: float | None,
         if loop.time() - start < seconds:
             raise
         raise expired() from None
+
+
+def _checked_counts(result: GroupResult, start_weight: int, n: int) -> tuple[int, int]:
+    """:func:`_token_counts` of an engine's finished result, checked against the
+    record's contract on the way (:meth:`~asyncrl.types.GroupResult.problem`,
+    which names what is wrong). Unclassified on purpose: a result that breaks
+    the contract is a bug of the engine (reported as BackendBug, naming it), not
+    a retry."""
+    tokens = longest = 0
+    valid = result.start_weight == start_weight and len(result.completions) == n
+    if valid:
+        for c, times in counted(result.completions):
+            spans = c.versions
+            if c.finish_reason is None or (spans and spans[0][0] < start_weight):
+                valid = False
+                break
+            size = len(c.token_ids)
+            tokens += size * times
+            if size > longest:
+                longest = size
+    if not valid:
+        problem = result.problem(start_weight=start_weight, num_generations=n)
+        if problem is not None:
+            raise ValueError(f"it returned an invalid result: {problem} (see asyncrl.record)")
+        return _token_counts(result)
+    return tokens, longest
 
 
 def _token_counts(result: GroupResult) -> tuple[int, int]:

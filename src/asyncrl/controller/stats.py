@@ -59,8 +59,8 @@ class TrainedRecords:
 def read_trained(trained: Sequence[tuple[Slot, int]], step: int) -> TrainedRecords:
     """The :class:`TrainedRecords` of the groups step ``step`` trains."""
     rewards: list[float] = []
-    hist: collections.Counter[int] = collections.Counter()
-    lengths: collections.Counter[int] = collections.Counter()
+    hist: dict[int, int] = {}
+    lengths: dict[int, int] = {}
     after = clipped = 0
     spans = []
     for slot, _ in trained:
@@ -69,17 +69,19 @@ def read_trained(trained: Sequence[tuple[Slot, int]], step: int) -> TrainedRecor
         result = rollout.result
         start = end = result.start_weight
         for completion, times in counted(result.completions):
-            lengths[len(completion.token_ids)] += times
+            size = len(completion.token_ids)
+            lengths[size] = lengths.get(size, 0) + times
             if completion.finish_reason == "length":
                 clipped += times
             for version, count in completion.versions:
-                hist[step - version] += count * times
+                hist[step - version] = hist.get(step - version, 0) + count * times
                 if version > start:
                     after += count * times
                     if version > end:
                         end = version
         spans.append(end - start)  # end: the result's end_weight
-    return TrainedRecords(rewards, hist, after, spans, lengths, clipped)
+    return TrainedRecords(rewards, collections.Counter(hist), after, spans,
+                          collections.Counter(lengths), clipped)
 
 
 def token_facts(trained: Sequence[tuple[Slot, int]], step: int) -> dict[str, Any]:

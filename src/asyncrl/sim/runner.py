@@ -230,6 +230,12 @@ def simulate(
     if sampler_override is not None:
         async_rl = async_rl.model_copy(
             update={"sampler": parse_sampler_config(sampler_override)})
+    if sim.mode == "cohort":
+        from asyncrl.sim.cohort import cohort_result
+
+        return cohort_result(cfg, async_rl.sampler, latency, num_steps,
+                             bound=physical_bound(cfg, latency), note=note,
+                             record_intervals=record_intervals, on_step=on_step)
     engine = SimEngine(latency, rollout_slots=sim.rollout_slots, seed=cfg.seed,
                        failure_rate=sim.failure_rate, weight_sync_s=sim.weight_sync_s,
                        record_intervals=record_intervals, tokens_per_s=sim.tokens_per_s,
@@ -319,7 +325,6 @@ def _result(
     token_hist = {str(k): int(v) for k, v in summary.get("token_staleness_hist", {}).items()}
     masks = trainer.mask_stats
     dispatched = ledger["dispatched"]
-    step_time = elapsed / steps if steps else math.nan
     timeline = [
         {"kind": i.kind, "lane": i.lane, "start": i.start, "end": i.end, "label": i.label}
         for i in controller.timeline.intervals
@@ -329,15 +334,7 @@ def _result(
         {"kind": "gen", "lane": 0, "start": a, "end": b, "label": outcome}
         for a, b, outcome in engine.intervals
     )
-    efficiency = bound.step_s / step_time if steps and step_time > 0 else math.nan
-    if efficiency > 1.0 + 1e-9:
-        # The fleet side of the bound assumes trained groups cost an average
-        # latency each. A policy that aborts long groups part-way breaks that
-        # (its trained groups skew short); otherwise the draws just came out
-        # below their mean.
-        why = ("slow groups were aborted (trained groups skew short)" if ledger["aborted"]
-               else "the sampled latencies came out below their mean")
-        note = "; ".join(x for x in (note, f"above the bound: {why}") if x)
+    efficiency, note = efficiency_of(bound, steps, elapsed, ledger["aborted"], note)
     return SimResult(
         sampler=label,
         window=window,
@@ -367,6 +364,23 @@ def _result(
         engine=engine,
         trainer=trainer,
     )
+
+
+def efficiency_of(bound: Bound, steps: int, elapsed: float, aborted: int,
+                  note: str) -> tuple[float, str]:
+    """The bound's step time over the achieved one, and ``note`` with why it is
+    above 1 if it is."""
+    step_time = elapsed / steps if steps else math.nan
+    efficiency = bound.step_s / step_time if steps and step_time > 0 else math.nan
+    if efficiency > 1.0 + 1e-9:
+        # The fleet side of the bound assumes trained groups cost an average
+        # latency each. A policy that aborts long groups part-way breaks that
+        # (its trained groups skew short); otherwise the draws just came out
+        # below their mean.
+        why = ("slow groups were aborted (trained groups skew short)" if aborted
+               else "the sampled latencies came out below their mean")
+        note = "; ".join(x for x in (note, f"above the bound: {why}") if x)
+    return efficiency, note
 
 
 def _percentile(hist: dict[str, int], q: float) -> int:

@@ -1,0 +1,463 @@
+"""Cohort mode: the built-in policies replayed on a plain event queue.
+
+The per-group mode (:func:`asyncrl.sim.runner.simulate`) runs the real
+Controller, with an asyncio task per group, under virtual time: about 10^4
+groups per second of wall time. A datacenter step (4,096 groups on 32,768
+generation slots) needs ten times that to simulate 1,000 steps in a minute.
+Cohort mode (``simulate.mode: cohort``) drops the Controller and the event
+loop and replays the same rules on a heap of finish times:
+
+* **dispatch**: batches of ``num_prompts_per_step`` prompts, each admitted once
+  the previous one left the queue and (gated policies) ``d <= v + s``; a
+  queued prompt is reserved when fewer than ``max_inflight_prompts`` groups
+  are in flight and the buffer (in flight + ready) is below
+  ``max_buffered_rollouts``; its start weight is the trainer version then;
+* **the fleet**: ``rollout_slots`` slots, FIFO; the first attempt of prompt
+  ``k`` takes the ``k``-th latency of the same seeded stream as the per-group
+  engine (common random numbers: both modes see the very same workload);
+* **the trainer**: per step, evict then take a chunk of at least
+  ``min(min_groups_for_streaming_train, remaining)`` eligible groups (any
+  eligible ones when nothing more can arrive), train it, and after the quota
+  the optimizer step and the weight sync; after the sync, in-flight groups the
+  policy calls hopeless are aborted;
+* **tokens**: each group's tokens split into version spans where updates
+  landed (:func:`asyncrl.sim.tokens.version_spans`), which give the token
+  staleness, the end weight and the masked tokens.
+
+Groups that start together with latencies from one distribution form a
+cohort: their finishes are one stream of events, merged with the others by
+time. Only live groups are held (in flight or ready), so memory does not grow
+with the run; per-step records past :data:`KEEP_RECORDS` are kept as
+aggregates only.
+
+What it covers (:func:`check` refuses the rest, naming the field): built-in
+samplers (not ``sample_freshest_first``), time-based latency models, no
+failures, no pause during sync, no abort time, not deterministic.
+docs/simulate.md compares the two modes.
+"""
+
+from __future__ import annotations
+
+import collections
+import heapq
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+from asyncrl._bounded import KEEP
+from asyncrl.buffer import RolloutBuffer
+from asyncrl.config import RunConfig
+from asyncrl.controller.validation import validate_setup
+from asyncrl.errors import ConfigError, RolloutStall
+from asyncrl.sampling import create_sampler
+from asyncrl.sampling.config import CustomSamplerConfig
+from asyncrl.sim.backends import _Stream, component_rng
+from asyncrl.sim.cohort_policies import GONE, READY, RUNNING, WAITING, Policy, make_policy
+from asyncrl.sim.latency import LatencyModel, Work
+from asyncrl.sim.tokens import version_spans
+
+#: Step records a cohort run keeps (the rest only in the aggregates).
+KEEP_RECORDS = KEEP
+#: Steps whose slot occupancy and trainer intervals are kept for the timeline plot.
+TIMELINE_STEPS = 20
+
+
+def check(cfg: RunConfig, sampler_cfg: Any, latency: LatencyModel) -> None:
+    """Refuse what cohort mode does not model, with the field and the fix."""
+    sim = cfg.simulate
+    assert sim is not None
+    fix = "or use simulate.mode: per_group (the real controller)"
+    problems = []
+    if isinstance(sampler_cfg, CustomSamplerConfig):
+        problems.append(f"async_rl.sampler is custom ({sampler_cfg.target}); cohort mode "
+                        "replays the built-in policies only")
+    elif getattr(sampler_cfg, "sample_freshest_first", False):
+        problems.append("async_rl.sampler.sample_freshest_first: true is not modelled")
+    if latency.load_dependent:
+        problems.append("simulate.generation_latency_s is load-dependent (tokens); cohort "
+                        "mode needs a time-based model (constant, lognormal, bimodal, empirical)")
+    if sim.failure_rate:
+        problems.append(f"simulate.failure_rate={sim.failure_rate:g}: set it to 0")
+    if sim.pause_generation_during_sync:
+        problems.append("simulate.pause_generation_during_sync: set it to false")
+    if sim.abort_s:
+        problems.append(f"simulate.abort_s={sim.abort_s:g}: set it to 0")
+    if cfg.deterministic:
+        problems.append("deterministic: true: set it to false")
+    if problems:
+        raise ConfigError("simulate.mode: cohort cannot simulate this config: "
+                          + "; ".join(problems) + f" ({fix})")
+
+
+class Group:
+    """One prompt group while it is live (reserved, in flight or ready)."""
+
+    __slots__ = ("ew", "held", "prompt", "seq", "since", "spans", "stamp", "state", "sw",
+                 "t0", "work")
+
+    def __init__(self, seq: int, prompt: int, stamp: int | None, sw: int) -> None:
+        self.seq, self.prompt, self.stamp, self.sw = seq, prompt, stamp, sw
+        self.state = WAITING
+        self.t0 = 0.0
+        self.work: Work | None = None  # its latency and tokens (set when it starts)
+        self.held = sw  # engine version when it started generating
+        self.since = 0  # weight updates before it started
+        self.ew = sw
+        self.spans: tuple[tuple[int, int], ...] = ()
+
+
+class Fleet:
+    """The generation slots, FIFO, and the latency streams (what the per-group
+    engine holds; :func:`asyncrl.sim.reference.serial_reference_s` reads it too)."""
+
+    def __init__(self, latency: LatencyModel, *, slots: int, seed: int,
+                 tokens_per_s: float) -> None:
+        self.latency = latency
+        self.tokens_per_s = tokens_per_s
+        self.first = _Stream(component_rng(seed, "latency"), latency.draw)
+        self.free = slots
+        self.waiting: collections.deque[Group] = collections.deque()
+        self.busy_slot_s = 0.0
+        self.attempts = 0
+        self.failures = 0
+        self.aborts = 0
+        self.intervals: list[tuple[float, float, str]] = []
+
+    def first_attempt_latency(self, prompt_id: int) -> float:
+        return self.work(prompt_id).latency
+
+    def work(self, prompt_id: int) -> Work:
+        """The first attempt of prompt ``prompt_id``: latency and tokens."""
+        return self.latency.work(self.first.at(prompt_id), 1, self.tokens_per_s)
+
+
+class CohortRun:
+    """One cohort-mode run (see the module docstring); :meth:`run` returns the totals."""
+
+    def __init__(self, cfg: RunConfig, sampler_cfg: Any, latency: LatencyModel, steps: int,
+                 *, record_intervals: bool,
+                 on_step: Callable[[int], None] | None = None) -> None:
+        sim = cfg.simulate
+        assert sim is not None
+        self.sim, self.steps, self.on_step = sim, steps, on_step
+        self.n = cfg.grpo.num_prompts_per_step
+        self.n_gen = cfg.grpo.num_generations_per_prompt
+        self.min_chunk = cfg.async_rl.min_groups_for_streaming_train
+        self.cap_inflight = cfg.async_rl.max_inflight_prompts
+        self.capacity = cfg.async_rl.max_buffered_rollouts
+        self.bound = cfg.loss.max_token_staleness
+        self.mask_truncated = cfg.loss.truncated == "mask"
+        self.policy: Policy = make_policy(sampler_cfg)
+        self.fleet = Fleet(latency, slots=sim.rollout_slots, seed=cfg.seed,
+                           tokens_per_s=sim.tokens_per_s)
+        self.record_intervals = record_intervals
+        self.now = 0.0
+        self.v = 0
+        self.updates: list[tuple[float, int]] = []  # (time, version) of every sync
+        self.heap: list[tuple[float, int, Group]] = []  # finishes of running groups
+        # Dispatch: the admitted batch's prompts not yet reserved, [next, end).
+        self.admitted = 0
+        self.queue_next = self.queue_end = 0
+        self.queue_stamp: int | None = None
+        self.seq = 0
+        self.inflight = 0
+        self.inflight_by_w: dict[int, dict[int, Group]] = {}  # start weight -> {seq: group}
+        # Ledger and statistics.
+        self.counts = collections.Counter[str]()
+        self.staleness: collections.Counter[int] = collections.Counter()
+        self.token_staleness: collections.Counter[int] = collections.Counter()
+        self.tokens_trained = self.tokens_masked = 0
+        self.idle_total = 0.0
+        self.records: list[dict[str, Any]] = []
+        self.timeline: list[dict[str, Any]] = []
+
+    # ------------------------------------------------------------- dispatch
+    def _place(self) -> None:
+        """Admit and reserve every prompt the bounds allow now."""
+        policy, n = self.policy, self.n
+        while True:
+            if self.queue_next == self.queue_end:
+                d = self.admitted
+                if not policy.admits(d, self.v):
+                    return
+                self.admitted = d + 1
+                self.queue_next, self.queue_end = d * n, (d + 1) * n
+                self.queue_stamp = policy.stamp(d)
+            if self.inflight >= self.cap_inflight or \
+                    self.inflight + policy.ready >= self.capacity:
+                return
+            g = Group(self.seq, self.queue_next, self.queue_stamp, self.v)
+            self.seq += 1
+            self.queue_next += 1
+            self.counts["dispatched"] += 1
+            self.inflight += 1
+            self.inflight_by_w.setdefault(g.sw, {})[g.seq] = g
+            policy.placed(g)
+            fleet = self.fleet
+            if fleet.free:
+                fleet.free -= 1
+                self._start(g)
+            else:
+                fleet.waiting.append(g)
+
+    def _start(self, g: Group) -> None:
+        """``g`` takes a slot now."""
+        fleet = self.fleet
+        fleet.attempts += 1
+        g.state, g.t0, g.held, g.since = RUNNING, self.now, self.v, len(self.updates)
+        work = g.work = fleet.work(g.prompt)
+        heapq.heappush(self.heap, (self.now + work.latency, g.seq, g))
+
+    def _free_slot(self, g: Group, outcome: str) -> None:
+        fleet = self.fleet
+        fleet.busy_slot_s += self.now - g.t0
+        if self.record_intervals and self.v <= TIMELINE_STEPS:
+            fleet.intervals.append((g.t0, self.now, outcome))
+        while fleet.waiting:
+            nxt = fleet.waiting.popleft()
+            if nxt.state == WAITING:
+                self._start(nxt)
+                return
+        fleet.free += 1
+
+    def _finish(self, g: Group) -> None:
+        """``g`` generated its last token: its slot frees, it is ready."""
+        self._free_slot(g, "ok")
+        work, updates = g.work, self.updates
+        assert work is not None
+        spans = ((g.held, work.longest),) if g.since == len(updates) else \
+            version_spans(work.longest, work, g.t0, g.held, updates[g.since:])
+        g.spans, g.ew = spans, spans[-1][0]
+        g.state = READY
+        self.inflight -= 1
+        bucket = self.inflight_by_w[g.sw]
+        del bucket[g.seq]
+        if not bucket:
+            del self.inflight_by_w[g.sw]
+        self.policy.add_ready(g)
+
+    def _abort_hopeless(self) -> int:
+        """After a sync: abort the in-flight groups the policy calls hopeless."""
+        doomed = [w for w in self.inflight_by_w if self.policy.aborts(w, self.v)]
+        aborted = 0
+        for w in doomed:
+            for g in self.inflight_by_w.pop(w).values():
+                aborted += 1
+                self.inflight -= 1
+                self.policy.left(g)
+                was = g.state
+                g.state = GONE
+                if was == RUNNING:
+                    self.fleet.aborts += 1
+                    self._free_slot(g, "aborted")
+        self.counts["aborted"] += aborted
+        return aborted
+
+    # -------------------------------------------------------------- trainer
+    def _starved(self) -> bool:
+        """Nothing can become ready until the trainer acts (Dispatcher.starved)."""
+        if self.inflight:
+            return False
+        if self.queue_next < self.queue_end:
+            return True  # the head waits on a full buffer (else it would be placed)
+        return not self.policy.admits(self.admitted, self.v)
+
+    def _chunk(self) -> list[Group] | None:
+        """Evict, then the next chunk of the step (None: wait for groups)."""
+        policy, v = self.policy, self.v
+        for g in policy.evict(v):
+            g.state = GONE
+            policy.left(g)
+            self.step_evicted += 1
+        remaining = self.n - self.taken
+        have = min(policy.eligible(v), remaining)
+        if have < min(self.min_chunk, remaining) and not (have and self._starved()):
+            return None
+        chunk = policy.take(v, have)
+        for g in chunk:
+            g.state = GONE
+            policy.left(g)
+        return chunk
+
+    def _train(self, chunk: list[Group]) -> float:
+        """Account a trained chunk; its training time."""
+        v, n_gen, tokens = self.v, self.n_gen, 0
+        oldest = None if self.bound is None else v - self.bound
+        hist = self.token_staleness
+        for g in chunk:
+            self.staleness[v - g.sw] += 1
+            self.step_staleness += v - g.sw
+            for version, count in g.spans:
+                hist[v - version] += count * n_gen
+                if oldest is not None and version < oldest:
+                    self.tokens_masked += count * n_gen
+            tokens += g.work.longest * n_gen  # type: ignore[union-attr]
+        self.tokens_trained += tokens
+        self.taken += len(chunk)
+        return self.sim.train_per_group_s * len(chunk) + self.sim.train_per_token_s * tokens
+
+    # ------------------------------------------------------------------ run
+    def run(self) -> None:
+        heap, inf = self.heap, math.inf
+        self._begin_step()
+        phase, until = "wait", 0.0
+        self._place()
+        while True:
+            # The trainer acts whenever it is waiting and something changed.
+            while phase == "wait":
+                chunk = self._chunk()
+                if chunk is None:
+                    if not heap and self._starved():
+                        raise RolloutStall(f"deadlock at step {self.v} in cohort mode: no group "
+                                           "can arrive and none is eligible")
+                    break
+                self.idle_total += self.now - self.wait_since
+                self.step_idle += self.now - self.wait_since
+                cost = self._train(chunk)
+                self._interval("train", self.now, self.now + cost)
+                self._place()  # the chunk left the buffer: room for more
+                if self.taken < self.n:
+                    if cost > 0:
+                        phase, until = "chunk", self.now + cost
+                    else:
+                        self.wait_since = self.now
+                else:
+                    phase, until = "step", self.now + cost + self.sim.train_step_s
+                    self._interval("step", self.now + cost, until)
+            t_group = heap[0][0] if heap else inf
+            if phase != "wait" and until < t_group:
+                self.now = until
+                if phase == "chunk":
+                    phase, self.wait_since = "wait", self.now
+                elif phase == "step":
+                    phase, until = "sync", self.now + self.sim.weight_sync_s
+                    self._interval("sync", self.now, until)
+                else:  # the sync landed: version v + 1
+                    if self._end_step():
+                        return
+                    phase = "wait"
+                continue
+            if t_group == inf:
+                raise RolloutStall(f"deadlock at step {self.v} in cohort mode: the trainer "
+                                   "waits and nothing is in flight")
+            self.now, _, g = heapq.heappop(heap)
+            if g.state == RUNNING:
+                self._finish(g)
+                self._place()
+
+    def _begin_step(self) -> None:
+        self.taken = self.step_evicted = self.step_staleness = 0
+        self.step_idle = 0.0
+        self.step_start = self.wait_since = self.now
+
+    def _end_step(self) -> bool:
+        """The sync to version v + 1 landed; True when the run is over."""
+        step = self.v
+        self.v += 1
+        self.updates.append((self.now, self.v))
+        aborted = self._abort_hopeless()
+        self.counts["trained"] += self.taken
+        self.counts["evicted"] += self.step_evicted
+        if len(self.records) < KEEP_RECORDS:
+            self.records.append({
+                "step": step, "wall_time_s": self.now, "step_time_s": self.now - self.step_start,
+                "groups_trained": self.taken, "groups_evicted": self.step_evicted,
+                "groups_aborted": aborted, "trainer_idle_s": self.step_idle,
+                "staleness_mean": self.step_staleness / self.taken if self.taken else 0.0,
+                "inflight": self.inflight, "buffer_ready": self.policy.ready})
+        if self.on_step is not None:
+            self.on_step(self.v)
+        if self.v >= self.steps:
+            self._stop()
+            return True
+        self._begin_step()
+        self._place()
+        return False
+
+    def _stop(self) -> None:
+        """The run ends: groups still generating stop now (their slot time counts)."""
+        for _, _, g in self.heap:
+            if g.state == RUNNING:
+                self.fleet.busy_slot_s += self.now - g.t0
+
+    def _interval(self, kind: str, start: float, end: float) -> None:
+        if self.record_intervals and self.v < TIMELINE_STEPS and end > start:
+            self.timeline.append({"kind": kind, "lane": 0, "start": start, "end": end,
+                                  "label": str(self.v)})
+
+
+def simulate_cohort(cfg: RunConfig, sampler_cfg: Any, latency: LatencyModel, steps: int, *,
+                    record_intervals: bool = True,
+                    on_step: Callable[[int], None] | None = None) -> tuple[CohortRun, float]:
+    """Run cohort mode; returns the finished run and its wall seconds."""
+    check(cfg, sampler_cfg, latency)
+    sampler = create_sampler(RolloutBuffer(cfg.async_rl.max_buffered_rollouts), sampler_cfg)
+    async_rl = cfg.async_rl.model_copy(update={"sampler": sampler_cfg})
+    validate_setup(sampler, cfg.grpo, async_rl, deterministic=False)
+    run = CohortRun(cfg, sampler_cfg, latency, steps, record_intervals=record_intervals,
+                    on_step=on_step)
+    t0 = time.perf_counter()
+    run.run()
+    return run, time.perf_counter() - t0
+
+
+
+
+def cohort_result(cfg: RunConfig, sampler_cfg: Any, latency: LatencyModel, steps: int, *,
+                  bound: Any, note: str = "", record_intervals: bool = True,
+                  on_step: Callable[[int], None] | None = None) -> Any:
+    """:func:`asyncrl.sim.runner.simulate` in cohort mode: the same :class:`SimResult`."""
+    from asyncrl.controller.stats import hist_quantile
+    from asyncrl.sim.runner import (
+        SimResult,
+        _percentile,
+        efficiency_of,
+        sampler_label,
+        sampler_window,
+    )
+
+    run, wall = simulate_cohort(cfg, sampler_cfg, latency, steps,
+                                record_intervals=record_intervals, on_step=on_step)
+    sim = run.sim
+    elapsed, done = run.now, run.v
+    c = run.counts
+    pending = run.inflight + run.policy.ready
+    ledger = {"dispatched": c["dispatched"], "trained": c["trained"], "evicted": c["evicted"],
+              "aborted": c["aborted"], "failed": 0, "failed_infra": 0, "failed_data": 0,
+              "pending": pending,
+              "balanced": c["dispatched"] == (c["trained"] + c["evicted"] + c["aborted"]
+                                              + pending)}
+    efficiency, note = efficiency_of(bound, done, elapsed, c["aborted"],
+                                     "; ".join(x for x in (note, "cohort mode") if x))
+    hist = {str(k): n for k, n in sorted(run.staleness.items())}
+    tokens = run.token_staleness
+    n_tokens = sum(tokens.values())
+    n_groups = sum(run.staleness.values())
+    timeline = [*run.timeline, *({"kind": "gen", "lane": 0, "start": a, "end": b, "label": o}
+                                 for a, b, o in run.fleet.intervals)]
+    return SimResult(
+        sampler=sampler_label(sampler_cfg), window=sampler_window(sampler_cfg), steps=done,
+        virtual_time_s=elapsed,
+        steps_per_hour=3600.0 * done / elapsed if elapsed > 0 else math.inf,
+        efficiency=efficiency,
+        trainer_idle_frac=run.idle_total / elapsed if elapsed > 0 else 0.0,
+        generator_util=(run.fleet.busy_slot_s / (sim.rollout_slots * elapsed)
+                        if elapsed > 0 else 0.0),
+        staleness_mean=(sum(k * n for k, n in run.staleness.items()) / n_groups
+                        if n_groups else 0.0),
+        staleness_p95=_percentile(hist, 0.95), staleness_max=max(run.staleness, default=0),
+        token_staleness_mean=(sum(k * n for k, n in tokens.items()) / n_tokens
+                              if n_tokens else 0.0),
+        token_staleness_p95=hist_quantile(tokens, 0.95) if n_tokens else 0,
+        token_staleness_max=max(tokens, default=0),
+        waste_frac=(c["evicted"] + c["aborted"]) / c["dispatched"] if c["dispatched"] else 0.0,
+        masked_token_frac=run.tokens_masked / run.tokens_trained if run.tokens_trained else 0.0,
+        bound=bound, ledger=ledger, stop_reason="max_num_steps", wall_s=wall, note=note,
+        records=run.records, staleness_hist=hist,
+        token_staleness_hist={str(k): n for k, n in sorted(tokens.items())},
+        timeline=timeline, engine=run.fleet, trainer=None,  # type: ignore[arg-type]
+    )
+
+
+__all__ = ["CohortRun", "Fleet", "check", "cohort_result", "simulate_cohort"]
