@@ -52,7 +52,7 @@ from asyncrl.controller.validation import validate_setup
 from asyncrl.errors import ConfigError, RolloutStall
 from asyncrl.sampling import create_sampler
 from asyncrl.sampling.config import CustomSamplerConfig
-from asyncrl.sim.backends import _Stream, component_rng
+from asyncrl.sim.backends import _DRAW_BATCH, _Stream, component_rng
 from asyncrl.sim.cohort_policies import GONE, READY, RUNNING, WAITING, Policy, make_policy
 from asyncrl.sim.latency import LatencyModel, Work
 from asyncrl.sim.tokens import version_spans
@@ -61,6 +61,8 @@ from asyncrl.sim.tokens import version_spans
 KEEP_RECORDS = KEEP
 #: Steps whose slot occupancy and trainer intervals are kept for the timeline plot.
 TIMELINE_STEPS = 20
+#: Slots whose occupancy is kept for it (a datacenter fleet has too many to draw).
+TIMELINE_SLOTS = 64
 
 
 def check(cfg: RunConfig, sampler_cfg: Any, latency: LatencyModel) -> None:
@@ -93,8 +95,8 @@ def check(cfg: RunConfig, sampler_cfg: Any, latency: LatencyModel) -> None:
 class Group:
     """One prompt group while it is live (reserved, in flight or ready)."""
 
-    __slots__ = ("ew", "held", "prompt", "seq", "since", "spans", "stamp", "state", "sw",
-                 "t0", "work")
+    __slots__ = ("ew", "held", "prompt", "seq", "since", "slot", "spans", "stamp", "state",
+                 "sw", "t0", "work")
 
     def __init__(self, seq: int, prompt: int, stamp: int | None, sw: int) -> None:
         self.seq, self.prompt, self.stamp, self.sw = seq, prompt, stamp, sw
@@ -105,17 +107,49 @@ class Group:
         self.since = 0  # weight updates before it started
         self.ew = sw
         self.spans: tuple[tuple[int, int], ...] = ()
+        self.slot = -1  # which slot it holds, when the timeline is recorded
+
+
+class _Window:
+    """A seeded stream read at increasing indexes only: what was handed out is
+    forgotten, so memory stays one batch however long the run."""
+
+    __slots__ = ("_base", "_buf", "_draw", "_rng")
+
+    def __init__(self, rng: Any, draw: Callable[[Any, int], list[Any]]) -> None:
+        self._rng, self._draw = rng, draw
+        self._buf: list[Any] = []
+        self._base = 0  # the index of _buf[0]
+
+    def at(self, index: int) -> Any:
+        j = index - self._base
+        if j < 0:
+            raise IndexError(f"index {index} was handed out already")
+        buf = self._buf
+        if j >= len(buf):
+            done = len(buf)  # every index below ``index`` is done: forget them
+            del buf[:]
+            self._base += done
+            j -= done
+            while j >= len(buf):
+                buf.extend(self._draw(self._rng, _DRAW_BATCH))
+        return buf[j]
 
 
 class Fleet:
-    """The generation slots, FIFO, and the latency streams (what the per-group
-    engine holds; :func:`asyncrl.sim.reference.serial_reference_s` reads it too)."""
+    """The generation slots, FIFO, and the first attempts' latencies (what the
+    per-group engine holds; :func:`asyncrl.sim.reference.serial_reference_s`
+    reads :meth:`first_attempt_latency` too)."""
 
     def __init__(self, latency: LatencyModel, *, slots: int, seed: int,
                  tokens_per_s: float) -> None:
         self.latency = latency
         self.tokens_per_s = tokens_per_s
-        self.first = _Stream(component_rng(seed, "latency"), latency.draw)
+        self.seed = seed
+        # The per-group engine's draws for first attempts (common random numbers),
+        # held as the Work each one means (a time-based model's ignores the load).
+        self.first = _Window(component_rng(seed, "latency"), self._draw_work)
+        self._replay: _Stream | None = None
         self.free = slots
         self.waiting: collections.deque[Group] = collections.deque()
         self.busy_slot_s = 0.0
@@ -123,13 +157,23 @@ class Fleet:
         self.failures = 0
         self.aborts = 0
         self.intervals: list[tuple[float, float, str]] = []
-
-    def first_attempt_latency(self, prompt_id: int) -> float:
-        return self.work(prompt_id).latency
+        #: Free slot numbers (only while a timeline is recorded), lowest on top.
+        self.slot_ids: list[int] = []
 
     def work(self, prompt_id: int) -> Work:
-        """The first attempt of prompt ``prompt_id``: latency and tokens."""
-        return self.latency.work(self.first.at(prompt_id), 1, self.tokens_per_s)
+        """The first attempt of prompt ``prompt_id`` (prompts start in order)."""
+        return self.first.at(prompt_id)  # type: ignore[no-any-return]
+
+    def first_attempt_latency(self, prompt_id: int) -> float:
+        """Any prompt's first-attempt latency, drawn again from the seed (the run
+        itself forgot them)."""
+        if self._replay is None:
+            self._replay = _Stream(component_rng(self.seed, "latency"), self.latency.draw)
+        return self.latency.work(self._replay.at(prompt_id), 1, self.tokens_per_s).latency
+
+    def _draw_work(self, rng: Any, k: int) -> list[Work]:
+        work, tokens_per_s = self.latency.work, self.tokens_per_s
+        return [work(sample, 1, tokens_per_s) for sample in self.latency.draw(rng, k)]
 
 
 class CohortRun:
@@ -152,6 +196,8 @@ class CohortRun:
         self.fleet = Fleet(latency, slots=sim.rollout_slots, seed=cfg.seed,
                            tokens_per_s=sim.tokens_per_s)
         self.record_intervals = record_intervals
+        if record_intervals:
+            self.fleet.slot_ids = list(range(sim.rollout_slots - 1, -1, -1))
         self.now = 0.0
         self.v = 0
         self.updates: list[tuple[float, int]] = []  # (time, version) of every sync
@@ -160,7 +206,7 @@ class CohortRun:
         self.admitted = 0
         self.queue_next = self.queue_end = 0
         self.queue_stamp: int | None = None
-        self.seq = 0
+        self.dispatched = 0  # groups reserved so far (the next one's dispatch number)
         self.inflight = 0
         self.inflight_by_w: dict[int, dict[int, Group]] = {}  # start weight -> {seq: group}
         # Ledger and statistics.
@@ -175,26 +221,28 @@ class CohortRun:
     # ------------------------------------------------------------- dispatch
     def _place(self) -> None:
         """Admit and reserve every prompt the bounds allow now."""
-        policy, n = self.policy, self.n
+        policy, fleet = self.policy, self.fleet
         while True:
             if self.queue_next == self.queue_end:
                 d = self.admitted
                 if not policy.admits(d, self.v):
                     return
                 self.admitted = d + 1
-                self.queue_next, self.queue_end = d * n, (d + 1) * n
+                self.queue_next, self.queue_end = d * self.n, (d + 1) * self.n
                 self.queue_stamp = policy.stamp(d)
-            if self.inflight >= self.cap_inflight or \
-                    self.inflight + policy.ready >= self.capacity:
+            inflight = self.inflight
+            if inflight >= self.cap_inflight or inflight + policy.ready >= self.capacity:
                 return
-            g = Group(self.seq, self.queue_next, self.queue_stamp, self.v)
-            self.seq += 1
+            g = Group(self.dispatched, self.queue_next, self.queue_stamp, self.v)
+            self.dispatched += 1
             self.queue_next += 1
-            self.counts["dispatched"] += 1
-            self.inflight += 1
-            self.inflight_by_w.setdefault(g.sw, {})[g.seq] = g
-            policy.placed(g)
-            fleet = self.fleet
+            self.inflight = inflight + 1
+            bucket = self.inflight_by_w.get(g.sw)
+            if bucket is None:
+                bucket = self.inflight_by_w[g.sw] = {}
+            bucket[g.seq] = g
+            if policy.counts_live:
+                policy.placed(g)
             if fleet.free:
                 fleet.free -= 1
                 self._start(g)
@@ -203,17 +251,21 @@ class CohortRun:
 
     def _start(self, g: Group) -> None:
         """``g`` takes a slot now."""
-        fleet = self.fleet
-        fleet.attempts += 1
-        g.state, g.t0, g.held, g.since = RUNNING, self.now, self.v, len(self.updates)
-        work = g.work = fleet.work(g.prompt)
-        heapq.heappush(self.heap, (self.now + work.latency, g.seq, g))
+        self.fleet.attempts += 1
+        now = self.now
+        g.state, g.t0, g.held, g.since = RUNNING, now, self.v, len(self.updates)
+        work = g.work = self.fleet.first.at(g.prompt)
+        heapq.heappush(self.heap, (now + work.latency, g.seq, g))
+        if self.record_intervals:
+            g.slot = self.fleet.slot_ids.pop()
 
     def _free_slot(self, g: Group, outcome: str) -> None:
         fleet = self.fleet
         fleet.busy_slot_s += self.now - g.t0
-        if self.record_intervals and self.v <= TIMELINE_STEPS:
-            fleet.intervals.append((g.t0, self.now, outcome))
+        if self.record_intervals:
+            fleet.slot_ids.append(g.slot)
+            if g.slot < TIMELINE_SLOTS and self.v <= TIMELINE_STEPS:
+                fleet.intervals.append((g.t0, self.now, outcome))
         while fleet.waiting:
             nxt = fleet.waiting.popleft()
             if nxt.state == WAITING:
@@ -223,7 +275,12 @@ class CohortRun:
 
     def _finish(self, g: Group) -> None:
         """``g`` generated its last token: its slot frees, it is ready."""
-        self._free_slot(g, "ok")
+        fleet = self.fleet
+        if fleet.waiting or self.record_intervals:
+            self._free_slot(g, "ok")
+        else:  # nobody waits for the slot
+            fleet.busy_slot_s += self.now - g.t0
+            fleet.free += 1
         work, updates = g.work, self.updates
         assert work is not None
         spans = ((g.held, work.longest),) if g.since == len(updates) else \
@@ -245,7 +302,8 @@ class CohortRun:
             for g in self.inflight_by_w.pop(w).values():
                 aborted += 1
                 self.inflight -= 1
-                self.policy.left(g)
+                if self.policy.counts_live:
+                    self.policy.left(g)
                 was = g.state
                 g.state = GONE
                 if was == RUNNING:
@@ -268,7 +326,8 @@ class CohortRun:
         policy, v = self.policy, self.v
         for g in policy.evict(v):
             g.state = GONE
-            policy.left(g)
+            if policy.counts_live:
+                policy.left(g)
             self.step_evicted += 1
         remaining = self.n - self.taken
         have = min(policy.eligible(v), remaining)
@@ -277,22 +336,33 @@ class CohortRun:
         chunk = policy.take(v, have)
         for g in chunk:
             g.state = GONE
-            policy.left(g)
+            if policy.counts_live:
+                policy.left(g)
         return chunk
 
     def _train(self, chunk: list[Group]) -> float:
         """Account a trained chunk; its training time."""
-        v, n_gen, tokens = self.v, self.n_gen, 0
-        oldest = None if self.bound is None else v - self.bound
-        hist = self.token_staleness
+        v = self.v
+        # Token staleness per version first (a chunk spans a few versions), then
+        # per completion: each group's completions are alike (time-based models).
+        by_version: dict[int, int] = {}
+        by_start: dict[int, int] = {}
+        tokens = 0
         for g in chunk:
-            self.staleness[v - g.sw] += 1
-            self.step_staleness += v - g.sw
+            by_start[g.sw] = by_start.get(g.sw, 0) + 1
             for version, count in g.spans:
-                hist[v - version] += count * n_gen
-                if oldest is not None and version < oldest:
-                    self.tokens_masked += count * n_gen
-            tokens += g.work.longest * n_gen  # type: ignore[union-attr]
+                by_version[version] = by_version.get(version, 0) + count
+                tokens += count
+        n_gen = self.n_gen
+        oldest = -1 if self.bound is None else v - self.bound
+        for version, count in by_version.items():
+            self.token_staleness[v - version] += count * n_gen
+            if version < oldest:
+                self.tokens_masked += count * n_gen
+        for w, count in by_start.items():
+            self.staleness[v - w] += count
+            self.step_staleness += (v - w) * count
+        tokens *= n_gen
         self.tokens_trained += tokens
         self.taken += len(chunk)
         return self.sim.train_per_group_s * len(chunk) + self.sim.train_per_token_s * tokens
@@ -397,8 +467,11 @@ def simulate_cohort(cfg: RunConfig, sampler_cfg: Any, latency: LatencyModel, ste
     validate_setup(sampler, cfg.grpo, async_rl, deterministic=False)
     run = CohortRun(cfg, sampler_cfg, latency, steps, record_intervals=record_intervals,
                     on_step=on_step)
+    from asyncrl.sim.runner import fewer_gc_passes
+
     t0 = time.perf_counter()
-    run.run()
+    with fewer_gc_passes():
+        run.run()
     return run, time.perf_counter() - t0
 
 
@@ -423,10 +496,10 @@ def cohort_result(cfg: RunConfig, sampler_cfg: Any, latency: LatencyModel, steps
     elapsed, done = run.now, run.v
     c = run.counts
     pending = run.inflight + run.policy.ready
-    ledger = {"dispatched": c["dispatched"], "trained": c["trained"], "evicted": c["evicted"],
+    ledger = {"dispatched": run.dispatched, "trained": c["trained"], "evicted": c["evicted"],
               "aborted": c["aborted"], "failed": 0, "failed_infra": 0, "failed_data": 0,
               "pending": pending,
-              "balanced": c["dispatched"] == (c["trained"] + c["evicted"] + c["aborted"]
+              "balanced": run.dispatched == (c["trained"] + c["evicted"] + c["aborted"]
                                               + pending)}
     efficiency, note = efficiency_of(bound, done, elapsed, c["aborted"],
                                      "; ".join(x for x in (note, "cohort mode") if x))
@@ -451,7 +524,7 @@ def cohort_result(cfg: RunConfig, sampler_cfg: Any, latency: LatencyModel, steps
                               if n_tokens else 0.0),
         token_staleness_p95=hist_quantile(tokens, 0.95) if n_tokens else 0,
         token_staleness_max=max(tokens, default=0),
-        waste_frac=(c["evicted"] + c["aborted"]) / c["dispatched"] if c["dispatched"] else 0.0,
+        waste_frac=(c["evicted"] + c["aborted"]) / run.dispatched if run.dispatched else 0.0,
         masked_token_frac=run.tokens_masked / run.tokens_trained if run.tokens_trained else 0.0,
         bound=bound, ledger=ledger, stop_reason="max_num_steps", wall_s=wall, note=note,
         records=run.records, staleness_hist=hist,

@@ -27,6 +27,8 @@ class Policy:
     gated = True
     #: The window's measure: "start_weight" or "end_weight".
     measure = "start_weight"
+    #: :meth:`placed` and :meth:`left` count the slots by start weight.
+    counts_live = False
 
     def __init__(self, window: int) -> None:
         self.window = window
@@ -191,32 +193,35 @@ class WindowedEnd(Windowed):
 
     def __init__(self, window: int) -> None:
         super().__init__(window)
-        self.by_end = _ByEndWeight()
+        # Ready groups by end weight, to evict a whole version at once (taking
+        # goes by dispatch order, over all of them).
+        self.by_end: dict[int, list[Any]] = {}
 
     def aborts(self, start_weight: int, v: int) -> bool:
         return False
 
     def add_ready(self, g: Any) -> None:
-        super().add_ready(g)
-        self.by_end.add(g)
+        self.ready += 1
+        self.order.push(g)
+        bucket = self.by_end.get(g.ew)
+        if bucket is None:
+            self.by_end[g.ew] = [g]
+        else:
+            bucket.append(g)
 
     def evict(self, v: int) -> list[Any]:
-        out = []
-        for w in self.by_end.below(self.floor(v)):
-            out.extend(self.by_end.drop(w))
+        lo, out = self.floor(v), []
+        for w in [w for w in self.by_end if w < lo]:
+            out.extend(g for g in self.by_end.pop(w) if g.state == READY)
         self.ready -= len(out)
-        return out
-
-    def take(self, v: int, k: int) -> list[Any]:
-        out = super().take(v, k)
-        for g in out:
-            self.by_end.counts[g.ew] -= 1
         return out
 
 
 class WeightFifo(Policy):
     """Only the oldest start weight in the window that any slot holds (ready or
     in flight) is trained: its ready groups, in dispatch order."""
+
+    counts_live = True
 
     def __init__(self, window: int) -> None:
         super().__init__(window)

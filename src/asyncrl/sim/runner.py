@@ -260,7 +260,7 @@ def simulate(
         await controller.run()
 
     t0 = time.perf_counter()
-    with _quiet_group_warnings(), _fewer_gc_passes():
+    with _quiet_group_warnings(), fewer_gc_passes():
         run_virtual(_run(), loop=clock)
     wall = time.perf_counter() - t0
     controller = holder["c"]
@@ -288,7 +288,7 @@ def _quiet_group_warnings() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _fewer_gc_passes() -> Iterator[None]:
+def fewer_gc_passes() -> Iterator[None]:
     """Collect cyclic garbage less often while simulating.
 
     A run allocates millions of short-lived objects (futures, handles, tasks)

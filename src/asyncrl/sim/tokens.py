@@ -15,7 +15,6 @@ the token ids and log-probs are zeros, views of one shared buffer
 
 from __future__ import annotations
 
-import math
 from array import array
 from collections.abc import Iterable, Sequence
 
@@ -68,12 +67,17 @@ def version_spans(length: int, work: Work, start: float, version: int,
     spans: list[tuple[int, int]] = []
     done = 0
     first = start + work.base_s
+    token_s = work.token_s
     for at, new_version in updates:
         if done >= length:
             break
-        # Tokens sampled by ``at``: token j is sampled at first + (j + 1) * token_s.
-        upto = length if work.token_s <= 0 else \
-            min(length, max(0, math.floor((at - first) / work.token_s + 1e-9)))
+        # Tokens sampled by ``at``: token j is sampled at first + (j + 1) * token_s
+        # (``int`` is ``floor`` here: a negative count is clamped to 0 anyway).
+        if token_s <= 0:
+            upto = length
+        else:
+            upto = int((at - first) / token_s + 1e-9)
+            upto = length if upto > length else (upto if upto > 0 else 0)
         if upto > done:
             spans.append((version, upto - done))
             done = upto
