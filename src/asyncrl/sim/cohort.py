@@ -150,8 +150,9 @@ class Fleet:
         # held as the Work each one means (a time-based model's ignores the load).
         self.first = _Window(component_rng(seed, "latency"), self._draw_work)
         self._replay: _Stream | None = None
-        self.free = slots
+        self.slots = self.free = slots
         self.waiting: collections.deque[Group] = collections.deque()
+        self.max_busy = 0  # most slots busy at once
         self.busy_slot_s = 0.0
         self.attempts = 0
         self.failures = 0
@@ -193,6 +194,8 @@ class CohortRun:
         self.bound = cfg.loss.max_token_staleness
         self.mask_truncated = cfg.loss.truncated == "mask"
         self.policy: Policy = make_policy(sampler_cfg)
+        self.yields_after_sync = (self.policy.window == 0
+                                  or cfg.async_rl.recompute_kv_cache_after_weight_updates)
         self.fleet = Fleet(latency, slots=sim.rollout_slots, seed=cfg.seed,
                            tokens_per_s=sim.tokens_per_s)
         self.record_intervals = record_intervals
@@ -245,6 +248,8 @@ class CohortRun:
                 policy.placed(g)
             if fleet.free:
                 fleet.free -= 1
+                if fleet.slots - fleet.free > fleet.max_busy:
+                    fleet.max_busy = fleet.slots - fleet.free
                 self._start(g)
             else:
                 fleet.waiting.append(g)
@@ -314,21 +319,24 @@ class CohortRun:
 
     # -------------------------------------------------------------- trainer
     def _starved(self) -> bool:
-        """Nothing can become ready until the trainer acts (Dispatcher.starved)."""
+        """Nothing can become ready until the trainer acts (Dispatcher.starved):
+        nothing in flight, and the queue's head waits on a full buffer or the
+        admission gate holds the next batch."""
         if self.inflight:
             return False
         if self.queue_next < self.queue_end:
-            return True  # the head waits on a full buffer (else it would be placed)
+            return self.inflight + self.policy.ready >= self.capacity
         return not self.policy.admits(self.admitted, self.v)
 
     def _chunk(self) -> list[Group] | None:
         """Evict, then the next chunk of the step (None: wait for groups)."""
         policy, v = self.policy, self.v
-        for g in policy.evict(v):
+        evicted = policy.evict(v)
+        for g in evicted:
             g.state = GONE
             if policy.counts_live:
                 policy.left(g)
-            self.step_evicted += 1
+        self.step_evicted += len(evicted)
         remaining = self.n - self.taken
         have = min(policy.eligible(v), remaining)
         if have < min(self.min_chunk, remaining) and not (have and self._starved()):
@@ -369,52 +377,74 @@ class CohortRun:
 
     # ------------------------------------------------------------------ run
     def run(self) -> None:
+        """Events in time order. At one instant, as the controller's tasks do:
+        every group finishing then commits, the trainer acts (until it has to
+        wait or to spend time), then the dispatcher fills what was freed."""
         heap, inf = self.heap, math.inf
         self._begin_step()
-        phase, until = "wait", 0.0
-        self._place()
+        self.phase, self.until = "wait", 0.0
         while True:
-            # The trainer acts whenever it is waiting and something changed.
-            while phase == "wait":
-                chunk = self._chunk()
-                if chunk is None:
-                    if not heap and self._starved():
-                        raise RolloutStall(f"deadlock at step {self.v} in cohort mode: no group "
-                                           "can arrive and none is eligible")
-                    break
-                self.idle_total += self.now - self.wait_since
-                self.step_idle += self.now - self.wait_since
-                cost = self._train(chunk)
-                self._interval("train", self.now, self.now + cost)
-                self._place()  # the chunk left the buffer: room for more
-                if self.taken < self.n:
-                    if cost > 0:
-                        phase, until = "chunk", self.now + cost
-                    else:
-                        self.wait_since = self.now
-                else:
-                    phase, until = "step", self.now + cost + self.sim.train_step_s
-                    self._interval("step", self.now + cost, until)
+            if self.phase == "wait":
+                self._trainer_acts()
+            self._place()
             t_group = heap[0][0] if heap else inf
-            if phase != "wait" and until < t_group:
-                self.now = until
-                if phase == "chunk":
-                    phase, self.wait_since = "wait", self.now
-                elif phase == "step":
-                    phase, until = "sync", self.now + self.sim.weight_sync_s
-                    self._interval("sync", self.now, until)
-                else:  # the sync landed: version v + 1
-                    if self._end_step():
-                        return
-                    phase = "wait"
+            if self.phase != "wait" and self.until < t_group:
+                if self._trainer_event():
+                    return
                 continue
             if t_group == inf:
                 raise RolloutStall(f"deadlock at step {self.v} in cohort mode: the trainer "
                                    "waits and nothing is in flight")
-            self.now, _, g = heapq.heappop(heap)
-            if g.state == RUNNING:
-                self._finish(g)
-                self._place()
+            self.now = t_group
+            while heap and heap[0][0] == t_group:
+                g = heapq.heappop(heap)[2]
+                if g.state == RUNNING:
+                    self._finish(g)
+
+    def _trainer_acts(self) -> None:
+        """The waiting trainer takes chunks while it can; its next phase."""
+        while True:
+            chunk = self._chunk()
+            if chunk is None:
+                if not self.heap and self._starved():
+                    raise RolloutStall(f"deadlock at step {self.v} in cohort mode: no group can "
+                                       "arrive and none is eligible")
+                return
+            now = self.now
+            self.idle_total += now - self.wait_since
+            self.step_idle += now - self.wait_since
+            cost = self._train(chunk)
+            self._interval("train", now, now + cost)
+            if self.taken == self.n:
+                if cost + self.sim.train_step_s > 0:
+                    self.phase, self.until = "step", now + cost + self.sim.train_step_s
+                    self._interval("step", now + cost, self.until)
+                else:  # the controller's train pump goes straight into the sync
+                    self._sync()
+                return
+            if cost > 0:
+                self.phase, self.until = "chunk", now + cost
+                return
+            self.wait_since = now
+
+    def _sync(self) -> None:
+        """The weight sync starts (the dispatcher gets a turn before it lands,
+        as the controller's train pump awaits the engines even for 0 s)."""
+        self.phase, self.until = "sync", self.now + self.sim.weight_sync_s
+        self._interval("sync", self.now, self.until)
+
+    def _trainer_event(self) -> bool:
+        """The trainer's phase ends at ``until``; True when the run is over."""
+        self.now = self.until
+        if self.phase == "chunk":
+            self.phase, self.wait_since = "wait", self.now
+        elif self.phase == "step":
+            self._sync()
+        else:  # the sync landed: version v + 1
+            if self._end_step():
+                return True
+            self.phase = "wait"
+        return False
 
     def _begin_step(self) -> None:
         self.taken = self.step_evicted = self.step_staleness = 0
@@ -438,11 +468,15 @@ class CohortRun:
                 "inflight": self.inflight, "buffer_ready": self.policy.ready})
         if self.on_step is not None:
             self.on_step(self.v)
+        if self.yields_after_sync:
+            # The controller's train pump awaits the engines' cache invalidation
+            # here: the dispatcher fills what the sync freed before the trainer
+            # goes on (or the run stops).
+            self._place()
         if self.v >= self.steps:
             self._stop()
             return True
         self._begin_step()
-        self._place()
         return False
 
     def _stop(self) -> None:
