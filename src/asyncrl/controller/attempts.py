@@ -228,7 +228,8 @@ class AttemptRunner:
             end = ctx.now()
             ctx.stats.generation_changed(end, -1)
             ctx.timeline.add("gen", idx, start, end, outcome)
-        tokens, longest = _checked_counts(result, entry.start_weight, request.num_generations)
+        tokens, longest, entry.end_weight = _checked_counts(result, entry.start_weight,
+                                                            request.num_generations)
         entry.partial = result  # kept by a checkpoint or a stop while it is scored
         ctx.ledger.generated(entry.group_id, start=start, end=end, tokens=tokens,
                              longest=longest)
@@ -331,13 +332,14 @@ async def _deadline(call: Awaitable[T], seconds: float | None,
         raise expired() from None
 
 
-def _checked_counts(result: GroupResult, start_weight: int, n: int) -> tuple[int, int]:
-    """:func:`_token_counts` of an engine's finished result, checked against the
-    record's contract on the way (:meth:`~asyncrl.types.GroupResult.problem`,
-    which names what is wrong). Unclassified on purpose: a result that breaks
-    the contract is a bug of the engine (reported as BackendBug, naming it), not
-    a retry."""
+def _checked_counts(result: GroupResult, start_weight: int, n: int) -> tuple[int, int, int]:
+    """:func:`_token_counts` of an engine's finished result and its end weight,
+    checked against the record's contract on the way
+    (:meth:`~asyncrl.types.GroupResult.problem`, which names what is wrong).
+    Unclassified on purpose: a result that breaks the contract is a bug of the
+    engine (reported as BackendBug, naming it), not a retry."""
     tokens = longest = 0
+    end = start_weight
     valid = result.start_weight == start_weight and len(result.completions) == n
     if valid:
         for c, times in counted(result.completions):
@@ -349,12 +351,14 @@ def _checked_counts(result: GroupResult, start_weight: int, n: int) -> tuple[int
             tokens += size * times
             if size > longest:
                 longest = size
+            if spans and spans[-1][0] > end:
+                end = spans[-1][0]
     if not valid:
         problem = result.problem(start_weight=start_weight, num_generations=n)
         if problem is not None:
             raise ValueError(f"it returned an invalid result: {problem} (see asyncrl.record)")
-        return _token_counts(result)
-    return tokens, longest
+        return (*_token_counts(result), result.end_weight)
+    return tokens, longest, end
 
 
 def _token_counts(result: GroupResult) -> tuple[int, int]:

@@ -248,7 +248,8 @@ class Dispatcher:
         ctx = self.ctx
         for entry, rollout in ready:
             gid = entry.group_id
-            end = rollout.result.end_weight  # >= start_weight: GroupResult.problem checked it
+            # The result's end weight (>= start_weight), found when the attempt checked it.
+            end = entry.end_weight
             ctx.buffer.commit(gid, rollout, end_weight=end)
             ctx.ledger.committed(gid, end_weight=end, attempts=rollout.attempts, time=ctx.now())
             ctx.drops.committed()
