@@ -1,24 +1,26 @@
 """Run benchmarks on a base commit and on this checkout, alternately, side by side.
 
     python benchmarks/compare.py BASE_REF [BENCH ...] [--rounds N] [--scripts each|head]
+                                 [--head HEAD_REF] [--json FILE]
 
 ``BASE_REF`` (a commit, branch or tag) is checked out into a temporary
 ``git worktree`` (removed afterwards); the head is this checkout as it is,
-uncommitted changes included. Each ``BENCH`` is a script of ``benchmarks/``
-(``bench_simulate``, ``bench_simulate.py`` or ``benchmarks/bench_simulate.py``),
-with its arguments in the same quoted word if it takes any
-(``"bench_simulate --steps 300"``). The runs alternate - base, head, base,
-head, ... - ``--rounds`` times, every one in a fresh process of this same
-Python (same virtualenv), with ``PYTHONPATH`` on the tree's ``src`` and the
-tree as the working directory, so load that comes and goes on a shared
-machine hits both sides alike.
+uncommitted changes included (``--head REF`` checks a commit out the same way
+instead, so that edits made while it runs do not leak in). Each ``BENCH`` is
+a script of ``benchmarks/`` (``bench_simulate``, ``bench_simulate.py`` or
+``benchmarks/bench_simulate.py``), with its arguments in the same quoted word
+if it takes any (``"bench_simulate --steps 300"``). The runs alternate -
+base, head, base, head, ... - ``--rounds`` times, every one in a fresh
+process of this same Python (same virtualenv), with ``PYTHONPATH`` on the
+tree's ``src`` and the tree as the working directory, so load that comes and
+goes on a shared machine hits both sides alike.
 
-Every ``RESULT <name> <value>`` line a run prints is collected; the table shows
-per result the median of the rounds for base and head, the ratio head / base,
-and ``gain``: how many times better the head is (the ratio, inverted for costs:
-names ending in ``_s``, ``_ms``, ``_mb``, ``_gb``, ``_bytes`` or ``overhead``,
-unless a ``_per_`` makes them a rate). The spread (min-max) of each side is the noise to read the
-ratio against.
+Every ``RESULT <name> <value>`` line a run prints is collected; the table
+shows per result the median of the rounds for base and head, the ratio
+head / base, and ``gain``: how many times better the head is (the ratio,
+inverted for costs: names ending in ``_s``, ``_ms``, ``_mb``, ``_gb``,
+``_bytes`` or ``overhead``, unless a ``_per_`` makes them a rate). The spread
+(min-max) of each side is the noise to read the ratio against.
 
 ``--scripts each`` (default) runs each tree's own copy of a benchmark: one the
 base lacks is skipped with a note. ``--scripts head`` runs the head's copy on
@@ -33,6 +35,7 @@ path (docs/controller.md, "Performance").
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -124,7 +127,8 @@ def git(*args: str, cwd: Path) -> str:
 
 @contextmanager
 def base_worktree(repo: Path, ref: str) -> Iterator[tuple[Path, str]]:
-    """``ref`` checked out (detached) in a temporary worktree, removed on exit."""
+    """``ref`` checked out (detached) in a temporary worktree, removed on exit.
+    The script runs from it are that tree's, the Python environment is this one."""
     found = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"],
                            cwd=repo, capture_output=True, text=True)
     if found.returncode != 0:
@@ -201,10 +205,12 @@ def table(runs: dict[str, list[Run]]) -> list[dict[str, Any]]:
                         if run.side == s and name in run.results] for s in ("base", "head")}
             row: dict[str, Any] = {"benchmark": label, "result": name,
                                    "base": side["base"], "head": side["head"]}
+            for s in ("base", "head"):
+                if side[s]:
+                    row[f"{s}_median"] = statistics.median(side[s])
             if side["base"] and side["head"]:
-                b, h = statistics.median(side["base"]), statistics.median(side["head"])
-                row.update(base_median=b, head_median=h, ratio=h / b if b else float("inf"),
-                           gain=gain(name, b, h))
+                b, h = row["base_median"], row["head_median"]
+                row.update(ratio=h / b if b else float("inf"), gain=gain(name, b, h))
             rows.append(row)
     return rows
 
@@ -216,14 +222,14 @@ def render(rows: Sequence[dict[str, Any]]) -> str:
     header = ("result", "base median", "head median", "head/base", "gain", "base spread",
               "head spread")
     lines = [header]
+    def cell(row: dict[str, Any], key: str, fmt: str) -> str:
+        return format(row[key], fmt) if key in row else "-"
+
     for row in rows:
         name = f"{row['benchmark'].split()[0]}: {row['result']}"
-        if "ratio" not in row:
-            lines.append((name, "-", "-", "-", "-", spread(row["base"]), spread(row["head"])))
-            continue
-        lines.append((name, f"{row['base_median']:.4g}", f"{row['head_median']:.4g}",
-                      f"{row['ratio']:.3f}", f"{row['gain']:.2f}x", spread(row["base"]),
-                      spread(row["head"])))
+        lines.append((name, cell(row, "base_median", ".4g"), cell(row, "head_median", ".4g"),
+                      cell(row, "ratio", ".3f"), cell(row, "gain", ".2f") + "x" * ("gain" in row),
+                      spread(row["base"]), spread(row["head"])))
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     return "\n".join("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
                                for i, (cell, w) in enumerate(zip(line, widths)))
@@ -247,16 +253,25 @@ def main(argv: list[str] | None = None) -> int:
                         help="each tree's own benchmark scripts, or the head's on both")
     parser.add_argument("--timeout", type=float, default=3600.0,
                         help="seconds one run may take (default 3600)")
+    parser.add_argument("--head", metavar="HEAD_REF",
+                        help="compare this commit instead of the checkout as it is (checked "
+                             "out in a temporary worktree too: edits meanwhile do not leak in)")
     parser.add_argument("--json", type=Path, help="also write the rows to this file")
     args = parser.parse_intermixed_args(argv)
     if args.rounds < 1:
         parser.error(f"--rounds must be >= 1, got {args.rounds}")
     benches = [parse_bench(w) for w in (args.benches or DEFAULT_BENCHES)]
-    head = Path(git("rev-parse", "--show-toplevel", cwd=HERE))
-    with base_worktree(head, args.base) as (base, sha):
-        print(f"base {args.base} ({sha[:10]}) vs head {head} "
-              f"({git('rev-parse', '--short=10', 'HEAD', cwd=head)}, working tree); "
-              f"{args.rounds} rounds, scripts: {args.scripts}; load average {loadavg()}")
+    repo = Path(git("rev-parse", "--show-toplevel", cwd=HERE))
+    with contextlib.ExitStack() as stack:
+        base, sha = stack.enter_context(base_worktree(repo, args.base))
+        if args.head is None:
+            head, what = repo, f"{repo} ({git('rev-parse', '--short=10', 'HEAD', cwd=repo)}" \
+                               ", working tree)"
+        else:
+            head, head_sha = stack.enter_context(base_worktree(repo, args.head))
+            what = f"{args.head} ({head_sha[:10]})"
+        print(f"base {args.base} ({sha[:10]}) vs head {what}; {args.rounds} rounds, "
+              f"scripts: {args.scripts}; load average {loadavg()}")
         runs = compare(benches, head=head, base=base, rounds=args.rounds, scripts=args.scripts,
                        timeout=args.timeout)
     rows = table(runs)

@@ -34,8 +34,9 @@ VersionSpans = tuple[tuple[int, int], ...]
 
 
 def spans_of(versions: Iterable[int]) -> VersionSpans:
-    """Run-length encode one weight version per token: ``[3, 3, 4] -> ((3, 2), (4, 1))``."""
-    return tuple((int(v), sum(1 for _ in run)) for v, run in itertools.groupby(versions))
+    """Run-length encode one weight version per token: ``[3, 3, 4] -> ((3, 2), (4, 1))``.
+    The runs are counted in C (``len`` of a list), not token by token in Python."""
+    return tuple((int(v), len(list(run))) for v, run in itertools.groupby(versions))
 
 
 def counted(completions: Sequence[Completion]) -> list[tuple[Completion, int]]:

@@ -114,9 +114,11 @@ def test_the_window_holds_one_batch_however_far_it_reads() -> None:
     assert len(window._buf) <= 4096  # the memory bound is the point
 
 
-def test_records_past_the_window_are_kept_as_aggregates() -> None:
+@pytest.mark.parametrize("mode", ["per_group", "cohort"])
+def test_records_past_the_window_are_kept_as_aggregates(mode: str) -> None:
     cfg = sim_config(n=2, slots=2, latency=1.0, train_step_s=1.0, weight_sync_s=0.0)
-    result = simulate(cohort(cfg), steps=KEEP_RECORDS + 5, record_intervals=False)
+    cfg = cohort(cfg) if mode == "cohort" else cfg
+    result = simulate(cfg, steps=KEEP_RECORDS + 5, record_intervals=False)
     assert result.steps == KEEP_RECORDS + 5
     assert len(result.records) == KEEP_RECORDS
     assert sum(result.staleness_hist.values()) == 2 * (KEEP_RECORDS + 5)

@@ -45,9 +45,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from asyncrl._bounded import KEEP
 from asyncrl.buffer import RolloutBuffer
 from asyncrl.config import RunConfig
+from asyncrl.controller.stats import KEEP_RECORDS
 from asyncrl.controller.validation import validate_setup
 from asyncrl.errors import ConfigError, RolloutStall
 from asyncrl.sampling import create_sampler
@@ -57,8 +57,6 @@ from asyncrl.sim.cohort_policies import GONE, READY, RUNNING, WAITING, Policy, m
 from asyncrl.sim.latency import LatencyModel, Work
 from asyncrl.sim.tokens import version_spans
 
-#: Step records a cohort run keeps (the rest only in the aggregates).
-KEEP_RECORDS = KEEP
 #: Steps whose slot occupancy and trainer intervals are kept for the timeline plot.
 TIMELINE_STEPS = 20
 #: Slots whose occupancy is kept for it (a datacenter fleet has too many to draw).

@@ -23,6 +23,7 @@ from typing import Any
 from asyncrl.buffer import RolloutBuffer
 from asyncrl.config import RunConfig, SimulateConfig
 from asyncrl.controller import Controller
+from asyncrl.controller.stats import KEEP_RECORDS
 from asyncrl.errors import ConfigError
 from asyncrl.metrics import MemorySink
 from asyncrl.sampling import WINDOW_FIELD, create_sampler, parse_sampler_config
@@ -243,7 +244,7 @@ def simulate(
                        abort_s=sim.abort_s)
     trainer = SimTrainer(train_step_s=sim.train_step_s, train_per_group_s=sim.train_per_group_s,
                          train_per_token_s=sim.train_per_token_s, loss=cfg.loss)
-    sink = MemorySink()
+    sink = _FirstRecords()
     holder: dict[str, Controller] = {}
 
     async def _step_hook(_controller: Controller, version: int) -> None:
@@ -266,6 +267,16 @@ def simulate(
     controller = holder["c"]
     return _result(controller, engine, trainer, sink, sim, physical_bound(cfg, latency), wall, note,
                    sampler_label(async_rl.sampler), sampler_window(async_rl.sampler))
+
+
+class _FirstRecords(MemorySink):
+    """The first :data:`KEEP_RECORDS` step records (what the timeline plot and
+    the tests read); past them a run keeps only the summary's aggregates, so a
+    long simulation does not grow with its steps."""
+
+    def write(self, record: dict[str, Any]) -> None:
+        if len(self.records) < KEEP_RECORDS:
+            self.records.append(record)
 
 
 @contextlib.contextmanager
