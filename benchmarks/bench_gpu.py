@@ -46,7 +46,7 @@ import torch  # noqa: E402
 
 from _timeline import busy_time  # noqa: E402  (benchmarks/, the script's folder)
 from asyncrl.config import RunConfig, load_config  # noqa: E402
-from asyncrl.runner import train  # noqa: E402
+from asyncrl.run.train import train  # noqa: E402
 from asyncrl.tasks import build_task  # noqa: E402
 from asyncrl.tasks.tokenizer import encode_prompt  # noqa: E402
 

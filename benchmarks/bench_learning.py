@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from _timeline import busy_time  # noqa: E402  (benchmarks/, the script's folder)
 from asyncrl.config import load_config  # noqa: E402
-from asyncrl.runner import train  # noqa: E402
+from asyncrl.run.train import train  # noqa: E402
 
 LAYOUTS = {"single": ["trainer.strategy=single", "trainer.world_size=1"],
            "fsdp1": ["trainer.strategy=fsdp", "trainer.world_size=1"]}

@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from asyncrl.config import load_config  # noqa: E402
-from asyncrl.runner import train  # noqa: E402
+from asyncrl.run.train import train  # noqa: E402
 
 WINDOWED = ["async_rl.sampler.name=windowed", "async_rl.sampler.staleness_of=end_weight"]
 VARIANTS = {

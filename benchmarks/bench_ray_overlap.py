@@ -37,7 +37,7 @@ os.environ.setdefault("RAY_DISABLE_IMPORT_WARNING", "1")
 
 from _timeline import busy_time, sync_vs_async_blocks  # benchmarks/, the script's folder
 from asyncrl.config import RunConfig, config_from_dict
-from asyncrl.runner import train
+from asyncrl.run.train import train
 
 
 def make_config(lookahead: int, args: argparse.Namespace) -> RunConfig:

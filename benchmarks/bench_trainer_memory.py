@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT / "src"))
 import torch  # noqa: E402
 
 from asyncrl.config import ModelConfig  # noqa: E402
-from asyncrl.policy import model_config  # noqa: E402
+from asyncrl.policy.build import model_config  # noqa: E402
 from asyncrl.tasks.tokenizer import CharTokenizer  # noqa: E402
 from asyncrl.trainers import GRPOTrainer  # noqa: E402
 from asyncrl.trainers.memory import LiveTensorBytes  # noqa: E402

@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT / "src"))
 import torch  # noqa: E402
 
 from asyncrl.config import config_from_dict  # noqa: E402
-from asyncrl.policy import build_policy  # noqa: E402
+from asyncrl.policy.build import build_policy  # noqa: E402
 from asyncrl.tasks import build_task  # noqa: E402
 from asyncrl.trainers.distributed import build_local_trainer  # noqa: E402
 from asyncrl.trainers.distributed.sharding import local_state_bytes, shard_model  # noqa: E402

@@ -32,13 +32,14 @@ from asyncrl.config import (
 )
 from asyncrl.controller import Controller
 from asyncrl.engines import EngineOptions, build_engine
-from asyncrl.policy import build_policy
+from asyncrl.policy.build import build_policy
 from asyncrl.sampling import create_sampler
 from asyncrl.tasks.arithmetic import ArithmeticTask
 from asyncrl.trainers.grpo import GRPOTrainer
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--seconds", type=float, default=60.0, help="training time budget")
+parser.add_argument("--steps", type=int, default=10_000, help="at most this many steps")
 parser.add_argument("--seed", type=int, default=0)
 args = parser.parse_args()
 
@@ -67,7 +68,7 @@ trainer = GRPOTrainer.from_config(policy, loss, model=model, tokenizer=tokenizer
 # ----------------------------------------- 4. the buffer and staleness sampler
 # in_order with a lookahead of 1: batch d is generated for step d, and may start
 # once the trainer reached version d - 1. The buffer holds two steps of groups.
-grpo = GRPOConfig(num_prompts_per_step=8, num_generations_per_prompt=8, max_num_steps=10_000)
+grpo = GRPOConfig(num_prompts_per_step=8, num_generations_per_prompt=8, max_num_steps=args.steps)
 async_rl = AsyncRLConfig(max_buffered_rollouts=16, min_groups_for_streaming_train=8,
                          max_inflight_prompts=16)
 buffer = RolloutBuffer(async_rl.max_buffered_rollouts)

@@ -1,6 +1,7 @@
 """Fakes that satisfy asyncrl's backend protocols, for controller tests.
 
-They take virtual time (``asyncio.sleep`` under ``run_virtual``) and record what
+They take virtual time (``tests.vtime.advance``, which refuses a delay on a real
+loop) and record what
 the controller did to them, so tests can check weight-sync order, aborts and
 cache invalidation.
 """
@@ -14,6 +15,7 @@ from typing import Any
 
 from asyncrl.errors import GenerationError, RewardError
 from asyncrl.types import Completion, GenerationRequest, GroupAborted, GroupResult, Prompt, Rollout
+from tests.vtime import advance
 
 
 class FakeSource:
@@ -67,7 +69,7 @@ class InlineScorer:
     async def score(self, prompt: Prompt, completions: Sequence[str]) -> list[float]:
         self.calls += 1
         if self.delay:
-            await asyncio.sleep(self.delay)
+            await advance(self.delay)
         if self.fail(prompt):
             raise RewardError(f"injected reward failure for prompt {prompt.prompt_id}")
         return [self.task.reward(prompt, c) for c in completions]
@@ -114,7 +116,7 @@ class FakeEngine:
         self.active += 1
         self.max_active = max(self.max_active, self.active)
         try:
-            await asyncio.sleep(self.latency(request))
+            await advance(self.latency(request))
         finally:
             self.active -= 1
         if request.group_id in self.aborted:
@@ -160,11 +162,11 @@ class FakeTrainer:
             raise ValueError(f"injected trainer failure at step {step}")
         self.chunks.append((step, list(rollouts)))
         if self.chunk_time:
-            await asyncio.sleep(self.chunk_time)
+            await advance(self.chunk_time)
         return {"loss": 1.0 / (step + 1)}
 
     async def finish_step(self, *, step: int) -> dict[str, float]:
-        await asyncio.sleep(self.step_time)
+        await advance(self.step_time)
         self.steps.append(step)
         return {"grad_norm": 1.0}
 

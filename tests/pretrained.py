@@ -2,7 +2,7 @@
 small chat workload for it (the local engine's and vLLM's end-to-end tests).
 
 A 1-layer Llama with random weights and a one-token-per-character tokenizer
-(``asyncrl.hf.char_tokenizer_to_hf``) that has a chat template, written with
+(``asyncrl.policy.hf.char_tokenizer_to_hf``) that has a chat template, written with
 ``save_pretrained``: what ``policy.model_name_or_path`` expects, without a download.
 """
 
@@ -26,7 +26,7 @@ def save_tiny_chat_model(out: Path, *, seed: int = 0, hidden_size: int = 32) -> 
     import torch
     import transformers
 
-    from asyncrl.hf import char_tokenizer_to_hf
+    from asyncrl.policy.hf import char_tokenizer_to_hf
     from asyncrl.tasks import CharTokenizer
 
     chars = CharTokenizer(CHARS)

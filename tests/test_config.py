@@ -149,7 +149,7 @@ def test_a_duplicate_key_names_the_key_and_both_lines(tmp_path) -> None:
     path.write_text("task: {name: arithmetic, num_prompts: 4}\n"
                     "grpo: {num_prompts_per_step: 4}\n")
     assert load_config(path).task.num_prompts == 4
-    from asyncrl._yaml import load_yaml
+    from asyncrl.config.strict_yaml import load_yaml
 
     assert load_yaml("a: &x {k: 1, j: 2}\nb: {<<: *x, k: 3}\n", "t")["b"] == {"k": 3, "j": 2}
 
@@ -260,7 +260,7 @@ def test_a_rule_across_blocks_broken_by_overrides_names_them(tmp_path) -> None:
     ("1e", "1e"), ("e5", "e5"), ("1e-5x", "1e-5x"), ("'1e-5'", "1e-5"), ("2001-12-14", None),
 ])
 def test_yaml_reads_scientific_notation_as_numbers_and_nothing_else(text, value) -> None:
-    from asyncrl._yaml import load_yaml
+    from asyncrl.config.strict_yaml import load_yaml
 
     got = load_yaml(f"v: {text}\n", "t")["v"]
     if value is None:  # a timestamp stays YAML 1.1's date

@@ -14,12 +14,12 @@ import pytest
 
 from asyncrl.cli import main
 from asyncrl.config import config_from_dict, load_config
-from asyncrl.context_length import check_context, engine_context
+from asyncrl.controller.evaluation import build_evaluation
 from asyncrl.engines import LocalEngine
 from asyncrl.errors import ConfigError, PromptTooLong
-from asyncrl.evaluation import build_evaluation
-from asyncrl.policy import bind_task_tokenizer, build_policy, load_tokenizer
-from asyncrl.preflight import preflight
+from asyncrl.policy.build import bind_task_tokenizer, build_policy, load_tokenizer
+from asyncrl.policy.context_length import check_context, engine_context
+from asyncrl.run.preflight import preflight
 from asyncrl.tasks import build_task
 from asyncrl.types import GenerationRequest, Prompt
 

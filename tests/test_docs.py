@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl._yaml import load_yaml
 from asyncrl.cli import build_parser, main
 from asyncrl.config import RunConfig, config_from_dict
+from asyncrl.config.strict_yaml import load_yaml
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -86,9 +86,9 @@ def test_cli_lines_parse_and_name_existing_files(doc: Path, monkeypatch) -> None
 
 
 def test_the_nemo_rl_table_of_training_md_is_the_codes() -> None:
-    """docs/training.md shows asyncrl.nemo_rl_keys.NEMO_RL_KEYS, the table the config
+    """docs/training.md shows asyncrl.config.nemo_rl_keys.NEMO_RL_KEYS, the table the config
     blocks read their refusals from: the two never disagree."""
-    from asyncrl.nemo_rl_keys import table_rows
+    from asyncrl.config.nemo_rl_keys import table_rows
 
     lines = (REPO / "docs" / "training.md").read_text().splitlines()
     start = lines.index("| NeMo-RL key | in asyncrl |") + 2  # past the header and |---|

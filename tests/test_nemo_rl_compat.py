@@ -21,8 +21,8 @@ from pydantic import BaseModel
 
 from asyncrl.cli import main
 from asyncrl.config import AsyncRLConfig, config_from_dict, load_config
+from asyncrl.config.nemo_rl_keys import NEMO_RL_KEYS
 from asyncrl.errors import ConfigError
-from asyncrl.nemo_rl_keys import NEMO_RL_KEYS
 
 EXEMPLAR = """
 async_rl:
@@ -121,8 +121,9 @@ def test_pasted_blocks_validate_with_their_references_resolved(name, tmp_path: P
     assert main(["validate", "--config", str(path), "--json"]) == 0
 
 
+@pytest.mark.e2e
 def test_the_exemplar_block_trains(tmp_path: Path, capsys) -> None:
-    from asyncrl.runner import train
+    from asyncrl.run.train import train
 
     tree = pasted("exemplar", num_generations_per_prompt=2, max_num_steps=2)
     tree["grpo"]["num_prompts_per_step"] = 4

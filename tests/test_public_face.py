@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 
 import asyncrl
-from asyncrl import assemble
-from asyncrl._yaml import load_yaml
 from asyncrl.buffer import RolloutBuffer
 from asyncrl.config import load_config, resolve_config
+from asyncrl.config.strict_yaml import load_yaml
 from asyncrl.errors import ConfigError, UsageError
+from asyncrl.run import assemble
 from asyncrl.sampling import create_sampler
 from tests.fakes import FakeEngine, FakeTrainer, InlineScorer
 
@@ -32,6 +32,7 @@ def quick_dict() -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------ the root
+@pytest.mark.e2e
 def test_import_asyncrl_imports_no_torch_and_no_backend() -> None:
     code = ("import sys, asyncrl; "
             "print(sorted(m for m in ('torch', 'transformers', 'ray', 'vllm') if m in sys.modules))")

@@ -52,12 +52,12 @@ from asyncrl.types import Completion, GenerationRequest, GroupResult, Prompt, Ro
 from asyncrl.version import TrainerVersion
 
 if TYPE_CHECKING:
-    from asyncrl.assemble import build_controller, train
+    from asyncrl.run.assemble import build_controller, train
 
 __version__ = "0.1.0"
 
 #: Names imported on first use: they build models (torch, transformers).
-_LAZY = {"train": "asyncrl.assemble", "build_controller": "asyncrl.assemble"}
+_LAZY = {"train": "asyncrl.run.assemble", "build_controller": "asyncrl.run.assemble"}
 
 
 def __getattr__(name: str) -> Any:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from asyncrl._signal import ChangeSignal
+from asyncrl._util.change_signal import ChangeSignal
 
 
 class TrainerVersion:

@@ -16,8 +16,8 @@ import torch
 from asyncrl.cli import main
 from asyncrl.config import load_config
 from asyncrl.engines import LocalEngine
-from asyncrl.hf import char_tokenizer_to_hf
-from asyncrl.policy import HFTokenizer
+from asyncrl.policy.build import HFTokenizer
+from asyncrl.policy.hf import char_tokenizer_to_hf
 from asyncrl.tasks import CharTokenizer, build_task
 from asyncrl.tasks.tokenizer import encode_prompt
 from asyncrl.types import GenerationRequest, Prompt

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from asyncrl.checkpoint.store import read_trainer_state
-from asyncrl.trainers.distributed.state import unshard_state
+from asyncrl.trainers.state import unshard_state
 from tests.cli.test_run_lifecycle import asyncrl
 
 pytestmark = pytest.mark.e2e

@@ -116,8 +116,8 @@ def test_a_tokenizer_that_cannot_encode_the_prompts_is_refused(
     # A character vocabulary of digits only (what a number task exports): the
     # arithmetic prompts' "+" and "=" would become its unknown token.
     from asyncrl.config import PolicyConfig
-    from asyncrl.hf import save_policy
-    from asyncrl.policy import build_policy
+    from asyncrl.policy.build import build_policy
+    from asyncrl.policy.hf import save_policy
     from asyncrl.tasks import CharTokenizer
 
     class Digits:
@@ -171,7 +171,7 @@ def test_a_tokenizer_larger_than_the_models_embedding_is_refused(
         config: Path, tmp_path: Path, capsys) -> None:
     # The arithmetic task's 15 character ids, a model with 10 embedding rows: the
     # first "=" (id 14) failed in the engine's forward as an IndexError.
-    from asyncrl.hf import char_tokenizer_to_hf
+    from asyncrl.policy.hf import char_tokenizer_to_hf
     from asyncrl.tasks import ArithmeticTask
 
     model = _save_model(tmp_path / "small", 10, char_tokenizer_to_hf(ArithmeticTask().tokenizer))
@@ -234,7 +234,7 @@ class _CharTask:
 def test_a_from_scratch_vocabulary_covers_the_task(task, fragment: str) -> None:
     from asyncrl.config import load_config
     from asyncrl.errors import ConfigError
-    from asyncrl.preflight import preflight
+    from asyncrl.run.preflight import preflight
 
     cfg = load_config(None, ["grpo.num_prompts_per_step=8", "grpo.max_num_steps=2",
                              "async_rl.max_buffered_rollouts=16",

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from asyncrl.cli import main
-from asyncrl.run_lock import LOCK_FILE
+from asyncrl.run.lock import LOCK_FILE
 from tests.cli.test_signals import CONFIG, check_nothing_lost, strict_json
 
 pytestmark = pytest.mark.e2e

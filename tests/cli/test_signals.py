@@ -33,9 +33,12 @@ from asyncrl.cli import main
 pytestmark = pytest.mark.e2e
 
 PER_STEP = 4
+#: Endless unless stopped (the tests that let a run finish set its steps): a
+#: run signalled after a few steps cannot end on its own first, however long a
+#: loaded machine keeps the test from reading its output.
 CONFIG = f"""
 seed: 5
-grpo: {{num_prompts_per_step: {PER_STEP}, num_generations_per_prompt: 4, max_num_steps: 400}}
+grpo: {{num_prompts_per_step: {PER_STEP}, num_generations_per_prompt: 4, max_num_steps: 100000}}
 async_rl:
   sampler: {{name: ready_first, max_staleness_versions: 1}}
   max_buffered_rollouts: 8
@@ -76,7 +79,12 @@ def signal_after_steps(run: Path, config: Path, sig: int, *, steps: int = 3,
             # signals sent back to back could be merged into one by the kernel).
             proc.send_signal(sig)
             break
-    out, rest = proc.communicate(timeout=180)
+    try:
+        out, rest = proc.communicate(timeout=180)
+    finally:  # a run that did not stop (it is endless) is not left behind
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, "".join(err) + rest)
 
 
@@ -104,7 +112,7 @@ def test_a_signal_stops_the_run_gracefully_and_resume_finishes_it(
     assert summary["stop_reason"] == reason and summary["ledger"]["balanced"]
     assert summary["resume_command"] == f"asyncrl train --resume {run}"
     stopped_at = summary["steps"]
-    assert 3 <= stopped_at < 400
+    assert 3 <= stopped_at < 100000
     # The stop wrote a checkpoint of the state it stopped in, and the final weights.
     assert load_latest(run).step == stopped_at
     assert (run / "final" / "config.json").is_file()
@@ -138,7 +146,7 @@ import signal, sys
 # As a terminal starts it: SIGINT raises KeyboardInterrupt. (A process inherits an
 # ignored SIGINT - this one may from the test worker - and asyncrl keeps it so.)
 signal.signal(signal.SIGINT, signal.default_int_handler)
-import asyncrl.runner
+import asyncrl.run.train
 from asyncrl.cli import main
 
 def interrupted_build(*args, **kwargs):
@@ -146,7 +154,7 @@ def interrupted_build(*args, **kwargs):
     raise AssertionError(f"the SIGINT did not interrupt the start: SIGINT's handler is "
                          f"{signal.getsignal(signal.SIGINT)!r}")
 
-asyncrl.runner.build_backends = interrupted_build
+asyncrl.run.train.build_backends = interrupted_build
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -216,7 +224,7 @@ def test_twenty_sigints_at_random_points_lose_nothing(tmp_path: Path, capsys) ->
             argv = ["train", "--config", str(config), "--run-dir", str(run), "--overwrite",
                     f"grpo.max_num_steps={target}"]
         code = run_with_sigint_at(argv, rng.uniform(0.02, 1.5))
-        assert code in (0, 130), (code, argv, capsys.readouterr().err[-3000:])
+        assert code in (0, 130), f"exit {code} of {argv}:\n{capsys.readouterr().err[-5000:]}"
         interrupted += code == 130
         if (run / "summary.json").is_file():
             assert strict_json((run / "summary.json").read_text())["ledger"]["balanced"]
@@ -238,7 +246,7 @@ def test_twenty_sigints_at_random_points_lose_nothing(tmp_path: Path, capsys) ->
 SLOW_WRAP_UP = r"""
 import asyncio, sys
 from asyncrl.cli import main
-from asyncrl.engines.local import LocalEngine
+from asyncrl.engines.local.engine import LocalEngine
 
 async def close(self):
     print("test: wrap-up began", file=sys.stderr, flush=True)

@@ -12,7 +12,7 @@ import pytest
 
 from asyncrl.cli import main
 from asyncrl.config import load_config
-from asyncrl.evaluation import build_evaluation
+from asyncrl.controller.evaluation import build_evaluation
 
 ROOT = Path(__file__).resolve().parents[2]
 DATASET = str(ROOT / "examples" / "dataset.yaml")

@@ -17,9 +17,16 @@ from asyncrl.config import RunConfig, config_from_dict
 @pytest.fixture(scope="module")
 def ray_local() -> Iterator[Any]:
     """One Ray instance per test module; four logical CPUs fit a trainer and two
-    workers on a two-core machine (the tiny model leaves the cores mostly idle)."""
+    workers on a two-core machine (the tiny model leaves the cores mostly idle).
+
+    Its workers run at the test's own priority: Ray starts them at nice 15 by
+    default, and beside any other busy process (an xdist worker, a CPU hog) they
+    then got a sliver of the cores - with two hogs, three tests took 612 s
+    instead of 42 s, and tests met pytest's 300-s timeout."""
     ray = pytest.importorskip("ray", reason="the Ray backend needs the optional 'ray' package")
     os.environ.setdefault("RAY_DISABLE_IMPORT_WARNING", "1")
+    # Read by the raylet ray.init starts (Ray spells its config variables so).
+    os.environ["RAY_worker_niceness"] = "0"  # noqa: SIM112
     if ray.is_initialized():  # some Ray calls start a default instance on their own
         ray.shutdown()
     # The workers import a custom engine's module (examples/custom_engine.py) as a
@@ -27,7 +34,10 @@ def ray_local() -> Iterator[Any]:
     examples = str(Path(__file__).resolve().parents[2] / "examples")
     os.environ["PYTHONPATH"] = os.pathsep.join(
         p for p in (os.environ.get("PYTHONPATH"), examples) if p)
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
+    # address="local": an instance of its own, whatever RAY_ADDRESS or the
+    # address file a `ray start` on this machine left in /tmp/ray say (a stale
+    # one made every ray.init() here try to join a cluster that was gone).
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
              configure_logging=False)
     try:
         yield ray

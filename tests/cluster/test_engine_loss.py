@@ -106,9 +106,10 @@ def test_backend_lost_fails_the_run_with_that_error() -> None:
     assert ctl.stop_reason == "error"
 
 
+@pytest.mark.e2e
 def test_importing_asyncrl_does_not_import_ray() -> None:
     code = (
-        "import sys, asyncrl, asyncrl.cluster, asyncrl.runner\n"
+        "import sys, asyncrl, asyncrl.cluster, asyncrl.run.train\n"
         "from asyncrl.cluster import build_ray_backends\n"
         "assert 'ray' not in sys.modules, 'ray was imported'\n"
     )

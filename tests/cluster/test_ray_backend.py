@@ -1,6 +1,6 @@
 """The Ray backend end to end: real actors on a local Ray instance, real worker deaths.
 
-Every test runs ``asyncrl.runner.train`` on a tiny config; the actors' start-up
+Every test runs ``asyncrl.run.train.train`` on a tiny config; the actors' start-up
 (a Python process importing torch and transformers each) is most of the time.
 """
 
@@ -15,11 +15,11 @@ import pytest
 from asyncrl.cluster import build_ray_backends
 from asyncrl.config import CustomEngineConfig, load_config
 from asyncrl.errors import RolloutWorkersLost, TrainerLost
-from asyncrl.runner import train
+from asyncrl.run.train import train
 from asyncrl.tasks import build_task
 from tests.cluster.conftest import Probe, tiny_config
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.e2e, pytest.mark.ray]
 ray = pytest.importorskip("ray", reason="the Ray backend needs the optional 'ray' package")
 
 
@@ -186,17 +186,17 @@ def test_partial_tokens_cross_the_actor_boundary(ray_local):
     asyncio.run(scenario())
 
 
-def test_a_sharded_trainer_runs_as_rank_actors_and_learns(ray_local, tmp_path: Path):
+def test_a_sharded_trainer_runs_as_rank_actors(ray_local, tmp_path: Path):
     """trainer.strategy=fsdp on Ray: two rank actors in one placement group, the
-    weights from rank 0 to the worker through the object store; the quickstart on
-    the sums of 0 and 1 (tests/distributed/test_runs.py learns it to 0.9 locally)
-    visibly learns within a few dozen steps."""
+    weights from rank 0 to the worker through the object store, every step
+    trained by both ranks. (That fsdp learns what single learns:
+    tests/distributed/test_runs.py, deterministically; on Ray, over seeds:
+    benchmarks/bench_convergence.py, ``ray_fsdp``.)"""
     from asyncrl.config import load_config
 
-    steps = 30
+    steps = 3
     cfg = load_config(Path(__file__).resolve().parents[2] / "examples" / "quickstart.yaml", [
-        f"grpo.max_num_steps={steps}", "task.max_operand=1", "grpo.num_generations_per_prompt=16",
-        "policy.optimizer.lr=2e-3", "trainer.strategy=fsdp", "trainer.world_size=2",
+        f"grpo.max_num_steps={steps}", "trainer.strategy=fsdp", "trainer.world_size=2",
         "cluster.backend=ray", "cluster.num_rollout_workers=1",
         "cluster.rollout_worker.num_cpus=0.5", "cluster.trainer.num_cpus=0.5",
         "checkpoint.every_steps=0", "logging.progress=never", "logging.tensorboard=false",
@@ -204,10 +204,8 @@ def test_a_sharded_trainer_runs_as_rank_actors_and_learns(ray_local, tmp_path: P
     summary = train(cfg, tmp_path)
     assert summary["steps"] == steps and summary["ledger"]["balanced"], summary["ledger"]
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(steps))
     assert all(r["train/world_size"] == 2 for r in records)
-    start = sum(r["reward_mean"] for r in records[:10]) / 10
-    end = sum(r["reward_mean"] for r in records[-10:]) / 10
-    assert end > start + 0.1, f"reward did not rise: {start:.3f} -> {end:.3f}"
     assert (tmp_path / "final" / "config.json").is_file()
 
 

@@ -11,12 +11,12 @@ import pytest
 
 from asyncrl.cluster import build_ray_backends
 from asyncrl.config import ModelConfig
-from asyncrl.runner import train
+from asyncrl.run.train import train
 from asyncrl.tasks import build_task
 from tests.cluster.conftest import Probe, tiny_config
 from tests.vllm_support import VLLM_MODEL, wait_gone
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.ray, pytest.mark.slow]
 
 
 def test_one_vllm_worker_runs_balanced_and_loads_every_version(ray_local, tmp_path: Path):

@@ -36,7 +36,7 @@ class BareEngine:
 
 def test_capabilities_are_read_from_the_engine_class() -> None:
     assert EngineCapabilities.of(FakeEngine()).names() == ["abort", "invalidate_cache"]
-    from asyncrl.engines.local import LocalEngine
+    from asyncrl.engines.local.engine import LocalEngine
 
     local = EngineCapabilities.of(LocalEngine)
     assert local.snapshot and local.pinned_versions and local.device and not local.healthy

@@ -52,7 +52,7 @@ def test_checkpoint_size_does_not_grow_with_the_length_of_the_run() -> None:
 
 
 def test_records_held_in_memory_stay_bounded_on_a_long_run() -> None:
-    from asyncrl._bounded import KEEP, append_bounded
+    from asyncrl._util.bounded import KEEP, append_bounded
     from asyncrl.controller.drops import KEEP_DROPPED
     from tests.controller.conftest import make_controller
     from tests.fakes import FakeEngine, FakeTrainer

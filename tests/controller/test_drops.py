@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from asyncrl.config.failures import RolloutFailureConfig
 from asyncrl.controller.drops import DropPolicy
 from asyncrl.controller.entry import Entry
 from asyncrl.errors import GenerationError, RewardError, TooManyFailedGroups
-from asyncrl.failure_config import RolloutFailureConfig
 from asyncrl.sim.clock import run_virtual
 from asyncrl.types import Prompt
 from tests.controller.conftest import make_controller

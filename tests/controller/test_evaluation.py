@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from asyncrl.evaluation import EvalSettings, Evaluator, pass_at_k
+from asyncrl.controller.evaluation import EvalSettings, Evaluator, pass_at_k
 from asyncrl.sim.clock import run_virtual
 from asyncrl.types import Prompt
 from tests.controller.conftest import make_controller

@@ -31,6 +31,7 @@ from asyncrl.sim.clock import run_virtual
 from asyncrl.types import GenerationRequest, Prompt
 from tests.controller.conftest import make_controller
 from tests.fakes import FakeEngine, FakeTask, FakeTrainer, InlineScorer
+from tests.vtime import advance
 
 IN_ORDER = {"name": "in_order", "max_lookahead_versions": 1}
 
@@ -316,7 +317,7 @@ def test_failed_attempts_of_one_kind_are_logged_once_then_counted(caplog) -> Non
 
         async def generate(self, request):
             if request.attempt == 1:
-                await asyncio.sleep(1.0)
+                await advance(1.0)
                 self.failed.append(request.group_id)
                 raise GenerationError(f"device lost while generating group {request.group_id}")
             return await super().generate(request)
@@ -379,7 +380,7 @@ def test_a_bug_while_aborting_stops_the_run_and_every_one_is_reported() -> None:
 
 # --------------------------------------------------------------- supervision
 def test_a_failing_background_task_of_a_backend_reaches_the_run() -> None:
-    from asyncrl import supervision
+    from asyncrl._util import supervision
 
     class SpawningEngine(FakeEngine):
         async def generate(self, request):
@@ -388,7 +389,7 @@ def test_a_failing_background_task_of_a_backend_reaches_the_run() -> None:
             return await super().generate(request)
 
         async def _broken(self):
-            await asyncio.sleep(0.5)
+            await advance(0.5)
             raise OSError("lost the shared-memory segment")
 
     ctl = make_controller(IN_ORDER, engines=[SpawningEngine(1.0)], steps=20)

@@ -16,7 +16,9 @@ from asyncrl.trainers.distributed import build_local_trainer
 
 from .helpers import config, fixed_rollouts, fsdp
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
+# pytest's 300-s timeout: only a hang reaches it, also on a loaded machine (the
+# hung rank is ended by the collective timeout, seconds).
+pytestmark = pytest.mark.e2e
 
 CFG = config()
 TASK = build_task(CFG.task)
@@ -33,7 +35,10 @@ def gone(pids: list[int]) -> bool:
 
 
 async def test_a_hung_rank_ends_the_call_within_the_collective_timeout() -> None:
-    cfg = fsdp(config(trainer={"collective_timeout_s": 1.0}))
+    # The timeout also bounds the ranks' start-up (their store and first
+    # collectives): 5 s, which only the stopped rank reaches, however loaded the
+    # machine (at 1 s, a rank starting late under load could time out first).
+    cfg = fsdp(config(trainer={"collective_timeout_s": 5.0}))
     trainer = build_local_trainer(cfg, TASK)
     pids = [p.pid for p in trainer.ranks.procs]
     try:

@@ -23,7 +23,7 @@ from asyncrl.checkpoint import prepare_resume
 from asyncrl.cli import main
 from asyncrl.config import load_config
 from asyncrl.errors import TrainerRankLost
-from asyncrl.runner import train
+from asyncrl.run.train import train
 
 pytestmark = pytest.mark.e2e
 

@@ -13,14 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.policy import build_policy
+from asyncrl.policy.build import build_policy
 from asyncrl.tasks import build_task
 from asyncrl.trainers import GRPOTrainer
 from asyncrl.trainers.distributed import DistributedTrainer, build_local_trainer
 
 from .helpers import TINY, config, fixed_rollouts, fsdp, max_abs_diff
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+# pytest's 300-s timeout: only a hang reaches it, also on a loaded machine.
+pytestmark = pytest.mark.e2e
 
 # float32; every loss term on (decoupled correction, KL to a sharded reference,
 # entropy bonus), and micro-batches of 4 sequences so that the ranks plan

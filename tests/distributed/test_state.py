@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from asyncrl.trainers.distributed.state import (
+from asyncrl.trainers.state import (
     indexed_optimizer_state,
     is_sharded,
     master_weights,

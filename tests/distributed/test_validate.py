@@ -23,8 +23,8 @@ def validate(capsys, *overrides: str) -> tuple[int, str]:
 @pytest.fixture
 def one_gpu(monkeypatch) -> None:
     """This CPU machine seen as one with a single CUDA GPU and NCCL."""
-    monkeypatch.setattr("asyncrl.preflight.check_device", lambda *a, **k: torch.device("cuda"))
-    monkeypatch.setattr("asyncrl.preflight.check_model_source", lambda policy: None)
+    monkeypatch.setattr("asyncrl.run.preflight.check_device", lambda *a, **k: torch.device("cuda"))
+    monkeypatch.setattr("asyncrl.run.preflight.check_model_source", lambda policy: None)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: True)

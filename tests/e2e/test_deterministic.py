@@ -11,7 +11,7 @@ import pytest
 from asyncrl.checkpoint import prepare_resume
 from asyncrl.config import load_config
 from asyncrl.controller.stats import measures_timing
-from asyncrl.runner import train
+from asyncrl.run.train import train
 
 pytestmark = pytest.mark.e2e
 

@@ -8,7 +8,8 @@ import path, as the page says:
 * ``yaml``: a valid config block (built into a task when its data file exists);
 * ``python``: executed; a ``print(...)  # expected`` line must print that;
 * ``bash``: every ``asyncrl`` command run through the CLI, except the full
-  ``examples/dataset.yaml`` run, whose learning ``test_dataset_example`` checks;
+  ``examples/dataset.yaml`` run, whose learning ``test_dataset_example_learns_asynchronously_beyond_its_control``
+  (tests/e2e/test_workloads.py) checks;
 * ``text``: the example error message is the one a real bad file gets.
 """
 

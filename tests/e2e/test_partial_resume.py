@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from asyncrl.backends import build_backends
 from asyncrl.checkpoint import prepare_resume
 from asyncrl.config import config_from_dict
-from asyncrl.runner import train
+from asyncrl.run.backends import build_backends
+from asyncrl.run.train import train
 from asyncrl.tasks import build_task
 from tests.pretrained import RecordingEngine
 

@@ -1,6 +1,8 @@
 """End to end: the tool-use example (examples/tool_use.yaml) trains with the
-local engine (its reward rises), its records keep the documented per-token
-contract, and the ledger balances. (On vLLM: a rollout function's policy
+local engine, its records keep the documented per-token contract, and the
+ledger balances. (That its reward rises - a rollout function's run cannot be
+deterministic - is measured over seeds: benchmarks/bench_convergence.py,
+``tool_use``.) (On vLLM: a rollout function's policy
 tokens after environment tokens are exact - tests/engines/test_vllm_engine.py,
 on the module's shared engine, since a vLLM run of its own costs tens of seconds.)"""
 
@@ -55,14 +57,12 @@ def check_records(groups) -> int:
     return env
 
 
-def test_the_tool_use_example_learns_with_the_local_engine(tmp_path: Path, probe) -> None:
-    # lr 2e-3: a visible rise within 40 steps (the example's 1e-3 is steadier over hundreds).
-    summary, records = train(tmp_path / "run", "grpo.max_num_steps=40", "policy.optimizer.lr=2e-3")
-    assert summary["ledger"]["balanced"] and summary["ledger"]["trained"] == 40 * 8
+def test_the_tool_use_example_trains_with_the_local_engine(tmp_path: Path, probe) -> None:
+    # The untrained policy calls the tool from the first step (~5% of its tokens
+    # were the tool's in each of 40 measured steps).
+    summary, records = train(tmp_path / "run", "grpo.max_num_steps=4")
+    assert summary["ledger"]["balanced"] and summary["ledger"]["trained"] == 4 * 8
     assert summary["ledger"]["failed"] == 0
-    start = sum(r["reward_mean"] for r in records[:10]) / 10
-    end = sum(r["reward_mean"] for r in records[-10:]) / 10
-    assert end > 2 * start and end > start + 0.015, f"reward did not rise: {start} -> {end}"
     assert any(r["train/masked_token_frac"] > 0 for r in records)  # the tool answered
     assert check_records(probe) > 0
 

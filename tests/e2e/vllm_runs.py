@@ -28,7 +28,7 @@ VLLM = ["policy.engine=vllm", "policy.model.num_heads=2", "checkpoint.every_step
 
 #: What the shared runs add to their commands. Both generate up to 6 tokens per
 #: completion, so that one can be calibrated on and the other predicted
-#: (tests/e2e/test_vllm_train_calibrate.py).
+#: (benchmarks/bench_calibrate.py makes them too).
 SHARED = {
     # The README's vLLM quickstart as a user types it (in_order, one step of
     # lookahead), run as its own process: its output is read too. No plots or

@@ -10,7 +10,7 @@ import pytest
 from asyncrl.config import load_config
 from asyncrl.engines.factory import check_engine_target
 from asyncrl.errors import ConfigError
-from asyncrl.runner import train
+from asyncrl.run.train import train
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "custom_engine.py"
@@ -28,6 +28,7 @@ def test_the_docs_show_the_whole_engine_in_under_80_lines():
     assert source in (REPO / "docs" / "engines.md").read_text()
 
 
+@pytest.mark.e2e
 def test_the_custom_engine_of_the_docs_trains_the_quickstart(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(REPO / "examples"))
     summary = train(custom_quickstart(), tmp_path / "run")

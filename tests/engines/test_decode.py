@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from asyncrl.config import GenerationConfig, ModelConfig, PolicyConfig, ReverseTaskConfig
-from asyncrl.engines import LocalEngine, decode
-from asyncrl.engines.sampling import sample_tokens, sampling_logprobs
-from asyncrl.policy import build_policy
+from asyncrl.engines import LocalEngine
+from asyncrl.engines.local import decode
+from asyncrl.engines.local.token_sampling import sample_tokens, sampling_logprobs
+from asyncrl.policy.build import build_policy
 from asyncrl.tasks import ReverseTask
 from asyncrl.types import GenerationError, GenerationRequest
 

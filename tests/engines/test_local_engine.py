@@ -19,7 +19,7 @@ from asyncrl.engines import (
     sampling_logprobs,
 )
 from asyncrl.errors import TokenizationError
-from asyncrl.policy import build_policy
+from asyncrl.policy.build import build_policy
 from asyncrl.tasks import ArithmeticTask
 from asyncrl.types import GenerationError, GenerationRequest, GroupAborted, Prompt
 

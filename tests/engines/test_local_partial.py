@@ -13,7 +13,7 @@ import torch
 
 from asyncrl.config import GenerationConfig, PolicyConfig
 from asyncrl.engines import LocalEngine, sampling_logprobs
-from asyncrl.policy import build_policy
+from asyncrl.policy.build import build_policy
 from asyncrl.types import Completion, GenerationRequest, GroupAborted, GroupResult
 from tests.engines.test_local_engine import TASK, TINY, bias_token, prompts, signal_first_forward
 

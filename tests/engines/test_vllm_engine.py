@@ -20,17 +20,17 @@ import torch
 
 from asyncrl.config import GenerationConfig
 from asyncrl.engines import EngineOptions, RolloutEngine, sampling_logprobs
-from asyncrl.engines.local import LocalEngine
-from asyncrl.engines.vllm import VLLMEngine
-from asyncrl.engines.vllm_setup import descendants
+from asyncrl.engines.local.engine import LocalEngine
+from asyncrl.engines.vllm.inprocess import VLLMEngine
+from asyncrl.engines.vllm.setup import descendants
 from asyncrl.errors import BackendLost, PromptTooLong
-from asyncrl.policy import build_policy
+from asyncrl.policy.build import build_policy
 from asyncrl.tasks import build_task
 from asyncrl.trainers.grpo import GRPOTrainer
 from asyncrl.types import Completion, GenerationRequest, GroupAborted, GroupResult, Prompt
 from tests.vllm_support import as_rollout, vllm_run_config
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
 
 TEMPERATURE = 0.8
 CFG = vllm_run_config(policy={"generation": {"max_new_tokens": 8, "temperature": TEMPERATURE}})

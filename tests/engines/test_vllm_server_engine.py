@@ -23,17 +23,18 @@ import pytest
 
 from asyncrl.config import RunConfig, config_from_dict
 from asyncrl.engines import RolloutEngine, WeightTransport
-from asyncrl.engines.vllm_server import VLLMServerEngine
-from asyncrl.engines.vllm_server_launch import KEY_ENV
-from asyncrl.engines.vllm_setup import descendants
+from asyncrl.engines.vllm.server.engine import VLLMServerEngine
+from asyncrl.engines.vllm.server.launch import KEY_ENV
+from asyncrl.engines.vllm.setup import descendants
 from asyncrl.errors import ConfigError
-from asyncrl.policy import build_policy
-from asyncrl.runner import train
+from asyncrl.policy.build import build_policy
+from asyncrl.run.train import train
 from asyncrl.tasks import build_task
 from asyncrl.trainers.grpo import GRPOTrainer
 from asyncrl.types import GenerationRequest, GroupAborted
 from tests.vllm_support import VLLM_MODEL
 
+pytestmark = pytest.mark.e2e
 QUIET = {"progress": "never", "tensorboard": False, "plots": False}
 #: Where the tests' servers given by URL find the fleet's key.
 KEY_VAR = "ASYNCRL_TEST_VLLM_SERVER_KEY"

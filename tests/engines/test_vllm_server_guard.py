@@ -16,7 +16,7 @@ import pytest
 
 from asyncrl.cli import main
 from asyncrl.config import config_from_dict
-from asyncrl.engines.vllm_server_launch import GUARD, KEY_ENV, server_environment
+from asyncrl.engines.vllm.server.launch import GUARD, KEY_ENV, server_environment
 from asyncrl.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]

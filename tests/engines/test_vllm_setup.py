@@ -13,13 +13,14 @@ import pytest
 import torch
 import yaml
 
-from asyncrl.backends import build_backends
 from asyncrl.config import config_from_dict, load_config
-from asyncrl.engines import vllm_setup, vllm_transport
 from asyncrl.engines.options import EngineOptions
+from asyncrl.engines.vllm import setup as vllm_setup
+from asyncrl.engines.vllm import transport as vllm_transport
 from asyncrl.errors import ConfigError, MissingDependency
-from asyncrl.hf import save_policy
-from asyncrl.policy import build_policy
+from asyncrl.policy.build import build_policy
+from asyncrl.policy.hf import save_policy
+from asyncrl.run.backends import build_backends
 from asyncrl.tasks import build_task
 from tests.vllm_support import vllm_run_config
 
@@ -125,7 +126,7 @@ def test_weights_are_written_as_safetensors_tied_ones_too(tmp_path):
 #: exits normally after releasing the reaper); prints the child's pid.
 OWNER = """
 import os, signal, subprocess, sys
-from asyncrl.engines.vllm_setup import Reaper
+from asyncrl.engines.vllm.setup import Reaper
 child = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 reaper = Reaper({child.pid})
@@ -137,6 +138,7 @@ else:
 """
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("end", ["sigkill", "release"])
 def test_the_reaper_kills_what_a_dead_owner_left_unless_released(end):
     owner = subprocess.run([sys.executable, "-c", OWNER, end], capture_output=True, text=True,
@@ -183,7 +185,7 @@ def test_vllm_output_goes_to_the_log_file_unless_verbose(tmp_path: Path, monkeyp
     import logging
     import os
 
-    from asyncrl.engines.vllm_output import VLLMOutput
+    from asyncrl.engines.vllm.output import VLLMOutput
 
     vllm_setup.require_vllm()
     monkeypatch.delenv("VLLM_LOGGING_CONFIG_PATH", raising=False)

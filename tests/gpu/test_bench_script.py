@@ -25,6 +25,7 @@ def run(*args: str) -> list[str]:
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the skip path needs a machine without CUDA")
+@pytest.mark.e2e
 def test_without_cuda_it_says_why_and_exits_0():
     lines = run()
     assert len(lines) == 1 and lines[0].startswith("SKIP bench_gpu: torch sees no CUDA device")

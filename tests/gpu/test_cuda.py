@@ -12,7 +12,6 @@ import asyncio
 import pytest
 import torch
 
-from asyncrl.backends import build_local_backends
 from asyncrl.config import (
     GenerationConfig,
     GRPOConfig,
@@ -21,9 +20,10 @@ from asyncrl.config import (
     ReverseTaskConfig,
     RunConfig,
 )
-from asyncrl.devices import worker_executor
-from asyncrl.engines import decode
-from asyncrl.policy import build_policy
+from asyncrl.engines.local import decode
+from asyncrl.policy.build import build_policy
+from asyncrl.policy.devices import worker_executor
+from asyncrl.run.backends import build_local_backends
 from asyncrl.tasks import build_task
 from asyncrl.types import GenerationRequest, Rollout
 

@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from asyncrl import jsonio
-from asyncrl.jsonio import dumps, read_json, read_jsonl, write_json, write_text_atomic
+from asyncrl._util import jsonio
+from asyncrl._util.jsonio import dumps, read_json, read_jsonl, write_json, write_text_atomic
 
 
 def strict(text: str):

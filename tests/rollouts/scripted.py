@@ -8,7 +8,6 @@ when the request arrives. ``latency`` virtual seconds pass per request.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -16,6 +15,7 @@ from asyncrl.engines.completions import joined, prefix_of, text_of
 from asyncrl.record import Completion, GroupResult
 from asyncrl.tasks.tokenizer import CharTokenizer
 from asyncrl.types import GenerationRequest, GroupAborted, Prompt
+from tests.vtime import advance
 
 TOKENIZER = CharTokenizer("0123456789+=cal()?xy")
 Script = Callable[[Prompt, str, int], str]
@@ -33,7 +33,7 @@ class ScriptedEngine:
     async def generate(self, request: GenerationRequest) -> GroupResult:
         self.requests.append(request)
         version = self.weight_version
-        await asyncio.sleep(self.latency)
+        await advance(self.latency)
         if request.group_id in self.aborted:
             raise GroupAborted(f"group {request.group_id!r} aborted")
         out = []

@@ -1,8 +1,8 @@
 """``asyncrl simulate --calibrate`` on run directories whose truth is known: a
 "real" run made by the Controller with simulated backends of known costs, under
 virtual time, written like ``asyncrl train`` writes a run. The fit must
-recover the costs and predict another setup. (The vLLM run is in
-tests/e2e/test_vllm_calibrate.py.)"""
+recover the costs and predict another setup. (On real vLLM runs, whose speeds
+the machine's load sways: benchmarks/bench_calibrate.py.)"""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from asyncrl._util.jsonio import write_json
 from asyncrl.cli import main
 from asyncrl.config import RunConfig, config_from_dict, dump_config, load_config
 from asyncrl.controller import Controller
 from asyncrl.controller.ledger import MemoryHistory
 from asyncrl.errors import ConfigError
-from asyncrl.jsonio import write_json
 from asyncrl.metrics import MemorySink
 from asyncrl.sim.backends import SimEngine, SimTask, SimTrainer
 from asyncrl.sim.calibrate import calibrate, concurrency, fit_nonnegative, steps_per_s
@@ -187,6 +187,7 @@ def test_a_directory_without_a_run_is_a_clear_error(tmp_path: Path) -> None:
         calibrate(tmp_path / "a")
 
 
+@pytest.mark.e2e
 def test_a_run_too_short_to_fit_is_refused_naming_the_steps_needed(tmp_path: Path) -> None:
     """Issue 28, item 9: a 2-step run was fitted (R^2 0.00) and the command exited 0.
     A real ``asyncrl simulate`` process: the exit status and the one line it prints."""

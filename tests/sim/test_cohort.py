@@ -16,7 +16,8 @@ import pytest
 from asyncrl.config import RunConfig, load_config
 from asyncrl.errors import ConfigError
 from asyncrl.sim.backends import SimEngine
-from asyncrl.sim.cohort import KEEP_RECORDS, Fleet, _Window
+from asyncrl.sim.cohort import KEEP_RECORDS, Fleet
+from asyncrl.sim.cohort_fleet import _Window
 from asyncrl.sim.latency import Lognormal
 from asyncrl.sim.reference import serial_reference_s
 from asyncrl.sim.runner import BUILTIN_POLICIES, ROW_KEYS, policy_config, simulate

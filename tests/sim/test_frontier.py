@@ -123,6 +123,7 @@ def test_cli_frontier_marks_the_config_and_recommends_a_better_one(
     assert " ".join(f"'{o}'" for o in best["overrides"]) in out.replace("\n", "")
 
 
+@pytest.mark.e2e
 def test_cli_on_the_frontier_shows_the_nearest_trade_offs_on_either_side(
         config_file: Path, tmp_path: Path) -> None:
     """Issue 28, item 9: a config already on the frontier got "is on the frontier"

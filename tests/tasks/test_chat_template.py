@@ -9,9 +9,9 @@ import pytest
 from tests.pretrained import save_tiny_chat_model
 
 from asyncrl.config import PolicyConfig
-from asyncrl.dataset_config import DatasetTaskConfig
+from asyncrl.config.dataset import DatasetTaskConfig
 from asyncrl.errors import ConfigError
-from asyncrl.policy import HFTokenizer, bind_task_tokenizer, load_tokenizer
+from asyncrl.policy.build import HFTokenizer, bind_task_tokenizer, load_tokenizer
 from asyncrl.tasks import DatasetTask
 from asyncrl.tasks.tokenizer import encode_prompt
 

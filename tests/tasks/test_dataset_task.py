@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from asyncrl.config import WandbConfig, load_config
-from asyncrl.dataset_config import DatasetTaskConfig
+from asyncrl.config.dataset import DatasetTaskConfig
 from asyncrl.errors import CheckpointError, ConfigError, MissingDependency
 from asyncrl.metrics.wandb_sink import WandbSink
 from asyncrl.tasks import DatasetTask, PromptSource, Task, build_task

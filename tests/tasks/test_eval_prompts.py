@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from asyncrl.config import config_from_dict
+from asyncrl.controller.evaluation import EVAL_SEED_OFFSET, build_evaluation
 from asyncrl.errors import ConfigError
-from asyncrl.evaluation import EVAL_SEED_OFFSET, build_evaluation
 
 pytest.importorskip("datasets")
 DATA = str(Path(__file__).resolve().parents[2] / "examples" / "data" / "number_words.jsonl")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.dataset_config import (
+from asyncrl.config.dataset import (
     CustomRewardConfig,
     DatasetTaskConfig,
     ExactMatchRewardConfig,

@@ -55,7 +55,7 @@ async def until(condition: Callable[[], bool]) -> None:
 
 
 # ---------------------------------------------------------------- contract
-@pytest.mark.parametrize("executor", ["thread", "process"])
+@pytest.mark.parametrize("executor", ["thread", pytest.param("process", marks=pytest.mark.e2e)])
 def test_scores_failures_and_recovery(executor: str) -> None:
     async def main() -> None:
         pool = pool_of("graded", executor=executor, num_workers=2)
@@ -205,6 +205,7 @@ def test_at_most_num_workers_groups_run_and_cancelled_waiters_free_their_slot() 
 
 
 # -------------------------------------------------------------- processes
+@pytest.mark.e2e
 def test_a_hung_process_is_killed_and_replaced() -> None:
     async def main() -> None:
         loop = asyncio.get_running_loop()
@@ -220,6 +221,7 @@ def test_a_hung_process_is_killed_and_replaced() -> None:
     run_virtual(main(), loop="jump")
 
 
+@pytest.mark.e2e
 def test_a_process_that_dies_fails_its_group_only() -> None:
     async def main() -> None:
         pid_pool = pool_of("pid", executor="process", num_workers=1)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from asyncrl.config import ModelConfig, PolicyConfig
-from asyncrl.policy import build_policy, model_config
+from asyncrl.policy.build import build_policy, model_config
 from asyncrl.tasks.tokenizer import CharTokenizer
 from asyncrl.types import Completion, GroupResult, Prompt, Rollout
 

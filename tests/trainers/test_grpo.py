@@ -11,7 +11,6 @@ import threading
 import pytest
 import torch
 
-from asyncrl.backends import build_local_backends
 from asyncrl.config import (
     ArithmeticTaskConfig,
     GenerationConfig,
@@ -22,7 +21,8 @@ from asyncrl.config import (
     RunConfig,
 )
 from asyncrl.engines import EngineOptions, LocalEngine
-from asyncrl.policy import build_policy
+from asyncrl.policy.build import build_policy
+from asyncrl.run.backends import build_local_backends
 from asyncrl.tasks import ArithmeticTask
 from asyncrl.trainers import GRPOTrainer, Trainer
 from asyncrl.types import GenerationRequest, Rollout

@@ -10,7 +10,7 @@ import torch
 from asyncrl.config import ModelConfig, PolicyConfig, ReverseTaskConfig
 from asyncrl.engines import LocalEngine
 from asyncrl.errors import ConfigError
-from asyncrl.policy import HFTokenizer, build_policy
+from asyncrl.policy.build import HFTokenizer, build_policy
 from asyncrl.tasks import ArithmeticTask, CharTokenizer, ReverseTask, Tokenizer
 from asyncrl.trainers import GRPOTrainer
 from asyncrl.types import GenerationRequest, Prompt, Rollout

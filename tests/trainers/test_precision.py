@@ -14,10 +14,10 @@ from asyncrl.config import (
     ModelConfig,
     PolicyConfig,
 )
-from asyncrl.devices import policy_dtype
 from asyncrl.engines import LocalEngine
 from asyncrl.errors import ConfigError
-from asyncrl.policy import build_policy
+from asyncrl.policy.build import build_policy
+from asyncrl.policy.devices import policy_dtype
 from asyncrl.tasks import ArithmeticTask
 from asyncrl.trainers import GRPOTrainer
 from asyncrl.trainers.precision import MasterWeights

@@ -24,7 +24,7 @@ from typing import Any
 
 from sortedcontainers import SortedDict, SortedList
 
-from asyncrl._signal import ChangeSignal
+from asyncrl._util.change_signal import ChangeSignal
 from asyncrl.errors import (
     BufferStateError,
     DuplicateGroupError,

@@ -1,5 +1,5 @@
 """Checkpointing during a run, and preparing ``asyncrl train --resume RUN_DIR``
-(:func:`asyncrl.runner.resume_run` runs it)."""
+(:func:`asyncrl.run.train.resume_run` runs it)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from asyncrl._bounded import append_bounded
-from asyncrl._yaml import load_yaml
+from asyncrl._util.bounded import append_bounded
 from asyncrl.checkpoint.store import (
     LoadedCheckpoint,
     load_latest,
@@ -19,6 +18,7 @@ from asyncrl.checkpoint.store import (
     write_checkpoint,
 )
 from asyncrl.config import RunConfig, apply_overrides, config_from_dict, dump_config
+from asyncrl.config.strict_yaml import load_yaml
 from asyncrl.errors import CheckpointError, ConfigError
 from asyncrl.trainers.base import final_state_dict
 

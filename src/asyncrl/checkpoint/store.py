@@ -30,10 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from asyncrl._yaml import load_yaml
 from asyncrl.config import config_from_dict
+from asyncrl.config.strict_yaml import load_yaml
 from asyncrl.errors import CheckpointError, ConfigError
-from asyncrl.trainers.distributed.state import SHARDED_DIR, SHARDED_KEY
+from asyncrl.trainers.state import SHARDED_DIR, SHARDED_KEY
 
 log = logging.getLogger("asyncrl.checkpoint")
 

@@ -65,7 +65,7 @@ def _main(argv: Sequence[str] | None) -> int:
     if args.verbose:  # our own loggers only: third-party debug output is noise here
         logging.getLogger("asyncrl").setLevel(logging.DEBUG)
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "INFO")  # vLLM's start-up log too
-    from asyncrl.signals import sigterm_as_interrupt
+    from asyncrl.run.signals import sigterm_as_interrupt
 
     try:
         with sigterm_as_interrupt():  # SIGTERM is Ctrl-C's twin until the process exits
@@ -79,7 +79,7 @@ def _main(argv: Sequence[str] | None) -> int:
             traceback.print_exception(exc.__cause__, file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:
-        from asyncrl.signals import Terminated
+        from asyncrl.run.signals import Terminated
 
         terminated = isinstance(exc, Terminated)
         print(f"asyncrl {args.command}: {'terminated' if terminated else 'interrupted'}",

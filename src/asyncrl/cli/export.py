@@ -17,7 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from asyncrl.export import export_checkpoint
+    from asyncrl.run.export import export_checkpoint
 
     step, out = export_checkpoint(args.run_dir, args.out, step=args.step, force=args.force)
     print(f"asyncrl export: step {step} of {args.run_dir} written to {out} "

@@ -15,9 +15,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from asyncrl._util.jsonio import dumps
 from asyncrl.config import load_config
 from asyncrl.errors import ConfigError
-from asyncrl.jsonio import dumps
 
 #: asyncrl.sim.frontier.DEFAULT_STEPS, without importing the simulator for --help.
 FRONTIER_STEPS = 100

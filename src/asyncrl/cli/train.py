@@ -10,7 +10,7 @@ from rich.console import Console
 
 from asyncrl.config import load_config
 from asyncrl.errors import ConfigError
-from asyncrl.signals import EXIT_CODES
+from asyncrl.run.signals import EXIT_CODES
 
 #: Exit codes by stop reason (0 for the others): the signals', and 1 for a run the
 #: stall watchdog stopped (stall_action: abort).
@@ -36,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     console = Console()
     if args.resume:
-        from asyncrl.runner import resume_run
+        from asyncrl.run.train import resume_run
 
         if args.overwrite and args.run_dir is None:
             raise ConfigError("--overwrite applies to a new --run-dir (a fork with --resume); "
@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
         summary = resume_run(args.resume, args.overrides, fork_to=args.run_dir,
                              overwrite=args.overwrite)
     else:
-        from asyncrl.runner import train
+        from asyncrl.run.train import train
 
         cfg = load_config(args.config, args.overrides)
         summary = train(cfg, args.run_dir, overwrite=args.overwrite)

@@ -1,5 +1,5 @@
 """``asyncrl validate``: run every check ``train`` runs before its first step
-(:func:`asyncrl.preflight.preflight`) and print what the config implies: the
+(:func:`asyncrl.run.preflight.preflight`) and print what the config implies: the
 sampler's derived facts and, for the built-in trainer, the estimated peak memory
 of a training step (:mod:`asyncrl.trainers.estimate`), with a warning when it
 exceeds the device."""
@@ -16,7 +16,7 @@ from rich.table import Table
 
 from asyncrl.config import dump_config, load_config
 from asyncrl.errors import AsyncRLError
-from asyncrl.preflight import preflight
+from asyncrl.run.preflight import preflight
 
 if TYPE_CHECKING:
     from asyncrl.config import RunConfig

@@ -18,7 +18,7 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from asyncrl._bounded import append_bounded
+from asyncrl._util.bounded import append_bounded
 
 if TYPE_CHECKING:
     from asyncrl.config import LossConfig, PolicyConfig
@@ -65,7 +65,7 @@ class EngineWorker:
     ) -> None:
         from asyncrl.engines.capabilities import EngineCapabilities
         from asyncrl.engines.factory import build_engine
-        from asyncrl.policy import build_policy
+        from asyncrl.policy.build import build_policy
 
         model, tokenizer = build_policy(policy, task, seed=options.seed)
         options = dataclasses.replace(
@@ -109,7 +109,7 @@ class TrainerWorker:
     """The trainer actor: a :class:`~asyncrl.trainers.grpo.GRPOTrainer`."""
 
     def __init__(self, policy: PolicyConfig, loss: LossConfig, task: Task, seed: int) -> None:
-        from asyncrl.policy import build_policy
+        from asyncrl.policy.build import build_policy
         from asyncrl.trainers.grpo import GRPOTrainer
 
         model, tokenizer = build_policy(policy, task, seed=seed)

@@ -152,8 +152,8 @@ def build_ray_backends(cfg: RunConfig, task: Task) -> tuple[list[RayEngine], Ray
 
 def _sharded_ranks(cfg: RunConfig, task: Task) -> Any:
     """``trainer.strategy: fsdp``: the ranks as actors in one placement group (starting)."""
-    from asyncrl.cluster.ranks import RayRanks
-    from asyncrl.trainers.distributed.rank import RankSpec
+    from asyncrl.cluster.ray_ranks import RayRanks
+    from asyncrl.trainers.distributed.rank_core import RankSpec
 
     world_size = cfg.trainer.world_size
     return RayRanks(lambda init: RankSpec(cfg, task, world_size, init), world_size,

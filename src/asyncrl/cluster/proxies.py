@@ -36,9 +36,9 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from asyncrl import supervision
-from asyncrl._bounded import append_bounded
-from asyncrl._signal import ChangeSignal
+from asyncrl._util import supervision
+from asyncrl._util.bounded import append_bounded
+from asyncrl._util.change_signal import ChangeSignal
 from asyncrl.engines.capabilities import EngineCapabilities
 from asyncrl.errors import (
     EngineUnavailable,

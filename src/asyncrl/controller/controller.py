@@ -29,14 +29,15 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from asyncrl import supervision
-from asyncrl._compat import BaseExceptionGroup, TaskGroup
+from asyncrl._util import supervision
+from asyncrl._util.compat import BaseExceptionGroup, TaskGroup
 from asyncrl.buffer import RolloutBuffer
 from asyncrl.config import AsyncRLConfig, GRPOConfig
 from asyncrl.controller.context import RunContext
 from asyncrl.controller.determinism import Determinism, NoDeterminism
 from asyncrl.controller.dispatch import Dispatcher
 from asyncrl.controller.drops import DropPolicy
+from asyncrl.controller.evaluation import Evaluator
 from asyncrl.controller.failure_log import SHOWN_GROUPS
 from asyncrl.controller.ledger import Ledger, LedgerHistory
 from asyncrl.controller.partials import read_partials, stop_generating
@@ -54,7 +55,6 @@ from asyncrl.errors import (
     UsageError,
     add_note,
 )
-from asyncrl.evaluation import Evaluator
 from asyncrl.metrics import MetricsSink, Timeline
 from asyncrl.sampling import PromptGroupSampler, create_sampler
 from asyncrl.tasks.base import PromptSource, Scorer, Task
@@ -108,7 +108,7 @@ class Controller:
         (``async_rl.sampler``, over ``buffer``), the prompts from
         ``task.prompt_source(seed)``. A ``sampler`` given comes with the
         ``buffer`` it was built over. ``asyncrl.build_controller(config)``
-        (:mod:`asyncrl.assemble`) also builds the engines and the trainer from a
+        (:mod:`asyncrl.run.assemble`) also builds the engines and the trainer from a
         config, and closes them after the run."""
         if not engines:
             raise UsageError("Controller needs at least one rollout engine (engines=[...])")

@@ -24,8 +24,8 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from asyncrl._compat import TaskGroup
-from asyncrl._signal import ChangeSignal
+from asyncrl._util.change_signal import ChangeSignal
+from asyncrl._util.compat import TaskGroup
 from asyncrl.controller.attempts import AttemptRunner, Exhausted, Fatal
 from asyncrl.controller.context import RunContext
 from asyncrl.controller.determinism import NoDeterminism

@@ -33,6 +33,7 @@ import collections
 from collections.abc import Callable
 from typing import Any
 
+from asyncrl.config.failures import RolloutFailureConfig
 from asyncrl.controller.entry import Entry
 from asyncrl.errors import (
     FailureKind,
@@ -43,7 +44,6 @@ from asyncrl.errors import (
     TooManyFailedGroups,
     failure_kind,
 )
-from asyncrl.failure_config import RolloutFailureConfig
 from asyncrl.types import Prompt, prompt_from_dict, prompt_to_dict
 
 #: Dropped prompts the summary lists by name (the newest); all of them are in ledger.jsonl.

@@ -8,7 +8,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from asyncrl._bounded import KEEP
+from asyncrl._util.bounded import KEEP
 from asyncrl.buffer import Slot
 from asyncrl.record import counted
 

@@ -22,10 +22,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from asyncrl.buffer import Slot
 from asyncrl.controller.context import RunContext
 from asyncrl.controller.dispatch import Dispatcher
+from asyncrl.controller.evaluation import Evaluator
 from asyncrl.controller.stats import StepMark
 from asyncrl.controller.weight_sync import WeightSync
 from asyncrl.errors import ControllerBug, RolloutStall
-from asyncrl.evaluation import Evaluator
 from asyncrl.metrics import MetricsSink
 from asyncrl.trainers.base import Trainer
 

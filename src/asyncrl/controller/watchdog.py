@@ -24,9 +24,9 @@ import asyncio
 import logging
 from collections.abc import Callable
 
+from asyncrl.config.failures import StallWatchdogConfig
 from asyncrl.controller.context import RunContext
 from asyncrl.errors import RolloutStall
-from asyncrl.failure_config import StallWatchdogConfig
 
 log = logging.getLogger("asyncrl.controller")
 

@@ -26,8 +26,8 @@ from asyncrl.engines.options import EngineContext, EngineOptions
 from asyncrl.engines.transport import InProcessTransport, WeightTransport, WeightUpdate
 
 if TYPE_CHECKING:
-    from asyncrl.engines.local import LocalEngine, sampling_logprobs
-    from asyncrl.engines.vllm import VLLMEngine
+    from asyncrl.engines.local.engine import LocalEngine, sampling_logprobs
+    from asyncrl.engines.vllm.inprocess import VLLMEngine
 
 __all__ = [
     "Aborts",
@@ -53,11 +53,11 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name in ("LocalEngine", "sampling_logprobs"):
-        from asyncrl.engines import local
+        from asyncrl.engines.local import engine
 
-        return getattr(local, name)
+        return getattr(engine, name)
     if name == "VLLMEngine":
-        from asyncrl.engines.vllm import VLLMEngine
+        from asyncrl.engines.vllm.inprocess import VLLMEngine
 
         return VLLMEngine
     raise AttributeError(f"module 'asyncrl.engines' has no attribute {name!r}")

@@ -18,7 +18,7 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from asyncrl._targets import load_target
+from asyncrl.config.targets import load_target
 from asyncrl.engines.base import RolloutEngine
 from asyncrl.engines.options import EngineContext, EngineOptions
 from asyncrl.errors import ConfigError
@@ -58,14 +58,14 @@ def engine_class(policy: PolicyConfig) -> type:
         assert policy.custom_engine is not None  # the config's validator ensures it
         return check_engine_target(policy.custom_engine)
     if policy.engine == "vllm":
-        from asyncrl.engines.vllm import VLLMEngine
+        from asyncrl.engines.vllm.inprocess import VLLMEngine
 
         return VLLMEngine
     if policy.engine == "vllm_server":
-        from asyncrl.engines.vllm_server import VLLMServerEngine
+        from asyncrl.engines.vllm.server.engine import VLLMServerEngine
 
         return VLLMServerEngine
-    from asyncrl.engines.local import LocalEngine
+    from asyncrl.engines.local.engine import LocalEngine
 
     return LocalEngine
 
@@ -78,7 +78,7 @@ def _loaded(model: torch.nn.Module, weights: Mapping[str, Any] | None) -> torch.
 
 def _local(policy: PolicyConfig, ctx: EngineContext, weights: Mapping[str, Any] | None
            ) -> RolloutEngine:
-    from asyncrl.engines.local import LocalEngine
+    from asyncrl.engines.local.engine import LocalEngine
 
     return LocalEngine.from_config(policy, ctx.options, model=_loaded(ctx.model, weights),
                                    tokenizer=ctx.tokenizer, weight_version=ctx.weight_version)
@@ -86,7 +86,7 @@ def _local(policy: PolicyConfig, ctx: EngineContext, weights: Mapping[str, Any] 
 
 def _vllm(policy: PolicyConfig, ctx: EngineContext, weights: Mapping[str, Any] | None
           ) -> RolloutEngine:
-    from asyncrl.engines.vllm import VLLMEngine
+    from asyncrl.engines.vllm.inprocess import VLLMEngine
 
     return VLLMEngine.for_policy(policy, ctx.options, ctx.model, ctx.tokenizer,
                                  weights=weights, weight_version=ctx.weight_version)
@@ -94,7 +94,7 @@ def _vllm(policy: PolicyConfig, ctx: EngineContext, weights: Mapping[str, Any] |
 
 def _vllm_server(policy: PolicyConfig, ctx: EngineContext, weights: Mapping[str, Any] | None
                  ) -> RolloutEngine:
-    from asyncrl.engines.vllm_server import VLLMServerEngine
+    from asyncrl.engines.vllm.server.engine import VLLMServerEngine
 
     options = ctx.options
     return VLLMServerEngine.for_policy(

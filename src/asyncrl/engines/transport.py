@@ -9,7 +9,7 @@ collective, HTTP) is a new transport - the controller does not change.
 Transports of this project: :class:`InProcessTransport` (the local engine's,
 and any engine whose model lives in this process: the load runs on the thread
 that owns the model, between two decoding steps); the vLLM engine picks one of
-:mod:`asyncrl.engines.vllm_transport` (``policy.vllm.weight_transport``).
+:mod:`asyncrl.engines.vllm.transport` (``policy.vllm.weight_transport``).
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ class InProcessTransport:
 
     def load_now(self, update: WeightUpdate) -> None:
         """Load ``update`` on the calling thread (the one that owns the model)."""
-        from asyncrl.devices import adopt  # torch: not imported with the engine protocol
+        from asyncrl.policy.devices import adopt  # torch: not imported with the engine protocol
 
         check_kind(self, update)
         self.model.load_state_dict(update.tensors)

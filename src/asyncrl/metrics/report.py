@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from asyncrl.jsonio import read_json, read_jsonl
+from asyncrl._util.jsonio import read_json, read_jsonl
 from asyncrl.metrics.plots import (
     plot_reward,
     plot_staleness_hist,

@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from asyncrl.jsonio import dumps
+from asyncrl._util.jsonio import dumps
 
 
 @runtime_checkable

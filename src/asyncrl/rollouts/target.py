@@ -1,6 +1,6 @@
 """Load and check the rollout function ``task.rollout`` names.
 
-Checked like a custom sampler or reward (:mod:`asyncrl._targets`): by
+Checked like a custom sampler or reward (:mod:`asyncrl.config.targets`): by
 ``asyncrl validate`` and before ``asyncrl train`` builds anything, each failure
 a one-line :class:`~asyncrl.errors.ConfigError` naming the target and the fix.
 """
@@ -11,7 +11,7 @@ import inspect
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from asyncrl._targets import load_target
+from asyncrl.config.targets import load_target
 from asyncrl.errors import ConfigError
 from asyncrl.rollouts.engine import RolloutFunction, with_rollout_function
 

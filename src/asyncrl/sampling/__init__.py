@@ -1,8 +1,9 @@
-"""Staleness samplers: the pluggable contract between the two pumps."""
+"""Staleness samplers: the pluggable contract between the two pumps (``base``),
+the built-in policies (``policies``) and the factory that builds one from its
+config (``factory``; the configs are :mod:`asyncrl.config.sampler`'s, re-exported
+here)."""
 
-from asyncrl.errors import SamplerConfigError
-from asyncrl.sampling.base import BaseSampler, PromptGroupSampler
-from asyncrl.sampling.config import (
+from asyncrl.config.sampler import (
     SAMPLER_NAMES,
     WINDOW_FIELD,
     CustomSamplerConfig,
@@ -11,10 +12,11 @@ from asyncrl.sampling.config import (
     SamplerConfig,
     WeightFifoSamplerConfig,
     WindowedSamplerConfig,
-    create_sampler,
-    missing_protocol_members,
     parse_sampler_config,
 )
+from asyncrl.errors import SamplerConfigError
+from asyncrl.sampling.base import BaseSampler, PromptGroupSampler
+from asyncrl.sampling.factory import create_sampler, missing_protocol_members
 from asyncrl.sampling.policies import (
     InOrderSampler,
     ReadyFirstSampler,

@@ -39,9 +39,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from asyncrl._util.jsonio import read_json, read_jsonl
 from asyncrl.config import RunConfig, config_from_dict, load_config
 from asyncrl.errors import ConfigError
-from asyncrl.jsonio import read_json, read_jsonl
 
 #: Fewer groups with generation timings than this cannot be fitted.
 MIN_GROUPS = 8

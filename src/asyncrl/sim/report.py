@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from asyncrl._util.jsonio import write_json
 from asyncrl.config import RunConfig, dump_config
-from asyncrl.jsonio import write_json
 from asyncrl.sim.runner import ROW_KEYS, Bound, SimResult
 
 #: Steps shown in a pump timeline plot: enough to see the pipeline's rhythm,

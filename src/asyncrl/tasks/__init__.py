@@ -7,7 +7,7 @@ task only needs the :class:`Task` protocol (see docs/training.md).
 from __future__ import annotations
 
 from asyncrl.config import ArithmeticTaskConfig, ReverseTaskConfig, SortTaskConfig
-from asyncrl.dataset_config import DatasetTaskConfig
+from asyncrl.config.dataset import DatasetTaskConfig
 from asyncrl.errors import ConfigError
 from asyncrl.tasks.arithmetic import ArithmeticTask
 from asyncrl.tasks.base import PromptSource, Scorer, Task

@@ -44,7 +44,7 @@ class ArithmeticTask:
     @property
     def longest_prompt_text(self) -> str:
         """A prompt as long as any this task makes (both operands at their longest):
-        what the context-length check measures (:mod:`asyncrl.context_length`)."""
+        what the context-length check measures (:mod:`asyncrl.policy.context_length`)."""
         top = str(self.cfg.max_operand)
         return f"{top}{self.operators[0]}{top}="
 

@@ -18,7 +18,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from asyncrl.dataset_config import (
+from asyncrl.config.dataset import (
     DatasetTaskConfig,
     ExactMatchRewardConfig,
     MathVerifyRewardConfig,

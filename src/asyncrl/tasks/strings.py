@@ -57,7 +57,7 @@ class _StringTask:
     @property
     def longest_prompt_text(self) -> str:
         """A prompt as long as any this task makes (a string of ``max_length``):
-        what the context-length check measures (:mod:`asyncrl.context_length`)."""
+        what the context-length check measures (:mod:`asyncrl.policy.context_length`)."""
         return f"{self.word} {self.cfg.alphabet[0] * self.cfg.max_length}="
     def length(self, rng: random.Random) -> int:
         """A string length: uniform in [min_length, max_length], or (long_tail)

@@ -2,7 +2,7 @@
 
 The engine and the trainer only ever talk to a tokenizer through the small
 :class:`Tokenizer` interface below. :class:`CharTokenizer` implements it for
-the built-in tasks (one token per character); :class:`asyncrl.policy.HFTokenizer`
+the built-in tasks (one token per character); :class:`asyncrl.policy.build.HFTokenizer`
 wraps a transformers tokenizer the same way, so a real model plugs in unchanged.
 """
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from asyncrl.devices import policy_dtype
+from asyncrl.policy.devices import policy_dtype
 from asyncrl.trainers.memory import LiveTensorBytes
 from asyncrl.types import Completion, GroupResult, Prompt, Rollout
 
@@ -59,7 +59,7 @@ class MemoryEstimate:
 
 def estimate_step_memory(cfg: RunConfig, task: Task | None = None) -> MemoryEstimate:
     """The estimate for ``cfg`` (``task`` gives a from-scratch model its vocabulary)."""
-    from asyncrl.policy import load_tokenizer, model_skeleton
+    from asyncrl.policy.build import load_tokenizer, model_skeleton
     from asyncrl.trainers.grpo import GRPOTrainer
 
     device = torch.device(cfg.policy.device)

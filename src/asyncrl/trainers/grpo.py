@@ -10,7 +10,7 @@ One training step (weights ``v`` -> ``v + 1``) is fed chunk by chunk:
   accumulate across chunks. Sequences go through the model in micro-batches of
   at most ``micro_batch_tokens`` positions, grouped by length
   (:func:`~asyncrl.trainers.packing.plan_micro_batches`); log-probs, entropy and
-  KL come from the chunked loss head (:mod:`asyncrl.trainers.scoring`), so no
+  KL come from the chunked loss head (:mod:`asyncrl.trainers.token_logprobs`), so no
   ``tokens x vocabulary`` tensor exists.
 * ``finish_step`` - divide the accumulated gradients by the step's token count
   (the sum of its tokens' loss weights, :meth:`GRPOTrainer.step_token_count`:
@@ -26,7 +26,7 @@ tokens older than ``loss.max_token_staleness`` and (``loss.truncated: mask``)
 truncated completions get no gradient and do not count in the token mean.
 
 The heavy work runs in one worker thread of its own, off the event loop (on
-CUDA, with a stream of its own: see :mod:`asyncrl.devices`). A model in bfloat16
+CUDA, with a stream of its own: see :mod:`asyncrl.policy.devices`). A model in bfloat16
 or float16 trains with float32 master weights (:mod:`asyncrl.trainers.precision`).
 
 The proximal log-probs of ``decoupled`` are "the trainer's weights at the start
@@ -47,11 +47,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from asyncrl.config import LossConfig, OptimizerConfig
-from asyncrl.devices import hand_over, worker_executor
 from asyncrl.errors import ConfigError
+from asyncrl.policy.devices import hand_over, worker_executor
 from asyncrl.tasks.tokenizer import Tokenizer
 from asyncrl.trainers import lora as lora_
-from asyncrl.trainers.distributed.state import SHARDED_KEY, unshard_state
 from asyncrl.trainers.losses import k3_kl, token_losses
 from asyncrl.trainers.memory import StepPeakMemory
 from asyncrl.trainers.optim import apply_optimizer_config, hyperparameters
@@ -65,7 +64,8 @@ from asyncrl.trainers.packing import (
     plan_micro_batches,
 )
 from asyncrl.trainers.precision import MasterWeights
-from asyncrl.trainers.scoring import TokenScorer, enable_checkpointing
+from asyncrl.trainers.state import SHARDED_KEY, unshard_state
+from asyncrl.trainers.token_logprobs import TokenScorer, enable_checkpointing
 from asyncrl.types import Rollout
 
 if TYPE_CHECKING:
@@ -119,7 +119,7 @@ class GRPOTrainer:
         deterministic: bool = False,
         weights_device: str | torch.device = "cpu",
     ) -> None:
-        self.model = model.eval()  # no dropout, see asyncrl.policy
+        self.model = model.eval()  # no dropout, see asyncrl.policy.build
         self.pad_id = tokenizer.pad_id
         self.loss_cfg = loss or LossConfig()
         self.opt_cfg = optimizer or OptimizerConfig()
@@ -173,7 +173,7 @@ class GRPOTrainer:
         weights_device: str | torch.device = "cpu",
     ) -> GRPOTrainer:
         """The trainer of ``policy`` with ``loss``, over ``model`` (built by
-        :func:`asyncrl.policy.build_policy`)."""
+        :func:`asyncrl.policy.build.build_policy`)."""
         return cls(
             model,
             tokenizer,

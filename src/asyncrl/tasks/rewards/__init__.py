@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from asyncrl.dataset_config import RewardPoolConfig
+from asyncrl.config.dataset import RewardPoolConfig
 from asyncrl.tasks.base import Task
 from asyncrl.tasks.rewards.functions import (
     ExactMatch,
@@ -31,7 +31,7 @@ from asyncrl.tasks.rewards.pool import RewardPool
 def build_scorer(task: Task, task_cfg: Any = None) -> RewardPool:
     """The scorer for ``task``: its reward in a :class:`RewardPool` configured by
     ``task_cfg.reward`` (num_workers, executor, timeout_s), or by the
-    :class:`~asyncrl.dataset_config.RewardPoolConfig` defaults when the task
+    :class:`~asyncrl.config.dataset.RewardPoolConfig` defaults when the task
     config has no reward block (the built-in tasks).
 
     ``task_cfg`` defaults to the task's own config (``task.cfg``, which every

@@ -22,13 +22,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from asyncrl._targets import load_target
-from asyncrl.dataset_config import (
+from asyncrl.config.dataset import (
     CustomRewardConfig,
     ExactMatchRewardConfig,
     MathVerifyRewardConfig,
     RegexRewardConfig,
 )
+from asyncrl.config.targets import load_target
 from asyncrl.errors import ConfigError, RewardError, require
 from asyncrl.tasks.common import match_reward
 from asyncrl.types import Prompt

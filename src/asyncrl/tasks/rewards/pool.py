@@ -35,7 +35,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
-from asyncrl.dataset_config import RewardPoolConfig
+from asyncrl.config.dataset import RewardPoolConfig
 from asyncrl.errors import RewardError, RewardTimeout, RewardWorkerLost
 from asyncrl.tasks.rewards.functions import describe_function, score_many
 from asyncrl.tasks.rewards.workers import DaemonThreads, ProcessWorkers

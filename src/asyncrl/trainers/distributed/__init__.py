@@ -26,7 +26,7 @@ def build_local_trainer(cfg: RunConfig, task: Any, *, weights_device: str = "cpu
     (started and ready when this returns)."""
     from asyncrl.trainers.distributed.checks import collective_backend
     from asyncrl.trainers.distributed.processes import start_local_ranks
-    from asyncrl.trainers.distributed.rank import RankSpec
+    from asyncrl.trainers.distributed.rank_core import RankSpec
     from asyncrl.trainers.distributed.trainer import DistributedTrainer
 
     world_size = cfg.trainer.world_size

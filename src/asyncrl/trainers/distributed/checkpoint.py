@@ -2,7 +2,7 @@
 ``torch.distributed.checkpoint`` (DCP), and the classic full state.
 
 Every function here runs on every rank together (they run collectives). The
-layouts are those of :mod:`asyncrl.trainers.distributed.state`.
+layouts are those of :mod:`asyncrl.trainers.state`.
 """
 
 from __future__ import annotations
@@ -19,21 +19,21 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from asyncrl.trainers.distributed.state import (
+from asyncrl.trainers.optim import apply_optimizer_config
+from asyncrl.trainers.state import (
     SHARDED_DIR,
     SHARDED_KEY,
     indexed_optimizer_state,
     master_weights,
     named_optimizer_state,
 )
-from asyncrl.trainers.optim import apply_optimizer_config
 
 if TYPE_CHECKING:
     from asyncrl.trainers.grpo import GRPOTrainer
 
 
 class RankCore(Protocol):
-    """What these functions read of a rank (:class:`~asyncrl.trainers.distributed.rank.RankCore`;
+    """What these functions read of a rank (:class:`~asyncrl.trainers.distributed.rank_core.RankCore`;
     a protocol here, so that this module does not import the rank's)."""
 
     rank: int

@@ -1,7 +1,7 @@
 """The trainer's ranks as processes on this machine, started by asyncrl itself.
 
 No ``torchrun``: :class:`ProcessRanks` starts ``world_size`` processes, each
-serving a :class:`~asyncrl.trainers.distributed.rank.RankCore` over a pipe.
+serving a :class:`~asyncrl.trainers.distributed.rank_core.RankCore` over a pipe.
 
 * **Start-up.** Processes come from a ``forkserver`` that has imported torch and
   transformers once: the first rank of a run pays for the imports, every later
@@ -37,11 +37,11 @@ from concurrent.futures import Future
 from multiprocessing.connection import Connection
 from typing import Any
 
-from asyncrl.trainers.distributed.rank import RankSpec, WeightStream
-from asyncrl.trainers.distributed.ranks import RankDied, RankFailed, exit_detail
+from asyncrl.trainers.distributed.rank_core import RankSpec, WeightStream
+from asyncrl.trainers.distributed.rank_protocol import RankDied, RankFailed, exit_detail
 
 #: Imported once by the forkserver, so that rank processes start without importing them.
-PRELOAD = ["torch", "transformers", "asyncrl.policy", "asyncrl.tasks",
+PRELOAD = ["torch", "transformers", "asyncrl.policy.build", "asyncrl.tasks",
            "asyncrl.trainers.distributed.processes", "asyncrl.trainers.distributed.checkpoint"]
 
 
@@ -71,7 +71,7 @@ def _rank_main(rank: int, spec: RankSpec, conn: Connection, lifeline: Connection
     """A rank process: set up, then serve commands until ``close`` or EOF."""
     _detach(lifeline)
     try:
-        from asyncrl.trainers.distributed.rank import RankCore
+        from asyncrl.trainers.distributed.rank_core import RankCore
 
         core = RankCore(spec, rank)
     except BaseException as exc:
@@ -153,7 +153,7 @@ def _receive_stream(conn: Connection, header: list) -> dict[str, Any]:
 
 
 class ProcessRanks:
-    """:class:`~asyncrl.trainers.distributed.ranks.Ranks` as local processes."""
+    """:class:`~asyncrl.trainers.distributed.rank_protocol.Ranks` as local processes."""
 
     def __init__(self, spec_of: Any, world_size: int) -> None:
         """``spec_of(init_method) -> RankSpec``; the ranks are starting when this returns."""

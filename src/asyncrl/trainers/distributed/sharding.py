@@ -101,7 +101,7 @@ def shard_units(model: torch.nn.Module) -> list[torch.nn.Module]:
     if embed is not None and head is not None and embed.weight is not head.weight:
         units = [embed, *units]
     # The output layer stays in the root unit: the chunked loss head applies its
-    # weight after the model's forward (trainers/scoring.py, through_root), and
+    # weight after the model's forward (trainers/token_logprobs.py, through_root), and
     # the root keeps its parameters gathered from forward to backward.
     return units
 
@@ -112,8 +112,8 @@ def ignore_root_view_warning() -> None:
 
     Why it is safe here: the root's output is the last hidden state sliced by
     ``logits_to_keep`` (a view), through the bypassed output layer
-    (:func:`~asyncrl.trainers.scoring.bypass_output_layer`); its one reader,
-    :class:`~asyncrl.trainers.scoring.TokenScorer`, only flattens it and
+    (:func:`~asyncrl.trainers.token_logprobs.bypass_output_layer`); its one reader,
+    :class:`~asyncrl.trainers.token_logprobs.TokenScorer`, only flattens it and
     ``index_select``s the completion positions - out-of-place ops, so FSDP's
     pre-backward hook on the view is never dropped (what the warning is about).
     The filter matches the message for a ``...ForCausalLM`` root and torch's

@@ -2,8 +2,8 @@
 
 It implements the same :class:`~asyncrl.trainers.Trainer` protocol as the
 in-process trainer; the work happens in ``world_size`` ranks
-(:class:`~asyncrl.trainers.distributed.rank.RankCore`) reached through a
-:class:`~asyncrl.trainers.distributed.ranks.Ranks` transport.
+(:class:`~asyncrl.trainers.distributed.rank_core.RankCore`) reached through a
+:class:`~asyncrl.trainers.distributed.rank_protocol.Ranks` transport.
 
 * ``train_chunk`` splits the chunk over the ranks by tokens
   (:func:`~asyncrl.trainers.distributed.split.split_chunk`); every rank gets a
@@ -34,9 +34,9 @@ from typing import Any
 
 from asyncrl.config import RunConfig
 from asyncrl.errors import TrainerRankLost
-from asyncrl.trainers.distributed.ranks import RankDied, RankFailed, Ranks
+from asyncrl.trainers.distributed.rank_protocol import RankDied, RankFailed, Ranks
 from asyncrl.trainers.distributed.split import split_chunk
-from asyncrl.trainers.distributed.state import SHARDED_KEY, is_sharded
+from asyncrl.trainers.state import SHARDED_KEY, is_sharded
 from asyncrl.types import Rollout
 
 log = logging.getLogger("asyncrl.trainers.distributed")

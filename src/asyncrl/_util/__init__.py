@@ -1,0 +1,3 @@
+"""Small helpers with no knowledge of RL: a change signal (``change_signal``),
+bounded lists (``bounded``), Python-version shims (``compat``), supervised
+background tasks (``supervision``) and atomic JSON files (``jsonio``)."""

@@ -1,0 +1,166 @@
+"""The library's two ways to train, re-exported as ``asyncrl.train`` and
+``asyncrl.build_controller`` (docs/design.md, "The public face").
+
+* :func:`train` is ``asyncrl train`` from Python: the same checks, the run
+  directory, checkpoints, the final policy and the summary it returns.
+* :func:`build_controller` is an ``async with`` around the controller
+  ``asyncrl train`` would run, for a script that wants none of the run
+  directory: it builds what the caller did not hand in and closes what it built.
+
+Both take the config as a :class:`~asyncrl.config.RunConfig`, a dict or the
+path of a YAML file, with config keys as keyword overrides (``__`` for each
+dot, :func:`~asyncrl.config.resolve_config`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from asyncrl.config import ConfigSource, resolve_config
+from asyncrl.controller import Controller
+from asyncrl.errors import UsageError
+from asyncrl.policy.build import load_tokenizer
+from asyncrl.rollouts import apply_rollout
+from asyncrl.run.backends import build_backends
+from asyncrl.run.preflight import preflight
+from asyncrl.run.train import train as run_train
+from asyncrl.tasks import build_scorer
+
+if TYPE_CHECKING:
+    from asyncrl.buffer import RolloutBuffer
+    from asyncrl.controller import LedgerHistory
+    from asyncrl.controller.controller import StepHook
+    from asyncrl.controller.evaluation import Evaluator
+    from asyncrl.engines.base import RolloutEngine
+    from asyncrl.metrics import MetricsSink
+    from asyncrl.sampling import PromptGroupSampler
+    from asyncrl.tasks.base import PromptSource, Scorer, Task
+    from asyncrl.trainers.base import Trainer
+
+__all__ = ["build_controller", "train"]
+
+log = logging.getLogger("asyncrl.assemble")
+
+
+def train(
+    config: ConfigSource,
+    *,
+    run_dir: str | Path | None = None,
+    task: Task | None = None,
+    engines: Sequence[RolloutEngine] | None = None,
+    trainer: Trainer | None = None,
+    sinks: Sequence[MetricsSink] = (),
+    overwrite: bool = False,
+    **overrides: Any,
+) -> dict[str, Any]:
+    """Run async GRPO as ``asyncrl train --config ... key.path=value`` does; returns
+    the summary it writes to ``run_dir/summary.json``.
+
+    ``overrides``: config keys, ``__`` for each dot (``grpo__max_num_steps=20``);
+    a bad one is a :class:`~asyncrl.errors.ConfigError` naming the field, before
+    anything is built. ``run_dir``: a new or empty directory (default
+    ``runs/train-<timestamp>``; ``overwrite`` starts an old run over). ``task``,
+    ``engines`` with ``trainer`` (both or neither) replace what the config would
+    build; the run closes them when it ends, as it closes its own. ``sinks``
+    get every step's metrics besides the run's files. SIGINT and SIGTERM stop
+    the run gracefully, as on the command line. Call it from synchronous code:
+    it runs its own event loop (from ``async`` code, use :func:`build_controller`).
+    """
+    _outside_a_loop()
+    cfg = resolve_config(config, overrides)
+    _both_or_neither(engines, trainer, "train")
+    backends = None if engines is None or trainer is None else (list(engines), trainer)
+    return run_train(cfg, run_dir, task=task, backends=backends, extra_sinks=sinks,
+                     overwrite=overwrite)
+
+
+@contextlib.asynccontextmanager
+async def build_controller(
+    config: ConfigSource,
+    *,
+    task: Task | None = None,
+    engines: Sequence[RolloutEngine] | None = None,
+    trainer: Trainer | None = None,
+    work_dir: str | Path | None = None,
+    sinks: Sequence[MetricsSink] = (),
+    on_step_end: StepHook | None = None,
+    scorer: Scorer | None = None,
+    evaluator: Evaluator | None = None,
+    ledger_history: LedgerHistory | None = None,
+    buffer: RolloutBuffer | None = None,
+    sampler: PromptGroupSampler | None = None,
+    prompts: PromptSource | None = None,
+    **overrides: Any,
+) -> AsyncIterator[Controller]:
+    """``async with build_controller(config) as controller: await controller.run()``:
+    the controller ``asyncrl train`` would run for ``config``, after the same checks,
+    without a run directory.
+
+    ``overrides``: config keys, as for :func:`train`. ``task``, ``engines`` with
+    ``trainer`` (both or neither), and the :class:`~asyncrl.controller.Controller`
+    roles (``scorer``, ``sampler`` with its ``buffer``, ``prompts``, ...) replace
+    what would be built from the config. On leaving the block - normally, on an
+    error or on cancellation - everything built here is closed: the engines, the
+    trainer, the reward pools. What the caller handed in is not: closing it stays
+    the caller's. ``work_dir``: where a vLLM engine finds the model saved for it
+    (a temporary directory when None).
+    """
+    cfg = resolve_config(config, overrides)
+    _both_or_neither(engines, trainer, "build_controller")
+    checked = preflight(cfg, task=task, builtin_backends=engines is None)
+    async with contextlib.AsyncExitStack() as owned:  # closed in the reverse order
+        if checked.evaluator is not None:  # the checks built its reward pool
+            _own(owned, checked.evaluator.scorer)
+        if engines is None or trainer is None:
+            engines, trainer = build_backends(cfg, checked.task, work_dir=work_dir)
+            _own(owned, trainer)
+            for engine in reversed(engines):  # the engines close before the trainer
+                _own(owned, engine)
+        if cfg.task.rollout is not None:  # each group runs the task's rollout function
+            # The wrappers close the engine they wrap: only the engines are owned.
+            engines = apply_rollout(cfg.task.rollout, engines,
+                                    load_tokenizer(cfg.policy, checked.task))
+        if scorer is None:
+            scorer = _own(owned, build_scorer(checked.task, cfg.task))
+        yield Controller(
+            task=checked.task, engines=engines, trainer=trainer, grpo=cfg.grpo,
+            async_rl=cfg.async_rl, seed=cfg.seed, deterministic=cfg.deterministic,
+            sinks=sinks, on_step_end=on_step_end, scorer=scorer,
+            evaluator=evaluator if evaluator is not None else checked.evaluator,
+            ledger_history=ledger_history, buffer=buffer, sampler=sampler, prompts=prompts,
+        )
+
+
+def _own(stack: contextlib.AsyncExitStack, backend: Any) -> Any:
+    """``backend`` is closed when ``stack`` unwinds; a failing close is logged, so
+    that it never hides how the block ended (as ``asyncrl train`` closes its own)."""
+
+    async def close() -> None:
+        try:
+            await backend.close()
+        except Exception as exc:
+            log.warning("closing %s failed: %r", type(backend).__name__, exc)
+
+    stack.push_async_callback(close)
+    return backend
+
+
+def _both_or_neither(engines: Any, trainer: Any, entry: str) -> None:
+    if (engines is None) != (trainer is None):
+        raise UsageError(f"{entry}: pass engines= and trainer= together (or neither: both "
+                         "are built from the config)")
+
+
+def _outside_a_loop() -> None:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    raise UsageError("asyncrl.train runs an event loop of its own and cannot be called from "
+                     "async code; there, use: async with asyncrl.build_controller(config) as "
+                     "controller: await controller.run()")

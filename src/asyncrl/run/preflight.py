@@ -1,0 +1,199 @@
+"""Every check ``asyncrl train`` runs before its first step, in one function.
+
+``asyncrl validate`` runs :func:`preflight` and nothing else, and
+:func:`asyncrl.run.train.train` runs it before it touches the run directory, so a
+config that validates is one that ``train`` starts on. The checks are cheap: no
+model weights are built or loaded.
+
+* the device (``policy.device``): a torch device this machine has;
+* the model: a from-scratch shape transformers can build, or a local
+  ``policy.model_name_or_path`` holding a readable config, weights and a tokenizer;
+* the task, built as ``train`` builds it, with the held-out prompts of
+  ``cfg.eval`` and (a dataset task's chat template) the policy's tokenizer;
+* the vocabulary: every id the tokenizer makes (its size, pad, eos and bos)
+  has a row in the model's embedding, read from ``config.json`` or
+  ``policy.model``; the tokenizer encodes the task's prompts (and, the task's
+  own tokenizer, its answers);
+* the context length: the longest prompt plus ``max_new_tokens`` fits the
+  model's context (:mod:`asyncrl.policy.context_length`);
+* ``logging.wandb``: wandb installed and, online, logged in;
+* the trainer layout (``trainer``): GPUs for every rank, the collective backend;
+* the sampler, built as the controller builds it (a ``custom`` one included),
+  and its derived facts: plausible values, a buffer large enough, a pinned
+  weight version in deterministic mode (:func:`~asyncrl.controller.validation.validate_setup`).
+
+On the Ray backend the device and the model path are the workers' to check:
+the driver may run on a machine without the GPU or the file system they use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from asyncrl.buffer import RolloutBuffer
+from asyncrl.controller.evaluation import Evaluator, build_evaluation
+from asyncrl.controller.validation import derived_facts, failure_warnings, validate_setup
+from asyncrl.errors import AsyncRLError, ConfigError, require
+from asyncrl.metrics.wandb_sink import check_wandb
+from asyncrl.policy.build import (
+    bind_task_tokenizer,
+    check_model_shape,
+    check_prompts_encode,
+    check_vocabulary,
+    load_tokenizer,
+)
+from asyncrl.policy.context_length import check_context
+from asyncrl.policy.devices import check_device
+from asyncrl.rollouts.target import describe as describe_rollout
+from asyncrl.rollouts.target import load_rollout
+from asyncrl.sampling import create_sampler
+from asyncrl.trainers.distributed.checks import check_trainer, trainer_layout
+
+if TYPE_CHECKING:
+    from asyncrl.config import PolicyConfig, RunConfig
+    from asyncrl.tasks.base import Task
+
+#: Files a tokenizer written by ``save_pretrained`` has at least one of.
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+_WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin", "model*.bin")
+
+
+@dataclass(frozen=True)
+class Preflight:
+    """What the checks found: the task they built (the training task, bound to the
+    policy's tokenizer), the evaluator of ``cfg.eval`` and the sampler's derived facts."""
+
+    task: Task
+    facts: dict[str, Any] = field(default_factory=dict)
+    evaluator: Evaluator | None = None
+
+
+def preflight(cfg: RunConfig, *, task: Task | None = None,
+              builtin_backends: bool = True) -> Preflight:
+    """Run every pre-run check on ``cfg``; raise a :class:`ConfigError` naming the fix.
+
+    ``task``: a task the caller built itself (not built again). ``builtin_backends``:
+    False when the caller brings its own engines and trainer, whose device and
+    model are then theirs to check.
+    """
+    if builtin_backends and cfg.cluster.backend == "local":
+        check_device(cfg.policy.device)
+        if cfg.policy.engine_device is not None:
+            check_device(cfg.policy.engine_device, "policy.engine_device")
+        check_model_source(cfg.policy)
+        # vLLM installed, engine_args, head sizes (also for the servers vllm_server starts)
+        if cfg.policy.engine == "vllm" or (cfg.policy.engine == "vllm_server"
+                                           and cfg.policy.vllm_server.launches):
+            from asyncrl.engines.vllm.setup import check_config
+
+            check_config(cfg.policy)
+        if cfg.policy.engine == "vllm_server":  # the key of servers given by URL is there
+            cfg.policy.vllm_server.read_key()
+    elif builtin_backends:
+        _parse_device(cfg.policy.device)
+    engine_caps = None
+    if builtin_backends:  # the engine class imports, takes its keys, has every member
+        from asyncrl.engines.capabilities import EngineCapabilities
+        from asyncrl.engines.factory import engine_class
+
+        engine_caps = EngineCapabilities.of(engine_class(cfg.policy))
+    check_wandb(cfg.logging.wandb)
+    if builtin_backends:
+        check_trainer(cfg)  # trainer.strategy: fsdp - ranks, GPUs, collective backend
+    if task is None:
+        task = _build_task(cfg)
+    # Held-out prompts (may leave records out of the training task), and the
+    # chat template of a dataset task: its prompts need the policy's tokenizer.
+    task, evaluator = build_evaluation(cfg, task)
+    if cfg.task.rollout is not None:  # importable, an async def taking (prompt, session)
+        load_rollout(cfg.task.rollout)
+    bind_task_tokenizer(task, cfg.policy)
+    context: dict[str, Any] = {}
+    # On Ray a pretrained model's files are the workers' (their engines check
+    # every prompt at run time); a from-scratch shape is known everywhere.
+    if builtin_backends and (cfg.cluster.backend == "local"
+                             or cfg.policy.model_name_or_path is None):
+        tokenizer = load_tokenizer(cfg.policy, task)
+        # Every id the tokenizer makes has a row in the model's embedding, and
+        # the tokenizer encodes the task's text (the answers too, for the task's own).
+        check_vocabulary(cfg.policy, tokenizer)
+        check_prompts_encode(task, cfg.policy, seed=cfg.seed)
+        context = check_context(cfg, task, tokenizer, evaluator)
+    capacity = cfg.async_rl.max_buffered_rollouts
+    sampler = create_sampler(RolloutBuffer(capacity), cfg.async_rl.sampler)
+    validate_setup(sampler, cfg.grpo, cfg.async_rl, deterministic=cfg.deterministic)
+    facts = derived_facts(sampler, cfg.grpo)
+    facts["max_buffered_rollouts"] = capacity
+    facts.update(context)
+    facts["min_step_groups"] = cfg.async_rl.rollout_failure.step_floor(cfg.grpo.num_prompts_per_step)
+    facts["warnings"] = failure_warnings(cfg.grpo, cfg.async_rl)
+    facts["max_token_staleness"] = cfg.loss.max_token_staleness
+    facts["trainer"] = trainer_layout(cfg)
+    facts["engine"] = cfg.policy.engine
+    facts["engine_capabilities"] = None if engine_caps is None else engine_caps.names()
+    facts["rollout"] = describe_rollout(cfg.task.rollout)
+    return Preflight(task=task, facts=facts, evaluator=evaluator)
+
+
+def _parse_device(device: str) -> Any:
+    """A device name torch can parse (on Ray the workers check that it exists)."""
+    import torch
+
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise ConfigError(
+            f"policy.device={device!r} is not a torch device; use cpu, cuda, cuda:N or mps"
+        ) from None
+
+
+def check_model_source(policy: PolicyConfig) -> None:
+    """A from-scratch shape that divides, or a local model directory that loads."""
+    if policy.model_name_or_path is None:
+        check_model_shape(policy.model)
+        return
+    given = policy.model_name_or_path
+    path = Path(given).expanduser()
+    where = f"policy.model_name_or_path={given!r}"
+    if not path.is_dir():
+        raise ConfigError(
+            f"{where} is not an existing directory. Give a local directory holding a "
+            "transformers causal LM and its tokenizer (as written by save_pretrained), or null "
+            "to build policy.model from scratch; models are never downloaded"
+        )
+    missing = []
+    if not (path / "config.json").is_file():
+        missing.append("config.json")
+    if not any(next(path.glob(p), None) for p in _WEIGHT_PATTERNS):
+        missing.append("weights (*.safetensors or pytorch_model*.bin)")
+    if not any((path / f).is_file() for f in _TOKENIZER_FILES):
+        missing.append(f"a tokenizer ({' or '.join(_TOKENIZER_FILES)})")
+    if missing:
+        raise ConfigError(
+            f"{where}: the directory lacks {'; '.join(missing)}. Write the model with "
+            "model.save_pretrained(dir) and tokenizer.save_pretrained(dir)"
+        )
+    transformers = require("transformers", "hf", "loading policy.model_name_or_path")
+    try:
+        transformers.AutoConfig.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ConfigError(
+            f"{where}: config.json cannot be read as a transformers model config ({exc}); "
+            "re-save the model with save_pretrained"
+        ) from None
+
+
+def _build_task(cfg: RunConfig) -> Task:
+    from asyncrl.tasks import build_task
+
+    try:
+        return build_task(cfg.task)
+    except AsyncRLError:
+        raise
+    except Exception as exc:
+        raise ConfigError(
+            f"task: building the task failed with {type(exc).__name__}: {exc}; check the task "
+            "block (asyncrl -v prints its traceback)"
+        ) from exc

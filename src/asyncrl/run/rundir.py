@@ -1,0 +1,153 @@
+"""Run directories: where a run may write, starting over, forking a run, its metrics file.
+
+A new run never writes into a directory that already holds something: mixing
+two runs' checkpoints and metrics is how a later ``--resume`` continues from the
+wrong weights. ``--overwrite`` starts over in an old run directory (its run
+files are deleted first); ``--resume RUN --run-dir NEW`` forks a run (see
+:func:`fork_run_dir`). A run directory that never got to a step (no checkpoint,
+no metrics record: a start that failed, e.g. vLLM or wandb not starting) holds
+nothing to lose, and a new run reuses it without ``--overwrite``. The lock file
+of :mod:`asyncrl.run.lock` is not part of a run.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from asyncrl._util.jsonio import dumps, read_jsonl, write_text_atomic
+from asyncrl.checkpoint.store import checkpoint_root, list_checkpoints
+from asyncrl.errors import ConfigError
+from asyncrl.run.lock import LOCK_FILE, RunDirInUse, live_holder
+
+#: What a run writes into its directory (docs/design.md, "What a run writes"); --overwrite deletes these only.
+RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json", "timeline.json", "ledger.jsonl",
+             "vllm.log")
+RUN_DIRS = ("checkpoints", "tb", "plots", "final", "vllm_model", "wandb")
+
+
+def new_run_dir(prefix: str = "train", base: str | Path = "runs") -> Path:
+    import datetime as _dt
+
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    path = Path(base) / f"{prefix}-{stamp}"
+    n = 1
+    while path.exists():
+        n += 1
+        path = Path(base) / f"{prefix}-{stamp}-{n}"
+    return path
+
+
+def check_run_dir(run_dir: str | Path | None, *, overwrite: bool = False) -> Path:
+    """The directory a new run may write to; raises, changing nothing, if it may not.
+
+    ``None``: a new ``runs/train-<timestamp>``. A directory that holds anything
+    is refused, unless ``overwrite`` and it is an old run directory.
+    """
+    if run_dir is None:
+        return new_run_dir()
+    if isinstance(run_dir, str) and not run_dir.strip():
+        raise ConfigError(
+            "--run-dir is empty; give a directory path, or leave --run-dir out to write "
+            "to runs/train-<timestamp>"
+        )
+    path = Path(run_dir)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(
+            f"--run-dir {path} is a file, not a directory; give the path of a directory (it "
+            "is created if it does not exist)"
+        )
+    contents = sorted(p.name for p in path.iterdir() if p.name != LOCK_FILE) if path.is_dir() else []
+    if not contents:
+        return path
+    listing = ", ".join(contents[:6]) + (", ..." if len(contents) > 6 else "")
+    if not any(name in RUN_FILES or name in RUN_DIRS for name in contents):
+        raise ConfigError(
+            f"--run-dir {path} is not empty ({listing}) and is not an asyncrl run directory; "
+            "a run needs an empty or new directory (--overwrite only ever deletes a run's own "
+            "files). Pick another --run-dir"
+        )
+    # Only advice that is accepted when followed: a live run's directory can be
+    # neither resumed nor overwritten, and --resume needs a checkpoint.
+    pid = live_holder(path)
+    if pid is not None and pid != os.getpid():  # (this process: checked under its own lock)
+        who = f"pid {pid}" if pid > 0 else "a process that is just starting"
+        raise RunDirInUse(
+            f"--run-dir {path} holds a run that is running now ({who}); it can be neither "
+            f"resumed nor overwritten while it runs. Pick another --run-dir, e.g. --run-dir "
+            f"{free_sibling(path)}, or wait for that run to end"
+        )
+    if not overwrite and not never_trained(path):
+        resume = (f"Continue it with: asyncrl train --resume {path}; "
+                  if list_checkpoints(path) else "It has no checkpoint to resume from. ")
+        raise ConfigError(
+            f"--run-dir {path} already holds a run ({listing}). {resume}start it over with "
+            "--overwrite (deletes its checkpoints, metrics and plots); or pick another "
+            f"--run-dir, e.g. --run-dir {free_sibling(path)}"
+        )
+    return path
+
+
+def free_sibling(path: Path) -> Path:
+    """``path-2`` (or ``-3``, ...): the first such name that does not exist yet."""
+    n = 2
+    while (candidate := path.with_name(f"{path.name}-{n}")).exists():
+        n += 1
+    return candidate
+
+
+def never_trained(path: Path) -> bool:
+    """True when run directory ``path`` holds no checkpoint and no step's metrics."""
+    if list_checkpoints(path):
+        return False
+    metrics = path / "metrics.jsonl"
+    return not metrics.is_file() or not any("step" in r for r in read_jsonl(metrics))
+
+
+def prepare_run_dir(run_dir: str | Path | None, *, overwrite: bool = False) -> Path:
+    """:func:`check_run_dir`, then create the directory (emptied of an old run's
+    files with ``overwrite``, or when the old run never trained; nothing else in
+    it is touched)."""
+    path = check_run_dir(run_dir, overwrite=overwrite)
+    if path.is_dir():
+        for name in RUN_FILES:
+            (path / name).unlink(missing_ok=True)
+        for name in RUN_DIRS:
+            shutil.rmtree(path / name, ignore_errors=True)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def fork_run_dir(source: Path, target: Path, checkpoint: Path) -> None:
+    """Start ``target`` as a copy of run ``source`` up to ``checkpoint``.
+
+    Copied: the checkpoint (so the fork can be resumed before it writes its
+    own), ``metrics.jsonl`` and ``ledger.jsonl`` (the resumed run cuts both back
+    to the checkpoint) and the TensorBoard events. ``source`` is not changed.
+    """
+    root = checkpoint_root(target)
+    root.mkdir(parents=True, exist_ok=True)
+    # Copied under a temporary name and renamed, like any checkpoint write.
+    tmp = Path(tempfile.mkdtemp(prefix=f".{checkpoint.name}.", dir=root))
+    try:
+        shutil.copytree(checkpoint, tmp, dirs_exist_ok=True)
+        os.replace(tmp, root / checkpoint.name)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    for name in ("metrics.jsonl", "ledger.jsonl"):
+        if (source / name).is_file():
+            shutil.copyfile(source / name, target / name)
+    if (source / "tb").is_dir():
+        shutil.copytree(source / "tb", target / "tb", dirs_exist_ok=True)
+
+
+def truncate_metrics(path: Path, *, before_step: int) -> None:
+    """Keep the records of steps before ``before_step`` (and drop torn lines)."""
+    if not path.is_file():
+        return
+    kept = [r for r in read_jsonl(path)
+            if isinstance(r.get("step"), int) and r["step"] < before_step]
+    write_text_atomic(path, "".join(dumps(r) + "\n" for r in kept))

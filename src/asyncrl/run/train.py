@@ -1,0 +1,436 @@
+"""``train``: build the backends a config names, run the controller, write the run dir.
+
+The run directory (docs/design.md, "What a run writes"): ``config.yaml``, ``metrics.jsonl``,
+``summary.json``, ``timeline.json``, ``ledger.jsonl``, TensorBoard events under
+``tb/``, PNG plots under ``plots/``, checkpoints under ``checkpoints/`` and the
+final policy in Hugging Face format under ``final/``.
+
+A run ends in one of three ways, and each leaves the run directory whole:
+
+* normally (``max_num_steps``, the prompts used up), on a first SIGINT /
+  SIGTERM or a stall with ``stall_action: abort`` (a graceful stop): a final
+  checkpoint, ``final/``, the summary, the ledger and the plots; after a
+  signal or a stall, the command that resumes it;
+* on an error a component reported at run time (a bug in an engine or the
+  scorer, a failure budget used up): the pumps stop at a safe point, so a final
+  checkpoint is written too, and the error says how to resume;
+* on any other error: ``final/`` when the trainer still answers, the summary
+  (with the error as the stop reason), the ledger; the newest periodic
+  checkpoint stays;
+* on a second signal (forced): the summary and the ledger, quickly; the newest
+  complete checkpoint stays.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from asyncrl._util.jsonio import write_json, write_text_atomic
+from asyncrl.checkpoint import (
+    CheckpointHook,
+    LoadedCheckpoint,
+    config_changes,
+    iter_checkpoints,
+    prepare_resume,
+)
+from asyncrl.checkpoint.resume import ENGINE_SNAPSHOTS
+from asyncrl.checkpoint.store import list_checkpoints, set_aside_newer
+from asyncrl.config import RunConfig, config_from_dict, dump_config
+from asyncrl.config.strict_yaml import load_yaml
+from asyncrl.controller import Controller, JsonlHistory
+from asyncrl.controller.evaluation import Evaluator
+from asyncrl.engines.base import RolloutEngine
+from asyncrl.errors import CheckpointError, ConfigError, add_note
+from asyncrl.metrics import JsonlSink, MetricsSink, TensorBoardSink
+from asyncrl.metrics.progress import progress_sink
+from asyncrl.metrics.report import write_plots
+from asyncrl.policy.build import load_tokenizer
+from asyncrl.rollouts import apply_rollout
+from asyncrl.run.backends import build_backends
+from asyncrl.run.export import export_final
+from asyncrl.run.lock import run_dir_lock
+from asyncrl.run.preflight import preflight
+from asyncrl.run.rundir import check_run_dir, fork_run_dir, prepare_run_dir, truncate_metrics
+from asyncrl.run.signals import GracefulStop, Terminated, sigterm_as_interrupt
+from asyncrl.tasks import Task, build_scorer
+from asyncrl.trainers.base import Trainer
+
+log = logging.getLogger("asyncrl.runner")
+
+#: Stop reasons after which the run's state is whole and worth a final checkpoint.
+CHECKPOINTED_ENDS = ("max_num_steps", "source_exhausted", "incomplete_step",
+                     "interrupted", "terminated", "stalled")
+#: Stop reasons whose summary carries the command that resumes the run.
+RESUMABLE_ENDS = ("interrupted", "terminated", "stalled")
+
+
+def train(
+    cfg: RunConfig,
+    run_dir: str | Path | None = None,
+    *,
+    task: Task | None = None,
+    backends: tuple[Sequence[RolloutEngine], Trainer] | None = None,
+    extra_sinks: Sequence[MetricsSink] = (),
+    resume: LoadedCheckpoint | None = None,
+    overwrite: bool = False,
+) -> dict[str, Any]:
+    """Run async GRPO as configured; returns the summary written to ``summary.json``.
+
+    ``task`` and ``backends`` let library users plug in their own task, engines
+    or trainer (built-ins are built from ``cfg`` otherwise). A new run refuses a
+    ``run_dir`` that holds anything, unless ``overwrite`` (an old run directory
+    is then emptied of its run files) or it holds a run that never trained a
+    step. The run holds ``run_dir``'s lock (:mod:`asyncrl.run.lock`) from its
+    first write to its end: another run there is refused, naming its pid.
+    ``resume`` continues from a loaded checkpoint: in its own run directory, or
+    forked into another, new ``run_dir``; a checkpoint that does not load falls
+    back to an older one.
+    SIGINT / SIGTERM stop the run gracefully (see :mod:`asyncrl.run.signals`).
+    """
+    with sigterm_as_interrupt():
+        home = resume.path.parent.parent if resume is not None else None
+        fresh = home is None or (run_dir is not None and Path(run_dir).resolve() != home.resolve())
+        run_dir = check_run_dir(run_dir, overwrite=overwrite) if fresh else home
+        # Every pre-run check, before anything is written (asyncrl validate runs the same).
+        checked = preflight(cfg, task=task, builtin_backends=backends is None)
+        task, evaluator = checked.task, checked.evaluator
+        for warning in checked.facts.get("warnings", ()):
+            log.warning("%s", warning)
+        # One run at a time in a directory, for the whole run (see asyncrl.run.lock).
+        with run_dir_lock(run_dir):
+            try:
+                if fresh:  # a new run, or a fork of ``resume`` into a run directory of its own
+                    prepare_run_dir(run_dir, overwrite=overwrite)  # checked again, under the lock
+                engines, trainer = (backends if backends is not None
+                                    else build_backends(cfg, task, work_dir=run_dir))
+                if cfg.task.rollout is not None:  # each group runs the task's rollout function
+                    engines = apply_rollout(cfg.task.rollout, engines,
+                                            load_tokenizer(cfg.policy, task))
+                run = _Run(cfg, run_dir, task, engines, trainer, evaluator)
+                try:
+                    snapshots = None
+                    if resume is not None:
+                        resume, snapshots = _restore(cfg, task, engines, trainer, resume, run_dir)
+                    write_text_atomic(run_dir / "config.yaml", dump_config(cfg))
+                    run.build_controller(resume, extra_sinks)
+                except BaseException:
+                    asyncio.run(run.close())
+                    raise
+            except KeyboardInterrupt as stop:  # Ctrl-C while starting (vLLM takes minutes)
+                add_note(stop, _start_again_hint(run_dir))
+                raise
+            return run.execute(resume, snapshots)
+
+
+def _start_again_hint(run_dir: Path) -> str:
+    """What to run after a stop during start-up: nothing was trained by this run."""
+    if list_checkpoints(run_dir):
+        return (f"stopped while starting, before its first step; resume with: "
+                f"asyncrl train --resume {run_dir}")
+    return ("stopped while starting, before its first step: nothing was trained, the "
+            "same command starts it again")
+
+
+class _Run:
+    """One run's pieces, its event-loop program and its ending."""
+
+    def __init__(self, cfg: RunConfig, run_dir: Path, task: Task,
+                 engines: Sequence[RolloutEngine], trainer: Trainer,
+                 evaluator: Evaluator | None) -> None:
+        self.cfg, self.run_dir, self.task = cfg, run_dir, task
+        self.engines, self.trainer, self.evaluator = engines, trainer, evaluator
+        self.scorer = build_scorer(task, cfg.task)
+        self.controller: Controller | None = None
+        self.stop: GracefulStop | None = None
+        self.final_dir: Path | None = None
+
+    def build_controller(self, resume: LoadedCheckpoint | None,
+                         extra_sinks: Sequence[MetricsSink]) -> None:
+        """The run's controller with its sinks, ledger file and checkpoint hook,
+        restored from ``resume``."""
+        cfg, run_dir = self.cfg, self.run_dir
+        start = resume.step if resume is not None else 0
+        if resume is not None:
+            # Steps after the checkpoint were logged by the run that died; they are
+            # trained again now, so their old records go.
+            truncate_metrics(run_dir / "metrics.jsonl", before_step=start)
+        sinks: list[MetricsSink] = [JsonlSink(run_dir / "metrics.jsonl",
+                                              append=resume is not None)]
+        if cfg.logging.tensorboard:
+            sinks.append(TensorBoardSink(run_dir / "tb", purge_step=start if resume else None))
+        progress = progress_sink(cfg.logging.progress, cfg.grpo.max_num_steps, start_step=start,
+                                 every_s=cfg.logging.progress_every_s)
+        if progress is not None:
+            sinks.append(progress)
+        if cfg.logging.wandb is not None:
+            from asyncrl.metrics.wandb_sink import WandbSink
+
+            sinks.append(WandbSink(cfg.logging.wandb, run_dir, cfg.model_dump(mode="json")))
+        sinks.extend(extra_sinks)
+        # One line per finished prompt group, appended as groups end (a resume cuts
+        # it back to the checkpoint); the groups still pending are added at the end.
+        history = JsonlHistory(run_dir / "ledger.jsonl")
+        if resume is None:
+            history.truncate(0)
+        self.controller = Controller(
+            task=self.task, engines=self.engines, trainer=self.trainer, grpo=cfg.grpo,
+            async_rl=cfg.async_rl, seed=cfg.seed, deterministic=cfg.deterministic, sinks=sinks,
+            on_step_end=CheckpointHook(run_dir, cfg), ledger_history=history,
+            scorer=self.scorer, evaluator=self.evaluator,
+        )
+        if resume is not None:
+            self.controller.load_state_dict(resume.controller_state)
+
+    def execute(self, resume: LoadedCheckpoint | None, snapshots: Any) -> dict[str, Any]:
+        """Run the event-loop program; whatever happens, write the run directory."""
+        forced: BaseException | None = None
+        try:
+            asyncio.run(self._main(resume, snapshots))
+        except KeyboardInterrupt as exc:  # a signal outside the loop's handlers (wrap-up)
+            forced = exc
+            raise
+        except asyncio.CancelledError as exc:
+            forced = exc
+            if self.stop is not None and self.stop.forced:  # the second signal
+                raise (Terminated if self.stop.reason == "terminated" else KeyboardInterrupt)(
+                    "stopped at once on a second signal") from None
+            raise
+        finally:
+            summary = self.finish(forced=forced)
+            if forced is not None:
+                print(f"asyncrl: the run stopped at once; resume it with: "
+                      f"{summary.get('resume_command')}", file=sys.stderr)
+        return summary
+
+    async def _main(self, resume: LoadedCheckpoint | None, snapshots: Any) -> None:
+        controller = self.controller
+        assert controller is not None
+        loop = asyncio.get_running_loop()
+        current = asyncio.current_task()
+        assert current is not None
+        self.stop = GracefulStop(controller, current)
+        self.stop.install(loop)
+        try:
+            if resume is not None:
+                # The engines start from the checkpoint's weights, at its version.
+                weights = await self.trainer.get_weights()
+                await asyncio.gather(*(e.update_weights(weights, resume.step)
+                                       for e in self.engines))
+                for engine, caps in zip(self.engines, controller.capabilities):
+                    if snapshots and caps.retained_weights:
+                        engine.restore_retained(snapshots)  # type: ignore[attr-defined]
+            try:
+                await controller.run()
+            except Exception as exc:
+                if controller.stopped_at_safe_point:  # the state is whole: keep it
+                    await self._checkpoint_at_error(exc)
+                raise
+            await self._end_of_run()
+        finally:
+            try:
+                if not self.stop.forced:  # the final policy, unless asked to stop at once
+                    self.final_dir = await export_final(self.run_dir, self.cfg, self.trainer,
+                                                        self.task)
+                # The engines close under the loop's handlers too: the loop wakes on a
+                # signal whichever thread the kernel hands it to (asyncio watches a
+                # wakeup fd), where a Python handler would wait for the main thread
+                # to run - never, while the loop sleeps on an engine that never closes.
+                await self.close()
+            finally:
+                self.stop.uninstall(loop)
+
+    async def _end_of_run(self) -> None:
+        """The final checkpoint, when the run stopped with its state whole:
+        normally (also when max_num_steps is not a multiple of every_steps, and
+        when every_steps is 0), or gracefully on a signal."""
+        controller = self.controller
+        assert controller is not None
+        if controller.stop_reason in CHECKPOINTED_ENDS:
+            hook = controller.on_step_end
+            assert isinstance(hook, CheckpointHook)
+            await hook.write_final(controller)
+
+    async def _checkpoint_at_error(self, error: BaseException) -> None:
+        """A fatal error stopped the pumps at a safe point: checkpoint that state,
+        and say on the error how to resume once the cause is fixed."""
+        controller = self.controller
+        assert controller is not None
+        hook = controller.on_step_end
+        assert isinstance(hook, CheckpointHook)
+        try:
+            path = await hook.write_final(controller)
+        except Exception as exc:  # the error that stopped the run is the one to report
+            log.warning("could not write a checkpoint after the error: %r", exc)
+            return
+        add_note(error, f"the state at the stop is checkpointed ({path.name}); after fixing "
+                         f"the cause, resume with: asyncrl train --resume {self.run_dir}")
+
+    async def close(self) -> None:
+        eval_scorer = [self.evaluator.scorer] if self.evaluator is not None else []
+        for backend in (self.scorer, *eval_scorer, *self.engines, self.trainer):
+            try:
+                await backend.close()
+            except Exception as exc:  # a failing close must not hide the run's outcome
+                log.warning("closing %s failed: %r", type(backend).__name__, exc)
+
+    def finish(self, *, forced: BaseException | None) -> dict[str, Any]:
+        """Write summary.json, timeline.json, the ledger's pending groups and the plots
+        (also after an error); after a signal, print how to resume. ``forced``: the
+        interrupt that stopped the run at once (None: it was not)."""
+        controller = self.controller
+        assert controller is not None
+        summary = controller.summary()
+        stop = self.stop
+        # A graceful stop is the controller's own stop reason. Only a forced end (a
+        # second signal, or a signal outside the loop's handlers, e.g. while the
+        # backends shut down) is written here.
+        if forced is not None:
+            first = stop.reason if stop is not None else None
+            summary["stop_reason"] = first or (
+                "terminated" if isinstance(forced, Terminated) else "interrupted")
+            summary["stop_message"] = ("stopped at once on a second signal" if first
+                                       else "stopped at once by a signal outside the run's "
+                                            "event loop")
+        summary["final_dir"] = None if self.final_dir is None else str(self.final_dir)
+        return finish_run_dir(self.run_dir, controller, self.task, self.cfg, summary,
+                              plots=forced is None)
+
+
+def _restore(cfg: RunConfig, task: Task, engines: Sequence[RolloutEngine], trainer: Trainer,
+             resume: LoadedCheckpoint, run_dir: Path) -> tuple[LoadedCheckpoint, Any]:
+    """Load ``resume`` into the trainer (and a trial controller); when its content
+    does not fit, fall back to older checkpoints of the same run, one warning each.
+
+    Returns the checkpoint used and the engine snapshots it holds. A fork
+    (``run_dir`` is not the checkpoint's run) gets a copy of that checkpoint.
+    """
+    source = resume.path.parent.parent
+    problems: list[str] = []
+    for ckpt in itertools.chain([resume], iter_checkpoints(source, older_than=resume.step)):
+        trainer_state = dict(ckpt.trainer_state)
+        snapshots = trainer_state.pop(ENGINE_SNAPSHOTS, None)
+        try:
+            # The controller first: its prompt source checks that the data is the
+            # checkpoint's (changed data would also change a from-scratch model's
+            # vocabulary, and the trainer would only see a size mismatch).
+            Controller(task=task, engines=engines, trainer=trainer, grpo=cfg.grpo,
+                       async_rl=cfg.async_rl, seed=cfg.seed, deterministic=cfg.deterministic,
+                       ).load_state_dict(ckpt.controller_state)
+            trainer.load_state_dict(trainer_state)
+        except ConfigError:
+            raise  # the config or the data is wrong, not the checkpoint: the message says so
+        except Exception as exc:
+            note = (f"checkpoint {ckpt.path.name} does not fit this run "
+                    f"({type(exc).__name__}: {exc}); falling back to an older one")
+            log.warning("%s", note)
+            problems.append(note)
+            continue
+        if problems:
+            log.warning("resuming from %s (trainer version %d) instead", ckpt.path.name, ckpt.step)
+        if source.resolve() != run_dir.resolve():
+            fork_run_dir(source, run_dir, ckpt.path)
+        else:
+            set_aside_newer(run_dir, ckpt.step)
+        return ckpt, snapshots
+    raise CheckpointError(
+        f"no checkpoint of {source} can be loaded: " + "; ".join(problems)
+        + ". Start a new run, or restore a checkpoint directory from a backup"
+    )
+
+
+def finish_run_dir(run_dir: Path, controller: Controller, task: Task, cfg: RunConfig,
+                   summary: dict[str, Any], *, plots: bool = True) -> dict[str, Any]:
+    """Write summary.json, timeline.json, the pending groups' ledger lines and the plots."""
+    target = getattr(task, "target_reward", None)
+    summary["target_reward"] = target
+    last10 = summary.get("reward_last10_mean")
+    summary["reached_target"] = bool(
+        target is not None and last10 is not None and last10 == last10 and last10 >= target
+    )
+    summary["run_dir"] = str(run_dir)
+    if summary["stop_reason"] in RESUMABLE_ENDS:
+        # Stopped at once before its first checkpoint: nothing to resume from,
+        # the run starts over in its directory.
+        summary["resume_command"] = (
+            f"asyncrl train --resume {run_dir}" if list_checkpoints(run_dir) else
+            f"asyncrl train --config {run_dir / 'config.yaml'} --run-dir {run_dir} --overwrite")
+    # NaN (e.g. the reward of a run without steps) is written as null: JSON has no NaN.
+    write_json(run_dir / "summary.json", summary, indent=2, default=str)
+    write_json(run_dir / "timeline.json", controller.timeline.to_list())
+    # ledger.jsonl already holds every finished group; add the pending ones, so
+    # the file has one line per prompt group ever dispatched.
+    history = controller.ledger.history
+    if isinstance(history, JsonlHistory):
+        for rec in controller.ledger.live_records():
+            history.append(rec)
+        history.close()
+    if plots and cfg.logging.plots and controller.steps_done:
+        try:
+            summary["plots"] = [str(p) for p in write_plots(run_dir)]
+        except Exception as exc:  # plots are a convenience: never lose the summary over them
+            log.warning("could not draw plots: %r", exc)
+    return summary
+
+
+def resume_run(run_dir: str | Path, overrides: list[str], *, fork_to: str | Path | None = None,
+               overwrite: bool = False) -> dict[str, Any] | None:
+    """``asyncrl train --resume RUN_DIR [--run-dir NEW]``: continue from the newest
+    valid checkpoint, in place or forked into ``fork_to`` (RUN_DIR is then not
+    changed). Returns None, changing nothing, when there is nothing left to do."""
+    run_dir = Path(run_dir)
+    cfg, ckpt = prepare_resume(run_dir, overrides)
+    idle = nothing_to_do(run_dir, ckpt, cfg)
+    if idle is not None:
+        print(idle)
+        return None
+    target = run_dir
+    if fork_to is not None and Path(fork_to).resolve() != run_dir.resolve():
+        target = check_run_dir(fork_to, overwrite=overwrite)  # train prepares it
+    saved = config_from_dict(load_yaml(ckpt.config_yaml, "checkpoint config"))
+    changes = config_changes(saved, cfg)
+    if changes:
+        print("asyncrl: settings changed since the checkpoint (config.yaml edits or "
+              "overrides):\n  " + "\n  ".join(changes))
+        if any(c.startswith("policy.optimizer.") for c in changes):
+            # asyncrl.trainers.optim.apply_optimizer_config, when the trainer loads.
+            print("asyncrl: the optimizer resumes with the checkpoint's moments and these "
+                  "hyper-parameters")
+    if target is not run_dir:
+        print(f"asyncrl: forking {run_dir} at {ckpt.path.name} (trainer version {ckpt.step}) "
+              f"into {target}; {run_dir} is not changed")
+    else:
+        print(f"asyncrl: resuming {run_dir} from {ckpt.path.name} (trainer version {ckpt.step})")
+    return train(cfg, target, resume=ckpt, overwrite=overwrite)
+
+
+def nothing_to_do(run_dir: Path, ckpt: LoadedCheckpoint, cfg: RunConfig) -> str | None:
+    """Why resuming ``ckpt`` would train nothing (None: it would train)."""
+    steps = cfg.grpo.max_num_steps
+    at = f"{run_dir} is at step {ckpt.step} (its newest checkpoint, {ckpt.path.name})"
+    if ckpt.step >= steps:
+        where = ("has reached it" if ckpt.step == steps
+                 else "is below it (a lower max_num_steps does not undo steps)")
+        return (
+            f"asyncrl: nothing to do: {at} and grpo.max_num_steps={steps} {where}. Nothing "
+            f"was changed. To train further, raise it, e.g.:\n"
+            f"  asyncrl train --resume {run_dir} grpo.max_num_steps={ckpt.step + max(steps, 10)}"
+        )
+    state = ckpt.controller_state
+    dispatch = state.get("dispatch") or {}
+    if dispatch.get("source_exhausted") and not (
+            dispatch.get("source_held") or dispatch.get("inflight") or dispatch.get("queued")
+            or state.get("ready")):
+        setting = ("task.epochs (or task.max_prompts)" if cfg.task.name == "dataset"
+                   else "task.num_prompts")
+        return (
+            f"asyncrl: nothing to do: {at} and its task has no prompts left ({setting}). "
+            "Nothing was changed. Start a new run with more prompts to train further"
+        )
+    return None
+
