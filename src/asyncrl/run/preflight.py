@@ -102,6 +102,10 @@ def preflight(cfg: RunConfig, *, task: Task | None = None,
     check_wandb(cfg.logging.wandb)
     if builtin_backends:
         check_trainer(cfg)  # trainer.strategy: fsdp - ranks, GPUs, collective backend
+        from asyncrl.trainers.schedule import check_schedule
+
+        # policy.scheduler: torch's classes and their keyword arguments
+        check_schedule(cfg.policy.scheduler, cfg.policy.optimizer.lr)
     if task is None:
         task = _build_task(cfg)
     # Held-out prompts (may leave records out of the training task), and the

@@ -139,6 +139,7 @@ class RankCore:
             model, tokenizer, loss=cfg.loss, optimizer=cfg.policy.optimizer,
             temperature=cfg.policy.generation.temperature, num_threads=cfg.policy.num_threads,
             micro_batch_tokens=cfg.policy.train_micro_batch_tokens,
+            max_new_tokens=cfg.policy.generation.max_new_tokens,
             gradient_checkpointing=cfg.policy.gradient_checkpointing,
             score_through_root=True, ref_model=ref)
         self.trainer.output_grad_sink = None  # FSDP reduces every gradient itself
