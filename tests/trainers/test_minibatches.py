@@ -39,8 +39,7 @@ def step(data, *, loss: LossConfig | None = None, optimizer=FAST, **kw):
     trainer = GRPOTrainer(model, tok, loss=loss or LossConfig(), optimizer=optimizer,
                           num_threads=1, max_new_tokens=6, **kw)
     if trainer.holds:
-        trainer._held = list(data)
-        metrics = trainer._train_held(sorted(data, key=lambda r: r.prompt.prompt_id))
+        metrics = trainer.train_step_sync(sorted(data, key=lambda r: r.prompt.prompt_id))
     else:
         trainer.train_chunk_sync(data)
         metrics = trainer.finish_step_sync()
@@ -166,8 +165,7 @@ def test_lr_follows_the_schedule_once_per_training_step(data):
                           scheduler=WARMUP, mini_batches=2)
     lrs = []
     for v in range(6):
-        trainer._held = []
-        lrs.append(trainer._train_held(list(data))["lr"])
+        lrs.append(trainer.train_step_sync(list(data))["lr"])
         assert trainer.version == v + 1
     assert lrs == pytest.approx([0.001, 0.00325, 0.0055, 0.00775, 0.01, 0.01])
 
@@ -207,3 +205,16 @@ def _shifted(rollout, delta):
              for c in rollout.result.completions]
     result = dataclasses.replace(rollout.result, completions=comps)
     return dataclasses.replace(rollout, result=result)
+
+
+def test_lora_adapters_train_in_mini_batches(data):
+    from asyncrl.config import LoraConfig
+
+    model, tok = policy()
+    trainer = GRPOTrainer(model, tok, lora=LoraConfig(r=4, alpha=8.0), num_threads=1,
+                          optimizer=OptimizerConfig(lr=0.05), mini_batches=3)
+    base = {k: v.clone() for k, v in trainer.model.state_dict().items() if "lora" not in k}
+    metrics = trainer.train_step_sync(list(data))
+    assert metrics["optimizer_steps"] == 3.0 and metrics["prox_drift"] > 0
+    after = trainer.model.state_dict()
+    assert all(torch.equal(after[k], v) for k, v in base.items())  # only adapters moved

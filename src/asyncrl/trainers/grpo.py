@@ -223,10 +223,12 @@ class GRPOTrainer:
         self._check_step(step, "finish_step")
         if self.holds:
             held, self._held = sorted(self._held, key=lambda r: r.prompt.prompt_id), []
-            return await self._run(self._train_held, held)
+            return await self._run(self.train_step_sync, held)
         return await self._run(self.finish_step_sync)
 
-    def _train_held(self, rollouts: list[Rollout]) -> dict[str, float]:
+    def train_step_sync(self, rollouts: list[Rollout]) -> dict[str, float]:
+        """One whole training step over ``rollouts`` (in their order) without the
+        event loop: deterministic mode's and several optimizer steps' path."""
         if self.mini_batches > 1 or self.epochs > 1:
             return self._train_mini_batches(rollouts)
         metrics = self.train_chunk_sync(rollouts) if rollouts else {}
