@@ -90,10 +90,13 @@ def test_fsdp_refuses_several_optimizer_steps_per_training_step() -> None:
 @pytest.mark.parametrize(("kwargs", "says"), [
     ({"start_factor": 0.0}, "policy.scheduler: Starting multiplicative factor"),
     ({"warmup": 3}, "policy.scheduler: "),
+    (None, "name one of torch.optim.lr_scheduler's classes"),
 ])
 def test_validate_builds_the_schedule_with_torch(tmp_path: Path, capsys, kwargs, says) -> None:
     path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump({"policy": {"scheduler": {"name": LINEAR, "kwargs": kwargs}}}))
+    scheduler = ({"name": LINEAR, "kwargs": kwargs} if kwargs is not None
+                 else {"name": "torch.optim.lr_scheduler.NoSuchLR"})
+    path.write_text(yaml.safe_dump({"policy": {"scheduler": scheduler}}))
     assert main(["validate", "--config", str(path), "--json", "--no-memory"]) != 0
     err = capsys.readouterr().err
     assert says in err and "Traceback" not in err

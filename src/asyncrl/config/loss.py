@@ -4,9 +4,8 @@ shaping for length. docs/training.md, "The loss", has every formula; the pure
 functions are :mod:`asyncrl.trainers.losses` and :mod:`asyncrl.trainers.advantages`.
 
 Combinations that mean nothing are refused here with the reason (a dual clip
-on ``tis``, which has no clip; a truncated behaviour weight on ``none``, which
-has none; ...), so a run never silently trains something other than what its
-config says.
+on ``tis``, which has no clip; an on-policy KL weight without a KL term), so a
+run never silently trains something other than what its config says.
 """
 
 from __future__ import annotations

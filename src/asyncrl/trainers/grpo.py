@@ -246,7 +246,9 @@ class GRPOTrainer:
             self._train_flat(flat.subset(part))
             rows += self.last_chunk_rows
             steps.append(self._optimizer_step())
-        metrics, _ = chunk_metrics(rows, flat, repeats=self.epochs)
+        metrics, sums = chunk_metrics(rows, flat, repeats=self.epochs)
+        if self.loss_cfg.kl_coef > 0:
+            metrics["kl"] = sums["kl"] / ((flat.weight * self.epochs) or 1.0)
         metrics.update({k: v for k, v in steps[-1].items() if k != "loss"} if steps else {})
         losses = [s["loss"] for s in steps if "loss" in s]
         if losses:
@@ -400,9 +402,10 @@ class GRPOTrainer:
             truncated = weights > cap if cap is not None else torch.zeros_like(clipped)
             if self.loss_cfg.off_policy_correction == "none":
                 truncated = torch.zeros_like(truncated)
-            drift = (logp.detach() - batch.prox).abs() * mask if batch.prox is not None else None
             zero = torch.zeros((), device=self._device)
-            drift = drift if batch.prox is not None else torch.zeros_like(mismatch)
+            # How far this step's optimizer steps moved the policy (0 without a proximal pass).
+            drift = ((logp.detach() - batch.prox).abs() * mask if batch.prox is not None
+                     else torch.zeros_like(mismatch))
             values = (loss.detach().sum(), mismatch.sum(),
                       mismatch.max() if mismatch.numel() else zero, (clipped * mask).sum(),
                       (truncated * mask).sum(), (entropy.detach() * mask).sum(), kl_sum,

@@ -1,4 +1,6 @@
-"""The GRPO math as pure functions on tensors: advantages, per-token losses, KL.
+"""The GRPO math as pure functions on tensors: per-token losses (token or
+sequence ratios, PPO clip with clip-higher and dual clip), KL estimators. The
+advantages are in :mod:`asyncrl.trainers.advantages`.
 
 Notation (all per token, log-probs of the token actually generated):
 
