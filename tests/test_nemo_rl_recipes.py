@@ -305,3 +305,28 @@ def test_the_pasted_math_blocks_train(tmp_path: Path) -> None:
     tree["logging"] = {"progress": "never", "tensorboard": False, "plots": False}
     summary = train(config_from_dict(tree), tmp_path / "run")
     assert summary["stop_reason"] == "max_num_steps" and summary["ledger"]["balanced"]
+
+
+@pytest.mark.parametrize(("kind", "low", "expected"), [
+    ("tis", 0.5, {"level": "token", "mode": "truncate", "lower": 0.5, "upper": 2.0}),
+    (None, 0.5, {"level": "token", "mode": "truncate", "lower": 0.5, "upper": 2.0}),
+    ("icepop", 0.5, {"level": "token", "mode": "drop", "lower": 0.5, "upper": 2.0}),
+    ("seq-mask-tis", 0.5, {"level": "sequence", "mode": "drop", "lower": 0.5, "upper": 2.0}),
+])
+def test_truncation_types_map_onto_loss_mismatch(kind, low, expected) -> None:
+    cfg = config_from_dict({"loss_fn": {
+        "use_importance_sampling_correction": True, "truncated_importance_sampling_type": kind,
+        "truncated_importance_sampling_ratio": 2.0,
+        "truncated_importance_sampling_ratio_min": low}})
+    assert cfg.loss.mismatch.model_dump() == expected
+    assert cfg.loss.off_policy_correction == "decoupled"
+    assert cfg.loss.is_cap == (None if kind == "seq-mask-tis" else 2.0)
+
+
+def test_a_truncation_type_without_the_correction_is_refused() -> None:
+    with pytest.raises(ConfigError, match="needs use_importance_sampling_correction: true"):
+        config_from_dict({"loss_fn": {"truncated_importance_sampling_type": "icepop",
+                                      "truncated_importance_sampling_ratio_min": 0.5}})
+    with pytest.raises(ConfigError, match="asyncrl knows tis, icepop, seq-mask-tis"):
+        config_from_dict({"loss_fn": {"use_importance_sampling_correction": True,
+                                      "truncated_importance_sampling_type": "cispo"}})

@@ -72,6 +72,10 @@ def test_scheduler_refusals_name_the_fix(scheduler, says) -> None:
     ({"scale_advantages": False}, "write scale: group (true) or scale: none (false)"),
     ({"overlong": {"penalty": 1.0}}, "loss.overlong.buffer_tokens: Field required"),
     ({"aggregation": "seq_mean"}, "loss.aggregation"),
+    ({"mismatch": {"mode": "truncate"}}, "use decoupled (or tis), or mismatch.mode: drop"),
+    ({"mismatch": {"mode": "truncate"}, "off_policy_correction": "tis", "is_cap": 3.0},
+     "set the bound as mismatch.upper and leave is_cap out"),
+    ({"mismatch": {"lower": 2.0, "upper": 2.0}}, "mismatch.lower=2 must be below"),
 ])
 def test_loss_refusals_name_the_fix(loss, says) -> None:
     assert says in refusal({"loss": loss})

@@ -93,6 +93,15 @@ def test_dual_clip_binds_on_negative_advantages(data):
     assert with_dual["loss"] < without["loss"]  # capped at c |A|
 
 
+def test_mismatch_drop_reports_the_tokens_it_rejected(data):
+    stale = [_shifted(r, -1.0) for r in data]  # pi_prox / mu = e for every token
+    model, tok = policy()
+    trainer = GRPOTrainer(model, tok, num_threads=1, loss=LossConfig(
+        off_policy_correction="decoupled", mismatch={"level": "token", "upper": 2.0}))
+    assert trainer.train_chunk_sync(stale)["mismatch_dropped_frac"] == pytest.approx(1.0)
+    assert trainer.train_chunk_sync(data)["mismatch_dropped_frac"] == 0.0
+
+
 def test_decoupled_differs_from_tis_only_with_mini_batches(data):
     """One optimizer step: pi_prox is the loss's own detached forward, and
     decoupled gives tis's gradient exactly (docs/training.md). Mini-batches

@@ -79,7 +79,7 @@ def test_sequence_ratio_is_the_geometric_mean_over_trained_tokens():
     adv = t(1, 1, 1, -1, -1)
     cfg = LossConfig(ratio_level="sequence", clip_eps=0.2)
     lp = logp.clone().requires_grad_(True)
-    loss, clipped, _ = token_losses(cfg, lp, behavior, adv, seqs=seqs)
+    loss, clipped, _, _ = token_losses(cfg, lp, behavior, adv, seqs=seqs)
     s0 = math.sqrt(1.2 * 1.08)  # token 1 (ratio 0.2) left out
     s1 = math.sqrt(1.0 * 0.5)
     assert torch.allclose(loss, t(-s0, -s0, -s0, 0.8, 0.8), atol=1e-6)  # s1 < 0.8, A < 0: clipped
@@ -96,9 +96,42 @@ def test_sequence_level_tis_weight_is_per_sequence():
     prox = t(log(0.5), log(0.5))  # token weights 2 and 1: geometric mean sqrt(2)
     seqs = Sequences(torch.tensor([0, 0]), 1, t(1, 1))
     cfg = LossConfig(ratio_level="sequence", off_policy_correction="tis", is_cap=None)
-    loss, _, weights = token_losses(cfg, prox.clone(), behavior, t(1, 1), prox=prox, seqs=seqs)
+    loss, _, weights, _ = token_losses(cfg, prox.clone(), behavior, t(1, 1), prox=prox,
+                                       seqs=seqs)
     assert torch.allclose(weights, t(math.sqrt(2), math.sqrt(2)))
     assert torch.allclose(loss, -weights)
+
+
+# ------------------------------------------------------------------ mismatch
+def test_mismatch_drop_rejects_tokens_or_sequences_outside_the_bounds():
+    behavior = t(log(0.25), log(0.8), log(0.5), log(0.5))
+    prox = t(log(0.5), log(0.2), log(0.5), log(0.6))  # rho = 2, 0.25, 1, 1.2
+    seqs = Sequences(torch.tensor([0, 0, 1, 1]), 2, t(1, 1, 1, 1))
+    adv = t(1, 1, 1, 1)
+    token = LossConfig(off_policy_correction="decoupled",
+                       mismatch={"level": "token", "mode": "drop", "upper": 1.5})
+    lp = prox.clone().requires_grad_(True)
+    loss, _, _, dropped = token_losses(token, lp, behavior, adv, prox=prox, seqs=seqs)
+    assert dropped.tolist() == [True, True, False, False]  # outside [1/1.5, 1.5]
+    loss.sum().backward()
+    assert torch.allclose(loss, t(0, 0, -1.0, -1.2)) and lp.grad[:2].abs().sum() == 0
+    # sequence level: geometric means sqrt(2 x 0.25) = 0.71 (kept), sqrt(1.2) (kept)
+    seq = token.model_copy(update={"mismatch": token.mismatch.model_copy(
+        update={"level": "sequence"})})
+    _, _, _, dropped = token_losses(seq, prox.clone(), behavior, adv, prox=prox, seqs=seqs)
+    assert dropped.tolist() == [False, False, False, False]
+    tight = seq.model_copy(update={"mismatch": seq.mismatch.model_copy(update={"upper": 1.05})})
+    _, _, _, dropped = token_losses(tight, prox.clone(), behavior, adv, prox=prox, seqs=seqs)
+    assert dropped.tolist() == [True, True, True, True]  # 0.71 and 1.095 outside [0.95, 1.05]
+
+
+def test_mismatch_truncate_bounds_the_behaviour_weight_on_both_sides():
+    behavior = t(log(0.25), log(0.8), log(0.5))
+    prox = t(log(0.5), log(0.2), log(0.5))  # rho = 2, 0.25, 1
+    cfg = LossConfig(off_policy_correction="tis",
+                     mismatch={"level": "token", "mode": "truncate", "lower": 0.5, "upper": 1.5})
+    loss, _, _, dropped = token_losses(cfg, prox.clone(), behavior, t(1, 1, 1), prox=prox)
+    assert torch.allclose(loss, t(-1.5, -0.5, -1.0)) and not dropped.any()
 
 
 # ----------------------------------------------------------------------- KL

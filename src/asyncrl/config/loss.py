@@ -4,7 +4,8 @@ shaping for length. docs/training.md, "The loss", has every formula; the pure
 functions are :mod:`asyncrl.trainers.losses` and :mod:`asyncrl.trainers.advantages`.
 
 Combinations that mean nothing are refused here with the reason (a dual clip
-on ``tis``, which has no clip; an on-policy KL weight without a KL term), so a
+on ``tis``, which has no clip; a truncated behaviour weight on ``none``, which
+has none; an on-policy KL weight without a KL term), so a
 run never silently trains something other than what its config says.
 """
 
@@ -18,6 +19,45 @@ from asyncrl.config.blocks import Block, NonNegFloat, NonNegInt, PosFloat, PosIn
 
 #: ``loss.dual_clip``: NeMo-RL's ``ratio_clip_c``, which must be above 1.
 DualClip = Annotated[StrictFloat, Field(gt=1)]
+
+
+class MismatchConfig(Block):
+    """``loss.mismatch``: bounds on ``rho = pi_prox / mu``, the ratio between the
+    trainer's step-start weights and the engine's behaviour log-probs (staleness
+    plus the engine-trainer mismatch, e.g. a bf16 engine).
+
+    * ``level``: per token, or per sequence - the geometric mean of ``rho`` over
+      the tokens the loss trains.
+    * ``mode: truncate`` - the behaviour weight of ``tis`` / ``decoupled`` is
+      ``clamp(rho, lower, upper)`` at that level (verl's ``rollout_is``), in
+      place of ``min(rho, is_cap)``.
+    * ``mode: drop`` - a token (or every token of a sequence) whose ``rho``
+      leaves ``[lower, upper]`` gets no loss (rejection: verl's ``rollout_rs``,
+      NeMo-RL's ``icepop`` / ``seq-mask-tis``); the normaliser keeps counting it
+      (AReaL's choice: it is known before the forward pass), and the tokens
+      kept keep their correction's own weight. ``train/mismatch_dropped_frac``
+      says how many tokens went.
+    """
+
+    level: Literal["token", "sequence"] = "sequence"
+    mode: Literal["truncate", "drop"] = "drop"
+    #: truncate: the lower clamp (None: 0, none); drop: the lower bound (None: 1 / upper).
+    lower: NonNegFloat | None = None
+    upper: PosFloat = 2.0
+
+    @property
+    def low(self) -> float:
+        """The lower bound in effect."""
+        if self.lower is not None:
+            return self.lower
+        return 0.0 if self.mode == "truncate" else 1.0 / self.upper
+
+    @model_validator(mode="after")
+    def _bounds(self) -> MismatchConfig:
+        if self.low >= self.upper:
+            raise ValueError(f"mismatch.lower={self.low:g} must be below mismatch.upper="
+                             f"{self.upper:g}: no ratio would be inside the bounds")
+        return self
 
 
 class OverlongConfig(Block):
@@ -63,6 +103,9 @@ class LossConfig(Block):
     #: Cap of the truncated importance weights (tis and decoupled); None: no cap
     #: (NeMo-RL's importance sampling without a truncation ratio).
     is_cap: PosFloat | None = 2.0
+    #: Bounds on pi_prox / mu per token or sequence (None: the correction's own
+    #: token weight, min(rho, is_cap)).
+    mismatch: MismatchConfig | None = None
     #: What a completion's reward is compared with: the mean of its group
     #: (GRPO), or the mean of the group's other completions (RLOO).
     baseline: Literal["group_mean", "leave_one_out"] = "group_mean"
@@ -122,6 +165,17 @@ class LossConfig(Block):
             raise ValueError(
                 f"dual_clip={self.dual_clip:g} caps the PPO clip's loss, but "
                 "off_policy_correction: tis has no clip; use none or decoupled, or drop dual_clip")
+        mismatch = self.mismatch
+        if mismatch is not None and mismatch.mode == "truncate":
+            if correction == "none":
+                raise ValueError(
+                    "mismatch.mode: truncate bounds the behaviour weight pi_prox / mu, but "
+                    "off_policy_correction: none has none (its ratio pi / mu carries the "
+                    "mismatch itself); use decoupled (or tis), or mismatch.mode: drop")
+            if self.is_cap != LossConfig.model_fields["is_cap"].default:
+                raise ValueError(
+                    f"is_cap={self.is_cap} and mismatch (mode: truncate) both bound "
+                    "the behaviour weight; set the bound as mismatch.upper and leave is_cap out")
         if self.on_policy_kl_approximation and self.kl_coef == 0:
             raise ValueError(
                 "on_policy_kl_approximation weights the KL term, but kl_coef is 0 (no KL "
@@ -129,4 +183,4 @@ class LossConfig(Block):
         return self
 
 
-__all__ = ["DualClip", "LossConfig", "OverlongConfig"]
+__all__ = ["DualClip", "LossConfig", "MismatchConfig", "OverlongConfig"]

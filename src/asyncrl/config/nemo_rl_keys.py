@@ -265,13 +265,16 @@ NEMO_RL_RECIPE_KEYS: tuple[RecipeKey, ...] = (
               "true: `decoupled` (clip around pi_prox, weight pi_prox / mu); false: asyncrl's "
               "own setting (default `none`, the ratio against mu: NeMo-RL's ratio against "
               "pi_prox without a weight has no asyncrl equivalent)"),
-    RecipeKey("loss_fn.truncated_importance_sampling_type", "off_only", off="tis",
-              note="`null` is also accepted; icepop / seq-mask-tis (rejection of mismatched "
-                   "tokens) are not in asyncrl yet"),
+    RecipeKey("loss_fn.truncated_importance_sampling_type", "mapped", "loss.mismatch",
+              "null or `tis` with a `_ratio_min`: `{level: token, mode: truncate, lower: "
+              "ratio_min, upper: ratio}`; `icepop`: `{level: token, mode: drop, ...}`; "
+              "`seq-mask-tis`: `{level: sequence, mode: drop, ...}` (kept tokens uncapped); "
+              "each needs `use_importance_sampling_correction: true`"),
     RecipeKey("loss_fn.truncated_importance_sampling_ratio", "mapped", "loss.is_cap",
-              "with `use_importance_sampling_correction: true` (null: no cap)"),
-    RecipeKey("loss_fn.truncated_importance_sampling_ratio_min", "off_only",
-              note="asyncrl's importance weights have no lower bound yet"),
+              "with `use_importance_sampling_correction: true` (null: no cap); the upper "
+              "bound of `loss.mismatch` when a type or `_ratio_min` makes one"),
+    RecipeKey("loss_fn.truncated_importance_sampling_ratio_min", "mapped", "loss.mismatch",
+              "the lower bound (see `truncated_importance_sampling_type`)"),
     RecipeKey("loss_fn.sequence_level_importance_ratios", "mapped", "loss.ratio_level",
               "true: `sequence` (GSPO; asyncrl's behaviour weight is the geometric mean, "
               "NeMo-RL's the product); false: `token`"),

@@ -121,16 +121,49 @@ def _epochs(value: Any, pasted: dict[str, Any]) -> Any:
     return value if pasted["task"].get("name") == "dataset" else _SKIP
 
 
-def _is_cap(value: Any, blocks: dict[str, Any]) -> Any:
-    corrected = (blocks["loss_fn"] or {}).get("use_importance_sampling_correction")
-    if value is None:
-        return None if corrected else _SKIP
-    if not corrected:
+def _is_cap(value: Any, pasted: dict[str, Any]) -> Any:
+    loss_fn = pasted["loss_fn"]
+    corrected = loss_fn.get("use_importance_sampling_correction")
+    if value is not None and not corrected:
         raise ConfigError(
             f"loss_fn.truncated_importance_sampling_ratio={value!r} truncates importance "
             "weights, but use_importance_sampling_correction is false; set it true or drop "
             "the ratio")
+    kind = loss_fn.get("truncated_importance_sampling_type")
+    if kind == "seq-mask-tis":
+        return None  # NeMo-RL weights the tokens it keeps by their raw ratio
+    if kind in (None, "tis") and loss_fn.get("truncated_importance_sampling_ratio_min") is not None:
+        return _SKIP  # the bounds go to loss.mismatch (truncate), is_cap stays off it
+    if value is None:
+        return None if corrected else _SKIP
     return value
+
+
+#: NeMo-RL's truncated_importance_sampling_type -> loss.mismatch's (level, mode).
+_MISMATCH = {"tis": ("token", "truncate"), "icepop": ("token", "drop"),
+             "seq-mask-tis": ("sequence", "drop")}
+
+
+def _mismatch(value: Any, pasted: dict[str, Any]) -> Any:
+    loss_fn = pasted["loss_fn"]
+    low = loss_fn.get("truncated_importance_sampling_ratio_min")
+    high = loss_fn.get("truncated_importance_sampling_ratio")
+    if (value is None or value == "tis") and low is None:
+        return _SKIP  # plain truncation: the ratio is loss.is_cap
+    if value is not None and value not in _MISMATCH:
+        raise ConfigError(f"loss_fn.truncated_importance_sampling_type={value!r} is refused: "
+                          f"asyncrl knows {', '.join(_MISMATCH)} (or null)")
+    if not loss_fn.get("use_importance_sampling_correction") or high is None:
+        raise ConfigError(
+            f"loss_fn.truncated_importance_sampling_type={value!r} needs "
+            "use_importance_sampling_correction: true and truncated_importance_sampling_ratio "
+            "(its upper bound)")
+    level, mode = _MISMATCH[value or "tis"]
+    return {"level": level, "mode": mode, "lower": low, "upper": high}
+
+
+def _skip(_value: Any, _pasted: dict[str, Any]) -> Any:
+    return _SKIP  # read by another key's converter
 
 
 def _overlong(value: Any, _blocks: dict[str, Any]) -> Any:
@@ -167,6 +200,8 @@ _CONVERT: dict[str, Callable[[Any, dict[str, Any]], Any]] = {
     "grpo.reward_shaping": _overlong,
     "loss_fn.use_importance_sampling_correction": _flag("decoupled"),
     "loss_fn.truncated_importance_sampling_ratio": _is_cap,
+    "loss_fn.truncated_importance_sampling_type": _mismatch,
+    "loss_fn.truncated_importance_sampling_ratio_min": _skip,
     "loss_fn.sequence_level_importance_ratios": _flag("sequence", "token"),
     "loss_fn.token_level_loss": _flag("token_mean", "sequence_mean"),
 }

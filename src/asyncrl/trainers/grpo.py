@@ -382,8 +382,8 @@ class GRPOTrainer:
         logp, entropy = self.scorer(self.model, batch, weight_grad=self.output_grad_sink)
         mask = batch.mask
         seqs = Sequences(batch.row, batch.rows, (mask > 0).to(logp.dtype))
-        loss, clipped, weights = token_losses(self.loss_cfg, logp, batch.behavior, batch.adv,
-                                              prox=batch.prox, seqs=seqs)
+        loss, clipped, weights, dropped = token_losses(
+            self.loss_cfg, logp, batch.behavior, batch.adv, prox=batch.prox, seqs=seqs)
         kl_sum = torch.zeros((), device=self._device)
         if self.loss_cfg.kl_coef > 0:
             with torch.no_grad(), self._reference() as ref:
@@ -400,8 +400,9 @@ class GRPOTrainer:
             mismatch = (logp.detach() - batch.behavior).abs() * mask
             cap = self.loss_cfg.is_cap
             truncated = weights > cap if cap is not None else torch.zeros_like(clipped)
-            if self.loss_cfg.off_policy_correction == "none":
-                truncated = torch.zeros_like(truncated)
+            if (self.loss_cfg.off_policy_correction == "none"
+                    or self.loss_cfg.mismatch is not None):
+                truncated = torch.zeros_like(truncated)  # no is_cap in effect
             zero = torch.zeros((), device=self._device)
             # How far this step's optimizer steps moved the policy (0 without a proximal pass).
             drift = ((logp.detach() - batch.prox).abs() * mask if batch.prox is not None
@@ -409,7 +410,8 @@ class GRPOTrainer:
             values = (loss.detach().sum(), mismatch.sum(),
                       mismatch.max() if mismatch.numel() else zero, (clipped * mask).sum(),
                       (truncated * mask).sum(), (entropy.detach() * mask).sum(), kl_sum,
-                      (weights * mask).sum(), (weights * weights * mask).sum(), drift.sum())
+                      (weights * mask).sum(), (weights * weights * mask).sum(), drift.sum(),
+                      (dropped * mask).sum())
             # float64 holds every float32 sum and integer count exactly.
             return torch.stack([v.to(torch.float64) for v in values])
 

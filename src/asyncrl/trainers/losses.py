@@ -145,10 +145,10 @@ def log_ratio(new: Tensor, old: Tensor, level: str, seqs: Sequences | None) -> T
 def token_losses(
     cfg: LossConfig, logp: Tensor, behavior: Tensor, adv: Tensor, *,
     prox: Tensor | None = None, seqs: Sequences | None = None,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Per-token loss of ``cfg.off_policy_correction``, the clipped-token mask, and
-    the untruncated behaviour weights ``pi_prox / mu`` at ``cfg.ratio_level``
-    (for the ESS and truncation metrics).
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Per-token loss of ``cfg.off_policy_correction``, the clipped-token mask, the
+    untruncated behaviour weights ``pi_prox / mu`` at ``cfg.ratio_level`` (for
+    the ESS and truncation metrics), and the tokens ``cfg.mismatch`` dropped.
 
     ``prox``: the log-probs of the weights at the start of the step (None: the
     current ones, detached - exact while the step takes one optimizer step, see
@@ -159,7 +159,7 @@ def token_losses(
     level = cfg.ratio_level
     prox = logp.detach() if prox is None else prox
     weights = torch.exp(log_ratio(prox, behavior, level, seqs))
-    truncated = weights.clamp(max=cfg.is_cap) if cfg.is_cap is not None else weights
+    truncated = behaviour_weight(cfg, weights, prox, behavior, seqs)
     correction = cfg.off_policy_correction
     if correction == "none":
         ratio = torch.exp(log_ratio(logp, behavior, level, seqs))
@@ -173,7 +173,25 @@ def token_losses(
         ratio = torch.exp(log_ratio(logp, prox, level, seqs))
         loss, clipped = clipped_surrogate(ratio, adv, clip_low, clip_high, cfg.dual_clip)
         loss = truncated * loss
-    return loss, clipped, weights
+    dropped = torch.zeros_like(clipped)
+    mismatch = cfg.mismatch
+    if mismatch is not None and mismatch.mode == "drop":
+        rho = torch.exp(log_ratio(prox, behavior, mismatch.level, seqs))
+        dropped = (rho < mismatch.low) | (rho > mismatch.upper)
+        loss = torch.where(dropped, torch.zeros_like(loss), loss)
+    return loss, clipped, weights, dropped
+
+
+def behaviour_weight(cfg: LossConfig, weights: Tensor, prox: Tensor, behavior: Tensor,
+                     seqs: Sequences | None) -> Tensor:
+    """The weight ``tis`` / ``decoupled`` multiply by: ``min(weights, is_cap)``, or
+    with ``mismatch.mode: truncate`` ``pi_prox / mu`` at the mismatch's level
+    clamped to its bounds."""
+    mismatch = cfg.mismatch
+    if mismatch is not None and mismatch.mode == "truncate":
+        rho = torch.exp(log_ratio(prox, behavior, mismatch.level, seqs))
+        return rho.clamp(mismatch.low, mismatch.upper)
+    return weights.clamp(max=cfg.is_cap) if cfg.is_cap is not None else weights
 
 
 def kl_penalty(cfg: LossConfig, logp: Tensor, ref_logp: Tensor, behavior: Tensor) -> Tensor:

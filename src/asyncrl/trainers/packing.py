@@ -28,7 +28,7 @@ from asyncrl.types import Rollout
 #: Per-micro-batch sums (one float64 device tensor, moved to the host once per chunk).
 #: Every sum but ``mismatch_max`` is weighted by the tokens' loss weights.
 STATS = ("loss", "mismatch", "mismatch_max", "clipped", "truncated", "entropy", "kl", "w", "w2",
-         "drift")
+         "drift", "dropped")
 
 
 @dataclass
@@ -247,6 +247,7 @@ def chunk_metrics(
         "is_ess": sums["w"] ** 2 / (n * sums["w2"]) if sums["w2"] > 0 else 1.0,
         "entropy": sums["entropy"] / n,
         "prox_drift": sums["drift"] / n,
+        "mismatch_dropped_frac": sums["dropped"] / n,
         "advantage_mean": float(all_adv.mean()),
         "advantage_std": float(all_adv.std(correction=0)),
         "advantage_abs_mean": float(all_adv.abs().mean()),
