@@ -227,3 +227,31 @@ def test_lora_adapters_train_in_mini_batches(data):
     assert metrics["optimizer_steps"] == 3.0 and metrics["prox_drift"] > 0
     after = trainer.model.state_dict()
     assert all(torch.equal(after[k], v) for k, v in base.items())  # only adapters moved
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("option", [
+    "loss.clip_eps=0.05",
+    "loss.clip_eps_high=0.28",
+    "loss.dual_clip=1.01",
+    "loss.ratio_level=sequence",
+], ids=["clip", "clip_higher", "dual_clip", "gspo"])
+def test_every_clip_option_binds_in_a_run(tmp_path, option):
+    """A real run (the quickstart's task, asynchronous, decoupled) with four
+    mini-batches per step: the option's clip binds (train/clip_frac > 0)."""
+    import json
+    from pathlib import Path
+
+    from asyncrl.config import load_config
+    from asyncrl.run.train import train
+
+    root = Path(__file__).resolve().parents[2]
+    cfg = load_config(root / "examples" / "ppo_minibatch.yaml", [
+        option, "loss.dual_clip=null" if "dual" not in option else "loss.clip_eps=0.2",
+        "grpo.max_num_steps=6", "policy.optimizer.lr=1e-2", "policy.scheduler=null",
+        "logging.progress=never", "logging.tensorboard=false", "logging.plots=false",
+        "checkpoint.every_steps=0"])
+    train(cfg, tmp_path / "run")
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert max(r["train/clip_frac"] for r in rows) > 0
+    assert all(r["train/optimizer_steps"] == 4 for r in rows)
