@@ -86,9 +86,12 @@ def test_an_old_configs_scale_advantages_true_still_loads() -> None:
 
 
 def test_fsdp_refuses_several_optimizer_steps_per_training_step() -> None:
-    text = refusal({"policy": {"train_mini_batches": 2},
-                    "trainer": {"strategy": "fsdp", "world_size": 2}})
+    fsdp = {"strategy": "fsdp", "world_size": 2}
+    text = refusal({"policy": {"train_mini_batches": 2}, "trainer": fsdp})
     assert "trainer.strategy=fsdp does not take policy.train_mini_batches" in text
+    assert "loss.scale: batch" in refusal({"loss": {"scale": "batch"}, "trainer": fsdp})
+    assert "policy.scheduler" in refusal({"policy": {"scheduler": {"warmup_steps": 2}},
+                                          "trainer": fsdp})
 
 
 @pytest.mark.parametrize(("kwargs", "says"), [

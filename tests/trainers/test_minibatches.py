@@ -149,6 +149,21 @@ def test_aggregation_is_exact_under_rechunking(data, loss):
             assert torch.allclose(p[k], ref[k], atol=1e-6), k
 
 
+async def test_batch_scale_holds_the_step_and_streams_like_one_chunk(data):
+    """scale: batch needs every reward of the step: chunks are held, and the step
+    equals one chunk of all its groups."""
+    loss = LossConfig(scale="batch")
+    streamed = GRPOTrainer(*policy(), loss=loss, num_threads=1, optimizer=FAST)
+    assert streamed.holds
+    for part in (data[:1], data[1:]):
+        assert await streamed.train_chunk(part, step=0) == {}
+    await streamed.finish_step(step=0)
+    whole, _ = step(data, loss=loss)
+    a, b = params(streamed.model), params(whole.model)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    await streamed.close()
+
+
 def test_constant_normaliser_is_sequences_times_max_new_tokens(data):
     _, tm = step(data, loss=LossConfig(aggregation="token_mean"))
     _, const = step(data, loss=LossConfig(aggregation="constant"))

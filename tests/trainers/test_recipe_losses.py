@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from asyncrl.config import LossConfig
-from asyncrl.trainers.advantages import advantages, overlong_penalty
+from asyncrl.trainers.advantages import advantages, overlong_penalty, step_advantages
 from asyncrl.trainers.losses import Sequences, clipped_surrogate, kl_penalty, token_losses
 from asyncrl.trainers.masks import training_rewards
 from asyncrl.trainers.packing import aggregated
@@ -39,6 +39,18 @@ def test_leave_one_out_baseline_is_the_mean_of_the_others():
     assert torch.allclose(scaled, rloo / (math.sqrt(3) / 4 + 1e-6))
     equal = advantages(t(0.5, 0.5, 0.5), LossConfig(baseline="leave_one_out"))
     assert torch.equal(equal, t(0, 0, 0))
+
+
+def test_batch_scale_divides_by_the_std_of_the_whole_step():
+    groups = [t(1, 0), t(1, 1, 0, 0)]  # all six rewards: population std 0.5
+    adv = step_advantages(groups, LossConfig(scale="batch"))
+    assert torch.allclose(adv[0], t(1, -1), atol=1e-5)
+    assert torch.allclose(adv[1], t(1, 1, -1, -1), atol=1e-5)
+    # per group, the first group's std would be 0.5 too, the second's 0.5: same;
+    # a group of equal rewards gets 0 either way, but its rewards count in the std
+    adv = step_advantages([t(1, 0), t(1, 1)], LossConfig(scale="batch"))
+    std = t(1, 0, 1, 1).std(correction=0).item()
+    assert torch.allclose(adv[0], t(0.5, -0.5) / (std + 1e-6)) and not adv[1].any()
 
 
 # -------------------------------------------------------------- aggregation

@@ -109,9 +109,10 @@ class LossConfig(Block):
     #: What a completion's reward is compared with: the mean of its group
     #: (GRPO), or the mean of the group's other completions (RLOO).
     baseline: Literal["group_mean", "leave_one_out"] = "group_mean"
-    #: What the centred reward is divided by: the group's reward std (GRPO), or
-    #: nothing (Dr. GRPO).
-    scale: Literal["group", "none"] = "group"
+    #: What the centred reward is divided by: the group's reward std (GRPO), the
+    #: std of every reward of the step (TRL's scale_rewards: batch; the trainer
+    #: then holds the step's groups until it ends), or nothing (Dr. GRPO).
+    scale: Literal["group", "batch", "none"] = "group"
     #: How per-token losses become the step's loss: the mean over every trained
     #: token (DAPO), the mean over sequences of each sequence's token mean (GRPO's
     #: paper), or their sum over sequences x max_new_tokens (Dr. GRPO).
@@ -155,7 +156,7 @@ class LossConfig(Block):
                 return {k: v for k, v in data.items() if k != "scale_advantages"}
             raise ValueError(
                 "scale_advantages is an older asyncrl's key: write scale: group (true) or "
-                "scale: none (false)")
+                "scale: none (false); scale: batch divides by the step's reward std")
         return data
 
     @model_validator(mode="after")

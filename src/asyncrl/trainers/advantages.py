@@ -7,7 +7,9 @@
 * ``group_mean`` + ``none``: Dr. GRPO, ``r_i - mean(r)``
 * ``leave_one_out`` + ``none``: RLOO, ``r_i - mean(r_j, j != i)``, which is
   ``n / (n - 1) * (r_i - mean(r))``
-* ``leave_one_out`` + ``group``: the RLOO difference divided by the group's std.
+* ``leave_one_out`` + ``group``: the RLOO difference divided by the group's std;
+* ``scale: batch``: the centred reward divided by the std of all the step's
+  rewards (:func:`step_advantages`).
 
 The std is the population std of the whole group (divide by n). NeMo-RL's
 leave-one-out std is the sample std of the *other* n - 1 rewards; asyncrl keeps
@@ -50,6 +52,21 @@ def advantages(rewards: Tensor, cfg: LossConfig) -> Tensor:
                             leave_one_out=cfg.baseline == "leave_one_out")
 
 
+def step_advantages(rewards: list[Tensor], cfg: LossConfig, eps: float = 1e-6) -> list[Tensor]:
+    """The advantages of a step's groups (``rewards``: one tensor per group).
+    ``scale: batch`` divides every group's centred rewards by the population std
+    of all the step's rewards (TRL's ``scale_rewards: batch``): it needs the
+    whole step, so the trainer holds a step's groups until it ends."""
+    if cfg.scale != "batch":
+        return [advantages(r, cfg) for r in rewards]
+    centred = [group_advantages(r, scale=False, leave_one_out=cfg.baseline == "leave_one_out")
+               for r in rewards]
+    if not rewards:
+        return centred
+    std = torch.cat([r.float() for r in rewards]).std(correction=0)
+    return [c / (std + eps) for c in centred]
+
+
 def overlong_penalty(length: int, *, limit: int, buffer: int, penalty: float) -> float:
     """DAPO's soft overlong punishment of a completion of ``length`` tokens: 0 up to
     ``limit - buffer``, then falling linearly, ``-penalty`` at ``limit`` (and
@@ -70,4 +87,4 @@ def shaped(reward: float, completion: Completion, cfg: LossConfig,
                                      penalty=over.penalty)
 
 
-__all__ = ["advantages", "group_advantages", "overlong_penalty", "shaped"]
+__all__ = ["advantages", "group_advantages", "overlong_penalty", "shaped", "step_advantages"]

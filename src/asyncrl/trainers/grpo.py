@@ -181,7 +181,8 @@ class GRPOTrainer:
         #: prompt order, when the step finishes (so are those of a step of
         #: several optimizer steps: its mini-batches need the whole step).
         self.deterministic = deterministic
-        self.holds = deterministic or mini_batches > 1 or epochs > 1
+        self.holds = (deterministic or mini_batches > 1 or epochs > 1
+                      or self.loss_cfg.scale == "batch")  # the step's reward std
         self._held: list[Rollout] = []
         self._executor, self._stream = worker_executor("trainer", num_threads, self._device)
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from asyncrl.config import LossConfig
-from asyncrl.trainers.advantages import advantages
+from asyncrl.trainers.advantages import step_advantages
 from asyncrl.trainers.masks import MaskStats, token_masks, training_rewards
 from asyncrl.types import Rollout
 
@@ -83,11 +83,11 @@ def flatten(rollouts: Sequence[Rollout], *, loss: LossConfig, step: int,
     step ``step`` (the trainer version that trains them). ``max_new_tokens``: the
     generation limit (``loss.aggregation: constant`` and ``loss.overlong``)."""
     flat = Flat()
-    for rollout in rollouts:
+    rewards = [torch.tensor(training_rewards(r, loss, max_new_tokens), dtype=torch.float32)
+               for r in rollouts]
+    flat.group_adv = step_advantages(rewards, loss)
+    for rollout, adv in zip(rollouts, flat.group_adv):
         res = rollout.result
-        rewards = training_rewards(rollout, loss, max_new_tokens)
-        adv = advantages(torch.tensor(rewards, dtype=torch.float32), loss)
-        flat.group_adv.append(adv)
         masks = token_masks(rollout, step=step, cfg=loss, stats=flat.mask_stats)
         for i, completion in enumerate(res.completions):
             if not completion.token_ids:
