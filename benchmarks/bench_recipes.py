@@ -94,11 +94,15 @@ def main() -> None:
     speedups = []
     with tempfile.TemporaryDirectory() as tmp:
         for recipe in args.recipes:
-            medians = {}
-            for mode in MODES:
-                rows = [run(recipe, mode, seed, args, Path(tmp)) for seed in range(args.seeds)]
-                medians[mode] = (statistics.median(r[0] for r in rows),
-                                 statistics.median(r[1] for r in rows))
+            # async and sync alternate seed by seed, so that a change of the
+            # machine's load during the measurement falls on both alike
+            rows: dict[str, list[tuple]] = {mode: [] for mode in MODES}
+            for seed in range(args.seeds):
+                for mode in MODES:
+                    rows[mode].append(run(recipe, mode, seed, args, Path(tmp)))
+            medians = {mode: (statistics.median(r[0] for r in got),
+                              statistics.median(r[1] for r in got))
+                       for mode, got in rows.items()}
             (a_time, a_final), (s_time, s_final) = medians["async"], medians["sync"]
             speedup = s_time / a_time if math.isfinite(a_time) else 0.0
             speedups.append(speedup)
