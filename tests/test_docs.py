@@ -58,7 +58,8 @@ def test_python_snippets_run(doc: Path, tmp_path: Path, monkeypatch) -> None:
 def test_yaml_snippets_parse_and_configs_validate(doc: Path) -> None:
     for body in blocks(doc, "yaml"):
         tree = load_yaml(body, f"a yaml block of {_id(doc)}")  # as asyncrl reads a file
-        if isinstance(tree, dict) and tree and set(tree) <= set(RunConfig.model_fields):
+        # (loss_fn: NeMo-RL's block, which the loader maps onto asyncrl's keys)
+        if isinstance(tree, dict) and tree and set(tree) <= {*RunConfig.model_fields, "loss_fn"}:
             config_from_dict(tree, source=f"a yaml block of {_id(doc)}")
 
 
@@ -99,3 +100,19 @@ def test_the_nemo_rl_table_of_training_md_is_the_codes() -> None:
         keys, meaning = (cell.strip() for cell in line.strip("|").split(" | "))
         shown.append((keys, meaning))
     assert shown == table_rows()
+
+
+def test_the_nemo_rl_recipe_table_of_recipes_md_is_the_codes() -> None:
+    """docs/recipes.md shows asyncrl.config.nemo_rl_keys.NEMO_RL_RECIPE_KEYS, the
+    table the loader maps NeMo-RL's grpo and loss_fn keys with."""
+    from asyncrl.config.nemo_rl_keys import recipe_table_rows
+
+    lines = (REPO / "docs" / "recipes.md").read_text().splitlines()
+    start = lines.index("| NeMo-RL recipe key | in asyncrl |") + 2
+    shown = []
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        key, meaning = (cell.strip() for cell in line.strip("|").split(" | "))
+        shown.append((key, meaning))
+    assert shown == recipe_table_rows()

@@ -133,3 +133,22 @@ async def test_an_untied_output_layer_equals_the_single_process_trainer() -> Non
     finally:
         await two.close()
         await one.close()
+
+
+async def test_the_recipe_losses_equal_the_single_process_trainer() -> None:
+    """Issue 31's loss modes over two ranks: GSPO's per-sequence ratio (a sequence
+    never spans ranks), Dr. GRPO's constant normaliser and leave-one-out
+    advantages (summed over the ranks' shares), the dual clip and a k2 KL."""
+    cfg = config(loss={"ratio_level": "sequence", "aggregation": "constant", "scale": "none",
+                       "baseline": "leave_one_out", "dual_clip": 3.0, "kl_coef": 0.05,
+                       "kl_estimator": "k2", "off_policy_correction": "decoupled"})
+    model, tokenizer = build_policy(cfg.policy, TASK, seed=cfg.seed)
+    one = GRPOTrainer.from_options(trainer_options(cfg), model=model, tokenizer=tokenizer)
+    two = build_local_trainer(sharded_options(fsdp(cfg)), TASK)
+    try:
+        two.load_state_dict(one.state_dict())
+        await run_steps(one, two, [[fixed_rollouts(cfg, 3, seed=s)] for s in range(2)])
+        assert max_abs_diff(one.get_weights_sync(), await two.get_weights()) <= 1e-5
+    finally:
+        await two.close()
+        await one.close()

@@ -35,18 +35,27 @@ def metrics(run_dir: Path) -> list[dict]:
             for r in rows]
 
 
-def test_same_config_gives_identical_metrics_and_resume_replays_exactly(tmp_path: Path) -> None:
+#: Issue 31: several optimizer steps per training step under a warm-up + cosine
+#: learning-rate schedule, resumed mid-schedule.
+RECIPE = ("policy.train_mini_batches=2",
+          "policy.scheduler={warmup_steps: 4, decay: cosine, decay_steps: 12}",
+          "loss.clip_eps_high=0.28", "loss.dual_clip=3.0")
+
+
+@pytest.mark.parametrize("extra", [(), RECIPE], ids=["default", "minibatch_schedule"])
+def test_same_config_gives_identical_metrics_and_resume_replays_exactly(
+        tmp_path: Path, extra: tuple[str, ...]) -> None:
     first = tmp_path / "a"
-    train(config(), first)
+    train(config(*extra), first)
     second = tmp_path / "b"
-    train(config(), second)
+    train(config(*extra), second)
     assert metrics(first) == metrics(second)
 
     # A run that checkpoints at step 6 and goes on to step 9 before it stops (as
     # if killed: what it did after the checkpoint is discarded on resume) must,
     # resumed, replay steps 6.. exactly like the uninterrupted run.
     killed = tmp_path / "c"
-    train(config("checkpoint.every_steps=6", "grpo.max_num_steps=9"), killed)
+    train(config(*extra, "checkpoint.every_steps=6", "grpo.max_num_steps=9"), killed)
     shutil.rmtree(killed / "checkpoints" / "step-000009")  # the final one: killed before it
     cfg, ckpt = prepare_resume(killed, [f"grpo.max_num_steps={STEPS}"])
     assert ckpt.step == 6
@@ -54,3 +63,7 @@ def test_same_config_gives_identical_metrics_and_resume_replays_exactly(tmp_path
     resumed = metrics(killed)
     assert [r["step"] for r in resumed] == list(range(STEPS))
     assert resumed[6:] == metrics(first)[6:]
+    if extra:  # the schedule went on from step 6: warm-up then cosine, not restarted
+        lrs = [r["train/lr"] for r in resumed]
+        assert lrs[0] < lrs[4] and lrs[6] < lrs[4] and lrs[6:] == [r["train/lr"] for r in
+                                                                  metrics(first)[6:]]

@@ -12,7 +12,7 @@ import types
 import typing
 from typing import Any, Union
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Tag, ValidationError
 
 
 def _members(annotation: Any) -> list[Any]:
@@ -28,26 +28,61 @@ def _members(annotation: Any) -> list[Any]:
     return [annotation]
 
 
-def _model_at(root: Any, loc: tuple[Any, ...]) -> type[BaseModel] | None:
-    """The model class whose fields live at ``loc`` (discriminator tags resolved)."""
-    candidates = _members(root)
+def _callable_tags(annotation: Any) -> dict[str, Any]:
+    """``Tag`` name -> the member it marks, in a union with a callable
+    discriminator (pydantic puts such a tag in an error's location)."""
+    found: dict[str, Any] = {}
+    if typing.get_origin(annotation) is typing.Annotated:
+        inner, *meta = typing.get_args(annotation)
+        found.update({m.tag: inner for m in meta if isinstance(m, Tag)})
+        found.update(_callable_tags(inner))
+    elif typing.get_origin(annotation) in (Union, types.UnionType):
+        for arg in typing.get_args(annotation):
+            found.update(_callable_tags(arg))
+    return found
+
+
+def _step(annotation: Any, part: Any) -> tuple[Any, bool] | None:
+    """The annotation of the value ``part`` names inside one of ``annotation``,
+    and whether ``part`` is a tag (a location part users never write)."""
+    tags = _callable_tags(annotation)
+    if isinstance(part, str) and part in tags:
+        return tags[part], True
+    members = _members(annotation)
+    if isinstance(part, int):
+        items = [typing.get_args(m)[0] for m in members if typing.get_origin(m) is list]
+        return (items[0], False) if len(items) == 1 else None
+    models = [c for c in members if isinstance(c, type) and issubclass(c, BaseModel)]
+    named = [m for m in models if _tag(m) == part]
+    if len(models) > 1 and named:  # a `name`-discriminated block (task, sampler, ...)
+        return named[0], True
+    fields = [m.model_fields[part].annotation for m in models if part in m.model_fields]
+    return (fields[0], False) if fields else None
+
+
+def _walk(root: Any, loc: tuple[Any, ...]) -> tuple[list[str], Any]:
+    """The parts of ``loc`` a user writes, and the annotation at ``loc`` (None
+    where the location leaves the schema)."""
+    shown: list[str] = []
+    annotation: Any = root
     for part in loc:
-        models = [c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)]
-        if not models:
-            return None
-        tagged = [m for m in models if _tag(m) == part]
-        if tagged:  # a discriminated-union tag in the location
-            candidates = tagged
+        step = _step(annotation, part) if annotation is not None else None
+        if step is None:
+            annotation = None
+            shown.append(str(part))
             continue
-        nxt: list[Any] = []
-        for m in models:
-            field = m.model_fields.get(part) if isinstance(part, str) else None
-            if field is not None:
-                nxt.extend(_members(field.annotation))
-        if not nxt:
-            return None
-        candidates = nxt
-    models = [c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)]
+        annotation, is_tag = step
+        if not is_tag:
+            shown.append(str(part))
+    return shown, annotation
+
+
+def _model_at(root: Any, loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The model class whose fields live at ``loc``."""
+    annotation = _walk(root, loc)[1]
+    if annotation is None:
+        return None
+    models = [c for c in _members(annotation) if isinstance(c, type) and issubclass(c, BaseModel)]
     return models[0] if len(models) == 1 else None
 
 
@@ -70,7 +105,7 @@ def explain_errors(exc: ValidationError, root: Any, prefix: str = "") -> list[tu
     for err in exc.errors():
         loc = tuple(err["loc"])
         # Drop discriminator tags from the displayed path: users never write them.
-        shown = [str(p) for i, p in enumerate(loc) if not _is_tag(root, loc[:i], p)]
+        shown = _walk(root, loc)[0]
         path = ".".join(([prefix] if prefix else []) + shown) or (prefix or "config")
         kind = err["type"]
         if kind == "extra_forbidden":
@@ -102,13 +137,3 @@ def explain_errors(exc: ValidationError, root: Any, prefix: str = "") -> list[tu
 def _did_you_mean(word: str, valid: list[str]) -> str:
     close = difflib.get_close_matches(word, valid, n=1, cutoff=0.5)
     return f"did you mean '{close[0]}'?" if close else ""
-
-
-def _is_tag(root: Any, loc: tuple[Any, ...], part: Any) -> bool:
-    parent_members = _members(root) if not loc else None
-    if parent_members is None:
-        model = _model_at(root, loc[:-1]) if len(loc) >= 1 else None
-        field = model.model_fields.get(loc[-1]) if model is not None else None
-        parent_members = _members(field.annotation) if field is not None else []
-    models = [c for c in parent_members if isinstance(c, type) and issubclass(c, BaseModel)]
-    return len(models) > 1 and any(_tag(m) == part for m in models)

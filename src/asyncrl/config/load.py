@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from asyncrl.config import nemo_rl_recipes
 from asyncrl.config.explain import explain_errors
 from asyncrl.config.interpolation import resolve_interpolations
 from asyncrl.config.schema import RunConfig
@@ -137,7 +138,9 @@ def _validated(tree: dict[str, Any], source: str, blame: Sequence[tuple[str, str
                origin: str) -> RunConfig:
     """``tree`` validated; ``blame``: (``key.path``, as the user wrote it) of each
     override applied to it, named by an error about that key."""
-    tree = resolve_interpolations(tree, source=source, defaults=_default_tree)
+    tree = resolve_interpolations(nemo_rl_recipes.prepare(tree), source=source,
+                                  defaults=_default_tree)
+    tree = nemo_rl_recipes.translate(tree)  # NeMo-RL's grpo and loss_fn keys
     _fill_default_tags(tree)
     try:
         return RunConfig.model_validate(tree)

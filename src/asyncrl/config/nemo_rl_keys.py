@@ -17,6 +17,7 @@ so that one mechanism refuses every stale key.
 
 from __future__ import annotations
 
+import json
 from typing import Any, ClassVar, Literal, NamedTuple
 
 from pydantic import BaseModel, model_validator
@@ -155,4 +156,144 @@ class RefusesRenamedKeys(BaseModel):
         return data
 
 
-__all__ = ["NEMO_RL_KEYS", "NemoRLKey", "RefusesRenamedKeys", "refusals", "table_rows"]
+# ------------------------------------------------------ grpo, loss_fn, policy
+RecipeFate = Literal["native", "mapped", "off_only", "no_effect"]
+
+
+class RecipeKey(NamedTuple):
+    """One key of NeMo-RL's ``grpo`` or ``loss_fn`` block (its full path) and what
+    asyncrl does with it (:mod:`asyncrl.config.nemo_rl_recipes` applies the row):
+
+    * ``native``: the same key, same meaning, in asyncrl's own block;
+    * ``mapped``: written onto ``target`` (an asyncrl path), ``note`` says how;
+    * ``off_only``: accepted at ``off`` (NeMo-RL's value that switches it off),
+      refused otherwise with ``note`` (why asyncrl cannot honour it yet);
+    * ``no_effect``: accepted whatever its value, ``note`` says why it changes nothing.
+    """
+
+    path: str
+    fate: RecipeFate
+    target: str = ""
+    note: str = ""
+    off: Any = None
+
+    def meaning(self) -> str:
+        """What docs/recipes.md says of the key."""
+        if self.fate == "native":
+            return "the same key in asyncrl"
+        if self.fate == "mapped":
+            return f"`{self.target}`: {self.note}"
+        if self.fate == "off_only":
+            return f"accepted at `{_yaml(self.off)}` only; otherwise refused: {self.note}"
+        return f"accepted, no effect: {self.note}"
+
+
+def _yaml(value: Any) -> str:
+    return json.dumps(value).replace('"', "")
+
+
+_DYNAMIC = "dynamic sampling is issue 32, not in asyncrl yet"
+_NO_ADV_EDIT = "asyncrl does not rewrite advantages after the baseline yet"
+
+#: NeMo-RL's ``grpo`` and ``loss_fn`` keys (v0.4.0's grpo_math_1B.yaml and
+#: today's), in the order of its file.
+NEMO_RL_RECIPE_KEYS: tuple[RecipeKey, ...] = (
+    RecipeKey("grpo.num_prompts_per_step", "native"),
+    RecipeKey("grpo.num_generations_per_prompt", "native"),
+    RecipeKey("grpo.max_rollout_turns", "off_only", off=1,
+              note="multi-turn rollouts are a task's own `task.rollout` in asyncrl"),
+    RecipeKey("grpo.max_num_epochs", "mapped", "task.epochs",
+              "passes over a dataset task's records; a built-in task is an endless stream "
+              "(no epochs), where only `max_num_steps` ends the run"),
+    RecipeKey("grpo.max_num_steps", "native"),
+    RecipeKey("grpo.normalize_rewards", "mapped", "loss.scale",
+              "true: `group` (divide by the group's reward std), false: `none`"),
+    RecipeKey("grpo.use_leave_one_out_baseline", "mapped", "loss.baseline",
+              "true: `leave_one_out`, false: `group_mean`; asyncrl's std is the whole "
+              "group's, NeMo-RL's the other completions'"),
+    RecipeKey("grpo.val_period", "no_effect", note="held-out evaluation is asyncrl's `eval` block"),
+    RecipeKey("grpo.val_start_at", "no_effect", note="see `eval`"),
+    RecipeKey("grpo.val_at_start", "no_effect", note="see `eval`"),
+    RecipeKey("grpo.val_at_end", "no_effect", note="see `eval`"),
+    RecipeKey("grpo.max_val_samples", "no_effect", note="see `eval.num_prompts`"),
+    RecipeKey("grpo.val_batch_size", "no_effect", note="see `eval`"),
+    RecipeKey("grpo.val_num_generations_per_prompt", "no_effect",
+              note="see `eval.num_generations`"),
+    RecipeKey("grpo.stop_at_validation_metric", "off_only",
+              note="asyncrl does not stop on an eval metric yet"),
+    RecipeKey("grpo.stop_at_validation_threshold", "off_only",
+              note="asyncrl does not stop on an eval metric yet"),
+    RecipeKey("grpo.overlong_filtering", "mapped", "loss.truncated",
+              "true: `mask` (truncated completions out of the loss, in the baseline); false: "
+              "asyncrl's own setting"),
+    RecipeKey("grpo.advantage_clip_low", "off_only", note=_NO_ADV_EDIT),
+    RecipeKey("grpo.advantage_clip_high", "off_only", note=_NO_ADV_EDIT),
+    RecipeKey("grpo.seed", "mapped", "seed", "the run's seed"),
+    RecipeKey("grpo.use_dynamic_sampling", "off_only", off=False, note=_DYNAMIC),
+    RecipeKey("grpo.dynamic_sampling_max_gen_batches", "no_effect",
+              note="dynamic sampling is off"),
+    RecipeKey("grpo.batch_multiplier", "off_only", off=1,
+              note="it sizes dynamic sampling's rounds; " + _DYNAMIC),
+    RecipeKey("grpo.reward_shaping", "mapped", "loss.overlong",
+              "`enabled: true`: DAPO's overlong penalty, `{buffer_tokens: "
+              "overlong_buffer_length, penalty: overlong_buffer_penalty, max_tokens: "
+              "max_response_length}` (`${policy.max_total_sequence_length}` reads as "
+              "`policy.generation.max_new_tokens`); `stop_properly_penalty_coef` must be null"),
+    RecipeKey("grpo.adv_estimator", "no_effect",
+              note="accepted with `name: grpo`, `minus_baseline: true` and the block's own "
+                   "`normalize_rewards` / `use_leave_one_out_baseline`; otherwise refused"),
+    RecipeKey("grpo.reward_scaling", "off_only", off={"enabled": False},
+              note="asyncrl does not rescale rewards yet (`enabled: false`, other keys kept)"),
+    RecipeKey("grpo.seq_logprob_error_threshold", "off_only",
+              note="asyncrl does not mask sequences by their log-prob error yet"),
+    RecipeKey("grpo.invalid_tool_call_advantage", "off_only", note=_NO_ADV_EDIT),
+    RecipeKey("grpo.malformed_thinking_advantage", "off_only", note=_NO_ADV_EDIT),
+    RecipeKey("grpo.async_grpo", "off_only", off={"enabled": False},
+              note="asyncrl is asynchronous by itself: configure `async_rl` "
+                   "(`enabled: false`, other keys kept)"),
+    RecipeKey("loss_fn.reference_policy_kl_penalty", "mapped", "loss.kl_coef", "the same"),
+    RecipeKey("loss_fn.reference_policy_kl_type", "mapped", "loss.kl_estimator", "the same"),
+    RecipeKey("loss_fn.kl_input_clamp_value", "mapped", "loss.kl_input_clamp", "the same"),
+    RecipeKey("loss_fn.kl_output_clamp_value", "mapped", "loss.kl_output_clamp", "the same"),
+    RecipeKey("loss_fn.ratio_clip_min", "mapped", "loss.clip_eps", "the same"),
+    RecipeKey("loss_fn.ratio_clip_max", "mapped", "loss.clip_eps_high", "the same"),
+    RecipeKey("loss_fn.ratio_clip_c", "mapped", "loss.dual_clip", "the same"),
+    RecipeKey("loss_fn.use_on_policy_kl_approximation", "mapped",
+              "loss.on_policy_kl_approximation", "the same"),
+    RecipeKey("loss_fn.use_importance_sampling_correction", "mapped",
+              "loss.off_policy_correction",
+              "true: `decoupled` (clip around pi_prox, weight pi_prox / mu); false: asyncrl's "
+              "own setting (default `none`, the ratio against mu: NeMo-RL's ratio against "
+              "pi_prox without a weight has no asyncrl equivalent)"),
+    RecipeKey("loss_fn.truncated_importance_sampling_type", "mapped", "loss.mismatch",
+              "null or `tis` with a `_ratio_min`: `{level: token, mode: truncate, lower: "
+              "ratio_min, upper: ratio}`; `icepop`: `{level: token, mode: drop, ...}`; "
+              "`seq-mask-tis`: `{level: sequence, mode: drop, ...}` (kept tokens uncapped); "
+              "each needs `use_importance_sampling_correction: true`"),
+    RecipeKey("loss_fn.truncated_importance_sampling_ratio", "mapped", "loss.is_cap",
+              "with `use_importance_sampling_correction: true` (null: no cap); the upper "
+              "bound of `loss.mismatch` when a type or `_ratio_min` makes one"),
+    RecipeKey("loss_fn.truncated_importance_sampling_ratio_min", "mapped", "loss.mismatch",
+              "the lower bound (see `truncated_importance_sampling_type`)"),
+    RecipeKey("loss_fn.sequence_level_importance_ratios", "mapped", "loss.ratio_level",
+              "true: `sequence` (GSPO; asyncrl's behaviour weight is the geometric mean, "
+              "NeMo-RL's the product); false: `token`"),
+    RecipeKey("loss_fn.token_level_loss", "mapped", "loss.aggregation",
+              "true: `token_mean`, false: `sequence_mean`"),
+    RecipeKey("loss_fn.force_on_policy_ratio", "off_only", off=False,
+              note="not in asyncrl"),
+    RecipeKey("loss_fn.use_kl_in_reward", "off_only", off=False, note="not in asyncrl"),
+    RecipeKey("loss_fn.use_cispo", "off_only", off=False, note="CISPO is not in asyncrl"),
+    RecipeKey("loss_fn.disable_ppo_ratio", "off_only", off=False, note="not in asyncrl"),
+    RecipeKey("loss_fn.positive_example_nll_weight", "off_only", off=0.0,
+              note="not in asyncrl"),
+)
+
+
+def recipe_table_rows() -> list[tuple[str, str]]:
+    """The recipe table of docs/recipes.md: (key, meaning) rows."""
+    return [(f"`{k.path}`", k.meaning()) for k in NEMO_RL_RECIPE_KEYS]
+
+
+__all__ = ["NEMO_RL_KEYS", "NEMO_RL_RECIPE_KEYS", "NemoRLKey", "RecipeKey",
+           "RefusesRenamedKeys", "recipe_table_rows", "refusals", "table_rows"]

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field, StrictFloat, model_validator
+from pydantic import Field, StrictFloat, field_validator, model_validator
 
 from asyncrl.config.blocks import Block, NonNegFloat, PosFloat, PosInt
+from asyncrl.config.schedule import SchedulerConfig, check_list
 from asyncrl.config.targets import TargetBlock
 from asyncrl.config.vllm_server import VLLMServerConfig
 
@@ -146,12 +147,30 @@ class PolicyConfig(Block):
     #: activation memory is bounded whatever the completion lengths. A sequence longer
     #: than the budget gets a micro-batch of its own. See docs/training.md, "Memory".
     train_micro_batch_tokens: PosInt = 8192
+    #: Optimizer steps per training step: the step's sequences (in prompt order)
+    #: cut into this many mini-batches of about equal tokens, each one optimizer
+    #: step (micro-batches of train_micro_batch_tokens inside each). With more
+    #: than one (or train_epochs > 1) the proximal log-probs are computed once per
+    #: step, with its start weights, so the PPO clip and decoupled act. See
+    #: docs/training.md, "Mini-batches".
+    train_mini_batches: PosInt = 1
+    #: Passes over the step's mini-batches (verl's ppo_epochs, TRL's num_iterations).
+    train_epochs: PosInt = 1
     #: Recompute each decoder layer's activations in the backward pass (transformers'
     #: own checkpointing): activation memory per token drops to about one hidden
     #: state per layer, for about a third more compute. Exact.
     gradient_checkpointing: bool = False
     #: Train low-rank adapters instead of the full model (pip install 'asyncrl[lora]').
     lora: LoraConfig | None = None
+    #: The learning-rate schedule (None: constant), NeMo-RL's list form or
+    #: asyncrl's warm-up/decay form (asyncrl.config.schedule); advanced once per
+    #: training step.
+    scheduler: SchedulerConfig | None = None
+
+    @field_validator("scheduler")
+    @classmethod
+    def _scheduler_list(cls, value: Any) -> Any:
+        return check_list(value)
 
     @model_validator(mode="after")
     def _custom_engine_block(self) -> PolicyConfig:

@@ -21,6 +21,7 @@ from asyncrl.config.failures import (
     RolloutFailureConfig,
     StallWatchdogConfig,
 )
+from asyncrl.config.loss import LossConfig
 from asyncrl.config.nemo_rl_keys import RefusesRenamedKeys
 from asyncrl.config.policy import PolicyConfig
 from asyncrl.config.sampler import InOrderSamplerConfig, SamplerConfig
@@ -117,46 +118,6 @@ TaskConfig = Annotated[
     Union[ArithmeticTaskConfig, ReverseTaskConfig, SortTaskConfig, DatasetTaskConfig],  # noqa: UP007
     Field(discriminator="name"),
 ]
-
-
-
-# --------------------------------------------------------------------- loss
-class LossConfig(Block):
-    clip_eps: PosFloat = 0.2
-    #: Upper clip (None: same as clip_eps). Larger values are "clip-higher".
-    clip_eps_high: PosFloat | None = None
-    kl_coef: NonNegFloat = 0.0
-    off_policy_correction: Literal["none", "tis", "decoupled"] = "none"
-    #: Cap of the truncated importance weights (tis and decoupled).
-    is_cap: PosFloat = 2.0
-    #: Divide advantages by the group's reward std (GRPO); False: mean-centering only.
-    scale_advantages: bool = True
-    #: Weight of an entropy bonus (mean token entropy subtracted from the loss);
-    #: keeps a policy trained from scratch exploring instead of collapsing early.
-    entropy_coef: NonNegFloat = 0.0
-    #: Tokens sampled more than this many versions before the step that trains
-    #: them are left out of the policy-gradient loss (they still count in the
-    #: group's rewards and advantage baseline). None: no bound. See
-    #: docs/partial_rollouts.md.
-    max_token_staleness: NonNegInt | None = None
-    #: What a completion cut at max_new_tokens (finish_reason "length")
-    #: contributes: keep (trained like any other), mask (its tokens left out of
-    #: the loss; its reward still counts in the baseline) or zero_reward (trained
-    #: with reward 0).
-    truncated: Literal["keep", "mask", "zero_reward"] = "keep"
-
-    @property
-    def min_group_size(self) -> int:
-        """The fewest completions per prompt the advantage can learn from.
-
-        The one advantage today is GRPO's group baseline
-        (:func:`asyncrl.trainers.losses.group_advantages`): a completion's reward
-        minus its group's mean (divided by the group's std with scale_advantages),
-        which is 0 for every completion of a group of one. An advantage mode
-        without a group baseline (a running mean, a value model) would answer 1
-        here; RunConfig refuses a smaller grpo.num_generations_per_prompt.
-        """
-        return 2
 
 
 # ------------------------------------------------------------------ trainer
@@ -303,6 +264,15 @@ class RunConfig(Block):
             raise ValueError(
                 "trainer.strategy=fsdp does not support policy.dtype=float16 (its loss scaling "
                 "is not sharded); use policy.dtype: bfloat16 (or float32)")
+        several = self.policy.train_mini_batches > 1 or self.policy.train_epochs > 1
+        held = several or self.loss.scale == "batch"
+        if t.strategy == "fsdp" and (held or self.policy.scheduler is not None):
+            what = ("policy.train_mini_batches/train_epochs" if several else
+                    "loss.scale: batch" if held else "policy.scheduler")
+            raise ValueError(
+                f"trainer.strategy=fsdp does not take {what} yet (its ranks take one "
+                "optimizer step per training step, at a constant rate, on chunks as they "
+                "stream in); use trainer.strategy: single, or drop it")
         if t.strategy == "fsdp" and self.policy.lora is not None:
             raise ValueError(
                 "trainer.strategy=fsdp does not shard LoRA adapters yet (policy.lora is set); "

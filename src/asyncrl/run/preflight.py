@@ -106,6 +106,10 @@ def preflight(cfg: RunConfig, *, task: Task | None = None,
     check_wandb(cfg.logging.wandb)
     if builtin_backends:  # trainer.strategy: fsdp - ranks, GPUs, collective backend
         check_trainer(cfg.trainer, device=cfg.policy.device, cluster=cfg.cluster)
+        from asyncrl.trainers.schedule import check_schedule
+
+        # policy.scheduler: torch's classes and their keyword arguments
+        check_schedule(cfg.policy.scheduler, cfg.policy.optimizer.lr)
     if task is None:
         task = _build_task(cfg)
     # Read when first needed, then handed on: the whole run reads it once.

@@ -12,10 +12,15 @@ One training step (weights ``v`` -> ``v + 1``) is fed chunk by chunk:
   (:func:`~asyncrl.trainers.packing.plan_micro_batches`); log-probs, entropy and
   KL come from the chunked loss head (:mod:`asyncrl.trainers.token_logprobs`), so no
   ``tokens x vocabulary`` tensor exists.
-* ``finish_step`` - divide the accumulated gradients by the step's token count
-  (the sum of its tokens' loss weights, :meth:`GRPOTrainer.step_token_count`:
-  the loss is the mean over the step's tokens, however the step was chunked
-  and cut into micro-batches), clip them, take one AdamW step.
+* ``finish_step`` - divide the accumulated gradients by the step's normaliser
+  (``loss.aggregation``: by default the sum of its tokens' loss weights,
+  :meth:`GRPOTrainer.step_token_count`, so the loss is the mean over the step's
+  tokens, however the step was chunked and cut into micro-batches), clip them,
+  take one AdamW step, advance the learning-rate schedule.
+
+With ``policy.train_mini_batches`` or ``train_epochs`` above 1 the step's
+groups are held instead and trained when it finishes, in several optimizer
+steps against proximal log-probs of their own (:mod:`asyncrl.trainers.minibatch`).
 
 With ``lora`` only low-rank adapters train (:mod:`asyncrl.trainers.lora`): the
 optimizer and checkpoints hold them alone, the engines get merged weights, and
@@ -30,10 +35,10 @@ CUDA, with a stream of its own: see :mod:`asyncrl.policy.devices`). A model in b
 or float16 trains with float32 master weights (:mod:`asyncrl.trainers.precision`).
 
 The proximal log-probs of ``decoupled`` are "the trainer's weights at the start
-of the step". The optimizer steps only in ``finish_step``, so while chunks are
-trained the model still holds exactly those weights: the detached log-probs of
-the very forward pass that computes the loss are the proximal ones, and no
-second forward pass is needed.
+of the step". With one optimizer step per training step the optimizer steps
+only in ``finish_step``, so while chunks are trained the model still holds
+exactly those weights: the detached log-probs of the very forward pass that
+computes the loss are the proximal ones, and no second forward pass is needed.
 """
 
 from __future__ import annotations
@@ -47,11 +52,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from asyncrl.config import LossConfig, OptimizerConfig
-from asyncrl.errors import ConfigError
 from asyncrl.policy.devices import hand_over, worker_executor
 from asyncrl.tasks.tokenizer import Tokenizer
 from asyncrl.trainers import lora as lora_
-from asyncrl.trainers.losses import k3_kl, token_losses
+from asyncrl.trainers import minibatch
+from asyncrl.trainers.losses import Sequences, kl_penalty, token_losses
 from asyncrl.trainers.memory import StepPeakMemory
 from asyncrl.trainers.optim import apply_optimizer_config, hyperparameters
 from asyncrl.trainers.packing import (
@@ -64,6 +69,8 @@ from asyncrl.trainers.packing import (
     plan_micro_batches,
 )
 from asyncrl.trainers.precision import MasterWeights
+from asyncrl.trainers.schedule import advanced, build_scheduler, current_lr
+from asyncrl.trainers.snapshot import CPU, detached, moved, trained_weights
 from asyncrl.trainers.state import SHARDED_KEY, unshard_state
 from asyncrl.trainers.token_logprobs import TokenScorer, enable_checkpointing
 from asyncrl.types import Rollout
@@ -72,6 +79,7 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
     from asyncrl.config import LoraConfig
+    from asyncrl.config.schedule import SchedulerConfig
     from asyncrl.trainers.options import TrainerOptions
 
 
@@ -121,6 +129,10 @@ class GRPOTrainer:
         ref_model: torch.nn.Module | None = None,
         deterministic: bool = False,
         weights_device: str | torch.device = "cpu",
+        max_new_tokens: int | None = None,
+        mini_batches: int = 1,
+        epochs: int = 1,
+        scheduler: SchedulerConfig | None = None,
     ) -> None:
         self.model = model.eval()  # no dropout, see asyncrl.policy.build
         self.pad_id = tokenizer.pad_id
@@ -128,6 +140,9 @@ class GRPOTrainer:
         self.opt_cfg = optimizer or OptimizerConfig()
         self.temperature = temperature
         self.micro_batch_tokens = micro_batch_tokens
+        #: The generation limit (loss.aggregation: constant, loss.overlong).
+        self.max_new_tokens = max_new_tokens
+        self.mini_batches, self.epochs = mini_batches, epochs
         self._device = next(model.parameters()).device
         self.weights_device = torch.device(weights_device)
         self.scorer = TokenScorer(model, temperature=temperature, chunk=loss_chunk_tokens,
@@ -158,14 +173,19 @@ class GRPOTrainer:
             # One kernel for the whole update instead of a few per tensor.
             **({"fused": True} if self._device.type == "cuda" else {}),
         )
-        #: Optimizer steps taken = the version of the weights the trainer holds.
+        self.scheduler_cfg = scheduler
+        self.scheduler = build_scheduler(self.optimizer, scheduler)
+        #: Training steps taken = the version of the weights the trainer holds.
         self.version = 0
         self._step = _StepSums()
         self._memory = StepPeakMemory(self._device)
         #: Deterministic mode: chunk boundaries depend on timing and float sums on
         #: their order, so the step's groups are held and trained together, in
-        #: prompt order, when the step finishes.
+        #: prompt order, when the step finishes (so are those of a step of
+        #: several optimizer steps: its mini-batches need the whole step).
         self.deterministic = deterministic
+        self.holds = (deterministic or mini_batches > 1 or epochs > 1
+                      or self.loss_cfg.scale == "batch")  # the step's reward std
         self._held: list[Rollout] = []
         self._executor, self._stream = worker_executor("trainer", num_threads, self._device)
 
@@ -192,26 +212,59 @@ class GRPOTrainer:
             weights_device=weights_device,
             score_through_root=score_through_root,
             ref_model=ref_model,
+            max_new_tokens=options.max_new_tokens,
+            mini_batches=options.mini_batches,
+            epochs=options.epochs,
+            scheduler=options.scheduler,
         )
 
     # ------------------------------------------------------------ protocol
     async def train_chunk(self, rollouts: Sequence[Rollout], *, step: int) -> dict[str, float]:
         self._check_step(step, "train_chunk")
-        if self.deterministic:
+        if self.holds:
             self._held.extend(rollouts)
             return {}
         return await self._run(self.train_chunk_sync, list(rollouts))
 
     async def finish_step(self, *, step: int) -> dict[str, float]:
         self._check_step(step, "finish_step")
-        if self.deterministic:
+        if self.holds:
             held, self._held = sorted(self._held, key=lambda r: r.prompt.prompt_id), []
-            return await self._run(self._train_held, held)
+            return await self._run(self.train_step_sync, held)
         return await self._run(self.finish_step_sync)
 
-    def _train_held(self, rollouts: list[Rollout]) -> dict[str, float]:
+    def train_step_sync(self, rollouts: list[Rollout]) -> dict[str, float]:
+        """One whole training step over ``rollouts`` (in their order) without the
+        event loop: deterministic mode's and several optimizer steps' path."""
+        if self.mini_batches > 1 or self.epochs > 1:
+            return self._train_mini_batches(rollouts)
         metrics = self.train_chunk_sync(rollouts) if rollouts else {}
         return {**metrics, **self.finish_step_sync()}
+
+    def _train_mini_batches(self, rollouts: list[Rollout]) -> dict[str, float]:
+        """The step in several optimizer steps (:mod:`asyncrl.trainers.minibatch`)."""
+        flat = self._flatten(rollouts)
+        flat.prox = minibatch.proximal(
+            flat, lambda b: self.scorer(self.model, b)[0], budget=self.micro_batch_tokens,
+            pad_id=self.pad_id, device=self._device)
+        rows: list[list[float]] = []
+        steps: list[dict[str, float]] = []
+        for part in minibatch.epoch_batches(flat, self.mini_batches, self.epochs):
+            self._train_flat(flat.subset(part))
+            rows += self.last_chunk_rows
+            steps.append(self._optimizer_step())
+        metrics, sums = chunk_metrics(rows, flat, repeats=self.epochs)
+        if self.loss_cfg.kl_coef > 0:
+            metrics["kl"] = sums["kl"] / ((flat.weight * self.epochs) or 1.0)
+        metrics.update({k: v for k, v in steps[-1].items() if k != "loss"} if steps else {})
+        losses = [s["loss"] for s in steps if "loss" in s]
+        if losses:
+            metrics["loss"] = sum(losses) / len(losses)
+        if steps:
+            metrics["grad_norm"] = sum(s.get("grad_norm", 0.0) for s in steps) / len(steps)
+        metrics["optimizer_steps"] = float(len(steps))
+        metrics.update(self._advance())
+        return metrics
 
     async def get_weights(self) -> dict[str, torch.Tensor]:
         return await self._run(self.get_weights_sync)
@@ -229,7 +282,7 @@ class GRPOTrainer:
 
     def _state(self, *, copy: bool) -> dict[str, Any]:
         state = {
-            "optimizer": _detached(self.optimizer.state_dict(), copy=copy),
+            "optimizer": detached(self.optimizer.state_dict(), copy=copy),
             "version": self.version,
             "torch_rng": torch.get_rng_state(),
         }
@@ -237,23 +290,23 @@ class GRPOTrainer:
             # The base weights are rebuilt from the config: only the adapters change.
             state["adapter"] = lora_.adapter_state_dict(self.model, copy=copy)
         else:
-            state["model"] = _moved(self.model.state_dict(), CPU, copy=copy)
+            state["model"] = moved(self.model.state_dict(), CPU, copy=copy)
         if self.precision.mixed:
             state["master"] = self.precision.state_dict(copy=copy)
         if self.precision.scaler is not None:
             state["grad_scaler"] = self.precision.scaler_state()
         if self.ref_model is not None:
-            state["ref_model"] = _moved(self.ref_model.state_dict(), CPU, copy=copy)
+            state["ref_model"] = moved(self.ref_model.state_dict(), CPU, copy=copy)
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if SHARDED_KEY in state:  # written by trainer.strategy: fsdp (any world size)
             state = unshard_state(state)
         if self.lora is not None:
-            lora_.load_adapter_state(self.model, _trained_weights(state, "adapter"))
+            lora_.load_adapter_state(self.model, trained_weights(state, "adapter"))
             weights = state["adapter"]
         else:
-            weights = _trained_weights(state, "model")
+            weights = trained_weights(state, "model")
             self.model.load_state_dict(weights)
         # A checkpoint of a float32 run has no masters: its weights are exact ones.
         self.precision.load(state.get("master", weights))
@@ -262,6 +315,8 @@ class GRPOTrainer:
         # The checkpoint's moments, the config's hyper-parameters (lr changed on resume).
         apply_optimizer_config(self.optimizer, self.opt_cfg)
         self.version = int(state["version"])
+        # The rate of step `version` from the config's base rate (asyncrl.trainers.schedule).
+        self.scheduler = advanced(self.optimizer, self.scheduler_cfg, self.version)
         torch.set_rng_state(state["torch_rng"])
         if self.ref_model is not None and "ref_model" in state:
             self.ref_model.load_state_dict(state["ref_model"])
@@ -286,7 +341,9 @@ class GRPOTrainer:
         chunk's micro-batches with passes of loss weight 0 (a data-parallel rank
         with less data than another); fewer than :meth:`plan_passes` is an error.
         """
-        flat = self._flatten(rollouts)
+        return self._train_flat(self._flatten(rollouts), passes=passes)
+
+    def _train_flat(self, flat: Flat, *, passes: int | None = None) -> dict[str, float]:
         plan = self._plan(flat)
         if passes is not None and passes < len(plan):
             raise ValueError(f"train_chunk_sync(passes={passes}) but the chunk needs "
@@ -307,6 +364,7 @@ class GRPOTrainer:
         self.last_chunk_rows = rows
         metrics, sums = chunk_metrics(rows, flat)
         self._step.weight += flat.weight
+        self._step.norm += flat.norm
         self._step.loss += sums["loss"]
         if self.loss_cfg.kl_coef > 0:
             metrics["kl"] = sums["kl"] / (flat.weight or 1.0)
@@ -320,7 +378,8 @@ class GRPOTrainer:
         return local
 
     def _flatten(self, rollouts: Sequence[Rollout]) -> Flat:
-        return flatten(rollouts, loss=self.loss_cfg, step=self.version)
+        return flatten(rollouts, loss=self.loss_cfg, step=self.version,
+                       max_new_tokens=self.max_new_tokens)
 
     def _plan(self, flat: Flat) -> list[list[int]]:
         return plan_micro_batches([len(s) for s in flat.seqs], self.micro_batch_tokens)
@@ -328,13 +387,15 @@ class GRPOTrainer:
     def _micro_batch(self, batch: Packed) -> torch.Tensor:
         """Forward and backward of one micro-batch; its :data:`STATS` on the device."""
         logp, entropy = self.scorer(self.model, batch, weight_grad=self.output_grad_sink)
-        loss, clipped, weights = token_losses(self.loss_cfg, logp, batch.behavior, batch.adv)
         mask = batch.mask
+        seqs = Sequences(batch.row, batch.rows, (mask > 0).to(logp.dtype))
+        loss, clipped, weights, dropped = token_losses(
+            self.loss_cfg, logp, batch.behavior, batch.adv, prox=batch.prox, seqs=seqs)
         kl_sum = torch.zeros((), device=self._device)
         if self.loss_cfg.kl_coef > 0:
             with torch.no_grad(), self._reference() as ref:
                 ref_logp, _ = self.scorer(ref, batch)
-            kl = k3_kl(logp, ref_logp)
+            kl = kl_penalty(self.loss_cfg, logp, ref_logp, batch.behavior)
             loss = loss + self.loss_cfg.kl_coef * kl
             kl_sum = (kl.detach() * mask).sum()
         if self.loss_cfg.entropy_coef > 0:
@@ -344,14 +405,20 @@ class GRPOTrainer:
 
         with torch.no_grad():
             mismatch = (logp.detach() - batch.behavior).abs() * mask
-            truncated = weights > self.loss_cfg.is_cap
-            if self.loss_cfg.off_policy_correction == "none":
-                truncated = torch.zeros_like(truncated)
+            cap = self.loss_cfg.is_cap
+            truncated = weights > cap if cap is not None else torch.zeros_like(clipped)
+            if (self.loss_cfg.off_policy_correction == "none"
+                    or self.loss_cfg.mismatch is not None):
+                truncated = torch.zeros_like(truncated)  # no is_cap in effect
             zero = torch.zeros((), device=self._device)
+            # How far this step's optimizer steps moved the policy (0 without a proximal pass).
+            drift = ((logp.detach() - batch.prox).abs() * mask if batch.prox is not None
+                     else torch.zeros_like(mismatch))
             values = (loss.detach().sum(), mismatch.sum(),
                       mismatch.max() if mismatch.numel() else zero, (clipped * mask).sum(),
                       (truncated * mask).sum(), (entropy.detach() * mask).sum(), kl_sum,
-                      (weights * mask).sum(), (weights * weights * mask).sum())
+                      (weights * mask).sum(), (weights * weights * mask).sum(), drift.sum(),
+                      (dropped * mask).sum())
             # float64 holds every float32 sum and integer count exactly.
             return torch.stack([v.to(torch.float64) for v in values])
 
@@ -366,8 +433,12 @@ class GRPOTrainer:
 
     def finish_step_sync(self) -> dict[str, float]:
         """``finish_step`` without the event loop (scripts, tests, rank workers)."""
+        return {**self._optimizer_step(), **self._advance()}
+
+    def _optimizer_step(self) -> dict[str, float]:
+        """One optimizer step over the gradients accumulated since the last."""
         step, self._step = self._step, _StepSums()
-        tokens = self.step_token_count(step.weight)
+        tokens = self.step_token_count(step.norm)
         metrics: dict[str, float] = {"step_tokens": float(tokens)}
         metrics.update(self.precision.step(self.optimizer, tokens, self.opt_cfg.grad_clip))
         if tokens > 0:
@@ -376,10 +447,17 @@ class GRPOTrainer:
             metrics["micro_batches"] = float(step.passes)
         if step.padded:
             metrics["pad_frac"] = 1.0 - step.real / step.padded
+        return metrics
+
+    def _advance(self) -> dict[str, float]:
+        """The end of a training step: the version, the schedule, step-wide metrics."""
+        metrics = {"lr": current_lr(self.optimizer)}
         peak = self._memory.stop()
         if peak is not None:
             metrics["peak_memory_bytes"] = peak
         self.version += 1
+        if self.scheduler is not None:
+            self.scheduler.step()
         return metrics
 
     def get_weights_sync(self) -> dict[str, torch.Tensor]:
@@ -389,7 +467,7 @@ class GRPOTrainer:
         weights, under the base model's names)."""
         state = (lora_.merged_state_dict(self.model) if self.lora is not None
                  else self.model.state_dict())
-        weights = _moved(state, self.weights_device)
+        weights = moved(state, self.weights_device)
         hand_over(weights.values())  # complete before the engine's thread reads them
         return weights
 
@@ -406,58 +484,13 @@ class GRPOTrainer:
             )
 
 
-def _detached(tree: Any, *, copy: bool) -> Any:
-    """``tree`` with its tensors detached and (``copy``) cloned by torch, which lets
-    other threads run meanwhile (``copy.deepcopy`` clones tensor storages holding
-    the GIL: a checkpoint taken off the event loop would still stall it for tens
-    of ms); what is not a tensor is deep-copied either way."""
-    if isinstance(tree, torch.Tensor):
-        return tree.detach().clone() if copy else tree.detach()
-    if isinstance(tree, dict):
-        return {k: _detached(v, copy=copy) for k, v in tree.items()}
-    if isinstance(tree, (list, tuple)):
-        return type(tree)(_detached(v, copy=copy) for v in tree)
-    return deepcopy(tree)
-
-
 class _StepSums:
     """What a step accumulates over its chunks."""
 
     def __init__(self) -> None:
-        self.weight = 0.0  # sum of the tokens' loss weights: the normaliser
+        self.weight = 0.0  # sum of the tokens' loss weights (metric means)
+        self.norm = 0.0  # the loss normaliser (loss.aggregation)
         self.loss = 0.0  # sum of weighted token losses
         self.real = 0  # tokens in the micro-batches
         self.padded = 0  # positions in the micro-batches (rows x longest row)
         self.passes = 0  # forward/backward passes
-
-
-def _trained_weights(state: dict[str, Any], key: str) -> dict[str, torch.Tensor]:
-    if key not in state:
-        other = "full-model" if key == "adapter" else "LoRA"
-        raise ConfigError(
-            f"the checkpoint holds a {other} trainer (no {key!r} weights): resume with the "
-            "policy.lora setting the run was started with"
-        )
-    return state[key]
-
-
-#: Where checkpoint states are held.
-CPU = torch.device("cpu")
-
-
-def _moved(state: dict[str, torch.Tensor], device: torch.device, *,
-           copy: bool = True) -> dict[str, torch.Tensor]:
-    """``state``'s tensors on ``device``: copies (``copy``), or the tensors
-    themselves where they are on ``device`` already. Entries that are one tensor
-    (tied input and output embeddings: a quarter of Qwen2.5-0.5B's parameters)
-    stay one: copied once, and saved once by ``torch.save``, which writes a
-    storage shared by several entries a single time."""
-    moved: dict[tuple, torch.Tensor] = {}
-    out = {}
-    for name, tensor in state.items():
-        key = (tensor.device, tensor.untyped_storage().data_ptr(), tensor.storage_offset(),
-               tuple(tensor.shape), tensor.stride(), tensor.dtype)
-        if key not in moved:
-            moved[key] = tensor.detach().to(device, copy=copy)
-        out[name] = moved[key]
-    return out

@@ -1,4 +1,6 @@
-"""The GRPO math as pure functions on tensors: advantages, per-token losses, KL.
+"""The GRPO math as pure functions on tensors: per-token losses (token or
+sequence ratios, PPO clip with clip-higher and dual clip), KL estimators. The
+advantages are in :mod:`asyncrl.trainers.advantages`.
 
 Notation (all per token, log-probs of the token actually generated):
 
@@ -19,43 +21,46 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+# Re-exported: the advantages live with the rewards they start from.
+from asyncrl.trainers.advantages import group_advantages as group_advantages
+
 if TYPE_CHECKING:
     from asyncrl.config import LossConfig
 
 
-def group_advantages(rewards: Tensor, *, scale: bool = True, eps: float = 1e-6) -> Tensor:
-    """GRPO advantages of one group's rewards (along the last dimension).
-
-    ``A_i = (r_i - mean(r)) / (std(r) + eps)`` with the population std (divide by
-    n, so a group of one is defined: A = 0), or ``r_i - mean(r)`` when ``scale``
-    is False (Dr. GRPO: no division, so groups with tiny reward spread do not get
-    huge advantages). A group whose rewards are all equal gets A = 0: it carries
-    no learning signal.
-    """
-    rewards = rewards.float()
-    centered = rewards - rewards.mean(dim=-1, keepdim=True)
-    if not scale:
-        return centered
-    return centered / (rewards.std(dim=-1, keepdim=True, correction=0) + eps)
-
-
-def ppo_clip_loss(
-    logp: Tensor, old_logp: Tensor, adv: Tensor, clip_low: float, clip_high: float
+def clipped_surrogate(
+    ratio: Tensor, adv: Tensor, clip_low: float, clip_high: float,
+    dual_clip: float | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """PPO's clipped surrogate against ``old_logp``:
-    ``-min(rho * A, clip(rho, 1 - clip_low, 1 + clip_high) * A)``, ``rho = exp(logp - old_logp)``.
+    """PPO's clipped surrogate of ``ratio`` (carrying the gradient):
+    ``-min(rho * A, clip(rho, 1 - clip_low, 1 + clip_high) * A)``, and with
+    ``dual_clip`` c the loss of a negative-advantage token capped at ``c |A|``.
 
     The clip binds (gradient zero) when ``A > 0`` and ``rho > 1 + clip_high``, or
     ``A < 0`` and ``rho < 1 - clip_low``: the policy already moved far enough in
-    the advantage's direction.
+    the advantage's direction. The dual clip binds when ``A < 0`` and
+    ``rho > c``: a token the policy now favours far more than the one it was
+    sampled from would otherwise push with an unbounded weight.
     """
-    ratio = torch.exp(logp - old_logp)
     surrogate = ratio * adv
     clipped_surrogate = ratio.clamp(1 - clip_low, 1 + clip_high) * adv
     loss = -torch.minimum(surrogate, clipped_surrogate)
     r = ratio.detach()
     clipped = ((adv > 0) & (r > 1 + clip_high)) | ((adv < 0) & (r < 1 - clip_low))
+    if dual_clip is not None:
+        cap = -dual_clip * adv
+        dual = (adv < 0) & (loss.detach() > cap)
+        loss = torch.where(dual, cap, loss)
+        clipped = clipped | dual
     return loss, clipped
+
+
+def ppo_clip_loss(
+    logp: Tensor, old_logp: Tensor, adv: Tensor, clip_low: float, clip_high: float,
+    dual_clip: float | None = None,
+) -> tuple[Tensor, Tensor]:
+    """:func:`clipped_surrogate` of the token ratio ``rho = exp(logp - old_logp)``."""
+    return clipped_surrogate(torch.exp(logp - old_logp), adv, clip_low, clip_high, dual_clip)
 
 
 def none_loss(
@@ -109,24 +114,106 @@ def decoupled_loss(
     return w * loss, clipped
 
 
+class Sequences:
+    """Which sequence each token of a micro-batch belongs to (``index``, one of
+    ``count``) and which tokens the loss trains (``trained``, 0/1): what a
+    sequence-level ratio averages over."""
+
+    def __init__(self, index: Tensor, count: int, trained: Tensor) -> None:
+        self.index, self.count, self.trained = index, count, trained
+
+    def mean(self, values: Tensor) -> Tensor:
+        """Per token, the mean of ``values`` over its sequence's trained tokens
+        (0 for a sequence with none), differentiable."""
+        zeros = values.new_zeros(self.count)
+        sums = zeros.index_add(0, self.index, values * self.trained)
+        counts = zeros.index_add(0, self.index, self.trained)
+        return (sums / counts.clamp(min=1))[self.index]
+
+
+def log_ratio(new: Tensor, old: Tensor, level: str, seqs: Sequences | None) -> Tensor:
+    """``log(new / old)`` per token, or (``level: sequence``) its mean over the
+    token's sequence: the log of the geometric mean of the token ratios (GSPO)."""
+    diff = new - old
+    if level == "token":
+        return diff
+    if seqs is None:
+        raise ValueError("a sequence-level ratio needs the tokens' sequences")
+    return seqs.mean(diff)
+
+
 def token_losses(
-    cfg: LossConfig, logp: torch.Tensor, behavior: torch.Tensor, adv: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-token loss of ``cfg.off_policy_correction``, the clipped-token mask, and
-    the untruncated importance weights the correction sees (for the ESS metric)."""
+    cfg: LossConfig, logp: Tensor, behavior: Tensor, adv: Tensor, *,
+    prox: Tensor | None = None, seqs: Sequences | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Per-token loss of ``cfg.off_policy_correction``, the clipped-token mask, the
+    untruncated behaviour weights ``pi_prox / mu`` at ``cfg.ratio_level`` (for
+    the ESS and truncation metrics), and the tokens ``cfg.mismatch`` dropped.
+
+    ``prox``: the log-probs of the weights at the start of the step (None: the
+    current ones, detached - exact while the step takes one optimizer step, see
+    :mod:`asyncrl.trainers.grpo`).
+    """
     clip_low = cfg.clip_eps
     clip_high = cfg.clip_eps_high if cfg.clip_eps_high is not None else cfg.clip_eps
-    # Proximal = the trainer's weights at the start of the step = the current
-    # ones, detached: the optimizer steps only when the step ends (asyncrl.trainers.grpo).
-    prox = logp.detach()
-    weights = torch.exp(prox - behavior)
-    if cfg.off_policy_correction == "none":
-        loss, clipped = none_loss(logp, behavior, adv, clip_low, clip_high)
-    elif cfg.off_policy_correction == "tis":
-        loss, clipped = tis_loss(logp, behavior, adv, cfg.is_cap)
+    level = cfg.ratio_level
+    prox = logp.detach() if prox is None else prox
+    weights = torch.exp(log_ratio(prox, behavior, level, seqs))
+    truncated = behaviour_weight(cfg, weights, prox, behavior, seqs)
+    correction = cfg.off_policy_correction
+    if correction == "none":
+        ratio = torch.exp(log_ratio(logp, behavior, level, seqs))
+        loss, clipped = clipped_surrogate(ratio, adv, clip_low, clip_high, cfg.dual_clip)
+    elif correction == "tis":
+        # Value w * -A, gradient -w A grad(log pi): the ratio to the current
+        # (detached) policy is 1 and never clipped.
+        ratio = torch.exp(log_ratio(logp, logp.detach(), level, seqs))
+        loss, clipped = -truncated * adv * ratio, torch.zeros_like(adv, dtype=torch.bool)
     else:
-        loss, clipped = decoupled_loss(logp, prox, behavior, adv, clip_low, clip_high, cfg.is_cap)
-    return loss, clipped, weights
+        ratio = torch.exp(log_ratio(logp, prox, level, seqs))
+        loss, clipped = clipped_surrogate(ratio, adv, clip_low, clip_high, cfg.dual_clip)
+        loss = truncated * loss
+    dropped = torch.zeros_like(clipped)
+    mismatch = cfg.mismatch
+    if mismatch is not None and mismatch.mode == "drop":
+        rho = torch.exp(log_ratio(prox, behavior, mismatch.level, seqs))
+        dropped = (rho < mismatch.low) | (rho > mismatch.upper)
+        loss = torch.where(dropped, torch.zeros_like(loss), loss)
+    return loss, clipped, weights, dropped
+
+
+def behaviour_weight(cfg: LossConfig, weights: Tensor, prox: Tensor, behavior: Tensor,
+                     seqs: Sequences | None) -> Tensor:
+    """The weight ``tis`` / ``decoupled`` multiply by: ``min(weights, is_cap)``, or
+    with ``mismatch.mode: truncate`` ``pi_prox / mu`` at the mismatch's level
+    clamped to its bounds."""
+    mismatch = cfg.mismatch
+    if mismatch is not None and mismatch.mode == "truncate":
+        rho = torch.exp(log_ratio(prox, behavior, mismatch.level, seqs))
+        return rho.clamp(mismatch.low, mismatch.upper)
+    return weights.clamp(max=cfg.is_cap) if cfg.is_cap is not None else weights
+
+
+def kl_penalty(cfg: LossConfig, logp: Tensor, ref_logp: Tensor, behavior: Tensor) -> Tensor:
+    """Per-token KL(pi_theta || pi_ref) estimate of ``cfg.kl_estimator``, with
+    ``d = ref_logp - logp``: k1 = -d, k2 = d^2 / 2, k3 = exp(d) - 1 - d; ``d``
+    clamped to ``kl_input_clamp`` first, the result to ``kl_output_clamp`` last.
+    ``on_policy_kl_approximation`` weights it by ``sg(pi_theta / mu)``: the tokens
+    were sampled from mu, and the weighted mean estimates the KL under pi_theta."""
+    d = ref_logp - logp
+    if cfg.kl_input_clamp is not None:
+        d = d.clamp(-cfg.kl_input_clamp, cfg.kl_input_clamp)
+    if cfg.kl_estimator == "k1":
+        kl = -d
+    elif cfg.kl_estimator == "k2":
+        kl = d * d / 2
+    else:
+        kl = torch.exp(d) - 1 - d
+    if cfg.on_policy_kl_approximation:
+        kl = torch.exp(logp.detach() - behavior) * kl
+    if cfg.kl_output_clamp is not None:
+        kl = kl.clamp(-cfg.kl_output_clamp, cfg.kl_output_clamp)
+    return kl
 
 
 def k3_kl(logp: Tensor, ref_logp: Tensor) -> Tensor:

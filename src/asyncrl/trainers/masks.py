@@ -22,10 +22,10 @@ pure so that any trainer (or the simulator) applies exactly the same rule.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from asyncrl.config import LossConfig
+from asyncrl.trainers.advantages import shaped
 from asyncrl.types import Rollout
 
 
@@ -71,11 +71,16 @@ def token_masks(rollout: Rollout, *, step: int, cfg: LossConfig,
     return out
 
 
-def training_rewards(rollout: Rollout, cfg: LossConfig) -> list[float]:
+def training_rewards(rollout: Rollout, cfg: LossConfig,
+                     max_new_tokens: int | None = None) -> list[float]:
     """The rewards the advantages are computed from: the group's own, except that
-    ``loss.truncated: zero_reward`` gives a truncated completion 0."""
-    rewards: Sequence[float] = rollout.rewards
-    if cfg.truncated != "zero_reward":
-        return list(rewards)
-    return [0.0 if c.finish_reason == "length" else float(r)
-            for c, r in zip(rollout.result.completions, rewards)]
+    ``loss.truncated: zero_reward`` gives a truncated completion 0, and
+    ``loss.overlong`` adds DAPO's length penalty (up to ``max_new_tokens`` when
+    its ``max_tokens`` is unset)."""
+    out = []
+    for c, r in zip(rollout.result.completions, rollout.rewards):
+        if cfg.truncated == "zero_reward" and c.finish_reason == "length":
+            out.append(0.0)
+        else:
+            out.append(shaped(float(r), c, cfg, max_new_tokens))
+    return out

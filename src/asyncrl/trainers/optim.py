@@ -6,7 +6,8 @@ changed would silently train on with the checkpoint's learning rate. So every
 trainer that loads an optimizer state calls :func:`apply_optimizer_config`
 right after it (the single-process trainer and every rank of the sharded one):
 the moments and step counts come from the checkpoint, the hyper-parameters from
-the config. A learning-rate schedule would set the resumed step's rate here.
+the config. A learning-rate schedule is then rebuilt over the config's rate and
+advanced to the resumed step (:func:`asyncrl.trainers.schedule.advanced`).
 
 ``grad_clip`` is not an optimizer hyper-parameter: the trainer reads it from the
 config at every step, so a change applies on resume anyway.

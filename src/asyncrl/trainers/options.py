@@ -16,6 +16,7 @@ from asyncrl.config import LossConfig, OptimizerConfig
 
 if TYPE_CHECKING:
     from asyncrl.config import LoraConfig, PolicyConfig
+    from asyncrl.config.schedule import SchedulerConfig
 
 __all__ = ["TrainerOptions"]
 
@@ -42,6 +43,15 @@ class TrainerOptions:
     lora: LoraConfig | None = None
     #: Train each step's groups together, in prompt order (the run's ``deterministic``).
     deterministic: bool = False
+    #: The generation limit: ``loss.aggregation: constant`` and ``loss.overlong``
+    #: read it (``policy.generation.max_new_tokens``).
+    max_new_tokens: int | None = None
+    #: Optimizer steps per trained batch and passes over it
+    #: (``policy.train_mini_batches``, ``policy.train_epochs``).
+    mini_batches: int = 1
+    epochs: int = 1
+    #: The learning-rate schedule (``policy.scheduler``; None: constant).
+    scheduler: SchedulerConfig | None = None
 
     @classmethod
     def of(cls, policy: PolicyConfig, loss: LossConfig, *,
@@ -56,4 +66,8 @@ class TrainerOptions:
             gradient_checkpointing=policy.gradient_checkpointing,
             lora=policy.lora,
             deterministic=deterministic,
+            max_new_tokens=policy.generation.max_new_tokens,
+            mini_batches=policy.train_mini_batches,
+            epochs=policy.train_epochs,
+            scheduler=policy.scheduler,
         )

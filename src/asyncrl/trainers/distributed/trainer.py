@@ -59,6 +59,7 @@ class DistributedTrainer:
         self.ranks = ranks
         self.world_size = ranks.world_size
         self.loss_cfg = options.rank_trainer.loss
+        self.max_new_tokens = options.rank_trainer.max_new_tokens
         self.deterministic = options.rank_trainer.deterministic
         self.collective_timeout_s = options.collective_timeout_s
         self.weights_device = weights_device
@@ -146,8 +147,9 @@ class DistributedTrainer:
                                    f"train_chunk of step {step}")
         rows = [row for reply in replies for row in reply["rows"]]
         # The loss weights of the whole chunk: what the ranks' shares add up to.
-        flat = flatten(rollouts, loss=self.loss_cfg, step=step)
-        self._step_tokens += flat.weight
+        flat = flatten(rollouts, loss=self.loss_cfg, step=step,
+                       max_new_tokens=self.max_new_tokens)
+        self._step_tokens += flat.norm
         metrics, sums = chunk_metrics(rows, flat)
         if self.loss_cfg.kl_coef > 0:
             metrics["kl"] = sums["kl"] / (flat.weight or 1.0)

@@ -1,0 +1,129 @@
+"""``policy.scheduler``: the learning-rate schedule, in either of two forms.
+
+* NeMo-RL's, pasted as written: one ``{name, kwargs}`` entry naming one of
+  torch's own schedulers (``torch.optim.lr_scheduler.LinearLR`` ...), or a list
+  of them with one ``{milestones: [...]}`` entry, chained by torch's
+  ``SequentialLR`` (the first scheduler until the first milestone, ...).
+* asyncrl's own: ``{warmup_steps, decay, decay_steps, min_lr_ratio}``, built
+  from the same torch classes (:mod:`asyncrl.trainers.schedule`).
+
+The schedule advances once per training step (after all the step's optimizer
+steps, which share one learning rate): ``total_iters``, ``milestones`` and
+``decay_steps`` count training steps, as in NeMo-RL, verl and AReaL.
+
+Here only the form is checked (loading a config imports no torch); the
+scheduler is built and its keyword arguments checked by ``asyncrl validate``
+and ``train`` (:func:`asyncrl.trainers.schedule.check_schedule`).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import Discriminator, Field, StrictFloat, Tag, field_validator, model_validator
+
+from asyncrl.config.blocks import Block, NonNegInt, PosInt
+
+#: Where the scheduler classes a config may name live.
+TORCH_SCHEDULERS = "torch.optim.lr_scheduler."
+
+
+class TorchSchedulerConfig(Block):
+    """One torch scheduler, built as ``name(optimizer, **kwargs)``."""
+
+    name: str
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _torch_own(cls, value: str) -> str:
+        if not value.startswith(TORCH_SCHEDULERS) or "." in value[len(TORCH_SCHEDULERS):]:
+            raise ValueError(f"{value!r} is not one of torch's schedulers; write e.g. "
+                             f"name: {TORCH_SCHEDULERS}LinearLR")
+        return value
+
+
+class MilestonesConfig(Block):
+    """The training steps at which a scheduler list moves to its next scheduler."""
+
+    milestones: list[PosInt]
+
+
+def _entry_kind(value: Any) -> str:
+    # A dict when validating, a block when serializing.
+    marks = isinstance(value, MilestonesConfig) or (isinstance(value, dict) and "milestones" in value)
+    return "milestones" if marks else "scheduler"
+
+
+SchedulerEntry = Annotated[
+    Union[Annotated[TorchSchedulerConfig, Tag("scheduler")],  # noqa: UP007
+          Annotated[MilestonesConfig, Tag("milestones")]],
+    Discriminator(_entry_kind),
+]
+
+
+class WarmupDecayConfig(Block):
+    """asyncrl's form: a linear warm-up from ``warmup_start_factor x lr`` to ``lr``
+    over ``warmup_steps``, then ``decay``: constant (stay at ``lr``), linear or
+    cosine down to ``min_lr_ratio x lr`` over ``decay_steps``, constant after."""
+
+    warmup_steps: NonNegInt = 0
+    #: torch's LinearLR starts above 0; NeMo-RL's default list starts at 0.1.
+    warmup_start_factor: Annotated[StrictFloat, Field(gt=0, le=1)] = 0.1
+    decay: Literal["constant", "linear", "cosine"] = "constant"
+    decay_steps: PosInt | None = None
+    min_lr_ratio: Annotated[StrictFloat, Field(ge=0, le=1)] = 0.0
+
+    @model_validator(mode="after")
+    def _decay_has_a_length(self) -> WarmupDecayConfig:
+        if self.decay != "constant" and self.decay_steps is None:
+            raise ValueError(f"decay: {self.decay} needs decay_steps (training steps from the "
+                             "end of the warm-up to min_lr_ratio x lr), e.g. the run's "
+                             "grpo.max_num_steps minus warmup_steps")
+        if self.decay == "constant" and self.decay_steps is not None:
+            raise ValueError("decay_steps is the length of a linear or cosine decay, but decay "
+                             "is constant; set decay: linear or cosine, or drop decay_steps")
+        return self
+
+
+def _schedule_kind(value: Any) -> str:
+    if isinstance(value, list):
+        return "list"
+    named = isinstance(value, TorchSchedulerConfig) or (isinstance(value, dict) and "name" in value)
+    return "scheduler" if named else "warmup_decay"
+
+
+def _one_milestones_entry(entries: list[Any]) -> list[Any]:
+    named = [e for e in entries if isinstance(e, TorchSchedulerConfig)]
+    marks = [e for e in entries if isinstance(e, MilestonesConfig)]
+    if not named:
+        raise ValueError("the list names no scheduler; give {name, kwargs} entries")
+    if len(marks) != 1 or len(marks[0].milestones) != len(named) - 1:
+        raise ValueError(
+            f"a list of {len(named)} schedulers needs one {{milestones: [...]}} entry with "
+            f"{len(named) - 1} steps (where each scheduler after the first takes over), e.g. "
+            "- milestones: [50]")
+    steps = marks[0].milestones
+    if steps != sorted(set(steps)):
+        raise ValueError(f"milestones {steps} must increase")
+    return entries
+
+
+SchedulerList = Annotated[list[SchedulerEntry], Field(min_length=1)]
+
+#: ``policy.scheduler``: None (a constant learning rate), or one of the forms.
+SchedulerConfig = Annotated[
+    Union[Annotated[TorchSchedulerConfig, Tag("scheduler")],  # noqa: UP007
+          Annotated[WarmupDecayConfig, Tag("warmup_decay")],
+          Annotated[SchedulerList, Tag("list")]],
+    Discriminator(_schedule_kind),
+]
+
+
+def check_list(value: Any) -> Any:
+    """The rule a NeMo-RL list must follow (a validator of ``policy.scheduler``)."""
+    return _one_milestones_entry(value) if isinstance(value, list) else value
+
+
+__all__ = ["TORCH_SCHEDULERS", "MilestonesConfig", "SchedulerConfig", "TorchSchedulerConfig",
+           "WarmupDecayConfig", "check_list"]

@@ -1,0 +1,90 @@
+"""Advantages of one group's rewards, and the rewards they start from.
+
+``loss.baseline`` says what a completion's reward is compared with, and
+``loss.scale`` what the difference is divided by:
+
+* ``group_mean`` + ``group``: GRPO, ``(r_i - mean(r)) / (std(r) + eps)``
+* ``group_mean`` + ``none``: Dr. GRPO, ``r_i - mean(r)``
+* ``leave_one_out`` + ``none``: RLOO, ``r_i - mean(r_j, j != i)``, which is
+  ``n / (n - 1) * (r_i - mean(r))``
+* ``leave_one_out`` + ``group``: the RLOO difference divided by the group's std;
+* ``scale: batch``: the centred reward divided by the std of all the step's
+  rewards (:func:`step_advantages`).
+
+The std is the population std of the whole group (divide by n). NeMo-RL's
+leave-one-out std is the sample std of the *other* n - 1 rewards; asyncrl keeps
+one std per group (docs/training.md, "Advantages", shows both on one group).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from asyncrl.config import LossConfig
+    from asyncrl.types import Completion
+
+
+def group_advantages(rewards: Tensor, *, scale: bool = True, eps: float = 1e-6,
+                     leave_one_out: bool = False) -> Tensor:
+    """Advantages of one group's ``rewards`` (along the last dimension).
+
+    A group whose rewards are all equal gets A = 0 whatever the options: it
+    carries no learning signal. A group of one has no leave-one-out baseline;
+    it gets A = 0 too.
+    """
+    rewards = rewards.float()
+    n = rewards.shape[-1]
+    centered = rewards - rewards.mean(dim=-1, keepdim=True)
+    if leave_one_out:
+        centered = centered * (n / (n - 1)) if n > 1 else torch.zeros_like(centered)
+    if not scale:
+        return centered
+    return centered / (rewards.std(dim=-1, keepdim=True, correction=0) + eps)
+
+
+def advantages(rewards: Tensor, cfg: LossConfig) -> Tensor:
+    """The advantages ``cfg`` (``loss.baseline``, ``loss.scale``) gives one group."""
+    return group_advantages(rewards, scale=cfg.scale == "group",
+                            leave_one_out=cfg.baseline == "leave_one_out")
+
+
+def step_advantages(rewards: list[Tensor], cfg: LossConfig, eps: float = 1e-6) -> list[Tensor]:
+    """The advantages of a step's groups (``rewards``: one tensor per group).
+    ``scale: batch`` divides every group's centred rewards by the population std
+    of all the step's rewards (TRL's ``scale_rewards: batch``): it needs the
+    whole step, so the trainer holds a step's groups until it ends."""
+    if cfg.scale != "batch":
+        return [advantages(r, cfg) for r in rewards]
+    centred = [group_advantages(r, scale=False, leave_one_out=cfg.baseline == "leave_one_out")
+               for r in rewards]
+    if not rewards:
+        return centred
+    std = torch.cat([r.float() for r in rewards]).std(correction=0)
+    return [c / (std + eps) for c in centred]
+
+
+def overlong_penalty(length: int, *, limit: int, buffer: int, penalty: float) -> float:
+    """DAPO's soft overlong punishment of a completion of ``length`` tokens: 0 up to
+    ``limit - buffer``, then falling linearly, ``-penalty`` at ``limit`` (and
+    lower beyond it, as NeMo-RL and verl compute it)."""
+    return min(0.0, -(length - (limit - buffer)) / buffer * penalty)
+
+
+def shaped(reward: float, completion: Completion, cfg: LossConfig,
+           max_new_tokens: int | None) -> float:
+    """``reward`` plus ``loss.overlong``'s penalty for ``completion``'s length."""
+    over = cfg.overlong
+    if over is None:
+        return reward
+    if over.max_tokens is None and max_new_tokens is None:
+        raise ValueError("loss.overlong needs its max_tokens, or the trainer's max_new_tokens")
+    limit = over.limit(max_new_tokens or 0)
+    return reward + overlong_penalty(len(completion), limit=limit, buffer=over.buffer_tokens,
+                                     penalty=over.penalty)
+
+
+__all__ = ["advantages", "group_advantages", "overlong_penalty", "shaped", "step_advantages"]

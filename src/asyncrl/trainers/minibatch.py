@@ -1,0 +1,84 @@
+"""Several optimizer steps per training step: mini-batches, epochs, and the
+proximal log-probs that make their clips act.
+
+With ``policy.train_mini_batches`` = M and ``policy.train_epochs`` = E, a
+training step's completions (its groups in prompt order) are cut into M
+mini-batches of about equal completion tokens, and the step takes M x E
+optimizer steps: one per mini-batch, in order, for each epoch. Each optimizer
+step's loss is normalised over its own mini-batch (``loss.aggregation`` over
+the mini-batch, NeMo-RL's and verl's choice); the micro-batches of
+``train_micro_batch_tokens`` inside a mini-batch only bound memory.
+
+Before the first optimizer step, the proximal log-probs pi_prox of every
+completion token are computed once with the weights at the start of the step
+(a forward pass without gradient, micro-batched like the loss). From the
+second optimizer step on, ``r = pi_theta / pi_prox`` departs from 1, so the PPO
+clip, the dual clip and ``decoupled``'s trust region act; ``train/prox_drift``
+is the mean ``|log pi_theta - log pi_prox|`` the loss saw.
+
+The weight version still advances once per training step: version v + 1 is
+the weights after the step's last optimizer step, the only ones the engines
+receive and the samplers count staleness in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from asyncrl.trainers.packing import Flat, Packed, pack, plan_micro_batches
+
+
+def split(flat: Flat, count: int) -> list[list[int]]:
+    """``count`` runs of consecutive completions of ``flat`` (fewer when it has
+    fewer completions), each about ``1 / count`` of its completion tokens: a
+    run ends at the first completion whose cumulative tokens reach its share."""
+    sizes = [len(b) for b in flat.behavior]
+    total = sum(sizes)
+    count = max(1, min(count, len(sizes)))
+    batches: list[list[int]] = [[] for _ in range(count)]
+    done = 0
+    for i, size in enumerate(sizes):
+        # The mini-batch whose share the tokens before this completion fill.
+        batches[min(done * count // max(total, 1), count - 1)].append(i)
+        done += size
+    batches = [b for b in batches if b]
+    return _fill(batches, count, len(sizes))
+
+
+def _fill(batches: list[list[int]], count: int, n: int) -> list[list[int]]:
+    """Split the longest runs until there are ``count`` (a run of one completion
+    cannot be split; ``n`` completions make at most ``n`` runs)."""
+    while len(batches) < min(count, n):
+        longest = max(range(len(batches)), key=lambda j: (len(batches[j]), -j))
+        run = batches[longest]
+        half = len(run) // 2
+        batches[longest:longest + 1] = [run[:half], run[half:]]
+    return batches
+
+
+def proximal(flat: Flat, score: Callable[[Packed], torch.Tensor], *, budget: int,
+             pad_id: int, device: torch.device) -> list[list[float]]:
+    """Per completion of ``flat``, per token, its log-prob under ``score`` (the
+    model with the step's start weights), without gradient."""
+    out: list[list[float]] = [[] for _ in flat.seqs]
+    with torch.no_grad():
+        for rows in plan_micro_batches([len(s) for s in flat.seqs], budget):
+            batch = pack(flat, rows, pad_id=pad_id, device=device)
+            logp = score(batch).float().cpu().tolist()
+            at = 0
+            for r in rows:
+                n = len(flat.behavior[r])
+                out[r] = logp[at:at + n]
+                at += n
+    return out
+
+
+def epoch_batches(flat: Flat, mini_batches: int, epochs: int) -> Sequence[list[int]]:
+    """The mini-batches of every epoch, in the order they are trained."""
+    runs = split(flat, mini_batches)
+    return [rows for _ in range(epochs) for rows in runs]
+
+
+__all__ = ["epoch_batches", "proximal", "split"]
