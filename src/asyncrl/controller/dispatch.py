@@ -176,9 +176,11 @@ class Dispatcher:
                 entry.task.cancel()
 
     # ========================================================== transitions
-    def _set_state(self, entry: Entry, new: EntryState) -> None:
+    def _set_state(self, entry: Entry, new: EntryState, now: float | None = None) -> None:
         """Move ``entry`` to ``new``, keeping the working and in-flight counts and
-        the in-flight weight index exact (the starvation check reads them)."""
+        the in-flight weight index exact (the starvation check reads them).
+        ``now``: the clock reading of the caller's transition, if it has one
+        (one reading per transition, not one per record it updates)."""
         old = entry.state
         if old.working != new.working:
             self.working += 1 if new.working else -1
@@ -196,7 +198,7 @@ class Dispatcher:
             else:
                 weights[w] = weights.get(w, 0) + 1
                 self.inflight += 1
-            self.ctx.stats.inflight_changed(self.ctx.now(), self.inflight)
+            self.ctx.stats.inflight_changed(self.ctx.now() if now is None else now, self.inflight)
         entry.state = new
 
     def _reserve(self, entry: Entry) -> None:
@@ -213,17 +215,18 @@ class Dispatcher:
         else:
             start = ctx.version.value if entry.pin is None else entry.pin
         ctx.buffer.reserve_nowait(gid, start_weight=start, target_step=entry.stamp)
+        now = ctx.now()
         if gid in ctx.ledger:
             ctx.ledger[gid].start_weight = start  # a group resumed while in flight
         else:
             ctx.ledger.dispatch(gid, prompt_id=entry.prompt.prompt_id, target_step=entry.stamp,
-                                start_weight=start, time=ctx.now())
+                                start_weight=start, time=now)
         entry.start_weight = start
         self.active[gid] = entry
         if self.determinism.enabled:
             self.determinism.reserved(gid)
         ctx.stats.buffer_size(len(ctx.buffer))
-        self._set_state(entry, EntryState.GENERATING)
+        self._set_state(entry, EntryState.GENERATING, now)
         assert self._tg is not None
         entry.task = self._tg.create_task(self._group(entry), name=f"asyncrl-gen-{gid}")
 
@@ -245,22 +248,25 @@ class Dispatcher:
         self._commit_all(ready)
 
     def _commit_all(self, ready: list[tuple[Entry, Rollout]]) -> None:
+        if not ready:
+            return
         ctx = self.ctx
+        now = ctx.now()  # the groups commit together, at one time
         for entry, rollout in ready:
             gid = entry.group_id
             # The result's end weight (>= start_weight), found when the attempt checked it.
             end = entry.end_weight
             ctx.buffer.commit(gid, rollout, end_weight=end)
-            ctx.ledger.committed(gid, end_weight=end, attempts=rollout.attempts, time=ctx.now())
+            ctx.ledger.committed(gid, end_weight=end, attempts=rollout.attempts, time=now)
             ctx.drops.committed()
             if entry.continues:
                 ctx.stats.groups_continued += 1
-            self._leave(entry)
+            self._leave(entry, now)
             ctx.stats.buffer_size(len(ctx.buffer))
-            ctx.progress()
+        ctx.progress(now)
 
-    def _leave(self, entry: Entry) -> None:
-        self._set_state(entry, EntryState.LEFT)
+    def _leave(self, entry: Entry, now: float | None = None) -> None:
+        self._set_state(entry, EntryState.LEFT, now)
         del self.active[entry.group_id]
 
     def _give_up(self, entry: Entry, exhausted: Exhausted) -> None:
@@ -270,9 +276,10 @@ class Dispatcher:
         ctx = self.ctx
         gid, error = entry.group_id, exhausted.error
         ctx.buffer.release(gid)
-        ctx.ledger.failed(gid, attempts=entry.attempts, time=ctx.now(), error=repr(error),
+        now = ctx.now()
+        ctx.ledger.failed(gid, attempts=entry.attempts, time=now, error=repr(error),
                           kind=exhausted.kind)
-        self._leave(entry)
+        self._leave(entry, now)
         self._commit_all(self.determinism.dropped(gid))
         ctx.stats.group_failed()
         try:
@@ -329,7 +336,7 @@ class Dispatcher:
             entry.aborted = True
             ctx.buffer.release(entry.group_id)
             ctx.ledger.aborted(entry.group_id, attempts=entry.attempts, time=now)
-            self._leave(entry)
+            self._leave(entry, now)
             self._commit_all(self.determinism.dropped(entry.group_id))
             by_engine[entry.engine].append(entry.group_id)
             if entry.task is not None:
