@@ -261,8 +261,9 @@ class Dispatcher:
             ctx.drops.committed()
             if entry.continues:
                 ctx.stats.groups_continued += 1
+            # No buffer_size here: a commit turns a reserved slot ready, the
+            # number of slots (what max_buffer_seen tracks) stays the same.
             self._leave(entry, now)
-            ctx.stats.buffer_size(len(ctx.buffer))
         ctx.progress(now)
 
     def _leave(self, entry: Entry, now: float | None = None) -> None:
