@@ -242,8 +242,14 @@ class Dispatcher:
         if isinstance(outcome, Exhausted):
             self._give_up(entry, outcome)
             return
+        if not self.determinism.enabled:  # commits in any order: this one now
+            self._commit_all([(entry, outcome)])
+            return
         ready = self.determinism.finished(entry.group_id, (entry, outcome))
-        if not any(e is entry for e, _ in ready):
+        for e, _ in ready:
+            if e is entry:
+                break
+        else:  # an earlier group has not finished: wait for it
             self._set_state(entry, EntryState.COMMIT_WAIT)
         self._commit_all(ready)
 
