@@ -63,19 +63,22 @@ class _Source:
         self.drawn = 0
 
     def peek(self) -> Prompt | None:
-        if not self.held and not self.exhausted:
-            prompt = self.source.next_prompt()
+        if not self.held:
+            prompt = self.pop()
             if prompt is None:
-                self.exhausted = True
-            else:
-                self.drawn += 1
-                self.held.append(prompt)
-        return self.held[0] if self.held else None
+                return None
+            self.held.append(prompt)
+        return self.held[0]
 
     def pop(self) -> Prompt | None:
-        prompt = self.peek()
-        if prompt is not None:
-            self.held.popleft()
+        # The primitive (peek is built on it): one call per prompt on the hot path.
+        if self.held:
+            return self.held.popleft()
+        prompt = None if self.exhausted else self.source.next_prompt()
+        if prompt is None:
+            self.exhausted = True
+        else:
+            self.drawn += 1
         return prompt
 
 
@@ -133,8 +136,10 @@ class Dispatcher:
             self.admit_state = AdmitState.RUNNING
             batch_index = self.admitted - 1
             for _ in range(n):
-                prompt = self._next_prompt()
-                if prompt is None:
+                # The task's prompts, then - once those run out - the spare pool's
+                # (drawn for replacements, they would otherwise never train).
+                prompt = self.source.pop()
+                if prompt is None and (prompt := ctx.drops.release_spare()) is None:
                     break
                 self.queue.append(Entry(prompt, stamp, pin, batch=True, batch_index=batch_index))
                 self._batch_left += 1
@@ -308,12 +313,6 @@ class Dispatcher:
             self._queue_changed.fire()
         else:
             ctx.buffer.notify()  # the train pump's step may need fewer groups now
-
-    def _next_prompt(self) -> Prompt | None:
-        """The next prompt to admit: the task's, then - once those run out - the
-        spare pool's (drawn for replacements, they would otherwise never train)."""
-        prompt = self.source.pop()
-        return prompt if prompt is not None else self.ctx.drops.release_spare()
 
     def _draw(self, count: int) -> list[Prompt]:
         """Up to ``count`` prompts from the task, for the spare pool."""
