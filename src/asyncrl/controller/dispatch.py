@@ -209,7 +209,8 @@ class Dispatcher:
     def _reserve(self, entry: Entry) -> None:
         ctx = self.ctx
         gid = entry.group_id
-        if gid is None:
+        fresh = gid is None  # a new group: the ledger has no record of it yet
+        if fresh:
             gid = entry.group_id = self.next_group
             self.next_group += 1
         # The group's one start weight: the trainer version now (the engines hold
@@ -221,7 +222,7 @@ class Dispatcher:
             start = ctx.version.value if entry.pin is None else entry.pin
         ctx.buffer.reserve_nowait(gid, start_weight=start, target_step=entry.stamp)
         now = ctx.now()
-        if gid in ctx.ledger:
+        if not fresh and gid in ctx.ledger:
             ctx.ledger[gid].start_weight = start  # a group resumed while in flight
         else:
             ctx.ledger.dispatch(gid, prompt_id=entry.prompt.prompt_id, target_step=entry.stamp,
@@ -270,7 +271,7 @@ class Dispatcher:
             ctx.buffer.commit(gid, rollout, end_weight=end)
             ctx.ledger.committed(gid, end_weight=end, attempts=rollout.attempts, time=now)
             ctx.drops.committed()
-            if entry.continues:
+            if entry.prefix is not None and entry.continues:  # a resumed group only
                 ctx.stats.groups_continued += 1
             # No buffer_size here: a commit turns a reserved slot ready, the
             # number of slots (what max_buffer_seen tracks) stays the same.
