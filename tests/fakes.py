@@ -126,9 +126,12 @@ class FakeEngine:
         self.generated += 1
         n = request.num_generations
         texts = [str((request.prompt.prompt_id + i) % 7) for i in range(n)]
-        # Every token sampled with the weights held at the end.
-        completions = [Completion.of([3] * k, [-0.5] * k, self.weight_version,
-                                     "length" if k == self.max_new_tokens else "stop", text)
+        # Every token sampled with the weights held at the end: one span, built
+        # directly (Completion.of would convert lists the fake makes as ints and
+        # floats already; the record still checks itself when it is made).
+        v = self.weight_version
+        completions = [Completion([3] * k, [-0.5] * k, ((v, k),) if k else (),
+                                  "length" if k == self.max_new_tokens else "stop", text)
                        for k, text in zip(self.lengths(request), texts)]
         return GroupResult(request.group_id, [1, 2], completions, start)
 

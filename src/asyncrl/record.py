@@ -22,6 +22,7 @@ Invariants (checked when a record is made, so a broken engine fails at once):
 from __future__ import annotations
 
 import itertools
+import operator
 from collections.abc import Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -182,6 +183,12 @@ class Completion:
                    None if mask is None else [int(m) for m in mask])
 
 
+_TOKEN_IDS = operator.attrgetter("token_ids")
+_LOGPROBS = operator.attrgetter("logprobs")
+_TEXT = operator.attrgetter("text")
+_FINISH_REASON = operator.attrgetter("finish_reason")
+
+
 @dataclass(slots=True)
 class GroupResult:
     """What an engine returns for one prompt group (see the module docstring).
@@ -219,22 +226,23 @@ class GroupResult:
     def num_tokens(self) -> int:
         return sum(len(c.token_ids) * times for c, times in counted(self.completions))
 
-    # Read-only views kept for readers of the former per-list layout.
+    # Read-only views kept for readers of the former per-list layout (the
+    # controller reads completion_texts once per group: the lists are built in C).
     @property
     def completion_ids(self) -> list[list[int]]:
-        return [c.token_ids for c in self.completions]
+        return list(map(_TOKEN_IDS, self.completions))
 
     @property
     def behavior_logprobs(self) -> list[list[float]]:
-        return [c.logprobs for c in self.completions]
+        return list(map(_LOGPROBS, self.completions))
 
     @property
     def completion_texts(self) -> list[str]:
-        return [c.text for c in self.completions]
+        return list(map(_TEXT, self.completions))
 
     @property
     def finish_reasons(self) -> list[FinishReason | None]:
-        return [c.finish_reason for c in self.completions]
+        return list(map(_FINISH_REASON, self.completions))
 
     def problem(self, *, start_weight: int, num_generations: int,
                 finished: bool = True) -> str | None:

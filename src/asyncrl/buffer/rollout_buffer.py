@@ -262,13 +262,17 @@ class RolloutBuffer:
         exactly as they were.
         """
         targets: dict[GroupId, Slot] = {}
+        slots = self._slots
         for gid in group_ids:
             if gid in targets:
                 raise UnknownGroupError(
                     f"group {gid!r} appears twice in one remove() call; each slot can be "
                     "removed once (nothing was removed)"
                 )
-            targets[gid] = self.get(gid)
+            try:
+                targets[gid] = slots[gid]
+            except KeyError:
+                self.get(gid)  # raises UnknownGroupError
         removed = [self._drop(slot) for slot in targets.values()]
         if removed:
             for listener in self._remove_listeners:

@@ -67,9 +67,10 @@ class RunContext:
     fatal_repeats: dict[int, list[GroupId]] = dataclasses.field(default_factory=dict)
     _fatal_keys: dict[str, BaseException] = dataclasses.field(default_factory=dict)
 
-    def progress(self) -> None:
-        """A group committed or a step finished."""
-        self.last_progress = self.now()
+    def progress(self, now: float | None = None) -> None:
+        """A group committed or a step finished (``now``: when, if the caller
+        read the clock already)."""
+        self.last_progress = self.now() if now is None else now
 
     def fail(self, error: BaseException, *, key: str | None = None,
              group: GroupId | None = None) -> None:

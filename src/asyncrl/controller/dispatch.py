@@ -63,19 +63,22 @@ class _Source:
         self.drawn = 0
 
     def peek(self) -> Prompt | None:
-        if not self.held and not self.exhausted:
-            prompt = self.source.next_prompt()
+        if not self.held:
+            prompt = self.pop()
             if prompt is None:
-                self.exhausted = True
-            else:
-                self.drawn += 1
-                self.held.append(prompt)
-        return self.held[0] if self.held else None
+                return None
+            self.held.append(prompt)
+        return self.held[0]
 
     def pop(self) -> Prompt | None:
-        prompt = self.peek()
-        if prompt is not None:
-            self.held.popleft()
+        # The primitive (peek is built on it): one call per prompt on the hot path.
+        if self.held:
+            return self.held.popleft()
+        prompt = None if self.exhausted else self.source.next_prompt()
+        if prompt is None:
+            self.exhausted = True
+        else:
+            self.drawn += 1
         return prompt
 
 
@@ -133,8 +136,10 @@ class Dispatcher:
             self.admit_state = AdmitState.RUNNING
             batch_index = self.admitted - 1
             for _ in range(n):
-                prompt = self._next_prompt()
-                if prompt is None:
+                # The task's prompts, then - once those run out - the spare pool's
+                # (drawn for replacements, they would otherwise never train).
+                prompt = self.source.pop()
+                if prompt is None and (prompt := ctx.drops.release_spare()) is None:
                     break
                 self.queue.append(Entry(prompt, stamp, pin, batch=True, batch_index=batch_index))
                 self._batch_left += 1
@@ -176,9 +181,11 @@ class Dispatcher:
                 entry.task.cancel()
 
     # ========================================================== transitions
-    def _set_state(self, entry: Entry, new: EntryState) -> None:
+    def _set_state(self, entry: Entry, new: EntryState, now: float | None = None) -> None:
         """Move ``entry`` to ``new``, keeping the working and in-flight counts and
-        the in-flight weight index exact (the starvation check reads them)."""
+        the in-flight weight index exact (the starvation check reads them).
+        ``now``: the clock reading of the caller's transition, if it has one
+        (one reading per transition, not one per record it updates)."""
         old = entry.state
         if old.working != new.working:
             self.working += 1 if new.working else -1
@@ -196,13 +203,14 @@ class Dispatcher:
             else:
                 weights[w] = weights.get(w, 0) + 1
                 self.inflight += 1
-            self.ctx.stats.inflight_changed(self.ctx.now(), self.inflight)
+            self.ctx.stats.inflight_changed(self.ctx.now() if now is None else now, self.inflight)
         entry.state = new
 
     def _reserve(self, entry: Entry) -> None:
         ctx = self.ctx
         gid = entry.group_id
-        if gid is None:
+        fresh = gid is None  # a new group: the ledger has no record of it yet
+        if fresh:
             gid = entry.group_id = self.next_group
             self.next_group += 1
         # The group's one start weight: the trainer version now (the engines hold
@@ -213,17 +221,18 @@ class Dispatcher:
         else:
             start = ctx.version.value if entry.pin is None else entry.pin
         ctx.buffer.reserve_nowait(gid, start_weight=start, target_step=entry.stamp)
-        if gid in ctx.ledger:
+        now = ctx.now()
+        if not fresh and gid in ctx.ledger:
             ctx.ledger[gid].start_weight = start  # a group resumed while in flight
         else:
             ctx.ledger.dispatch(gid, prompt_id=entry.prompt.prompt_id, target_step=entry.stamp,
-                                start_weight=start, time=ctx.now())
+                                start_weight=start, time=now)
         entry.start_weight = start
         self.active[gid] = entry
         if self.determinism.enabled:
             self.determinism.reserved(gid)
         ctx.stats.buffer_size(len(ctx.buffer))
-        self._set_state(entry, EntryState.GENERATING)
+        self._set_state(entry, EntryState.GENERATING, now)
         assert self._tg is not None
         entry.task = self._tg.create_task(self._group(entry), name=f"asyncrl-gen-{gid}")
 
@@ -239,28 +248,38 @@ class Dispatcher:
         if isinstance(outcome, Exhausted):
             self._give_up(entry, outcome)
             return
+        if not self.determinism.enabled:  # commits in any order: this one now
+            self._commit_all([(entry, outcome)])
+            return
         ready = self.determinism.finished(entry.group_id, (entry, outcome))
-        if not any(e is entry for e, _ in ready):
+        for e, _ in ready:
+            if e is entry:
+                break
+        else:  # an earlier group has not finished: wait for it
             self._set_state(entry, EntryState.COMMIT_WAIT)
         self._commit_all(ready)
 
     def _commit_all(self, ready: list[tuple[Entry, Rollout]]) -> None:
+        if not ready:
+            return
         ctx = self.ctx
+        now = ctx.now()  # the groups commit together, at one time
         for entry, rollout in ready:
             gid = entry.group_id
             # The result's end weight (>= start_weight), found when the attempt checked it.
             end = entry.end_weight
             ctx.buffer.commit(gid, rollout, end_weight=end)
-            ctx.ledger.committed(gid, end_weight=end, attempts=rollout.attempts, time=ctx.now())
+            ctx.ledger.committed(gid, end_weight=end, attempts=rollout.attempts, time=now)
             ctx.drops.committed()
-            if entry.continues:
+            if entry.prefix is not None and entry.continues:  # a resumed group only
                 ctx.stats.groups_continued += 1
-            self._leave(entry)
-            ctx.stats.buffer_size(len(ctx.buffer))
-            ctx.progress()
+            # No buffer_size here: a commit turns a reserved slot ready, the
+            # number of slots (what max_buffer_seen tracks) stays the same.
+            self._leave(entry, now)
+        ctx.progress(now)
 
-    def _leave(self, entry: Entry) -> None:
-        self._set_state(entry, EntryState.LEFT)
+    def _leave(self, entry: Entry, now: float | None = None) -> None:
+        self._set_state(entry, EntryState.LEFT, now)
         del self.active[entry.group_id]
 
     def _give_up(self, entry: Entry, exhausted: Exhausted) -> None:
@@ -270,9 +289,10 @@ class Dispatcher:
         ctx = self.ctx
         gid, error = entry.group_id, exhausted.error
         ctx.buffer.release(gid)
-        ctx.ledger.failed(gid, attempts=entry.attempts, time=ctx.now(), error=repr(error),
+        now = ctx.now()
+        ctx.ledger.failed(gid, attempts=entry.attempts, time=now, error=repr(error),
                           kind=exhausted.kind)
-        self._leave(entry)
+        self._leave(entry, now)
         self._commit_all(self.determinism.dropped(gid))
         ctx.stats.group_failed()
         try:
@@ -294,12 +314,6 @@ class Dispatcher:
             self._queue_changed.fire()
         else:
             ctx.buffer.notify()  # the train pump's step may need fewer groups now
-
-    def _next_prompt(self) -> Prompt | None:
-        """The next prompt to admit: the task's, then - once those run out - the
-        spare pool's (drawn for replacements, they would otherwise never train)."""
-        prompt = self.source.pop()
-        return prompt if prompt is not None else self.ctx.drops.release_spare()
 
     def _draw(self, count: int) -> list[Prompt]:
         """Up to ``count`` prompts from the task, for the spare pool."""
@@ -329,7 +343,7 @@ class Dispatcher:
             entry.aborted = True
             ctx.buffer.release(entry.group_id)
             ctx.ledger.aborted(entry.group_id, attempts=entry.attempts, time=now)
-            self._leave(entry)
+            self._leave(entry, now)
             self._commit_all(self.determinism.dropped(entry.group_id))
             by_engine[entry.engine].append(entry.group_id)
             if entry.task is not None:

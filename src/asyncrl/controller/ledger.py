@@ -172,8 +172,11 @@ class Ledger:
         self._counts["inflight"] += 1
         return rec
 
-    def _move(self, group_id: GroupId, new: str, allowed: tuple[str, ...]) -> GroupRecord:
-        rec = self._live.get(group_id)
+    def _move(self, group_id: GroupId, new: str, allowed: tuple[str, ...],
+              rec: GroupRecord | None = None) -> GroupRecord:
+        """``rec``: the group's live record, if the caller looked it up already."""
+        if rec is None:
+            rec = self._live.get(group_id)
         if rec is None:
             raise LedgerError(
                 f"group {group_id!r} is not a live group of the ledger; a group ends in "
@@ -209,13 +212,13 @@ class Ledger:
         rec = self._live.get(group_id)
         if rec is not None:
             rec.end_step, rec.staleness = step, staleness
-        self._move(group_id, "trained", ("ready",))
+        self._move(group_id, "trained", ("ready",), rec)
 
     def evicted(self, group_id: GroupId, *, step: int) -> None:
         rec = self._live.get(group_id)
         if rec is not None:
             rec.end_step = step
-        self._move(group_id, "evicted", ("ready",))
+        self._move(group_id, "evicted", ("ready",), rec)
 
     def aborted(self, group_id: GroupId, *, attempts: int, time: float) -> None:
         self._end_inflight(group_id, "aborted", attempts, time, None)
@@ -236,7 +239,7 @@ class Ledger:
         rec = self._live.get(group_id)
         if rec is not None:  # fill in before _move hands the record to the history
             rec.attempts, rec.finish_time, rec.error = attempts, time, error
-        self._move(group_id, state, ("inflight",))
+        self._move(group_id, state, ("inflight",), rec)
 
     def set_attempts(self, group_id: GroupId, attempts: int) -> None:
         self._live[group_id].attempts = attempts

@@ -143,10 +143,10 @@ class BaseSampler:
         """Greedy: all of ``eligible`` (already capped at max) or None if too few."""
         if len(eligible) < min_prompt_groups:
             return None
-        return self.buffer.remove(s.group_id for s in eligible)
+        return self.buffer.remove([s.group_id for s in eligible])
 
     def _evict_slots(self, slots: list[Slot]) -> int:
-        return len(self.buffer.remove(s.group_id for s in slots))
+        return len(self.buffer.remove([s.group_id for s in slots]))
 
     @staticmethod
     def _check_bounds(min_prompt_groups: int, max_prompt_groups: int) -> None:

@@ -1,0 +1,61 @@
+"""The controller's per-group work, counted in Python calls (issue 33).
+
+Wall-clock benchmarks (benchmarks/bench_controller_overhead.py) cannot gate a
+test on a shared machine; the number of calls into asyncrl's own functions per
+group is the same on any machine, under any load. The run mirrors the
+benchmark: zero-latency fake engine and trainer, 64 groups per step, chunks of
+one group, a window wide enough that nothing is evicted, under virtual time.
+A change that adds a call per group on the hot path shows here at once.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import pstats
+from pathlib import Path
+
+import asyncrl
+from asyncrl.config import AsyncRLConfig, GRPOConfig
+from asyncrl.controller import Controller
+from asyncrl.sim.clock import run_virtual
+from tests.fakes import FakeEngine, FakeTask, FakeTrainer, InlineScorer
+
+#: Calls into asyncrl per dispatched group, per-step work included: main at
+#: 71d26a6 made 64.7 in this run, the trimmed hot path (issue 33) 53.2.
+BUDGET = 58
+
+
+def _controller(steps: int, per_step: int, capacity: int) -> Controller:
+    task = FakeTask()
+    return Controller(
+        task=task, engines=[FakeEngine(0.0)], trainer=FakeTrainer(step_time=0.0),
+        grpo=GRPOConfig(num_prompts_per_step=per_step, num_generations_per_prompt=1,
+                        max_num_steps=steps),
+        async_rl=AsyncRLConfig(
+            sampler={"name": "windowed", "max_staleness_versions": 10**9},
+            max_buffered_rollouts=capacity, min_groups_for_streaming_train=1,
+            max_inflight_prompts=capacity),
+        scorer=InlineScorer(task))
+
+
+def _asyncrl_calls(profile: cProfile.Profile) -> int:
+    package = str(Path(asyncrl.__file__).resolve().parent)
+    stats = pstats.Stats(profile).stats  # type: ignore[attr-defined]
+    return sum(nc for (filename, _, _), (_, nc, *_rest) in stats.items()
+               if str(Path(filename).resolve()).startswith(package))
+
+
+def test_calls_per_group_stay_within_budget() -> None:
+    ctl = _controller(steps=60, per_step=64, capacity=1000)
+    profile = cProfile.Profile()
+    profile.enable()
+    try:
+        result = run_virtual(ctl.run())
+    finally:
+        profile.disable()
+    ledger = result.summary["ledger"]
+    assert ledger["balanced"] and ledger["trained"] == 60 * 64, ledger
+    per_group = _asyncrl_calls(profile) / ledger["dispatched"]
+    assert per_group <= BUDGET, (
+        f"{per_group:.1f} calls into asyncrl per group (budget {BUDGET}): something now "
+        "runs once per group that did not; profile benchmarks/bench_controller_overhead.py")
