@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.checkpoint.test_capture_off_loop import big_trainer, fake_controller
 from tests.fakes import FakeEngine, FakeTask, FakeTrainer, InlineScorer
 
-from asyncrl.checkpoint.resume import CheckpointHook
+from asyncrl.checkpoint import CheckpointHook
 from asyncrl.config import AsyncRLConfig, GRPOConfig, RunConfig
 from asyncrl.controller import Controller, MemoryHistory
 

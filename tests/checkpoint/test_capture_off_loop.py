@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from asyncrl.checkpoint.resume import CheckpointHook
+from asyncrl.checkpoint import CheckpointHook
 from asyncrl.config import RunConfig
 from asyncrl.tasks.tokenizer import CharTokenizer
 from asyncrl.trainers.grpo import GRPOTrainer

@@ -1,8 +1,9 @@
 """Checkpoints with nothing lost, and resume."""
 
+from asyncrl.checkpoint.deadline import EXIT_CODE as SAVE_BY_EXIT_CODE
+from asyncrl.checkpoint.hook import SAVE_BY, CheckpointHook
 from asyncrl.checkpoint.resume import (
     IMMUTABLE,
-    CheckpointHook,
     config_changes,
     config_differences,
     prepare_resume,
@@ -18,6 +19,8 @@ from asyncrl.checkpoint.store import (
 
 __all__ = [
     "IMMUTABLE",
+    "SAVE_BY",
+    "SAVE_BY_EXIT_CODE",
     "CheckpointHook",
     "LoadedCheckpoint",
     "config_changes",

@@ -18,6 +18,7 @@ model weights are built or loaded.
   model's context (:mod:`asyncrl.policy.context_length`);
 * ``logging.wandb``: wandb installed and, online, logged in;
 * the trainer layout (``trainer``): GPUs for every rank, the collective backend;
+* ``checkpoint.keep_best.metric``: a metric the run logs;
 * the sampler, built as the controller builds it (a ``custom`` one included),
   and its derived facts: plausible values, a buffer large enough, a pinned
   weight version in deterministic mode (:func:`~asyncrl.controller.validation.validate_setup`).
@@ -33,7 +34,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.buffer import RolloutBuffer
-from asyncrl.controller.evaluation import Evaluator, build_evaluation
+from asyncrl.controller.evaluation import Evaluator, build_evaluation, eval_metrics
+from asyncrl.controller.stats import STEP_METRICS
 from asyncrl.controller.validation import derived_facts, failure_warnings, validate_setup
 from asyncrl.errors import AsyncRLError, ConfigError, require
 from asyncrl.metrics.wandb_sink import check_wandb
@@ -100,6 +102,7 @@ def preflight(cfg: RunConfig, *, task: Task | None = None,
 
         engine_caps = EngineCapabilities.of(engine_class(cfg.policy))
     check_wandb(cfg.logging.wandb)
+    check_keep_best(cfg)
     if builtin_backends:
         check_trainer(cfg)  # trainer.strategy: fsdp - ranks, GPUs, collective backend
     if task is None:
@@ -135,6 +138,26 @@ def preflight(cfg: RunConfig, *, task: Task | None = None,
     facts["engine_capabilities"] = None if engine_caps is None else engine_caps.names()
     facts["rollout"] = describe_rollout(cfg.task.rollout)
     return Preflight(task=task, facts=facts, evaluator=evaluator)
+
+
+def check_keep_best(cfg: RunConfig) -> None:
+    """``checkpoint.keep_best.metric`` is a number the run logs every step, one its
+    evaluation logs, or one the trainer reports (``train/<name>``: the trainer's to
+    name, known only once it runs)."""
+    keep_best = cfg.checkpoint.keep_best
+    if keep_best is None or keep_best.metric.startswith("train/"):
+        return
+    logged = [*STEP_METRICS, *eval_metrics(cfg.eval)]
+    if keep_best.metric in logged:
+        return
+    hint = ""
+    if keep_best.metric.startswith("eval/"):
+        hint = (" (an eval block logs eval/...; eval/pass@1 needs eval.num_generations of 2 "
+                "or more)" if cfg.eval is None or cfg.eval.num_generations == 1
+                else "")
+    raise ConfigError(
+        f"checkpoint.keep_best.metric={keep_best.metric!r} is never logged by this run{hint}; "
+        f"choose one of: {', '.join(logged)}, or train/<name> (a metric the trainer reports)")
 
 
 def _parse_device(device: str) -> Any:
