@@ -99,6 +99,8 @@ class CheckpointHook:
             await self.flush()
             state = await self.capture(controller, version, snapshot=self.snapshots)
             self._pending = asyncio.create_task(self._write(state))
+            log.debug("checkpoint step-%06d captured; writing it while training goes on",
+                      version)
 
     def _due(self, version: int) -> bool:
         by_steps = bool(self.every) and version % self.every == 0
