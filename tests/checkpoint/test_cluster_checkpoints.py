@@ -317,3 +317,23 @@ def test_only_snapshots_cannot_be_resumed_and_the_error_says_why(tmp_path: Path)
     asyncio.run(run())
     with pytest.raises(CheckpointError, match="weights-only snapshots"):
         prepare_resume(tmp_path, [])
+
+
+# ------------------------------------------------------------ every_minutes
+def test_every_minutes_checkpoints_by_the_clock_beside_every_steps(tmp_path: Path) -> None:
+    clock = FakeClock()
+    hook = CheckpointHook(tmp_path, cfg(every_minutes=1.0, every_steps=10, keep_last=10),
+                          clock=clock)
+    controller = FakeController(small_trainer())
+
+    async def run() -> None:
+        for t in (25, 50, 75, 100, 125, 150, 175, 200, 225, 250):  # steps of 25 s
+            clock.t = t
+            await controller.step(hook)
+            await hook.flush()
+
+    asyncio.run(run())
+    # 60 s after the start (at step 3, 75 s), 60 s after that one began (step 6,
+    # 150 s), step 9 (225 s); and step 10 by every_steps.
+    assert [p.name for p in sorted(list_checkpoints(tmp_path))] == [
+        "step-000003", "step-000006", "step-000009", "step-000010"]

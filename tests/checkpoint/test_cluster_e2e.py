@@ -152,3 +152,26 @@ def test_keep_best_on_a_real_run_and_export_best(tmp_path: Path, capsys) -> None
               and not k.startswith(("train/", "eval/"))}
     listed = {k for k in STEP_METRICS if not k.startswith("train/")}
     assert logged <= listed and listed - logged <= {"time/generation_s"}, logged ^ listed
+
+
+def test_a_checkpoint_write_that_fails_fails_the_run_naming_it(tmp_path: Path, capsys,
+                                                                 monkeypatch) -> None:
+    import errno
+
+    from asyncrl.checkpoint import store
+
+    def read_only(obj, fh) -> None:  # injected: the file system turned read-only
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(store, "_torch_save", read_only)
+    run = tmp_path / "run"
+    code = main(["train", "--config", str(QUICKSTART), "--run-dir", str(run),
+                 "logging.progress=never", "logging.tensorboard=false", "logging.plots=false",
+                 "grpo.max_num_steps=6", "checkpoint.every_steps=2"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "asyncrl train: error: writing checkpoint step-000002" in err
+    assert "Read-only file system" in err
+    assert list_checkpoints(run) == []  # no checkpoint, and none half written
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stop_reason"] == "error" and summary["ledger"]["balanced"]
