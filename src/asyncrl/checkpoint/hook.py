@@ -95,8 +95,8 @@ class CheckpointHook:
                 controller.request_stop(SAVE_BY, self.save_by.message(version))
                 return
         if self._due(version):
+            await self.flush()  # one write at a time (the rollout side runs meanwhile)
             await controller.read_partials()  # groups generating keep their tokens
-            await self.flush()
             state = await self.capture(controller, version, snapshot=self.snapshots)
             self._pending = asyncio.create_task(self._write(state))
             log.debug("checkpoint step-%06d captured; writing it while training goes on",
