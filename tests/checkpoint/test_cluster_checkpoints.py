@@ -337,3 +337,26 @@ def test_every_minutes_checkpoints_by_the_clock_beside_every_steps(tmp_path: Pat
     # 150 s), step 9 (225 s); and step 10 by every_steps.
     assert [p.name for p in sorted(list_checkpoints(tmp_path))] == [
         "step-000003", "step-000006", "step-000009", "step-000010"]
+
+
+def test_the_write_runs_on_a_thread_of_lower_priority(tmp_path: Path, monkeypatch) -> None:
+    import os
+
+    niceness: list[int] = []
+    save = store_module._torch_save
+
+    def noting_save(obj, fh) -> None:
+        niceness.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        save(obj, fh)
+
+    monkeypatch.setattr(store_module, "_torch_save", noting_save)
+    hook = CheckpointHook(tmp_path, cfg(every_steps=1))
+    controller = FakeController(small_trainer())
+
+    async def run() -> None:
+        await controller.step(hook)
+        await hook.flush()
+
+    asyncio.run(run())
+    here = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    assert niceness == [min(here + 10, 19)]

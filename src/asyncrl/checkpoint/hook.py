@@ -20,8 +20,11 @@ two parts:
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import logging
+import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,6 +45,21 @@ log = logging.getLogger("asyncrl.checkpoint")
 ENGINE_SNAPSHOTS = "engine_weight_snapshots"
 #: Stop reason of a run the ``save_by`` deadline stopped.
 SAVE_BY = "save_by"
+#: Added to the nice value of the thread that writes checkpoints.
+WRITER_NICE = 10
+
+
+def _lower_priority() -> None:
+    """The writer thread's initializer: on Linux a thread's nice value is its own,
+    so a background write yields the CPU to training rather than taking an equal
+    share of it (on a CPU-bound 2-core run the steps beside a write slowed by
+    about what the write no longer held the pump: benchmarks/bench_checkpoint_stall.py).
+    Elsewhere the write shares the CPU as it is."""
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + WRITER_NICE)
+    except (AttributeError, OSError):  # pragma: no cover - no per-thread priority here
+        pass
 
 
 @dataclass
@@ -77,6 +95,9 @@ class CheckpointHook:
                         if c.save_by_s is not None else None)
         self._last_began = clock()
         self._pending: asyncio.Task[Path] | None = None
+        #: The one thread that writes checkpoints, at a lower priority.
+        self._writer = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="asyncrl-checkpoint-write", initializer=_lower_priority)
         #: Checkpoints written (the newest ones of a long run).
         self.written: list[Path] = []
 
@@ -163,7 +184,8 @@ class CheckpointHook:
 
     async def _write(self, state: _Captured) -> Path:
         try:
-            path = await asyncio.to_thread(self._write_and_free, state)
+            path = await asyncio.get_running_loop().run_in_executor(
+                self._writer, self._write_and_free, state)
         except Exception as exc:
             raise CheckpointError(
                 f"writing checkpoint step-{state.step:06d} to {self.run_dir / 'checkpoints'} "
