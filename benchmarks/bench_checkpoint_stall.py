@@ -40,8 +40,10 @@ sys.path.insert(0, str(ROOT / "src"))
 import torch  # noqa: E402
 
 from asyncrl.checkpoint import CheckpointHook  # noqa: E402
-from asyncrl.config import load_config  # noqa: E402
+from asyncrl.config import dump_config, load_config  # noqa: E402
+from asyncrl.run.options import sharded_options, trainer_options  # noqa: E402
 from asyncrl.tasks import build_task  # noqa: E402
+from asyncrl.trainers.capabilities import TrainerCapabilities  # noqa: E402
 from asyncrl.types import Completion, GroupResult, Rollout  # noqa: E402
 
 LAYOUTS = {"single": ("single", 1), "fsdp2": ("fsdp", 2)}
@@ -78,12 +80,12 @@ def build_trainer(cfg: Any) -> Any:
     if cfg.trainer.strategy == "fsdp":
         from asyncrl.trainers.distributed import build_local_trainer
 
-        return build_local_trainer(cfg, task)
+        return build_local_trainer(sharded_options(cfg), task)
     from asyncrl.policy.build import build_policy
     from asyncrl.trainers.grpo import GRPOTrainer
 
     model, tokenizer = build_policy(cfg.policy, task, seed=cfg.seed)
-    return GRPOTrainer.from_config(cfg.policy, cfg.loss, model=model, tokenizer=tokenizer)
+    return GRPOTrainer.from_options(trainer_options(cfg), model=model, tokenizer=tokenizer)
 
 
 def fake_controller(trainer: Any, version: list[int]) -> Any:
@@ -94,7 +96,8 @@ def fake_controller(trainer: Any, version: list[int]) -> Any:
         return None
 
     return types.SimpleNamespace(
-        trainer=trainer, engines=[object()], deterministic=False, step_records=[],
+        trainer=trainer, trainer_capabilities=TrainerCapabilities.of(trainer),
+        engines=[object()], deterministic=False, step_records=[],
         state_dict=lambda: {"trainer_version": version[0]}, read_partials=read_partials,
         version=types.SimpleNamespace(value=version[0]))
 
@@ -107,7 +110,7 @@ def write_in_flight(hook: CheckpointHook) -> bool:
 async def measure(cfg: Any, args: argparse.Namespace, run_dir: Path) -> dict[str, float]:
     chunks = workload(cfg, 1 + args.base + args.checkpoints * (args.after + 4), args.tokens)
     trainer = build_trainer(cfg)
-    hook = CheckpointHook(run_dir, cfg)
+    hook = CheckpointHook(run_dir, cfg.checkpoint, dump_config(cfg))
     version = [0]
     controller = fake_controller(trainer, version)
 

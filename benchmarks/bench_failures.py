@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.checkpoint.test_capture_off_loop import big_trainer, fake_controller
 from tests.fakes import FakeEngine, FakeTask, FakeTrainer, InlineScorer
 
-from asyncrl.checkpoint import CheckpointHook
-from asyncrl.config import AsyncRLConfig, GRPOConfig, RunConfig
+from asyncrl.checkpoint.hook import CheckpointHook
+from asyncrl.config import AsyncRLConfig, CheckpointConfig, GRPOConfig
 from asyncrl.controller import Controller, MemoryHistory
 
 PER_STEP, STEPS = 64, 150
@@ -98,7 +98,7 @@ def stalls(params: int, repeat: int = 3) -> tuple[list[float], float, float]:
     trainer = big_trainer(params)
     controller = fake_controller(trainer)
     with tempfile.TemporaryDirectory() as tmp:
-        hook = CheckpointHook(tmp, RunConfig())
+        hook = CheckpointHook(tmp, CheckpointConfig(), config_yaml="seed: 0\n")
 
         async def main() -> tuple[list[float], float, float]:
             measured, t0 = [], time.perf_counter()

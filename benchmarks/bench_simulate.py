@@ -15,7 +15,10 @@ For every example workload in examples/sim/ (num_prompts_per_step = 64) it runs
   efficiency against it below 1 would be idle time the controller added.
 
 Prints the efficiency / staleness / waste table per workload, then the checks,
-and last the line ``RESULT sim_steps_per_wall_s <slowest run's steps per wall second>``.
+then ``RESULT sim_steps_per_wall_s.<workload> <its runs' steps per wall second>``,
+the same per CPU second of this process (``sim_steps_per_cpu_s.<workload>``,
+steadier on a shared machine) and last the line
+``RESULT sim_steps_per_wall_s <slowest run's steps per wall second>``.
 Run: ``python benchmarks/bench_simulate.py [--steps N]``.
 """
 
@@ -100,6 +103,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sync efficiency vs serial reference on {workload} >= {SYNC_EFFICIENCY_TARGET}: "
               f"{'PASS' if good else 'FAIL'} ({eff:.6f}; achieved - reference = "
               f"{achieved - reference:+.2e}s)")
+    # Per workload: all its runs' steps over all their wall time (what
+    # benchmarks/compare.py sets side by side with a base commit's).
+    for workload in dict.fromkeys(r[0] for r in runs):
+        mine = [r for r in runs if r[0] == workload]
+        print(f"RESULT sim_steps_per_wall_s.{workload} "
+              f"{sum(r[4] for r in mine) / sum(r[2] for r in mine):.1f}")
+        # CPU time of this process: what the other jobs of a shared machine
+        # take from the wall time does not count (cache contention still does).
+        print(f"RESULT sim_steps_per_cpu_s.{workload} "
+              f"{sum(r[4] for r in mine) / sum(r[3] for r in mine):.1f}")
     print(f"RESULT sim_steps_per_wall_s {slowest[4] / slowest[2]:.1f}")
     return 0 if ok else 1
 

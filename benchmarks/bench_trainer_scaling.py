@@ -34,6 +34,7 @@ import torch  # noqa: E402
 
 from asyncrl.config import config_from_dict  # noqa: E402
 from asyncrl.policy.build import build_policy  # noqa: E402
+from asyncrl.run.options import sharded_options, trainer_options  # noqa: E402
 from asyncrl.tasks import build_task  # noqa: E402
 from asyncrl.trainers.distributed import build_local_trainer  # noqa: E402
 from asyncrl.trainers.distributed.sharding import local_state_bytes, shard_model  # noqa: E402
@@ -83,7 +84,7 @@ def run_single(cfg, chunks) -> dict[str, float]:
     ``policy.num_threads`` torch threads)."""
     task = build_task(cfg.task)
     model, tokenizer = build_policy(cfg.policy, task, seed=cfg.seed)
-    trainer = GRPOTrainer.from_config(cfg.policy, cfg.loss, model=model, tokenizer=tokenizer)
+    trainer = GRPOTrainer.from_options(trainer_options(cfg), model=model, tokenizer=tokenizer)
 
     async def steps() -> dict[str, float]:
         times, state_bytes = [], 0
@@ -104,7 +105,7 @@ def run_single(cfg, chunks) -> dict[str, float]:
 
 def run_fsdp(cfg, chunks) -> dict[str, float]:
     task = build_task(cfg.task)
-    trainer = build_local_trainer(cfg, task)
+    trainer = build_local_trainer(sharded_options(cfg), task)
 
     async def steps() -> dict[str, float]:
         times, coll, metrics = [], [], {}

@@ -35,7 +35,7 @@ from asyncrl.engines import EngineOptions, build_engine
 from asyncrl.policy.build import build_policy
 from asyncrl.sampling import create_sampler
 from asyncrl.tasks.arithmetic import ArithmeticTask
-from asyncrl.trainers.grpo import GRPOTrainer
+from asyncrl.trainers import GRPOTrainer, TrainerOptions
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--seconds", type=float, default=60.0, help="training time budget")
@@ -63,7 +63,8 @@ engine = build_engine(policy, EngineOptions(seed=args.seed),
                       model=copy.deepcopy(model), tokenizer=tokenizer)
 # Tokens sampled with older weights are corrected by importance sampling.
 loss = LossConfig(off_policy_correction="decoupled", is_cap=2.0)
-trainer = GRPOTrainer.from_config(policy, loss, model=model, tokenizer=tokenizer)
+trainer = GRPOTrainer.from_options(TrainerOptions.of(policy, loss), model=model,
+                                   tokenizer=tokenizer)
 
 # ----------------------------------------- 4. the buffer and staleness sampler
 # in_order with a lookahead of 1: batch d is generated for step d, and may start

@@ -16,8 +16,9 @@ from asyncrl.cli import main
 from asyncrl.config import config_from_dict, load_config
 from asyncrl.controller.evaluation import build_evaluation
 from asyncrl.engines import LocalEngine
+from asyncrl.engines.specs import context_cap
 from asyncrl.errors import ConfigError, PromptTooLong
-from asyncrl.policy.build import bind_task_tokenizer, build_policy, load_tokenizer
+from asyncrl.policy.build import PolicyTokenizer, bind_task_tokenizer, build_policy
 from asyncrl.policy.context_length import check_context, engine_context
 from asyncrl.run.preflight import preflight
 from asyncrl.tasks import build_task
@@ -43,9 +44,12 @@ def test_validate_refuses_a_completion_that_cannot_fit_with_the_numbers_and_the_
 
 def check(*overrides: str, tree: dict | None = None) -> dict:
     cfg = load_config(QUICKSTART, list(overrides)) if tree is None else config_from_dict(tree)
-    task, evaluator = build_evaluation(cfg)
-    bind_task_tokenizer(task, cfg.policy)
-    return check_context(cfg, task, load_tokenizer(cfg.policy, task), evaluator)
+    tokenizer = PolicyTokenizer(cfg.policy)
+    task, evaluator = build_evaluation(cfg.eval, build_task(cfg.task), task_cfg=cfg.task,
+                                       seed=cfg.seed, tokenizer=tokenizer)
+    bind_task_tokenizer(task, tokenizer)
+    return check_context(cfg.policy, task, tokenizer.get(task), evaluator,
+                         cap=context_cap(cfg.policy))
 
 
 def test_a_config_that_fits_reports_its_context_and_longest_prompt() -> None:
@@ -71,7 +75,7 @@ def test_vllm_max_model_len_is_the_context_and_may_not_exceed_the_model() -> Non
                                           r"policy.vllm.max_model_len to 70 or more"):
         check(*vllm, "policy.vllm.max_model_len=32", "policy.generation.max_new_tokens=65")
     cfg = load_config(QUICKSTART, [*vllm, "policy.vllm.max_model_len=32"])
-    assert engine_context(cfg.policy).tokens == 32
+    assert engine_context(cfg.policy, context_cap(cfg.policy)).tokens == 32
 
 
 def write_words(path: Path, longest: str) -> Path:

@@ -162,7 +162,8 @@ class Built:
         self.made: list[object] = []
         self.closed: list[object] = []
 
-    def backends(self, cfg: Any, task: Any, work_dir: Any = None) -> tuple[list, Any]:
+    def backends(self, cfg: Any, task: Any, work_dir: Any = None, *,
+                 policy_tokenizer: Any = None) -> tuple[list, Any]:
         engines = [OwnedEngine(self.closed), OwnedEngine(self.closed)]
         trainer = OwnedTrainer(self.closed)
         self.made += [*engines, trainer]

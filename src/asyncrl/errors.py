@@ -68,7 +68,8 @@ class LedgerError(AsyncRLError, RuntimeError):
 
 
 class UsageError(AsyncRLError, RuntimeError):
-    """An API was called at the wrong time (e.g. ``load_state_dict`` after ``run``)."""
+    """An API was called wrongly: at the wrong time (e.g. ``load_state_dict`` after
+    ``run``), or with an object that lacks a required member of its protocol."""
 
 
 class ControllerBug(AsyncRLError, RuntimeError):

@@ -34,8 +34,30 @@ VersionSpans = tuple[tuple[int, int], ...]
 
 
 def spans_of(versions: Iterable[int]) -> VersionSpans:
-    """Run-length encode one weight version per token: ``[3, 3, 4] -> ((3, 2), (4, 1))``."""
-    return tuple((int(v), sum(1 for _ in run)) for v, run in itertools.groupby(versions))
+    """Run-length encode one weight version per token: ``[3, 3, 4] -> ((3, 2), (4, 1))``.
+    The runs are counted in C (``len`` of a list), not token by token in Python."""
+    return tuple((int(v), len(list(run))) for v, run in itertools.groupby(versions))
+
+
+def counted(completions: Sequence[Completion]) -> list[tuple[Completion, int]]:
+    """The distinct records among ``completions``, each with how many completions
+    it stands for: ``[(c, n)]`` when one record is shared by all ``n`` of them
+    (engines whose completions are alike share one, the simulator's do), else
+    every completion once. What derives from a record alone (its length, spans,
+    finish reason) is then derived once per record, not once per completion.
+
+    Costs O(1) per completion for an engine's distinct records: ``list.count``
+    (identity first, in C) runs only when the first and the last completion are
+    one object already; a middle one that is another object but equal in
+    contents counts as shared, which derives the same facts."""
+    n = len(completions)
+    if n == 1:
+        return [(completions[0], 1)]
+    if n:
+        first = completions[0]
+        if first is completions[-1] and completions.count(first) == n:
+            return [(first, n)]
+    return list(zip(completions, itertools.repeat(1)))
 
 
 def _merge(a: VersionSpans, b: VersionSpans) -> VersionSpans:
@@ -97,11 +119,11 @@ class Completion:
            versions: int | Iterable[int], finish_reason: FinishReason | None, text: str = "",
            loss_mask: Sequence[int] | None = None) -> Completion:
         """A completion from one version per token (or one version for all)."""
-        ids = [int(t) for t in token_ids]
+        ids = list(map(int, token_ids))
         spans = (((int(versions), len(ids)),) if ids else ()) if isinstance(versions, int) \
             else spans_of(versions)
-        return cls(ids, [float(x) for x in logprobs], spans, finish_reason, text,
-                   None if loss_mask is None else [int(m) for m in loss_mask])
+        return cls(ids, list(map(float, logprobs)), spans, finish_reason, text,
+                   None if loss_mask is None else list(map(int, loss_mask)))
 
     def continued(self, more: Completion) -> Completion:
         """This (unfinished) completion followed by ``more``, the tokens generated
@@ -181,17 +203,21 @@ class GroupResult:
 
     @property
     def end_weight(self) -> int:
-        last = [c.last_version for c in self.completions if c.versions]
-        return max([self.start_weight, *last])
+        end = self.start_weight
+        for c, _ in counted(self.completions):
+            spans = c.versions
+            if spans and spans[-1][0] > end:
+                end = spans[-1][0]
+        return end
 
     @property
     def finished(self) -> bool:
         """Every completion has ended (a partial group has not)."""
-        return all(c.finished for c in self.completions)
+        return all(c.finish_reason is not None for c, _ in counted(self.completions))
 
     @property
     def num_tokens(self) -> int:
-        return sum(len(c) for c in self.completions)
+        return sum(len(c.token_ids) * times for c, times in counted(self.completions))
 
     # Read-only views kept for readers of the former per-list layout.
     @property
@@ -220,11 +246,13 @@ class GroupResult:
                     "(an engine echoes GenerationRequest.start_weight)")
         if len(self.completions) != num_generations:
             return f"{len(self.completions)} completions for num_generations={num_generations}"
-        for i, c in enumerate(self.completions):
-            if finished and not c.finished:
+        # A record shared by every completion is checked once (it is completion 0).
+        for i, (c, _) in enumerate(counted(self.completions)):
+            if finished and c.finish_reason is None:
                 return f"completion {i} has no finish_reason (only a stop may return it unfinished)"
-            if c.first_version is not None and c.first_version < start_weight:
-                return (f"completion {i} has tokens of weight version {c.first_version}, older "
+            first = c.versions[0][0] if c.versions else None
+            if first is not None and first < start_weight:
+                return (f"completion {i} has tokens of weight version {first}, older "
                         f"than the group's start weight {start_weight}")
         return None
 
@@ -245,4 +273,4 @@ class GroupResult:
 
 
 __all__ = ["FINISH_REASONS", "Completion", "FinishReason", "GroupResult", "VersionSpans",
-           "spans_of"]
+           "counted", "spans_of"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,6 +17,38 @@ from asyncrl.record import FinishReason as FinishReason
 from asyncrl.record import GroupResult as GroupResult
 
 GroupId = Hashable
+
+
+class StopReason(str, enum.Enum):
+    """Why a run stopped (``controller.stop_reason``, ``summary["stop_reason"]``).
+
+    A str: it compares equal to its value and is written as it. A caller's own
+    reason (``controller.request_stop("time budget")``) stays the string it gave.
+    """
+
+    NOT_STARTED = "not started"
+    RUNNING = "running"
+    #: The run reached ``grpo.max_num_steps``.
+    MAX_NUM_STEPS = "max_num_steps"
+    #: The prompt source ran dry between steps.
+    SOURCE_EXHAUSTED = "source_exhausted"
+    #: The prompt source ran dry in a step: its optimizer step used fewer groups.
+    INCOMPLETE_STEP = "incomplete_step"
+    #: The watchdog saw no progress (``stall_action: stop``).
+    STALLED = "stalled"
+    #: SIGINT (Ctrl-C) or SIGTERM: stopped at the next safe point.
+    INTERRUPTED = "interrupted"
+    TERMINATED = "terminated"
+    #: The ``checkpoint.save_by`` deadline: stopped with a checkpoint while the
+    #: job had time to write it (``asyncrl train`` exits 75, a job script requeues).
+    SAVE_BY = "save_by"
+    #: ``controller.request_stop()`` without a reason of the caller's own.
+    STOPPED = "stopped"
+    ERROR = "error"
+    CANCELLED = "cancelled"
+
+    def __str__(self) -> str:
+        return self.value  # f-strings and str() give the value on every Python version
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,9 +19,10 @@ from typing import Any
 
 import torch
 
-from asyncrl.checkpoint import CheckpointHook
-from asyncrl.config import RunConfig
+from asyncrl.checkpoint.hook import CheckpointHook
+from asyncrl.config import CheckpointConfig
 from asyncrl.tasks.tokenizer import CharTokenizer
+from asyncrl.trainers.capabilities import TrainerCapabilities
 from asyncrl.trainers.grpo import GRPOTrainer
 
 
@@ -48,6 +49,7 @@ def big_trainer(params: int = 50_000_000) -> GRPOTrainer:
 
 def fake_controller(trainer: GRPOTrainer) -> types.SimpleNamespace:
     return types.SimpleNamespace(trainer=trainer, engines=[object()], deterministic=False,
+                                 trainer_capabilities=TrainerCapabilities.of(trainer),
                                  state_dict=lambda: {"trainer_version": 1},
                                  version=types.SimpleNamespace(value=1))
 
@@ -59,7 +61,7 @@ def test_checkpoint_of_a_50m_parameter_model_keeps_the_loop_serving(tmp_path: Pa
     (How long the loop stalls is a measurement: benchmarks/bench_failures.py.)"""
     trainer = big_trainer()
     assert sum(p.numel() for p in trainer.model.parameters()) >= 50_000_000
-    hook = CheckpointHook(tmp_path, RunConfig())
+    hook = CheckpointHook(tmp_path, CheckpointConfig(), config_yaml="seed: 0\n")
     controller = fake_controller(trainer)
     copy_state = trainer.state_dict
     served_during_the_copy: list[bool] = []

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from asyncrl.checkpoint import CheckpointHook, load_latest, prepare_resume
+from asyncrl.checkpoint import CheckpointHook, load_latest
 from asyncrl.checkpoint import store as store_module
 from asyncrl.checkpoint.deadline import SaveBy
 from asyncrl.checkpoint.retention import Entry, kept
@@ -27,8 +27,11 @@ from asyncrl.checkpoint.store import list_checkpoints, read_manifest
 from asyncrl.config import KeepBest, config_from_dict, dump_config
 from asyncrl.errors import CheckpointError, ConfigError
 from asyncrl.run.export import best_step
+from asyncrl.run.resume import prepare_resume
 from asyncrl.tasks.tokenizer import CharTokenizer
+from asyncrl.trainers.capabilities import TrainerCapabilities
 from asyncrl.trainers.grpo import GRPOTrainer
+from asyncrl.types import StopReason
 
 
 class FakeClock:
@@ -56,6 +59,7 @@ class FakeController:
 
     def __init__(self, trainer: GRPOTrainer) -> None:
         self.trainer = trainer
+        self.trainer_capabilities = TrainerCapabilities.of(trainer)
         self.engines = [object()]
         self.deterministic = False
         self.version = types.SimpleNamespace(value=0)
@@ -80,6 +84,11 @@ class FakeController:
 
 def cfg(**checkpoint):
     return config_from_dict({"checkpoint": checkpoint})
+
+
+def make_hook(run_dir: Path, config, **kwargs) -> CheckpointHook:
+    """The hook as a run builds it: its checkpoint block and the resolved config."""
+    return CheckpointHook(run_dir, config.checkpoint, dump_config(config), **kwargs)
 
 
 # ------------------------------------------------------------------ save_by
@@ -132,7 +141,7 @@ def test_the_deadline_counts_from_the_given_start() -> None:
 def test_the_hook_stops_the_run_before_the_step_that_would_miss_the_deadline(
         tmp_path: Path) -> None:
     clock = FakeClock()
-    hook = CheckpointHook(tmp_path, cfg(save_by="00:00:01:00", every_steps=0), clock=clock,
+    hook = make_hook(tmp_path, cfg(save_by="00:00:01:00", every_steps=0), clock=clock,
                           started_at=0.0)
     controller = FakeController(small_trainer())
 
@@ -145,7 +154,7 @@ def test_the_hook_stops_the_run_before_the_step_that_would_miss_the_deadline(
     # At 40 s, 20 s more end at 60 s (in time); at 50 s they would end at 70 s.
     assert controller.version.value == 5 and clock.t == 50
     reason, message = controller.stops[0]
-    assert reason == "save_by" and "exit code 75" in message
+    assert reason is StopReason.SAVE_BY and "exit code 75" in message
     assert list_checkpoints(tmp_path) == []  # the final checkpoint is the one it writes
 
     async def final() -> Path:
@@ -156,7 +165,7 @@ def test_the_hook_stops_the_run_before_the_step_that_would_miss_the_deadline(
 
 def test_a_slow_checkpoint_write_moves_the_stop_earlier(tmp_path: Path) -> None:
     clock = FakeClock()
-    hook = CheckpointHook(tmp_path, cfg(save_by="00:00:01:00", every_steps=2), clock=clock,
+    hook = make_hook(tmp_path, cfg(save_by="00:00:01:00", every_steps=2), clock=clock,
                           started_at=0.0)
     trainer = small_trainer()
     copy = trainer.state_dict
@@ -193,7 +202,7 @@ def test_the_hook_returns_while_its_write_is_in_flight(tmp_path: Path, monkeypat
         save(obj, fh)
 
     monkeypatch.setattr(store_module, "_torch_save", held_save)
-    hook = CheckpointHook(tmp_path, cfg(every_steps=1))
+    hook = make_hook(tmp_path, cfg(every_steps=1))
     controller = FakeController(small_trainer())
 
     async def run() -> None:
@@ -214,7 +223,7 @@ def test_a_write_that_fails_is_raised_at_the_next_save_naming_it(tmp_path: Path,
         raise OSError(errno.EROFS, "Read-only file system")
 
     monkeypatch.setattr(store_module, "_torch_save", read_only)
-    hook = CheckpointHook(tmp_path, cfg(every_steps=2))
+    hook = make_hook(tmp_path, cfg(every_steps=2))
     controller = FakeController(small_trainer())
 
     async def run() -> None:
@@ -244,7 +253,7 @@ def test_retention_keeps_the_newest_plus_the_best_k() -> None:
 def test_keep_best_on_a_metric_that_goes_up_and_down(tmp_path: Path) -> None:
     config = cfg(every_steps=1, keep_last=1,
                  keep_best={"k": 2, "metric": "eval/reward_mean", "mode": "max"})
-    hook = CheckpointHook(tmp_path, config)
+    hook = make_hook(tmp_path, config)
     controller = FakeController(small_trainer())
     values = [0.5, 0.9, 0.3, 0.1, 0.7, 0.2]
 
@@ -282,7 +291,7 @@ def test_a_metric_the_run_never_logs_is_refused_with_the_list() -> None:
 def test_snapshots_hold_no_optimizer_and_resume_passes_them_over(tmp_path: Path) -> None:
     config = cfg(every_steps=1, keep_last=2, save_optimizer=False)
     (tmp_path / "config.yaml").write_text(dump_config(config))
-    hook = CheckpointHook(tmp_path, config)
+    hook = make_hook(tmp_path, config)
     controller = FakeController(small_trainer())
 
     async def run() -> None:
@@ -307,7 +316,7 @@ def test_snapshots_hold_no_optimizer_and_resume_passes_them_over(tmp_path: Path)
 def test_only_snapshots_cannot_be_resumed_and_the_error_says_why(tmp_path: Path) -> None:
     config = cfg(every_steps=1, save_optimizer=False)
     (tmp_path / "config.yaml").write_text(dump_config(config))
-    hook = CheckpointHook(tmp_path, config)
+    hook = make_hook(tmp_path, config)
     controller = FakeController(small_trainer())
 
     async def run() -> None:
@@ -322,7 +331,7 @@ def test_only_snapshots_cannot_be_resumed_and_the_error_says_why(tmp_path: Path)
 # ------------------------------------------------------------ every_minutes
 def test_every_minutes_checkpoints_by_the_clock_beside_every_steps(tmp_path: Path) -> None:
     clock = FakeClock()
-    hook = CheckpointHook(tmp_path, cfg(every_minutes=1.0, every_steps=10, keep_last=10),
+    hook = make_hook(tmp_path, cfg(every_minutes=1.0, every_steps=10, keep_last=10),
                           clock=clock)
     controller = FakeController(small_trainer())
 
@@ -350,7 +359,7 @@ def test_the_write_runs_on_a_thread_of_lower_priority(tmp_path: Path, monkeypatc
         save(obj, fh)
 
     monkeypatch.setattr(store_module, "_torch_save", noting_save)
-    hook = CheckpointHook(tmp_path, cfg(every_steps=1))
+    hook = make_hook(tmp_path, cfg(every_steps=1))
     controller = FakeController(small_trainer())
 
     async def run() -> None:

@@ -26,8 +26,10 @@ from asyncrl.checkpoint import SAVE_BY_EXIT_CODE, load_latest, verify
 from asyncrl.checkpoint.store import list_checkpoints
 from asyncrl.cli import main
 from asyncrl.config import load_config
+from asyncrl.controller import RunDirSummary
 from asyncrl.controller.stats import STEP_METRICS, measures_timing
 from asyncrl.run.train import train
+from asyncrl.types import StopReason
 
 pytestmark = pytest.mark.e2e
 
@@ -83,7 +85,7 @@ def test_save_by_stops_with_a_checkpoint_and_exit_75_and_resumes_exactly(
     assert proc.returncode == SAVE_BY_EXIT_CODE == 75, proc.stderr[-3000:]
     assert f"resume with     asyncrl train --resume {run}" in proc.stdout
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["stop_reason"] == "save_by" and summary["ledger"]["balanced"]
+    assert summary["stop_reason"] == StopReason.SAVE_BY.value and summary["ledger"]["balanced"]
     assert "checkpoint.save_by deadline" in summary["stop_message"]
     stopped = summary["steps"]
     assert stopped >= 1 and load_latest(run).step == stopped
@@ -143,6 +145,7 @@ def test_keep_best_on_a_real_run_and_export_best(tmp_path: Path, capsys) -> None
     assert {int(p.name[5:]) for p in list_checkpoints(run)} == expect
     summary = json.loads((run / "summary.json").read_text())
     assert summary["best_checkpoint"]["step"] == ranked[0]
+    assert set(summary) <= RunDirSummary.__required_keys__ | RunDirSummary.__optional_keys__
 
     assert main(["export", str(run), "--best", "--out", str(tmp_path / "best")]) == 0
     assert f"step {ranked[0]} of {run}" in capsys.readouterr().out

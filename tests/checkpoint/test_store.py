@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from asyncrl.checkpoint import (
-    config_differences,
     list_checkpoints,
     load_latest,
     verify,
@@ -16,6 +15,7 @@ from asyncrl.checkpoint import (
 )
 from asyncrl.config import RunConfig, config_from_dict
 from asyncrl.errors import CheckpointError
+from asyncrl.run.resume import config_differences
 
 
 def save(run_dir, step: int, keep_last: int = 3):
@@ -117,8 +117,8 @@ def test_config_differences_name_immutable_changes_only() -> None:
 
 
 def test_resume_with_a_changed_sampler_is_refused_with_the_difference_named(tmp_path) -> None:
-    from asyncrl.checkpoint import prepare_resume
     from asyncrl.config import dump_config
+    from asyncrl.run.resume import prepare_resume
 
     cfg = RunConfig()
     write_checkpoint(tmp_path, 4, controller_state={"trainer_version": 4},

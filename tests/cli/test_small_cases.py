@@ -13,6 +13,8 @@ import pytest
 from asyncrl.cli import main
 from asyncrl.config import load_config
 from asyncrl.controller.evaluation import build_evaluation
+from asyncrl.policy.build import PolicyTokenizer
+from asyncrl.tasks import build_task
 
 ROOT = Path(__file__).resolve().parents[2]
 DATASET = str(ROOT / "examples" / "dataset.yaml")
@@ -26,7 +28,9 @@ def in_repo(monkeypatch: pytest.MonkeyPatch) -> None:
 def eval_warnings(caplog: pytest.LogCaptureFixture, *overrides: str) -> list[str]:
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="asyncrl.eval"):
-        build_evaluation(load_config(DATASET, list(overrides)))
+        cfg = load_config(DATASET, list(overrides))
+        build_evaluation(cfg.eval, build_task(cfg.task), task_cfg=cfg.task, seed=cfg.seed,
+                         tokenizer=PolicyTokenizer(cfg.policy))
     return [r.getMessage() for r in caplog.records]
 
 

@@ -35,11 +35,43 @@ def test_validate_prints_derived_facts(tmp_path, capsys) -> None:
                      "trainer": "single (in-process)", "engine": "local",
                      "engine_capabilities": ["abort", "invalidate_cache", "snapshot",
                                              "pinned_versions", "retained_weights", "device"],
+                     "trainer_capabilities": ["final_state_dict"],
+                     "task_capabilities": ["tokenizer", "longest_prompt_text", "cfg"],
                      "rollout": "single-turn (built-in)"}
     assert main(["validate", "--config", cfg]) == 0
     out = capsys.readouterr().out
     assert "required buffer capacity" in out and "config is valid" in out
     assert "engine (local) capabilities" in out
+
+
+def test_validate_lists_each_optional_capability_as_present_or_absent() -> None:
+    from asyncrl.cli.validate import capability_rows
+
+    facts = {"engine": "local", "engine_capabilities": ["abort", "device"],
+             "trainer_capabilities": [], "task_capabilities": ["tokenizer", "records"]}
+    rows = dict(capability_rows(facts))
+    assert rows["task capabilities"] == (
+        "present: tokenizer, records; absent: bind_tokenizer, needs_policy_tokenizer, "
+        "pooled_reward, prepare_reward, longest_prompt_text, cfg")
+    assert rows["trainer capabilities"] == (
+        "present: none; absent: final_state_dict, sharded_state_dict")
+    assert rows["engine (local) capabilities"] == (
+        "present: abort, device; absent: invalidate_cache, snapshot, healthy, pinned_versions, "
+        "retained_weights")
+
+
+def test_validate_prints_the_capabilities_of_the_task_trainer_and_engine(tmp_path,
+                                                                         capsys) -> None:
+    import re
+
+    cfg = write(tmp_path, "grpo: {num_prompts_per_step: 4}\n")
+    assert main(["validate", "--config", cfg, "--no-memory"]) == 0
+    out = re.sub(r"[\s│]+", " ", capsys.readouterr().out)  # the table wraps long cells
+    assert ("task capabilities present: tokenizer, longest_prompt_text, cfg; absent: "
+            "bind_tokenizer, needs_policy_tokenizer, pooled_reward, prepare_reward, records") in out
+    assert "trainer capabilities present: final_state_dict; absent: sharded_state_dict" in out
+    assert ("engine (local) capabilities present: abort, invalidate_cache, snapshot, "
+            "pinned_versions, retained_weights, device; absent: healthy") in out
     assert "staleness measured on" in out and "start_weight" in out
 
 
@@ -121,3 +153,28 @@ def test_plot_draws_the_training_curves_of_a_run(tmp_path, capsys) -> None:
     for name in curves:
         data = (tmp_path / "plots" / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1000, name
+
+
+class MisspelledEngine:
+    """A custom engine whose ``invalidate_caches`` is meant as ``invalidate_cache``."""
+
+    def __init__(self, ctx) -> None: ...
+
+    async def generate(self, request): ...
+
+    async def update_weights(self, weights, version) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def invalidate_caches(self) -> None: ...
+
+
+def test_validate_reports_a_misspelled_optional_member_of_a_custom_engine(tmp_path,
+                                                                           capsys) -> None:
+    cfg = write(tmp_path, "policy: {engine: custom, custom_engine: "
+                          "{target: 'tests.cli.test_validate_plot:MisspelledEngine'}}\n")
+    assert main(["validate", "--config", cfg, "--no-memory"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert ("MisspelledEngine.invalidate_caches is no member of asyncrl.engines.RolloutEngine, "
+            "so asyncrl never uses it; did you mean the optional member 'invalidate_cache'?") in out
+    assert "engine (custom) capabilities" in out

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from asyncrl.cluster import build_ray_backends
 from asyncrl.config import CustomEngineConfig, load_config
 from asyncrl.errors import RolloutWorkersLost, TrainerLost
+from asyncrl.run.backends import build_backends
 from asyncrl.run.train import train
 from asyncrl.tasks import build_task
 from tests.cluster.conftest import Probe, tiny_config
@@ -25,7 +25,7 @@ ray = pytest.importorskip("ray", reason="the Ray backend needs the optional 'ray
 
 def _start(cfg: Any, **probe: Any) -> tuple[Any, list[Any], Any, Probe]:
     task = build_task(cfg.task)
-    engines, trainer = build_ray_backends(cfg, task)
+    engines, trainer = build_backends(cfg, task)
     return task, engines, trainer, Probe(engines, trainer, **probe)
 
 
@@ -161,7 +161,7 @@ def test_partial_tokens_cross_the_actor_boundary(ray_local):
 
     cfg = tiny_config(num_rollout_workers=1)
     task = build_task(cfg.task)
-    (engine,), trainer = build_ray_backends(cfg, task)
+    (engine,), trainer = build_backends(cfg, task)
     prompt = task.prompt_source(0).next_prompt()
 
     async def scenario() -> None:

@@ -9,8 +9,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from asyncrl.cluster import build_ray_backends
 from asyncrl.config import ModelConfig
+from asyncrl.run.backends import build_backends
 from asyncrl.run.train import train
 from asyncrl.tasks import build_task
 from tests.cluster.conftest import Probe, tiny_config
@@ -26,7 +26,7 @@ def test_one_vllm_worker_runs_balanced_and_loads_every_version(ray_local, tmp_pa
     cfg = base.model_copy(update={"policy": base.policy.model_copy(update={
         "engine": "vllm", "model": ModelConfig(**VLLM_MODEL)})})
     task = build_task(cfg.task)
-    engines, trainer = build_ray_backends(cfg, task)
+    engines, trainer = build_backends(cfg, task)
     probe = Probe(engines, trainer)
     vllm_procs = psutil.Process(engines[0].pid).children(recursive=True)
     assert vllm_procs, "the worker runs vLLM's engine core in processes of its own"

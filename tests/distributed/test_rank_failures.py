@@ -11,6 +11,7 @@ import psutil
 import pytest
 
 from asyncrl.errors import TrainerRankLost
+from asyncrl.run.options import sharded_options
 from asyncrl.tasks import build_task
 from asyncrl.trainers.distributed import build_local_trainer
 
@@ -39,7 +40,7 @@ async def test_a_hung_rank_ends_the_call_within_the_collective_timeout() -> None
     # collectives): 5 s, which only the stopped rank reaches, however loaded the
     # machine (at 1 s, a rank starting late under load could time out first).
     cfg = fsdp(config(trainer={"collective_timeout_s": 5.0}))
-    trainer = build_local_trainer(cfg, TASK)
+    trainer = build_local_trainer(sharded_options(cfg), TASK)
     pids = [p.pid for p in trainer.ranks.procs]
     try:
         os.kill(pids[1], signal.SIGSTOP)

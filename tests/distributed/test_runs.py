@@ -19,10 +19,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from asyncrl.checkpoint import prepare_resume
 from asyncrl.cli import main
 from asyncrl.config import load_config
 from asyncrl.errors import TrainerRankLost
+from asyncrl.run.resume import prepare_resume
 from asyncrl.run.train import train
 
 pytestmark = pytest.mark.e2e

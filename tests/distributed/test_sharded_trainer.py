@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from asyncrl.policy.build import build_policy
+from asyncrl.run.options import sharded_options, trainer_options
 from asyncrl.tasks import build_task
 from asyncrl.trainers import GRPOTrainer
 from asyncrl.trainers.distributed import DistributedTrainer, build_local_trainer
@@ -38,7 +39,7 @@ COMPARED = ("loss", "logprob_mismatch", "logprob_mismatch_max", "clip_frac", "is
 
 @pytest.fixture(scope="module")
 def sharded() -> Iterator[DistributedTrainer]:
-    trainer = build_local_trainer(fsdp(CFG), TASK)
+    trainer = build_local_trainer(sharded_options(fsdp(CFG)), TASK)
     try:
         yield trainer
     finally:
@@ -47,7 +48,7 @@ def sharded() -> Iterator[DistributedTrainer]:
 
 def single() -> GRPOTrainer:
     model, tokenizer = build_policy(CFG.policy, TASK, seed=CFG.seed)
-    return GRPOTrainer.from_config(CFG.policy, CFG.loss, model=model, tokenizer=tokenizer)
+    return GRPOTrainer.from_options(trainer_options(CFG), model=model, tokenizer=tokenizer)
 
 
 def same_metrics(a: dict[str, float], b: dict[str, float]) -> None:
@@ -123,8 +124,8 @@ async def test_an_untied_output_layer_equals_the_single_process_trainer() -> Non
                  policy={"model": {**TINY, "tie_word_embeddings": False},
                          "generation": {"max_new_tokens": 4}, "train_micro_batch_tokens": 48})
     model, tokenizer = build_policy(cfg.policy, TASK, seed=cfg.seed)
-    one = GRPOTrainer.from_config(cfg.policy, cfg.loss, model=model, tokenizer=tokenizer)
-    two = build_local_trainer(fsdp(cfg), TASK)
+    one = GRPOTrainer.from_options(trainer_options(cfg), model=model, tokenizer=tokenizer)
+    two = build_local_trainer(sharded_options(fsdp(cfg)), TASK)
     try:
         two.load_state_dict(one.state_dict())
         await run_steps(one, two, [[fixed_rollouts(cfg, 3, seed=s)] for s in range(2)])

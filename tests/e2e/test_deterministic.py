@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.checkpoint import prepare_resume
 from asyncrl.config import load_config
 from asyncrl.controller.stats import measures_timing
+from asyncrl.run.resume import prepare_resume
 from asyncrl.run.train import train
 
 pytestmark = pytest.mark.e2e

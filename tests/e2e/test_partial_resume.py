@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from asyncrl.checkpoint import prepare_resume
 from asyncrl.config import config_from_dict
 from asyncrl.run.backends import build_backends
+from asyncrl.run.resume import prepare_resume
 from asyncrl.run.train import train
 from asyncrl.tasks import build_task
 from tests.pretrained import RecordingEngine

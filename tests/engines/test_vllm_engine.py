@@ -19,12 +19,13 @@ import pytest_asyncio
 import torch
 
 from asyncrl.config import GenerationConfig
-from asyncrl.engines import EngineOptions, RolloutEngine, sampling_logprobs
+from asyncrl.engines import RolloutEngine, sampling_logprobs
 from asyncrl.engines.local.engine import LocalEngine
 from asyncrl.engines.vllm.inprocess import VLLMEngine
 from asyncrl.engines.vllm.setup import descendants
 from asyncrl.errors import BackendLost, PromptTooLong
 from asyncrl.policy.build import build_policy
+from asyncrl.run.options import engine_options, sharded_options, trainer_options
 from asyncrl.tasks import build_task
 from asyncrl.trainers.grpo import GRPOTrainer
 from asyncrl.types import Completion, GenerationRequest, GroupAborted, GroupResult, Prompt
@@ -43,11 +44,11 @@ ALL_CORES = os.sched_getaffinity(0)
 async def rig():
     task = build_task(CFG.task)
     model, tokenizer = build_policy(CFG.policy, task, seed=CFG.seed)
-    trainer = GRPOTrainer.from_config(CFG.policy, CFG.loss, model=model, tokenizer=tokenizer)
+    trainer = GRPOTrainer.from_options(trainer_options(CFG), model=model, tokenizer=tokenizer)
     # Scores groups with the trainer's code on the trainer's model, without
     # touching the trainer's step (its own token count and optimizer).
     probe = GRPOTrainer(model, tokenizer, temperature=TEMPERATURE, num_threads=1)
-    engine = VLLMEngine.for_policy(CFG.policy, EngineOptions.of(CFG), model, tokenizer)
+    engine = VLLMEngine.for_policy(CFG.policy, engine_options(CFG), model, tokenizer)
     source = task.prompt_source(0)
     prompts = [source.next_prompt() for _ in range(8)]
     try:
@@ -220,7 +221,7 @@ async def test_a_sharded_trainer_keeps_vllm_on_policy(rig):
     from asyncrl.trainers.distributed import build_local_trainer
 
     cfg = CFG.model_copy(update={"trainer": TrainerConfig(strategy="fsdp", world_size=2)})
-    sharded = build_local_trainer(cfg, build_task(cfg.task))
+    sharded = build_local_trainer(sharded_options(cfg), build_task(cfg.task))
     try:
         sharded.load_state_dict(rig.trainer.state_dict())  # what the engine holds now
         for step in range(3):

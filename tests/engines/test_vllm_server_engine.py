@@ -28,6 +28,7 @@ from asyncrl.engines.vllm.server.launch import KEY_ENV
 from asyncrl.engines.vllm.setup import descendants
 from asyncrl.errors import ConfigError
 from asyncrl.policy.build import build_policy
+from asyncrl.run.options import trainer_options
 from asyncrl.run.train import train
 from asyncrl.tasks import build_task
 from asyncrl.trainers.grpo import GRPOTrainer
@@ -261,7 +262,7 @@ def test_a_synchronous_run_is_on_policy_and_goes_on_when_a_server_is_killed(flee
     cfg = by_url(fleet.urls)
     model, tokenizer = build_policy(cfg.policy, fleet.task, seed=cfg.seed)
     engine = VLLMServerEngine.for_policy(cfg.policy, model, tokenizer, seed=cfg.seed)
-    trainer = GRPOTrainer.from_config(cfg.policy, cfg.loss, model=model, tokenizer=tokenizer)
+    trainer = GRPOTrainer.from_options(trainer_options(cfg), model=model, tokenizer=tokenizer)
     assert isinstance(engine.transport, WeightTransport) and engine.transport.route == "http"
     victim = fleet.engine.launched[1]
     kill_at_next_request(engine, fleet.urls[1], victim)

@@ -14,13 +14,13 @@ import torch
 import yaml
 
 from asyncrl.config import config_from_dict, load_config
-from asyncrl.engines.options import EngineOptions
 from asyncrl.engines.vllm import setup as vllm_setup
 from asyncrl.engines.vllm import transport as vllm_transport
 from asyncrl.errors import ConfigError, MissingDependency
 from asyncrl.policy.build import build_policy
 from asyncrl.policy.hf import save_policy
 from asyncrl.run.backends import build_backends
+from asyncrl.run.options import engine_options
 from asyncrl.tasks import build_task
 from tests.vllm_support import vllm_run_config
 
@@ -53,7 +53,7 @@ def test_deterministic_mode_needs_the_local_engine():
 
 def test_engine_args_take_the_block_and_fixed_settings():
     cfg = vllm_run_config(seed=5, policy={"vllm": {"engine_args": {"block_size": 32}}})
-    args = vllm_setup.engine_args(cfg.policy, "/m", seed=EngineOptions.of(cfg).seed)
+    args = vllm_setup.engine_args(cfg.policy, "/m", seed=engine_options(cfg).seed)
     assert args["model"] == args["tokenizer"] == "/m"
     assert args["seed"] == 5 and args["block_size"] == 32
     assert args["logprobs_mode"] == "processed_logprobs"  # behavior log-probs after top-p

@@ -11,7 +11,8 @@ from tests.pretrained import save_tiny_chat_model
 from asyncrl.config import PolicyConfig
 from asyncrl.config.dataset import DatasetTaskConfig
 from asyncrl.errors import ConfigError
-from asyncrl.policy.build import HFTokenizer, bind_task_tokenizer, load_tokenizer
+from asyncrl.policy.build import HFTokenizer, PolicyTokenizer, load_tokenizer
+from asyncrl.policy.build import bind_task_tokenizer as bind
 from asyncrl.tasks import DatasetTask
 from asyncrl.tasks.tokenizer import encode_prompt
 
@@ -29,6 +30,10 @@ def data(tmp_path: Path) -> Path:
     path = tmp_path / "d.jsonl"
     path.write_text(json.dumps({"question": "1+1", "answer": "2", "level": 1}) + "\n")
     return path
+
+
+def bind_task_tokenizer(task: DatasetTask, policy: PolicyConfig) -> None:
+    bind(task, PolicyTokenizer(policy))
 
 
 def dataset_task(data: Path, **kw: object) -> DatasetTask:

@@ -6,13 +6,22 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.config import config_from_dict
-from asyncrl.controller.evaluation import EVAL_SEED_OFFSET, build_evaluation
+from asyncrl.config import RunConfig, config_from_dict
+from asyncrl.controller.evaluation import EVAL_SEED_OFFSET
+from asyncrl.controller.evaluation import build_evaluation as build
 from asyncrl.errors import ConfigError
+from asyncrl.policy.build import PolicyTokenizer
+from asyncrl.tasks import build_task
 
 pytest.importorskip("datasets")
 DATA = str(Path(__file__).resolve().parents[2] / "examples" / "data" / "number_words.jsonl")
 TASK = {"name": "dataset", "path": DATA, "template": "{word} =", "shuffle": False}
+
+
+def build_evaluation(cfg: RunConfig):
+    """The training task and the evaluator of ``cfg``, as the run builds them."""
+    return build(cfg.eval, build_task(cfg.task), task_cfg=cfg.task, seed=cfg.seed,
+                 tokenizer=PolicyTokenizer(cfg.policy))
 
 
 def test_holdout_keeps_the_last_records_out_of_training() -> None:

@@ -20,9 +20,10 @@ from asyncrl.config import (
     PolicyConfig,
     RunConfig,
 )
-from asyncrl.engines import EngineOptions, LocalEngine
+from asyncrl.engines import LocalEngine
 from asyncrl.policy.build import build_policy
 from asyncrl.run.backends import build_local_backends
+from asyncrl.run.options import engine_options, trainer_options
 from asyncrl.tasks import ArithmeticTask
 from asyncrl.trainers import GRPOTrainer, Trainer
 from asyncrl.types import GenerationRequest, Rollout
@@ -352,12 +353,12 @@ async def test_build_local_backends_from_a_run_config():
     ):
         assert torch.equal(a, b), k
     # built separately they still start from the same weights (same seed)
-    e2 = LocalEngine.from_config(cfg.policy, EngineOptions.of(cfg),
+    e2 = LocalEngine.from_config(cfg.policy, engine_options(cfg),
                                  model=build_policy(cfg.policy, task, seed=cfg.seed)[0],
                                  tokenizer=task.tokenizer)
-    t2 = GRPOTrainer.from_config(cfg.policy, cfg.loss,
-                                 model=build_policy(cfg.policy, task, seed=cfg.seed)[0],
-                                 tokenizer=task.tokenizer)
+    t2 = GRPOTrainer.from_options(trainer_options(cfg),
+                                  model=build_policy(cfg.policy, task, seed=cfg.seed)[0],
+                                  tokenizer=task.tokenizer)
     for (k, a), (_, b) in zip(e2.model.state_dict().items(), t2.model.state_dict().items()):
         assert torch.equal(a, b), k
     src = task.prompt_source(cfg.seed)

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from sortedcontainers import SortedDict
+from sortedcontainers import SortedDict, SortedList
 
 from asyncrl._util.change_signal import ChangeSignal
 from asyncrl.errors import (
@@ -50,22 +50,31 @@ class Slot:
 class _ReadyIndex:
     """Ready slots bucketed by an integer key, each bucket in dispatch order.
 
+    A bucket is a plain dict ``dispatch_seq -> Slot``: adding and dropping are
+    dict operations. Slots become ready in any order, so a bucket that took a
+    slot older than its newest is put back in dispatch order (one sort, in C)
+    only when a query reads it.
+
     ``monotone`` says the key never decreased along dispatch order (true for
     start weights, since the trainer version only grows): then dispatch order
     across buckets is simply key order, and a range query walks buckets lazily
     instead of merging them.
     """
 
-    __slots__ = ("_buckets", "monotone")
+    __slots__ = ("_buckets", "_unsorted", "monotone")
 
     def __init__(self) -> None:
-        self._buckets: SortedDict = SortedDict()  # key -> SortedDict(seq -> Slot)
+        self._buckets: SortedDict = SortedDict()  # key -> {seq: Slot}
+        self._unsorted: set[int] = set()  # keys whose bucket is out of dispatch order
         self.monotone = True
 
     def add(self, key: int, slot: Slot) -> None:
         bucket = self._buckets.get(key)
         if bucket is None:
-            bucket = self._buckets[key] = SortedDict()
+            self._buckets[key] = {slot.dispatch_seq: slot}
+            return
+        if slot.dispatch_seq < next(reversed(bucket)):
+            self._unsorted.add(key)
         bucket[slot.dispatch_seq] = slot
 
     def discard(self, key: int, slot: Slot) -> None:
@@ -73,6 +82,17 @@ class _ReadyIndex:
         del bucket[slot.dispatch_seq]
         if not bucket:
             del self._buckets[key]
+            self._unsorted.discard(key)
+
+    def _ordered(self, key: int) -> dict[int, Slot]:
+        """The bucket of ``key``, in dispatch order."""
+        bucket = self._buckets[key]
+        if key in self._unsorted:
+            self._unsorted.discard(key)
+            items = sorted(bucket.items())
+            bucket.clear()
+            bucket.update(items)
+        return bucket
 
     def keys_in(self, lo: int | None, hi: int | None, reverse: bool = False) -> Iterator[int]:
         return self._buckets.irange(lo, hi, reverse=reverse)
@@ -85,14 +105,14 @@ class _ReadyIndex:
         Dispatch order across buckets, or, with ``key_desc``, highest key first
         and dispatch order inside a key.
         """
-        buckets = self._buckets
+        ordered = self._ordered
         if key_desc or self.monotone:
             stream: Iterable[Slot] = itertools.chain.from_iterable(
-                buckets[k].values() for k in self.keys_in(lo, hi, reverse=key_desc)
+                ordered(k).values() for k in self.keys_in(lo, hi, reverse=key_desc)
             )
         else:
             keys = list(self.keys_in(lo, hi))
-            stream = (slot for _, slot in heapq.merge(*(buckets[k].items() for k in keys)))
+            stream = (slot for _, slot in heapq.merge(*(ordered(k).items() for k in keys)))
         return list(itertools.islice(stream, limit))
 
     def count(self, key: int) -> int:
@@ -121,12 +141,12 @@ class RolloutBuffer:
         self._ready_count = 0
         self._ready_by_weight = _ReadyIndex()
         self._ready_by_target = _ReadyIndex()
-        # Ready slots by end_weight (staleness_of: end_weight). Groups finish in
-        # any order, so dispatch order across end weights is a merge.
-        self._ready_by_end = _ReadyIndex()
-        self._ready_by_end.monotone = False
+        # Ready slots by end_weight (staleness_of: end_weight), built by the
+        # first query that needs it (start_weight policies never pay for it).
+        self._ready_by_end: _ReadyIndex | None = None
         # start_weight -> number of slots (ready or not) holding it
-        self._all_weights: SortedDict = SortedDict()
+        self._weight_counts: dict[int, int] = {}
+        self._all_weights = SortedList()  # the keys of _weight_counts, sorted
         self._last_weight = 0
         self._last_target: int | None = None
 
@@ -194,7 +214,9 @@ class RolloutBuffer:
 
     def commit(self, group_id: GroupId, payload: Any, *, end_weight: int | None = None) -> Slot:
         """Mark a reserved group finished; its slot becomes ready."""
-        slot = self.get(group_id)
+        slot = self._slots.get(group_id)
+        if slot is None:
+            slot = self.get(group_id)  # raises UnknownGroupError
         if slot.ready:
             raise GroupStateError(
                 f"group {group_id!r} is already committed; each group is committed exactly once "
@@ -214,7 +236,8 @@ class RolloutBuffer:
     def _index_ready(self, slot: Slot) -> None:
         self._ready_count += 1
         self._ready_by_weight.add(slot.start_weight, slot)
-        self._ready_by_end.add(slot.end_weight, slot)
+        if self._ready_by_end is not None:
+            self._ready_by_end.add(slot.end_weight, slot)  # type: ignore[arg-type]
         if slot.target_step is not None:
             self._ready_by_target.add(slot.target_step, slot)
 
@@ -293,14 +316,26 @@ class RolloutBuffer:
 
         Dispatch order, or newest weight first when ``freshest_first``.
         """
-        index = self._ready_by_end if by == "end_weight" else self._ready_by_weight
+        index = self._end_index() if by == "end_weight" else self._ready_by_weight
         return index.in_range(lo, hi, limit=limit, key_desc=freshest_first)
 
     def min_ready_end_weight(self, lo: int, hi: int) -> int | None:
         """Smallest end_weight in ``[lo, hi]`` over the ready slots."""
-        for weight in self._ready_by_end.keys_in(lo, hi):
+        for weight in self._end_index().keys_in(lo, hi):
             return weight
         return None
+
+    def _end_index(self) -> _ReadyIndex:
+        """The end-weight index, built from the ready slots on first use. Groups
+        finish in any order, so dispatch order across end weights is a merge."""
+        if self._ready_by_end is None:
+            index = _ReadyIndex()
+            index.monotone = False
+            for slot in self._slots.values():
+                if slot.ready:
+                    index.add(slot.end_weight, slot)  # type: ignore[arg-type]
+            self._ready_by_end = index
+        return self._ready_by_end
 
     def min_start_weight(self, lo: int, hi: int) -> int | None:
         """Smallest start_weight in ``[lo, hi]`` over ALL slots (ready or not)."""
@@ -363,7 +398,7 @@ class RolloutBuffer:
                 target_step=s.get("target_step"),
             )
             self._slots[slot.group_id] = slot
-            self._all_weights[slot.start_weight] = self._all_weights.get(slot.start_weight, 0) + 1
+            self._count_weight(slot.start_weight)
             self._note_order(slot)
             if s.get("ready"):
                 end = s.get("end_weight")
@@ -388,8 +423,16 @@ class RolloutBuffer:
         self._next_seq += 1
         self._slots[group_id] = slot
         self._note_order(slot)
-        self._all_weights[start_weight] = self._all_weights.get(start_weight, 0) + 1
+        self._count_weight(start_weight)
         return slot
+
+    def _count_weight(self, weight: int) -> None:
+        n = self._weight_counts.get(weight)
+        if n is None:
+            self._weight_counts[weight] = 1
+            self._all_weights.add(weight)
+        else:
+            self._weight_counts[weight] = n + 1
 
     def _note_order(self, slot: Slot) -> None:
         """Track whether keys stayed monotone in dispatch order (see _ReadyIndex)."""
@@ -408,15 +451,18 @@ class RolloutBuffer:
 
     def _drop(self, slot: Slot) -> Slot:
         del self._slots[slot.group_id]
-        n = self._all_weights[slot.start_weight] - 1
+        weight = slot.start_weight
+        n = self._weight_counts[weight] - 1
         if n:
-            self._all_weights[slot.start_weight] = n
+            self._weight_counts[weight] = n
         else:
-            del self._all_weights[slot.start_weight]
+            del self._weight_counts[weight]
+            self._all_weights.remove(weight)
         if slot.ready:
             self._ready_count -= 1
             self._ready_by_weight.discard(slot.start_weight, slot)
-            self._ready_by_end.discard(slot.end_weight, slot)
+            if self._ready_by_end is not None:
+                self._ready_by_end.discard(slot.end_weight, slot)
             if slot.target_step is not None:
                 self._ready_by_target.discard(slot.target_step, slot)
         return slot

@@ -1,13 +1,8 @@
-"""Checkpoints with nothing lost, and resume."""
+"""Checkpoints with nothing lost: written during a run (:class:`CheckpointHook`),
+listed, verified and loaded (resuming a run is :mod:`asyncrl.run.resume`'s)."""
 
 from asyncrl.checkpoint.deadline import EXIT_CODE as SAVE_BY_EXIT_CODE
-from asyncrl.checkpoint.hook import SAVE_BY, CheckpointHook
-from asyncrl.checkpoint.resume import (
-    IMMUTABLE,
-    config_changes,
-    config_differences,
-    prepare_resume,
-)
+from asyncrl.checkpoint.hook import CheckpointHook
 from asyncrl.checkpoint.store import (
     LoadedCheckpoint,
     iter_checkpoints,
@@ -18,17 +13,12 @@ from asyncrl.checkpoint.store import (
 )
 
 __all__ = [
-    "IMMUTABLE",
-    "SAVE_BY",
     "SAVE_BY_EXIT_CODE",
     "CheckpointHook",
     "LoadedCheckpoint",
-    "config_changes",
-    "config_differences",
     "iter_checkpoints",
     "list_checkpoints",
     "load_latest",
-    "prepare_resume",
     "verify",
     "write_checkpoint",
 ]

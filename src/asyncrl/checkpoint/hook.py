@@ -29,22 +29,23 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asyncrl._util.bounded import append_bounded
 from asyncrl.checkpoint.deadline import SaveBy
 from asyncrl.checkpoint.retention import best
 from asyncrl.checkpoint.store import entries, shards_dir, write_checkpoint
-from asyncrl.config import RunConfig, dump_config
 from asyncrl.errors import CheckpointError
 from asyncrl.trainers.base import final_state_dict
+from asyncrl.types import StopReason
+
+if TYPE_CHECKING:
+    from asyncrl.config import CheckpointConfig
 
 log = logging.getLogger("asyncrl.checkpoint")
 
 #: Key of the engine's retained weight versions inside trainer.pt (deterministic mode).
 ENGINE_SNAPSHOTS = "engine_weight_snapshots"
-#: Stop reason of a run the ``save_by`` deadline stopped.
-SAVE_BY = "save_by"
 #: Added to the nice value of the thread that writes checkpoints.
 WRITER_NICE = 10
 
@@ -77,19 +78,21 @@ class CheckpointHook:
     """``Controller.on_step_end``: a checkpoint after the weight sync of every
     ``every_steps``-th step and every ``every_minutes``; :meth:`write_final`
     writes the last one when the run stops (normally, gracefully on a signal or
-    for the ``save_by`` deadline). ``clock``: the run's clock (injected by tests);
-    ``started_at``: the clock time ``save_by`` counts from (None: the process start)."""
+    for the ``save_by`` deadline). Every checkpoint holds ``config_yaml``, the
+    run's resolved config, as written to ``config.yaml``. ``clock``: the run's
+    clock (injected by tests); ``started_at``: the clock time ``save_by`` counts
+    from (None: the process start)."""
 
-    def __init__(self, run_dir: str | Path, cfg: RunConfig, *,
-                 clock: Callable[[], float] = time.monotonic,
+    def __init__(self, run_dir: str | Path, checkpoint: CheckpointConfig, config_yaml: str,
+                 *, clock: Callable[[], float] = time.monotonic,
                  started_at: float | None = None) -> None:
-        c = cfg.checkpoint
+        c = checkpoint
         self.run_dir = Path(run_dir)
         self.every = c.every_steps
         self.every_s = c.every_minutes * 60.0
         self.keep_last, self.keep_best = c.keep_last, c.keep_best
         self.snapshots = not c.save_optimizer
-        self.config_yaml = dump_config(cfg)
+        self.config_yaml = config_yaml
         self.clock = clock
         self.save_by = (SaveBy(c.save_by_s, clock=clock, started_at=started_at)
                         if c.save_by_s is not None else None)
@@ -113,7 +116,7 @@ class CheckpointHook:
             self.save_by.step_done()
             if self.save_by.must_stop():
                 # The final checkpoint (write_final) is the one this stop writes.
-                controller.request_stop(SAVE_BY, self.save_by.message(version))
+                controller.request_stop(StopReason.SAVE_BY, self.save_by.message(version))
                 return
         if self._due(version):
             await self.flush()  # one write at a time (the rollout side runs meanwhile)
@@ -157,12 +160,13 @@ class CheckpointHook:
         snapshots = controller.engines[0].retained_weights() if pins else None  # type: ignore[attr-defined]
         # A sharded trainer's ranks write their shards themselves (moved into the
         # checkpoint with the rest); any other trainer hands over its whole state.
-        sharded = getattr(controller.trainer, "sharded_state_dict", None)
-        if sharded is not None:
-            trainer_state = await asyncio.to_thread(sharded, shards_dir(self.run_dir, version))
+        trainer, caps = controller.trainer, controller.trainer_capabilities
+        if caps.sharded_state_dict:
+            trainer_state = await asyncio.to_thread(trainer.sharded_state_dict,
+                                                    shards_dir(self.run_dir, version))
         else:
-            trainer = controller.trainer
-            take = functools.partial(final_state_dict, trainer) if final else trainer.state_dict
+            take = (functools.partial(final_state_dict, trainer, caps) if final
+                    else trainer.state_dict)
             trainer_state = await asyncio.to_thread(take)
         if snapshot:  # weights for evaluation and export: no optimizer, no resume
             trainer_state = {k: v for k, v in trainer_state.items() if k != "optimizer"}
@@ -234,4 +238,4 @@ class CheckpointHook:
                 "metric": self.keep_best.metric, "value": top[0].metric}
 
 
-__all__ = ["ENGINE_SNAPSHOTS", "SAVE_BY", "CheckpointHook"]
+__all__ = ["ENGINE_SNAPSHOTS", "CheckpointHook"]

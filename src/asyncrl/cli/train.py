@@ -8,15 +8,16 @@ import math
 
 from rich.console import Console
 
-from asyncrl.checkpoint import SAVE_BY, SAVE_BY_EXIT_CODE
+from asyncrl.checkpoint import SAVE_BY_EXIT_CODE
 from asyncrl.config import load_config
 from asyncrl.errors import ConfigError
 from asyncrl.run.signals import EXIT_CODES
+from asyncrl.types import StopReason
 
 #: Exit codes by stop reason (0 for the others): the signals', 1 for a run the
 #: stall watchdog stopped (stall_action: abort), 75 for one that stopped with a
 #: checkpoint before its checkpoint.save_by deadline (a job script requeues it).
-STOP_EXIT_CODES = {**EXIT_CODES, "stalled": 1, SAVE_BY: SAVE_BY_EXIT_CODE}
+STOP_EXIT_CODES = {**EXIT_CODES, StopReason.STALLED: 1, StopReason.SAVE_BY: SAVE_BY_EXIT_CODE}
 
 
 def register(sub: argparse._SubParsersAction) -> None:

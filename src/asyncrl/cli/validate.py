@@ -20,7 +20,7 @@ from asyncrl.run.preflight import preflight
 
 if TYPE_CHECKING:
     from asyncrl.config import RunConfig
-    from asyncrl.tasks.base import Task
+    from asyncrl.run.preflight import Preflight
     from asyncrl.trainers.estimate import MemoryEstimate
 
 log = logging.getLogger("asyncrl.validate")
@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
     checked = preflight(cfg)
     facts = checked.facts
-    memory = None if args.no_memory else _estimate(cfg, checked.task)
+    memory = None if args.no_memory else _estimate(cfg, checked)
     if args.json:
         print(json.dumps({**facts, "memory": memory.as_dict() if memory else None}))
         return 0
@@ -54,9 +54,8 @@ def run(args: argparse.Namespace) -> int:
     bound = facts["max_staleness"]
     table.add_row("sampler", str(facts["sampler"]))
     table.add_row("trainer", str(facts["trainer"]))
-    caps = facts["engine_capabilities"]
-    table.add_row(f"engine ({facts['engine']}) capabilities",
-                  "the caller's engines" if caps is None else ", ".join(caps) or "none")
+    for row in capability_rows(facts):
+        table.add_row(*row)
     table.add_row("rollout", str(facts["rollout"]))
     table.add_row("on-policy", "yes" if facts["is_on_policy"] else "no")
     req = facts["required_buffer_capacity"]
@@ -98,18 +97,45 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _estimate(cfg: RunConfig, task: Task) -> MemoryEstimate | None:
-    """The estimate, or None (with a note) when it cannot be made: it informs,
-    it never refuses a config."""
+def _estimate(cfg: RunConfig, checked: Preflight) -> MemoryEstimate | None:
+    """The estimate (with the tokenizer the checks read), or None (with a note)
+    when it cannot be made: it informs, it never refuses a config."""
+    from asyncrl.run.options import trainer_options
     from asyncrl.trainers.estimate import estimate_step_memory
 
     try:
-        return estimate_step_memory(cfg, task)
+        return estimate_step_memory(cfg.policy, trainer_options(cfg),
+                                    checked.tokenizer.get(checked.task))
     except AsyncRLError:
         raise  # a config error: refused, like every other check
     except Exception as exc:  # an exotic model the dry run cannot trace
         log.warning("no memory estimate for this config: %s: %s", type(exc).__name__, exc)
         return None
+
+
+def capability_rows(facts: dict) -> list[tuple[str, str]]:
+    """Each optional capability of the task, the trainer and the engine: present
+    or absent (asyncrl.tasks.capabilities, asyncrl.trainers.capabilities,
+    asyncrl.engines.capabilities)."""
+    from asyncrl.engines.capabilities import EngineCapabilities
+    from asyncrl.tasks.capabilities import TaskCapabilities
+    from asyncrl.trainers.capabilities import TrainerCapabilities
+
+    rows = []
+    for label, key, caps in (("task", "task_capabilities", TaskCapabilities),
+                             ("trainer", "trainer_capabilities", TrainerCapabilities),
+                             (f"engine ({facts['engine']})", "engine_capabilities",
+                              EngineCapabilities)):
+        held = facts[key]
+        if held is None:
+            rows.append((f"{label} capabilities", "the caller's"))
+            continue
+        absent = [name for name in caps.MEMBERS if name not in held]
+        rows.append((f"{label} capabilities",
+                     f"present: {', '.join(held) or 'none'}; absent: {', '.join(absent) or 'none'}"))
+    return rows
+
+
 def _versions(n: int | None, unbounded: str) -> str:
     return unbounded if n is None else f"{n} version{'' if n == 1 else 's'}"
 

@@ -12,8 +12,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from asyncrl.cluster.backend import ActorStartError, connect
     from asyncrl.cluster.proxies import RayEngine, RayTrainer, WorkerPool
-    from asyncrl.config import RunConfig
+    from asyncrl.config import ClusterConfig, PolicyConfig
+    from asyncrl.engines.options import EngineOptions
     from asyncrl.tasks.base import Task
+    from asyncrl.trainers.distributed.options import ShardedOptions
+    from asyncrl.trainers.options import TrainerOptions
 
 __all__ = [
     "ActorStartError",
@@ -25,13 +28,18 @@ __all__ = [
 ]
 
 
-def build_ray_backends(cfg: RunConfig, task: Task) -> tuple[list[RayEngine], RayTrainer]:
+def build_ray_backends(
+    cluster: ClusterConfig, policy: PolicyConfig, task: Task, *,
+    engine_options: EngineOptions, trainer_options: TrainerOptions,
+    sharded: ShardedOptions | None = None, seed: int = 0,
+) -> tuple[list[RayEngine], RayTrainer]:
     """``(engines, trainer)``: driver-side proxies of ``cluster.num_rollout_workers``
-    rollout-worker actors and one trainer actor, started on the Ray instance at
-    ``cluster.address`` (a local one when None)."""
+    rollout-worker actors and one trainer actor (or the ranks of ``sharded``),
+    started on the Ray instance at ``cluster.address`` (a local one when None)."""
     from asyncrl.cluster.backend import build_ray_backends as build
 
-    return build(cfg, task)
+    return build(cluster, policy, task, engine_options=engine_options,
+                 trainer_options=trainer_options, sharded=sharded, seed=seed)
 
 
 def __getattr__(name: str) -> Any:

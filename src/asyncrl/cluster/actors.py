@@ -21,9 +21,10 @@ from typing import TYPE_CHECKING, Any
 from asyncrl._util.bounded import append_bounded
 
 if TYPE_CHECKING:
-    from asyncrl.config import LossConfig, PolicyConfig
+    from asyncrl.config import PolicyConfig
     from asyncrl.engines.options import EngineOptions
     from asyncrl.tasks.base import Task
+    from asyncrl.trainers.options import TrainerOptions
     from asyncrl.types import GenerationRequest, GroupId, GroupResult, Rollout
 
 
@@ -106,14 +107,16 @@ class EngineWorker:
 
 
 class TrainerWorker:
-    """The trainer actor: a :class:`~asyncrl.trainers.grpo.GRPOTrainer`."""
+    """The trainer actor: the :class:`~asyncrl.trainers.grpo.GRPOTrainer` of
+    ``options`` over the policy of ``policy``."""
 
-    def __init__(self, policy: PolicyConfig, loss: LossConfig, task: Task, seed: int) -> None:
+    def __init__(self, policy: PolicyConfig, options: TrainerOptions, task: Task,
+                 seed: int) -> None:
         from asyncrl.policy.build import build_policy
         from asyncrl.trainers.grpo import GRPOTrainer
 
         model, tokenizer = build_policy(policy, task, seed=seed)
-        self.trainer = GRPOTrainer.from_config(policy, loss, model=model, tokenizer=tokenizer)
+        self.trainer = GRPOTrainer.from_options(options, model=model, tokenizer=tokenizer)
 
     def ready(self) -> dict[str, Any]:
         return {**_node_info(), "version": self.trainer.version}

@@ -14,8 +14,10 @@ from asyncrl.errors import ActorStartError, ConfigError
 from asyncrl.trainers.distributed.trainer import DistributedTrainer
 
 if TYPE_CHECKING:
-    from asyncrl.config import RunConfig
+    from asyncrl.config import PolicyConfig
     from asyncrl.tasks.base import Task
+    from asyncrl.trainers.distributed.options import ShardedOptions
+    from asyncrl.trainers.options import TrainerOptions
 
 log = logging.getLogger("asyncrl.cluster")
 
@@ -46,31 +48,31 @@ def _options(res: ActorResources) -> dict[str, Any]:
             "max_restarts": 0, "max_task_retries": 0}
 
 
-def _check_devices(cfg: RunConfig) -> None:
-    c = cfg.cluster
-    if cfg.policy.device.startswith("cuda"):
+def _check_devices(c: ClusterConfig, device: str) -> None:
+    """``device``: ``policy.device``."""
+    if device.startswith("cuda"):
         for name, res in (("rollout_worker", c.rollout_worker), ("trainer", c.trainer)):
             if res.num_gpus <= 0:
                 raise ConfigError(
-                    f"policy.device={cfg.policy.device!r} but cluster.{name}.num_gpus="
+                    f"policy.device={device!r} but cluster.{name}.num_gpus="
                     f"{res.num_gpus}: Ray hides every GPU from an actor that asks for none. "
                     f"Set cluster.{name}.num_gpus (e.g. 1), or policy.device: cpu"
                 )
     elif c.rollout_worker.num_gpus > 0 or c.trainer.num_gpus > 0:
         log.warning("the actors reserve GPUs but policy.device=%r: the GPUs stay idle; "
-                    "set policy.device: cuda to use them", cfg.policy.device)
+                    "set policy.device: cuda to use them", device)
 
 
-def _wait_ready(refs: list[Any], what: list[str], cfg: RunConfig) -> list[dict[str, Any]]:
-    timeout = cfg.cluster.actor_startup_timeout_s
+def _wait_ready(refs: list[Any], what: list[str], c: ClusterConfig) -> list[dict[str, Any]]:
+    timeout = c.actor_startup_timeout_s
     try:
         return ray.get(refs, timeout=timeout)
     except ray.exceptions.GetTimeoutError:
         raise ActorStartError(
             f"the {' and '.join(sorted(set(what)))} actors did not start within "
             f"cluster.actor_startup_timeout_s={timeout}s. They ask for rollout_worker="
-            f"{cfg.cluster.rollout_worker.model_dump()} x {cfg.cluster.num_rollout_workers} "
-            f"and trainer={cfg.cluster.trainer.model_dump()}; the cluster has "
+            f"{c.rollout_worker.model_dump()} x {c.num_rollout_workers} "
+            f"and trainer={c.trainer.model_dump()}; the cluster has "
             f"{ray.available_resources()} available of {ray.cluster_resources()}. Lower the "
             "requests, add nodes, or raise the timeout if building the model is slow"
         ) from None
@@ -78,16 +80,24 @@ def _wait_ready(refs: list[Any], what: list[str], cfg: RunConfig) -> list[dict[s
         raise ActorStartError(f"an actor failed to start: {exc}") from exc
 
 
-def build_ray_backends(cfg: RunConfig, task: Task) -> tuple[list[RayEngine], RayTrainer]:
+def build_ray_backends(
+    cluster: ClusterConfig, policy: PolicyConfig, task: Task, *,
+    engine_options: EngineOptions, trainer_options: TrainerOptions,
+    sharded: ShardedOptions | None = None, seed: int = 0,
+) -> tuple[list[RayEngine], RayTrainer]:
     """Start one trainer actor and ``cluster.num_rollout_workers`` rollout workers
     and return their driver-side proxies ``(engines, trainer)``.
 
-    The workers start from the trainer's initial weights (one object-store copy),
-    so they hold exactly the trainer's version 0 whatever the policy source.
+    Each worker builds the engine ``policy.engine`` names with ``engine_options``;
+    the trainer actor builds the trainer of ``trainer_options`` over the policy
+    seeded by ``seed`` - or, given ``sharded`` (``trainer.strategy: fsdp``), the
+    sharded trainer's ranks are actors. The workers start from the trainer's initial
+    weights (one object-store copy), so they hold exactly the trainer's version 0
+    whatever the policy source.
     """
-    _check_devices(cfg)
-    connect(cfg.cluster)
-    c = cfg.cluster
+    c = cluster
+    _check_devices(c, policy.device)
+    connect(c)
     try:
         # Once in the object store; every actor reads the same copy.
         task_ref = ray.put(task)
@@ -100,23 +110,21 @@ def build_ray_backends(cfg: RunConfig, task: Task) -> tuple[list[RayEngine], Ray
     engine_cls, trainer_cls = _actor_classes()
     actors: list[Any] = []
     ranks: Any = None
-    sharded = None
+    distributed = None
     try:
-        if cfg.trainer.strategy == "fsdp":
+        if sharded is not None:
             # The ranks build while the workers start: neither waits for the other.
-            ranks = _sharded_ranks(cfg, task)
+            ranks = _sharded_ranks(sharded, task, c)
             version_ref, weights_ref = 0, ranks.initial_weights()
         else:
             trainer_actor = trainer_cls.options(**_options(c.trainer)).remote(
-                cfg.policy, cfg.loss, task_ref, cfg.seed)
+                policy, trainer_options, task_ref, seed)
             actors.append(trainer_actor)
             version_ref, weights_ref = trainer_actor.get_weights.options(num_returns=2).remote()
 
-        engine_options = EngineOptions.of(cfg)
-
         def spawn(index: int, incarnation: int, weights: Any, version: Any) -> Any:
             return engine_cls.options(**_options(c.rollout_worker)).remote(
-                cfg.policy, engine_options, task_ref, index, incarnation, weights, version
+                policy, engine_options, task_ref, index, incarnation, weights, version
             )
 
         # The workers are created right away: they start their processes while the
@@ -126,12 +134,12 @@ def build_ray_backends(cfg: RunConfig, task: Task) -> tuple[list[RayEngine], Ray
         infos = _wait_ready(
             [a.ready.remote() for a in actors],
             ["trainer", *["rollout worker"] * len(workers)][-len(actors):],
-            cfg,
+            c,
         )
-        if cfg.trainer.strategy == "fsdp":
+        if sharded is not None:
             ranks.wait_started()
-            sharded = DistributedTrainer(ranks, cfg)
-        trainer: Any = sharded if sharded is not None else RayTrainer(actors[0], infos[0])
+            distributed = DistributedTrainer(ranks, sharded)
+        trainer: Any = distributed if distributed is not None else RayTrainer(actors[0], infos[0])
         pool = WorkerPool(weights_ref, trainer.version)
         engines = [
             RayEngine(pool, i, spawn, actor, info, max_restarts=c.max_worker_restarts,
@@ -145,16 +153,14 @@ def build_ray_backends(cfg: RunConfig, task: Task) -> tuple[list[RayEngine], Ray
             ranks.kill()
         raise
     log.info("Ray backend: trainer %s, %d rollout workers",
-             f"of {sharded.world_size} ranks" if sharded is not None
+             f"of {distributed.world_size} ranks" if distributed is not None
              else f"on node {trainer.node_id}", len(engines))
     return engines, trainer
 
 
-def _sharded_ranks(cfg: RunConfig, task: Task) -> Any:
+def _sharded_ranks(options: ShardedOptions, task: Task, cluster: ClusterConfig) -> Any:
     """``trainer.strategy: fsdp``: the ranks as actors in one placement group (starting)."""
     from asyncrl.cluster.ray_ranks import RayRanks
     from asyncrl.trainers.distributed.rank_core import RankSpec
 
-    world_size = cfg.trainer.world_size
-    return RayRanks(lambda init: RankSpec(cfg, task, world_size, init), world_size,
-                    cfg.cluster)
+    return RayRanks(lambda init: RankSpec(options, task, init), options.world_size, cluster)

@@ -15,6 +15,16 @@ PosFloat = Annotated[StrictFloat, Field(gt=0)]
 NonNegFloat = Annotated[StrictFloat, Field(ge=0)]
 
 
+def split_target(target: str) -> tuple[str, str] | None:
+    """``"module:attr"`` (the form every ``target`` and ``rollout`` key takes, and
+    :func:`pkgutil.resolve_name` reads) -> ``("module", "attr")``; None when
+    ``target`` is not of that form. The one check of the form."""
+    module_name, sep, attr = target.strip().partition(":")
+    if not sep or not module_name or not attr or ":" in attr:
+        return None
+    return module_name, attr
+
+
 class Block(BaseModel):
     """A config block. A block whose other keys go somewhere (a ``custom``
     target's constructor, a NeMo-RL block accepted off) sets ``extra="allow"``
@@ -38,12 +48,11 @@ class TaskBlock(Block):
     def _form(cls, value: str | None) -> str | None:
         # Only the form here (loading a config imports no user code); the target
         # is imported and checked by asyncrl validate / train (asyncrl.rollouts).
-        if value is not None:
-            module, sep, name = value.partition(":")
-            if not (module and sep and name) or ":" in name:
-                raise ValueError(f"{value!r} is not of the form 'module:function'; write e.g. "
-                                 "rollout: \"tool_use:calculator\"")
+        if value is not None and split_target(value) is None:
+            raise ValueError(f"{value!r} is not of the form 'module:function'; write e.g. "
+                             "rollout: \"tool_use:calculator\"")
         return value
 
 
-__all__ = ["Block", "NonNegFloat", "NonNegInt", "PosFloat", "PosInt", "TaskBlock"]
+__all__ = ["Block", "NonNegFloat", "NonNegInt", "PosFloat", "PosInt", "TaskBlock",
+           "split_target"]

@@ -3,31 +3,25 @@
 Custom samplers (``async_rl.sampler.target``) and custom rewards
 (``task.reward.target``) share this loader, so both fail the same way: a
 typed config error that names the config field, the target and the fix, with
-the import error chained as the cause.
+the import error chained as the cause. The target is resolved by
+:func:`pkgutil.resolve_name` (the module imported, then the attribute read).
 """
 
 from __future__ import annotations
 
-import importlib
 import inspect
+import pkgutil
+import sys
 from typing import Any, ClassVar, Literal
 
 from pydantic import ConfigDict, field_validator
 
-from asyncrl.config.blocks import Block
+from asyncrl.config.blocks import Block, split_target
 from asyncrl.errors import ConfigError
 
 Kind = Literal["class", "function"]
 
 _FORM = {"class": "module:ClassName", "function": "module:function"}
-
-
-def split_target(target: str) -> tuple[str, str] | None:
-    """``"module:ClassName"`` -> ``("module", "ClassName")``; None when not of that form."""
-    module_name, sep, class_name = target.strip().partition(":")
-    if not sep or not module_name or not class_name or ":" in class_name:
-        return None
-    return module_name, class_name
 
 
 def check_class_target(value: Any, *, example: str) -> str:
@@ -83,14 +77,16 @@ def load_target(
     listed when the attribute is missing; ``example`` is a well-formed target.
     """
     where = f"{field} {target!r}"
-    module_name, sep, attr = target.partition(":")
-    if not sep or not module_name or not attr or ":" in attr:
+    parts = split_target(target)
+    if parts is None or not all(name.isidentifier() for part in parts
+                                for name in part.split(".")):
         raise error(
             f"{where} is not of the form '{_FORM[kind]}'; write e.g. {field.rsplit('.', 1)[-1]}: "
             f"{example}"
         )
+    module_name, attr = parts
     try:
-        module = importlib.import_module(module_name)
+        obj = pkgutil.resolve_name(target.strip())
     except ModuleNotFoundError as exc:
         if exc.name and exc.name != module_name and not module_name.startswith(exc.name + "."):
             # The module exists but one of its own imports does not.
@@ -102,20 +98,25 @@ def load_target(
             f"{where}: module {module_name!r} cannot be imported ({exc}); make sure it is "
             "installed or on PYTHONPATH"
         ) from exc
-    except Exception as exc:
+    except AttributeError as exc:
+        module = sys.modules.get(module_name)
+        if module is None:  # raised while the module itself was imported
+            raise _import_failed(error, where, module_name, exc) from exc
         raise error(
-            f"{where}: importing module {module_name!r} raised {type(exc).__name__}: {exc}; "
-            "fix the module (asyncrl -v prints its traceback)"
-        ) from exc
-    obj: Any = module
-    for part in attr.split("."):
-        obj = getattr(obj, part, None)
-        if obj is None:
-            raise error(
-                f"{where}: module {module_name!r} has no attribute {attr!r}; check the {kind} "
-                f"name (public {kind} names there: {_public_names(module, kind)})"
-            )
+            f"{where}: module {module_name!r} has no attribute {attr!r}; check the {kind} "
+            f"name (public {kind} names there: {_public_names(module, kind)})"
+        ) from None
+    except Exception as exc:
+        raise _import_failed(error, where, module_name, exc) from exc
     if not callable(obj):
         what = "a class or callable" if kind == "class" else "a function (it is not callable)"
         raise error(f"{where} is not {what}")
     return obj
+
+
+def _import_failed(error: type[ConfigError], where: str, module_name: str,
+                   exc: Exception) -> ConfigError:
+    return error(
+        f"{where}: importing module {module_name!r} raised {type(exc).__name__}: {exc}; "
+        "fix the module (asyncrl -v prints its traceback)"
+    )

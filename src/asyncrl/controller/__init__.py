@@ -14,6 +14,7 @@ from asyncrl.controller.ledger import (
     LedgerHistory,
     MemoryHistory,
 )
+from asyncrl.controller.summary import RunDirSummary, RunSummary
 from asyncrl.controller.validation import derived_facts, validate_setup
 from asyncrl.errors import LedgerError
 
@@ -33,7 +34,9 @@ __all__ = [
     "LedgerError",
     "LedgerHistory",
     "MemoryHistory",
+    "RunDirSummary",
     "RunResult",
+    "RunSummary",
     "derived_facts",
     "validate_setup",
 ]

@@ -53,6 +53,7 @@ from asyncrl.errors import (
     RewardTimeout,
     failure_kind,
 )
+from asyncrl.record import counted
 from asyncrl.tasks.base import Scorer
 from asyncrl.types import GenerationRequest, GroupResult, Rollout
 
@@ -186,15 +187,16 @@ class AttemptRunner:
         native = ctx.cfg.rollout_failure.native
         if entry.state is not EntryState.GENERATING:  # a retry after a failed scoring
             self._set_state(entry, EntryState.GENERATING)
-        idx = self.pick_engine(entry.avoid)
+        idx = 0 if len(self.engines) == 1 else self.pick_engine(entry.avoid)
         entry.engine = idx
         engine = self.engines[idx]
+        determinism = self.determinism
         request = GenerationRequest(
             group_id=entry.group_id,
             prompt=entry.prompt,
             num_generations=ctx.grpo.num_generations_per_prompt,
             attempt=entry.attempts,
-            seed=self.determinism.seed(entry.group_id),
+            seed=determinism.seed(entry.group_id) if determinism.enabled else None,
             weight_version=entry.pin,
             start_weight=entry.start_weight,
             prefix=entry.prefix,
@@ -203,13 +205,17 @@ class AttemptRunner:
         outcome = "failed"
         self.load[idx] += 1
         ctx.stats.generation_changed(start, +1)
+        limit = native.generation_timeout_s
         try:
-            result = await _deadline(
-                engine.generate(request), native.generation_timeout_s,
-                lambda: GenerationTimeout(
-                    f"engine {idx} ({type(engine).__name__}) generated group "
-                    f"{entry.group_id!r} for longer than async_rl.rollout_failure.native."
-                    f"generation_timeout_s={native.generation_timeout_s:g}s"))
+            if limit is None:  # no deadline: no wrapper coroutine on the hot path
+                result = await engine.generate(request)
+            else:
+                result = await _deadline(
+                    engine.generate(request), limit,
+                    lambda: GenerationTimeout(
+                        f"engine {idx} ({type(engine).__name__}) generated group "
+                        f"{entry.group_id!r} for longer than async_rl.rollout_failure.native."
+                        f"generation_timeout_s={limit:g}s"))
             outcome = "ok"
         except (asyncio.CancelledError, GroupAborted):
             outcome = "aborted"
@@ -219,17 +225,13 @@ class AttemptRunner:
             raise
         finally:
             self.load[idx] -= 1
-            ctx.stats.generation_changed(ctx.now(), -1)
-            ctx.timeline.add("gen", idx, start, ctx.now(), outcome)
-        problem = result.problem(start_weight=entry.start_weight,
-                                 num_generations=request.num_generations)
-        if problem is not None:
-            # Unclassified on purpose: a result that breaks the record's contract is
-            # a bug of the engine (reported as BackendBug, naming it), not a retry.
-            raise ValueError(f"it returned an invalid result: {problem} (see asyncrl.record)")
+            end = ctx.now()
+            ctx.stats.generation_changed(end, -1)
+            ctx.timeline.add("gen", idx, start, end, outcome)
+        tokens, longest, entry.end_weight = _checked_counts(result, entry.start_weight,
+                                                            request.num_generations)
         entry.partial = result  # kept by a checkpoint or a stop while it is scored
-        tokens, longest = _token_counts(result)
-        ctx.ledger.generated(entry.group_id, start=start, end=ctx.now(), tokens=tokens,
+        ctx.ledger.generated(entry.group_id, start=start, end=end, tokens=tokens,
                              longest=longest)
         # A continued group's result holds the tokens it had before: not generated now.
         ctx.stats.tokens_generated(
@@ -237,11 +239,13 @@ class AttemptRunner:
         rewards = result.rewards
         if rewards is None:
             self._set_state(entry, EntryState.SCORING)
-            rewards = await _deadline(
-                self.scorer.score(entry.prompt, result.completion_texts), native.env_timeout_s,
+            score = self.scorer.score(entry.prompt, result.completion_texts)
+            env_limit = native.env_timeout_s
+            rewards = await (score if env_limit is None else _deadline(
+                score, env_limit,
                 lambda: RewardTimeout(
                     f"scoring group {entry.group_id!r} took longer than async_rl."
-                    f"rollout_failure.native.env_timeout_s={native.env_timeout_s:g}s"))
+                    f"rollout_failure.native.env_timeout_s={env_limit:g}s")))
         return Rollout(entry.group_id, entry.prompt, result,
                        _checked_rewards(rewards, result), entry.stamp, entry.attempts)
 
@@ -307,8 +311,8 @@ def _being_cancelled() -> bool:
     """True while this task is being cancelled (the run is failing): an error
     raised meanwhile is not a failed attempt. (Python 3.11+; 3.10 relies on
     the flags the dispatcher sets.)"""
-    task = asyncio.current_task()
-    cancelling = getattr(task, "cancelling", None)
+    current = asyncio.current_task()
+    cancelling = getattr(current, "cancelling", None)  # an asyncio.Task's, on 3.11+
     return bool(cancelling is not None and cancelling())
 
 
@@ -328,20 +332,60 @@ async def _deadline(call: Awaitable[T], seconds: float | None,
         raise expired() from None
 
 
+def _checked_counts(result: GroupResult, start_weight: int, n: int) -> tuple[int, int, int]:
+    """:func:`_token_counts` of an engine's finished result and its end weight,
+    checked against the record's contract on the way
+    (:meth:`~asyncrl.types.GroupResult.problem`, which names what is wrong).
+    Unclassified on purpose: a result that breaks the contract is a bug of the
+    engine (reported as BackendBug, naming it), not a retry."""
+    tokens = longest = 0
+    end = start_weight
+    valid = result.start_weight == start_weight and len(result.completions) == n
+    if valid:
+        for c, times in counted(result.completions):
+            spans = c.versions
+            if c.finish_reason is None or (spans and spans[0][0] < start_weight):
+                valid = False
+                break
+            size = len(c.token_ids)
+            tokens += size * times
+            if size > longest:
+                longest = size
+            if spans and spans[-1][0] > end:
+                end = spans[-1][0]
+    if not valid:
+        problem = result.problem(start_weight=start_weight, num_generations=n)
+        if problem is not None:
+            raise ValueError(f"it returned an invalid result: {problem} (see asyncrl.record)")
+        return (*_token_counts(result), result.end_weight)
+    return tokens, longest, end
+
+
 def _token_counts(result: GroupResult) -> tuple[int, int]:
     """All completion tokens of a group, and those of its longest completion
     (one record shared by several completions is measured once)."""
-    tokens = longest = size = 0
-    last = None
-    for c in result.completions:
-        if c is not last:
-            last, size = c, len(c)
-            longest = max(longest, size)
-        tokens += size
+    tokens = longest = 0
+    for c, times in counted(result.completions):
+        size = len(c.token_ids)
+        tokens += size * times
+        if size > longest:
+            longest = size
     return tokens, longest
 
 
+#: Reward types taken as they are (converted with ``float``, checked finite).
+_PLAIN_REWARDS = frozenset({float, int})
+
+
 def _checked_rewards(rewards: Sequence[float], result: GroupResult) -> list[float]:
+    n = len(result.completions)
+    # Plain numbers, one per completion (what simulated engines and most reward
+    # functions give): converted and checked in C. A float sum is finite only if
+    # every term is (an overflow to inf falls through to the full check).
+    if len(rewards) == n and set(map(type, rewards)) <= _PLAIN_REWARDS:
+        out = list(map(float, rewards))
+        if math.isfinite(sum(out)):
+            return out
     # Anything float() takes as a number (numpy and 0-d torch scalars too), but
     # not text: float("1") would hide a reward function returning strings.
     wrong = [r for r in rewards if isinstance(r, (str, bytes)) or not hasattr(r, "__float__")]
@@ -349,9 +393,9 @@ def _checked_rewards(rewards: Sequence[float], result: GroupResult) -> list[floa
         raise RewardError(f"reward {wrong[0]!r} ({type(wrong[0]).__name__}) is not a number; "
                           "return a float")
     out = [float(r) for r in rewards]
-    if len(out) != len(result.completion_ids):
+    if len(out) != n:
         raise RewardError(
-            f"got {len(out)} rewards for {len(result.completion_ids)} completions; a reward "
+            f"got {len(out)} rewards for {n} completions; a reward "
             "function returns one float per completion"
         )
     bad = [r for r in out if not math.isfinite(r)]

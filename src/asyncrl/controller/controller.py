@@ -42,6 +42,7 @@ from asyncrl.controller.failure_log import SHOWN_GROUPS
 from asyncrl.controller.ledger import Ledger, LedgerHistory
 from asyncrl.controller.partials import read_partials, stop_generating
 from asyncrl.controller.stats import RunStats
+from asyncrl.controller.summary import RunSummary
 from asyncrl.controller.train_pump import TrainPump
 from asyncrl.controller.validation import validate_setup
 from asyncrl.controller.watchdog import StallWatchdog, stall_message
@@ -60,7 +61,8 @@ from asyncrl.sampling import PromptGroupSampler, create_sampler
 from asyncrl.tasks.base import PromptSource, Scorer, Task
 from asyncrl.tasks.rewards import build_scorer
 from asyncrl.trainers.base import Trainer
-from asyncrl.types import rollout_from_dict, rollout_to_dict
+from asyncrl.trainers.capabilities import TrainerCapabilities
+from asyncrl.types import StopReason, rollout_from_dict, rollout_to_dict
 from asyncrl.version import TrainerVersion
 
 log = logging.getLogger("asyncrl.controller")
@@ -74,9 +76,9 @@ STATE_FORMAT = 3
 
 @dataclasses.dataclass
 class RunResult:
-    summary: dict[str, Any]
+    summary: RunSummary
     steps: int
-    stop_reason: str
+    stop_reason: StopReason | str
 
 
 class Controller:
@@ -117,6 +119,8 @@ class Controller:
         #: Each engine's optional capabilities, read here once (asyncrl.engines.capabilities).
         self.capabilities = [EngineCapabilities.of(e) for e in self.engines]
         self.trainer = trainer
+        #: The trainer's optional capabilities, read here once (asyncrl.trainers.capabilities).
+        self.trainer_capabilities = TrainerCapabilities.of(trainer)
         self.grpo = grpo
         self.cfg = async_rl
         self.seed = seed
@@ -194,7 +198,9 @@ class Controller:
         return list(self.ctx.stats.records)
 
     @property
-    def stop_reason(self) -> str:
+    def stop_reason(self) -> StopReason | str:
+        """Why the run stopped: a :class:`~asyncrl.types.StopReason`, or the
+        caller's own reason given to :meth:`request_stop`."""
         return self.train_pump.stop_reason
 
     @property
@@ -244,15 +250,15 @@ class Controller:
                                           self.capabilities)
                 self.dispatcher.cancel()
             if ctx.fatal:
-                self.train_pump.stop_reason = "error"
+                self.train_pump.stop_reason = StopReason.ERROR
             self.stopped_at_safe_point = True
         except BaseExceptionGroup as group:
             broken = True
-            self.train_pump.stop_reason = "error"
+            self.train_pump.stop_reason = StopReason.ERROR
             raise _reported([*_causes(group), *ctx.fatal], ctx.fatal_repeats) from None
         except asyncio.CancelledError:
             broken = True
-            self.train_pump.stop_reason = "cancelled"
+            self.train_pump.stop_reason = StopReason.CANCELLED
             raise
         finally:
             supervision.uninstall(token)
@@ -268,7 +274,7 @@ class Controller:
         the train pump at its next safe point."""
         self.dispatcher.stop_dispatching()
         text = str(error).strip().splitlines()
-        self.train_pump.request_stop("error", f"{type(error).__name__}: "
+        self.train_pump.request_stop(StopReason.ERROR, f"{type(error).__name__}: "
                                               f"{text[0] if text else ''}")
 
     def _background_failed(self, error: BaseException, name: str) -> None:
@@ -278,7 +284,8 @@ class Controller:
         bug.__cause__ = error
         self.ctx.fail(bug)
 
-    def request_stop(self, reason: str = "stopped", message: str = "") -> None:
+    def request_stop(self, reason: StopReason | str = StopReason.STOPPED,
+                     message: str = "") -> None:
         """Stop gracefully: the train pump stops at its next safe point (between
         trainer calls); an unfinished step is abandoned and its groups stay
         pending; nothing more is dispatched. :meth:`run` then returns, and
@@ -388,12 +395,12 @@ class Controller:
         records = self.step_records
         return records[-1]["wall_time_s"] if records else self.ctx.stats.elapsed_before
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> RunSummary:
         ok, why = self.ledger.check_balance(self._holder_ids())
         return {
             "steps": self.steps_done,
             "trainer_version": self.version.value,
-            "stop_reason": self.stop_reason,
+            "stop_reason": str(self.stop_reason),  # the plain value, as JSON writes it
             "stop_message": self.stop_message,
             "sampler": type(self.sampler).__name__,
             "is_on_policy": bool(self.sampler.is_on_policy),

@@ -180,19 +180,21 @@ class Dispatcher:
         """Move ``entry`` to ``new``, keeping the working and in-flight counts and
         the in-flight weight index exact (the starvation check reads them)."""
         old = entry.state
-        self.working += new.working - old.working
+        if old.working != new.working:
+            self.working += 1 if new.working else -1
         if old.inflight != new.inflight:
             w = entry.start_weight
+            weights = self._weights
             if old.inflight:
-                left = self._weights[w] - 1
+                left = weights[w] - 1
                 if left:
-                    self._weights[w] = left
+                    weights[w] = left
                 else:
-                    del self._weights[w]
+                    del weights[w]
                 self.inflight -= 1
                 self._permit_freed.fire()
             else:
-                self._weights[w] += 1
+                weights[w] = weights.get(w, 0) + 1
                 self.inflight += 1
             self.ctx.stats.inflight_changed(self.ctx.now(), self.inflight)
         entry.state = new
@@ -218,7 +220,8 @@ class Dispatcher:
                                 start_weight=start, time=ctx.now())
         entry.start_weight = start
         self.active[gid] = entry
-        self.determinism.reserved(gid)
+        if self.determinism.enabled:
+            self.determinism.reserved(gid)
         ctx.stats.buffer_size(len(ctx.buffer))
         self._set_state(entry, EntryState.GENERATING)
         assert self._tg is not None
@@ -245,7 +248,8 @@ class Dispatcher:
         ctx = self.ctx
         for entry, rollout in ready:
             gid = entry.group_id
-            end = rollout.result.end_weight  # >= start_weight: GroupResult.problem checked it
+            # The result's end weight (>= start_weight), found when the attempt checked it.
+            end = entry.end_weight
             ctx.buffer.commit(gid, rollout, end_weight=end)
             ctx.ledger.committed(gid, end_weight=end, attempts=rollout.attempts, time=ctx.now())
             ctx.drops.committed()

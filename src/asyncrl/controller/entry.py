@@ -76,6 +76,8 @@ class Entry:
     #: Fresh prompts that took the place of this slot's dropped groups so far.
     replacements: int = 0
     start_weight: int = 0
+    #: The end weight of the result the last attempt returned (set as it is checked).
+    end_weight: int = 0
     state: EntryState = EntryState.QUEUED
     engine: int | None = None
     #: The engine whose infra failure the next attempt should steer clear of.

@@ -19,15 +19,17 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from asyncrl.engines.base import RolloutEngine
 from asyncrl.errors import ConfigError
 from asyncrl.tasks.base import Scorer, Task
+from asyncrl.tasks.capabilities import HasRecords, TaskCapabilities, records_path
 from asyncrl.types import GenerationRequest, Prompt
 
 if TYPE_CHECKING:
-    from asyncrl.config import EvalConfig, RunConfig
+    from asyncrl.config import EvalConfig, TaskConfig
+    from asyncrl.policy.build import PolicyTokenizer
 
 log = logging.getLogger("asyncrl.eval")
 
@@ -113,52 +115,52 @@ def eval_metrics(ev: EvalConfig | None) -> list[str]:
     return names
 
 
-def build_evaluation(cfg: RunConfig, task: Task | None = None) -> tuple[Task, Evaluator | None]:
-    """The task to train on and the :class:`Evaluator` for ``cfg.eval`` (None
-    without an eval block). ``task`` is a task the caller built itself (library
-    use); else it is built from ``cfg.task``.
+def build_evaluation(ev: EvalConfig | None, task: Task, *, task_cfg: TaskConfig, seed: int,
+                     tokenizer: PolicyTokenizer) -> tuple[Task, Evaluator | None]:
+    """The task to train on and the :class:`Evaluator` of the ``eval`` block
+    ``ev`` (None without one), for ``task`` built from the ``task`` block
+    ``task_cfg`` (whose ``reward`` configures the scorer), or by the caller.
 
-    For a dataset task the held-out records come from ``eval.path`` or are the
+    For a task over the records of a file (the dataset task,
+    :class:`~asyncrl.tasks.capabilities.HasRecords`) the held-out records come from ``eval.path`` or are the
     last ``eval.holdout`` records of the training file, which the returned
     training task then leaves out. A from-scratch model's character vocabulary
     covers the held-out prompts too (they are added to ``task.extra_chars``).
+    A chat template formats the held-out prompts with ``tokenizer`` (the
+    policy's); a built-in task's held-out stream is seeded from ``seed`` (the
+    run's).
     """
     from asyncrl.policy.build import bind_task_tokenizer
     from asyncrl.tasks import build_scorer, build_task
-    from asyncrl.tasks.dataset import DatasetTask
 
-    ev = cfg.eval
-    if task is None:
-        task = build_task(cfg.task)
     if ev is None:
         return task, None
     _warn_about(ev, task)
-    if not isinstance(task, DatasetTask):
+    if not TaskCapabilities.of(task).records:
         if ev.path is not None or ev.holdout is not None:
             raise ConfigError(
                 "eval.path and eval.holdout name held-out records of a dataset task; this task "
                 f"({task.name}) generates its prompts, and evaluates on a seeded stream of its "
                 "own. Remove eval.path / eval.holdout")
-        source = task.prompt_source(cfg.seed + EVAL_SEED_OFFSET)
+        source = task.prompt_source(seed + EVAL_SEED_OFFSET)
         prompts = [p for p in (source.next_prompt() for _ in range(ev.num_prompts)) if p]
-        return task, Evaluator(prompts, build_scorer(task, cfg.task), _settings(ev))
-    eval_task, indices = _held_out(cfg, task)
+        return task, Evaluator(prompts, build_scorer(task, task_cfg), _settings(ev))
+    records = cast(HasRecords, task)
+    eval_task, indices = _held_out(ev, records)
     chars = "".join(sorted({c for i in indices
                             for c in eval_task.raw_prompt(i) + str(eval_task.answer(i) or "")}))
-    train_cfg = task.cfg.model_copy(update={"extra_chars": task.cfg.extra_chars + chars})
+    train_cfg = records.cfg.model_copy(update={"extra_chars": records.cfg.extra_chars + chars})
     if ev.holdout is not None:
-        train_cfg = train_cfg.model_copy(update={"max_prompts": task.num_records - ev.holdout})
+        train_cfg = train_cfg.model_copy(update={"max_prompts": records.num_records - ev.holdout})
     task = build_task(train_cfg)
-    bind_task_tokenizer(eval_task, cfg.policy)  # a chat template formats eval prompts too
+    bind_task_tokenizer(eval_task, tokenizer)  # a chat template formats eval prompts too
     prompts = [eval_task.make_prompt(i, position=j, epoch=0) for j, i in enumerate(indices)]
     return task, Evaluator(prompts, build_scorer(eval_task, eval_task.cfg), _settings(ev))
 
 
-def _held_out(cfg: RunConfig, task: Any) -> tuple[Any, list[int]]:
+def _held_out(ev: EvalConfig, task: HasRecords) -> tuple[Any, list[int]]:
     from asyncrl.tasks import build_task
 
-    ev = cfg.eval
-    assert ev is not None
     if ev.path is not None:
         eval_task = build_task(task.cfg.model_copy(update={"path": ev.path, "max_prompts": None}))
         return eval_task, list(range(min(ev.num_prompts, eval_task.num_records)))
@@ -178,7 +180,7 @@ def _held_out(cfg: RunConfig, task: Any) -> tuple[Any, list[int]]:
 def _warn_about(ev: EvalConfig, task: Task) -> None:
     """Settings that make the eval numbers mean less than they seem (warnings:
     each can be meant, e.g. by a docs example with ten records)."""
-    train_path = getattr(getattr(task, "cfg", None), "path", None)
+    train_path = records_path(task)
     if ev.path is not None and train_path is not None and \
             Path(ev.path).expanduser().resolve() == Path(train_path).expanduser().resolve():
         log.warning(

@@ -10,6 +10,7 @@ from typing import Any
 
 from asyncrl._util.bounded import KEEP
 from asyncrl.buffer import Slot
+from asyncrl.record import counted
 
 #: Step records kept in memory (every one is in metrics.jsonl).
 KEEP_RECORDS = KEEP
@@ -30,30 +31,76 @@ def hist_quantile(hist: collections.Counter[int], q: float) -> int:
     return 0
 
 
+@dataclasses.dataclass
+class TrainedRecords:
+    """What the records of a step's trained groups hold, read in one pass over
+    their completions' version spans (O(spans): a record shared by several
+    completions is read once, times their number)."""
+
+    #: The groups' rewards, in order.
+    rewards: list[float]
+    #: ``step - version`` of every token, counted (token staleness).
+    hist: collections.Counter[int]
+    #: Tokens sampled after their group's first weight update (``version > start_weight``).
+    after: int
+    #: ``end_weight - start_weight`` of each group.
+    spans: list[int]
+    #: Completion lengths in tokens, counted, and how many were cut off at the
+    #: token limit (``finish_reason`` length).
+    lengths: collections.Counter[int]
+    clipped: int
+
+    @property
+    def tokens(self) -> int:
+        """Every trained token (the spans of a completion cover its tokens)."""
+        return sum(self.hist.values())
+
+
+def read_trained(trained: Sequence[tuple[Slot, int]], step: int) -> TrainedRecords:
+    """The :class:`TrainedRecords` of the groups step ``step`` trains."""
+    rewards: list[float] = []
+    hist: dict[int, int] = {}
+    lengths: dict[int, int] = {}
+    after = clipped = 0
+    spans = []
+    for slot, _ in trained:
+        rollout = slot.payload
+        rewards.extend(rollout.rewards)
+        result = rollout.result
+        start = end = result.start_weight
+        for completion, times in counted(result.completions):
+            size = len(completion.token_ids)
+            lengths[size] = lengths.get(size, 0) + times
+            if completion.finish_reason == "length":
+                clipped += times
+            for version, count in completion.versions:
+                hist[step - version] = hist.get(step - version, 0) + count * times
+                if version > start:
+                    after += count * times
+                    if version > end:
+                        end = version
+        spans.append(end - start)  # end: the result's end_weight
+    return TrainedRecords(rewards, collections.Counter(hist), after, spans,
+                          collections.Counter(lengths), clipped)
+
+
 def token_facts(trained: Sequence[tuple[Slot, int]], step: int) -> dict[str, Any]:
     """Token-level staleness of the groups a step trains: ``step - version`` of
     every token, the fraction of tokens sampled after their group's first weight
     update (``version > start_weight``) and each group's version span
     (``end_weight - start_weight``)."""
-    hist: collections.Counter[int] = collections.Counter()
-    after = 0
-    spans = []
-    for slot, _ in trained:
-        result = slot.payload.result
-        start = result.start_weight
-        spans.append(result.end_weight - start)
-        for completion in result.completions:
-            for version, count in completion.versions:
-                hist[step - version] += count
-                if version > start:
-                    after += count
-    tokens = sum(hist.values())
+    return _token_facts(read_trained(trained, step))
+
+
+def _token_facts(records: TrainedRecords) -> dict[str, Any]:
+    hist, spans = records.hist, records.spans
+    tokens = records.tokens
     return {
         "train/token_staleness_mean": (sum(k * n for k, n in hist.items()) / tokens
                                        if tokens else math.nan),
         "train/token_staleness_p95": hist_quantile(hist, 0.95) if tokens else 0,
         "train/token_staleness_max": max(hist, default=0),
-        "train/tokens_after_update_frac": after / tokens if tokens else 0.0,
+        "train/tokens_after_update_frac": records.after / tokens if tokens else 0.0,
         "train/group_version_span_mean": mean(spans),
         "train/group_version_span_max": max(spans, default=0),
         "token_staleness_hist": {str(k): hist[k] for k in sorted(hist)},
@@ -63,13 +110,8 @@ def token_facts(trained: Sequence[tuple[Slot, int]], step: int) -> dict[str, Any
 def completion_lengths(trained: Sequence[tuple[Slot, int]]) -> tuple[collections.Counter[int], int]:
     """The lengths (in tokens) of the completions a step trains, counted, and how
     many were cut off at the token limit (``finish_reason`` length)."""
-    lengths: collections.Counter[int] = collections.Counter()
-    clipped = 0
-    for slot, _ in trained:
-        for completion in slot.payload.result.completions:
-            lengths[len(completion)] += 1
-            clipped += completion.finish_reason == "length"
-    return lengths, clipped
+    records = read_trained(trained, 0)
+    return records.lengths, records.clipped
 
 
 def completion_facts(lengths: collections.Counter[int], clipped: int) -> dict[str, Any]:
@@ -200,10 +242,11 @@ class RunStats:
 
     def generation_changed(self, now: float, delta: int) -> None:
         """An engine's ``generate`` call began (+1) or ended (-1)."""
-        if self._generating:
+        generating = self._generating
+        if generating:
             self._generating_s += now - self._generating_mark
         self._generating_mark = now
-        self._generating += delta
+        self._generating = generating + delta
 
     def tokens_generated(self, tokens: int) -> None:
         """An engine returned ``tokens`` completion tokens it generated."""
@@ -243,13 +286,14 @@ class RunStats:
         rest of the step, ``other_s``, is computed)."""
         duration = max(now - start.time, 1e-12)
         staleness = [s for _, s in trained]
-        rewards = [r for slot, _ in trained for r in slot.payload.rewards]
+        records = read_trained(trained, step)
+        rewards = records.rewards
         hist = collections.Counter(staleness)
         self.staleness_hist.update(hist)
         self.trainer_idle_total += idle
         self.steps_done += 1
         busy = self.busy_area(now) - start.busy_area
-        lengths, clipped = completion_lengths(trained)
+        lengths, clipped = records.lengths, records.clipped
         record: dict[str, Any] = {
             "step": step,
             "trainer_version": step + 1,
@@ -271,12 +315,11 @@ class RunStats:
             "generator_util": busy / (duration * self.max_inflight),
             "groups_per_s": len(trained) / duration,
             **self._time_split(now, start, duration, idle, sync_s, times or {}),
-            **self._throughput(start, duration, trained),
+            **self._throughput(start, duration, records.tokens),
             **completion_facts(lengths, clipped),
-            **token_facts(trained, step),
+            **_token_facts(records),
         }
-        self.token_staleness_hist.update(
-            {int(k): n for k, n in record["token_staleness_hist"].items()})
+        self.token_staleness_hist.update(records.hist)
         self._add_completions(lengths, clipped)
         self.failed_this_step = 0
         for key in sorted({k for _, m in chunk_metrics for k in m}):
@@ -303,11 +346,10 @@ class RunStats:
         return {**{f"time/{k}": v for k, v in split.items()}, "time/generation_s": generating}
 
     def _throughput(self, start: StepMark, duration: float,
-                    trained: Sequence[tuple[Slot, int]]) -> dict[str, float]:
+                    trained_tokens: int) -> dict[str, float]:
         """Completion tokens the engines returned during the step and those the
         step trained, with their rates over the step's time."""
         generated = self.generated_tokens - start.generated_tokens
-        trained_tokens = sum(slot.payload.result.num_tokens for slot, _ in trained)
         self.trained_tokens += trained_tokens
         return {"rollout/generated_tokens": generated, "rollout/trained_tokens": trained_tokens,
                 "throughput/generated_tokens_per_s": generated / duration,

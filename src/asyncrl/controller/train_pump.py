@@ -28,6 +28,7 @@ from asyncrl.controller.weight_sync import WeightSync
 from asyncrl.errors import ControllerBug, RolloutStall
 from asyncrl.metrics import MetricsSink
 from asyncrl.trainers.base import Trainer
+from asyncrl.types import StopReason
 
 log = logging.getLogger("asyncrl.controller")
 
@@ -53,30 +54,30 @@ class TrainPump:
         #: Groups selected for the step in progress, not yet stepped on. After an
         #: interrupted step they are still here (and still ``ready`` in the ledger).
         self.taken: list[Slot] = []
-        self.stop_reason = "not started"
+        self.stop_reason: StopReason | str = StopReason.NOT_STARTED
         self.stop_message = ""
-        self._stop_request: tuple[str, str] | None = None
+        self._stop_request: tuple[StopReason | str, str] | None = None
         #: What the pump is doing and since when (the watchdog names it).
         self.activity: tuple[str, float] = ("starting", 0.0)
         self._removed: list[Slot] = []
         ctx.buffer.add_remove_listener(self._removed.extend)
 
-    def request_stop(self, reason: str, message: str) -> None:
+    def request_stop(self, reason: StopReason | str, message: str) -> None:
         if self._stop_request is None:
             self._stop_request = (reason, message)
             self.ctx.buffer.notify()  # a pump waiting for groups wakes and sees it
 
-    def _stop(self, reason: str, message: str) -> None:
+    def _stop(self, reason: StopReason | str, message: str) -> None:
         self.stop_reason, self.stop_message = reason, message
         log.info("stopping: %s", message)
 
     async def run(self) -> None:
         ctx = self.ctx
-        self.stop_reason = "running"
+        self.stop_reason = StopReason.RUNNING
         while ctx.version.value < ctx.grpo.max_num_steps:
             if not await self._step(ctx.version.value):
                 return
-        self._stop("max_num_steps", f"reached grpo.max_num_steps={ctx.grpo.max_num_steps}")
+        self._stop(StopReason.MAX_NUM_STEPS, f"reached grpo.max_num_steps={ctx.grpo.max_num_steps}")
 
     async def _step(self, v: int) -> bool:
         """Train step ``v``; False when the run stops with it."""
@@ -106,11 +107,11 @@ class TrainPump:
             if not chunk:
                 if self.dispatcher.exhausted():
                     if not taken:
-                        self._stop("source_exhausted",
+                        self._stop(StopReason.SOURCE_EXHAUSTED,
                                    f"the prompt source ran dry after {v} steps")
                         return False
                     self._stop(
-                        "incomplete_step",
+                        StopReason.INCOMPLETE_STEP,
                         f"the prompt source ran dry in the middle of step {v}: only "
                         f"{len(taken)} of the step's {n} groups could be trained, "
                         "so the last optimizer step used fewer groups. Give the task more "

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from asyncrl.config.failures import StallWatchdogConfig
 from asyncrl.controller.context import RunContext
 from asyncrl.errors import RolloutStall
+from asyncrl.types import StopReason
 
 log = logging.getLogger("asyncrl.controller")
 
@@ -36,7 +37,7 @@ Describe = Callable[[float], tuple[str, bool]]
 
 class StallWatchdog:
     def __init__(self, ctx: RunContext, cfg: StallWatchdogConfig, describe: Describe,
-                 stop: Callable[[str, str], None]) -> None:
+                 stop: Callable[[StopReason, str], None]) -> None:
         self.ctx = ctx
         self.cfg = cfg
         self.describe = describe
@@ -59,7 +60,7 @@ class StallWatchdog:
                 continue
             if trainer_side:
                 raise RolloutStall(message)
-            self.stop("stalled", message)
+            self.stop(StopReason.STALLED, message)
             return
 
 

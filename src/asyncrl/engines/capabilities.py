@@ -10,9 +10,10 @@ worker's engine) declares them instead, as a ``capabilities`` attribute.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection, Sequence
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
+from asyncrl._util.capabilities import Capabilities
 from asyncrl.types import GroupId, GroupResult
 
 __all__ = [
@@ -97,20 +98,25 @@ class WeightsOnDevice(Protocol):
         ...
 
 
-_PROTOCOLS: dict[str, tuple[type, tuple[str, ...]]] = {
-    "abort": (Aborts, ("abort",)),
-    "invalidate_cache": (InvalidatesCache, ("invalidate_cache",)),
-    "snapshot": (Snapshots, ("snapshot",)),
-    "healthy": (ReportsHealth, ("healthy",)),
-    "pinned_versions": (PinsVersions, ("retain_weight_versions",)),
-    "retained_weights": (RetainsWeights, ("retained_weights", "restore_retained")),
-    "device": (WeightsOnDevice, ("device",)),
+#: Each capability (a field of EngineCapabilities) with the members it needs.
+_MEMBERS: dict[str, tuple[str, ...]] = {
+    "abort": ("abort",),
+    "invalidate_cache": ("invalidate_cache",),
+    "snapshot": ("snapshot",),
+    "healthy": ("healthy",),
+    "pinned_versions": ("retain_weight_versions",),
+    "retained_weights": ("retained_weights", "restore_retained"),
+    "device": ("device",),
 }
 
 
 @dataclasses.dataclass(frozen=True)
-class EngineCapabilities:
+class EngineCapabilities(Capabilities):
     """Which optional protocols an engine satisfies (one flag per protocol)."""
+
+    MEMBERS: ClassVar[Mapping[str, tuple[str, ...]]] = _MEMBERS
+    REQUIRED: ClassVar[tuple[str, ...]] = ("generate", "update_weights", "close")
+    PROTOCOL: ClassVar[str] = "asyncrl.engines.RolloutEngine"
 
     abort: bool = False
     invalidate_cache: bool = False
@@ -123,27 +129,11 @@ class EngineCapabilities:
     @classmethod
     def of(cls, engine: Any) -> EngineCapabilities:
         """The capabilities of an engine, or of an engine class (``asyncrl
-        validate`` reads them before anything is built)."""
+        validate`` reads them before anything is built); an engine that declares
+        them (a ``capabilities`` attribute: the Ray proxy) has those."""
+        # Read as an attribute: an engine that wraps another (a rollout function's)
+        # may forward it.
         declared = getattr(engine, "capabilities", None)
         if isinstance(declared, EngineCapabilities):
             return declared
-        owner = engine if isinstance(engine, type) else type(engine)
-        # Read on the class (an instance's properties are not evaluated), and in
-        # an instance's own attributes (``self.healthy = True`` in __init__).
-        own = {} if isinstance(engine, type) else getattr(engine, "__dict__", {})
-
-        def has(member: str) -> bool:
-            return hasattr(owner, member) or member in own
-
-        return cls(**{name: all(has(m) for m in members)
-                      for name, (_, members) in _PROTOCOLS.items()})
-
-    def names(self) -> list[str]:
-        """The capabilities held, by name."""
-        return [f.name for f in dataclasses.fields(self) if getattr(self, f.name)]
-
-    def describe(self) -> str:
-        """One line for ``asyncrl validate``."""
-        held = self.names()
-        lacking = [f.name for f in dataclasses.fields(self) if not getattr(self, f.name)]
-        return (", ".join(held) or "none") + (f" (not: {', '.join(lacking)})" if lacking else "")
+        return super().of(engine)

@@ -3,7 +3,8 @@ and for ``asyncrl validate`` alike.
 
 Every engine is built from the policy block and :class:`EngineOptions` (the few
 run-level settings engines read), over a model the caller built. A new engine is
-one entry of :data:`_BUILDERS` (and its name in ``config.EngineName``).
+one entry of :data:`_BUILDERS`, its :class:`~asyncrl.engines.specs.EngineSpec`
+(what the rest of asyncrl knows about it) and its name in ``config.EngineName``.
 
 ``policy.engine: custom`` builds ``target``'s class as ``Class(ctx, **keys)``:
 ``ctx`` is an :class:`EngineContext`, ``keys`` the other keys of
@@ -20,7 +21,9 @@ from typing import TYPE_CHECKING, Any
 
 from asyncrl.config.targets import load_target
 from asyncrl.engines.base import RolloutEngine
+from asyncrl.engines.capabilities import EngineCapabilities
 from asyncrl.engines.options import EngineContext, EngineOptions
+from asyncrl.engines.specs import engine_spec
 from asyncrl.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -54,20 +57,11 @@ def build_engine(
 
 def engine_class(policy: PolicyConfig) -> type:
     """The class ``policy.engine`` names (imports it; builds nothing), checked."""
-    if policy.engine == "custom":
+    spec = engine_spec(policy)
+    if spec.target is None:  # custom: the config names the class
         assert policy.custom_engine is not None  # the config's validator ensures it
         return check_engine_target(policy.custom_engine)
-    if policy.engine == "vllm":
-        from asyncrl.engines.vllm.inprocess import VLLMEngine
-
-        return VLLMEngine
-    if policy.engine == "vllm_server":
-        from asyncrl.engines.vllm.server.engine import VLLMServerEngine
-
-        return VLLMServerEngine
-    from asyncrl.engines.local.engine import LocalEngine
-
-    return LocalEngine
+    return spec.engine_class()
 
 
 def _loaded(model: torch.nn.Module, weights: Mapping[str, Any] | None) -> torch.nn.Module:
@@ -125,9 +119,8 @@ def _custom(policy: PolicyConfig, ctx: EngineContext, weights: Mapping[str, Any]
 _BUILDERS: dict[str, Builder] = {"local": _local, "vllm": _vllm, "vllm_server": _vllm_server,
                                  "custom": _custom}
 
-#: RolloutEngine's members, and which must be coroutines.
-_MEMBERS = ("generate", "update_weights", "close")
-_ASYNC = ("generate", "update_weights", "close")
+#: RolloutEngine's required members (all of them coroutines).
+_MEMBERS = _ASYNC = EngineCapabilities.REQUIRED
 
 
 def missing_engine_members(obj: Any) -> list[str]:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-    from asyncrl.config import GenerationConfig, RunConfig
+    from asyncrl.config import AsyncRLConfig, GenerationConfig, PolicyConfig
     from asyncrl.tasks.tokenizer import Tokenizer
 
 __all__ = ["EngineContext", "EngineOptions"]
@@ -32,14 +32,18 @@ class EngineOptions:
     work_dir: str | None = None
 
     @classmethod
-    def of(cls, cfg: RunConfig, work_dir: str | Path | None = None) -> EngineOptions:
-        """The options a run config implies (its one place that reads the whole run)."""
-        vllm = cfg.policy.engine in ("vllm", "vllm_server")
-        vllm_seed = cfg.policy.vllm.seed if vllm else None
+    def of(cls, policy: PolicyConfig, async_rl: AsyncRLConfig, *, seed: int = 0,
+           deterministic: bool = False, work_dir: str | Path | None = None) -> EngineOptions:
+        """The options of the ``policy`` and ``async_rl`` blocks, the run's ``seed``
+        and ``deterministic``, and its directory."""
+        from asyncrl.engines.specs import engine_spec
+
+        reads_vllm = engine_spec(policy).reads_vllm_block
+        vllm_seed = policy.vllm.seed if reads_vllm else None
         return cls(
-            seed=cfg.seed if vllm_seed is None else vllm_seed,
-            pin_versions=cfg.deterministic,
-            recompute_kv_on_update=cfg.async_rl.recompute_kv_cache_after_weight_updates,
+            seed=seed if vllm_seed is None else vllm_seed,
+            pin_versions=deterministic,
+            recompute_kv_on_update=async_rl.recompute_kv_cache_after_weight_updates,
             work_dir=None if work_dir is None else str(work_dir),
         )
 

@@ -15,13 +15,15 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from asyncrl.policy.build import (
         HFTokenizer,
+        PolicyTokenizer,
         bind_task_tokenizer,
         build_policy,
         load_tokenizer,
         model_skeleton,
     )
 
-__all__ = ["HFTokenizer", "bind_task_tokenizer", "build_policy", "load_tokenizer", "model_skeleton"]
+__all__ = ["HFTokenizer", "PolicyTokenizer", "bind_task_tokenizer", "build_policy",
+           "load_tokenizer", "model_skeleton"]
 
 
 def __getattr__(name: str) -> Any:

@@ -28,13 +28,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
 from asyncrl.config import ModelConfig, PolicyConfig
 from asyncrl.errors import ConfigError, require
 from asyncrl.policy.devices import check_device, policy_dtype
+from asyncrl.tasks.capabilities import (
+    BindsTokenizer,
+    ChoosesBinding,
+    TaskCapabilities,
+    own_tokenizer,
+)
 from asyncrl.tasks.tokenizer import CharTokenizer, Tokenizer
 
 if TYPE_CHECKING:
@@ -81,19 +87,24 @@ def _adds_bos(tokenizer: Any, bos: int) -> bool:
 
 
 def build_policy(
-    cfg: PolicyConfig, task: Task | None = None, *, seed: int = 0
+    cfg: PolicyConfig, task: Task | None = None, *, seed: int = 0,
+    tokenizer: Tokenizer | None = None,
 ) -> tuple[torch.nn.Module, Tokenizer]:
     """``(model, tokenizer)`` for ``cfg``; see the module docstring.
 
-    For a from-scratch model the vocabulary is ``task.tokenizer`` when the task
-    has one (the built-in tasks do), else the default :class:`CharTokenizer`.
-    Two calls with the same ``seed`` return models with identical weights.
+    ``tokenizer``: the policy's, when the caller has it already (a run's
+    :class:`PolicyTokenizer`); else a pretrained model's is read from its
+    directory, and a from-scratch model's vocabulary is ``task.tokenizer`` when
+    the task has one (the built-in tasks do), else the default
+    :class:`CharTokenizer`. Two calls with the same ``seed`` return models with
+    identical weights.
     """
     transformers = require("transformers", "hf", "building the policy model")
     if cfg.model_name_or_path is not None:
-        return _load_pretrained(transformers, cfg)
+        return _load_pretrained(transformers, cfg, tokenizer)
 
-    tokenizer = getattr(task, "tokenizer", None) or CharTokenizer()
+    if tokenizer is None:
+        tokenizer = load_tokenizer(cfg, task)
     m = cfg.model
     check_model_shape(m, tokenizer.vocab_size)
     # transformers initialises weights from torch's global RNG; fork it so that
@@ -172,24 +183,51 @@ def model_skeleton(cfg: PolicyConfig, tokenizer: Tokenizer) -> torch.nn.Module:
 
 
 def load_tokenizer(cfg: PolicyConfig, task: Task | None = None) -> Tokenizer:
-    """The tokenizer :func:`build_policy` would use, without building the model."""
+    """The tokenizer :func:`build_policy` would use, without building the model
+    (a pretrained one is read from its directory at every call: a run reads it
+    once, through its :class:`PolicyTokenizer`)."""
     if cfg.model_name_or_path is None:
-        return getattr(task, "tokenizer", None) or CharTokenizer()
+        return own_tokenizer(task) or CharTokenizer()
     transformers = require("transformers", "hf", "loading the policy's tokenizer")
     path = _pretrained_dir(cfg)
     return HFTokenizer(_from_pretrained(transformers.AutoTokenizer, path))
 
 
-def check_prompts_encode(task: Task, cfg: PolicyConfig, *, seed: int = 0,
-                         sample: int = 64) -> None:
+class PolicyTokenizer:
+    """The policy's tokenizer for one run, read from disk at most once.
+
+    A pretrained policy's tokenizer (``policy.model_name_or_path``) is read the
+    first time a part of the run asks for it, and kept: the run makes one of
+    these and hands it to every part that needs the tokenizer (the checks, a
+    chat template, the policy, a rollout function, the final export). Where no
+    part asks, nothing is read: a Ray driver, whose workers load the model, may
+    not have its files. A from-scratch model's tokenizer is its task's own
+    (:func:`load_tokenizer`), which the task keeps.
+    """
+
+    def __init__(self, policy: PolicyConfig) -> None:
+        self.policy = policy
+        self._pretrained: Tokenizer | None = None
+
+    def get(self, task: Task | None = None) -> Tokenizer:
+        """The policy's tokenizer (``task``: whose vocabulary a from-scratch model has)."""
+        if self.policy.model_name_or_path is None:
+            return load_tokenizer(self.policy, task)
+        if self._pretrained is None:
+            self._pretrained = load_tokenizer(self.policy)
+        return self._pretrained
+
+
+def check_prompts_encode(task: Task, cfg: PolicyConfig, tokenizer: Tokenizer, *,
+                         seed: int = 0, sample: int = 64) -> None:
     """Refuse a tokenizer that cannot encode the task's text: a pretrained one
     that turns characters of the prompts into its unknown token (a character-level
     vocabulary from another task would silently train on prompts with holes in
     them), or a from-scratch model's (the task's own, e.g. a
     :class:`~asyncrl.tasks.CharTokenizer`) that lacks characters of the prompts
     or of the answers (the policy could never write them: an exact answer would
-    be out of reach). The first ``sample`` prompts are checked."""
-    tokenizer = load_tokenizer(cfg, task)
+    be out of reach). ``tokenizer``: the policy's. The first ``sample`` prompts
+    are checked."""
     own = cfg.model_name_or_path is None
     source = task.prompt_source(seed)
     for _ in range(sample):
@@ -280,14 +318,17 @@ def _pretrained_vocab_size(cfg: PolicyConfig) -> int | None:
     return int(size) if size is not None else None
 
 
-def bind_task_tokenizer(task: Task, cfg: PolicyConfig) -> None:
+def bind_task_tokenizer(task: Task, tokenizer: PolicyTokenizer) -> None:
     """Give a task that formats prompts with the policy's tokenizer (a dataset
     task with ``chat_template: true``) that tokenizer, before any prompt is drawn."""
-    bind = getattr(task, "bind_tokenizer", None)
+    caps = TaskCapabilities.of(task)
+    if not caps.bind_tokenizer:
+        return
     # Only a task that formats prompts with it (chat_template) gets the tokenizer:
     # loading one needs the model directory, which a Ray driver may not have.
-    if bind is not None and getattr(task, "needs_policy_tokenizer", True):
-        bind(load_tokenizer(cfg, task))
+    if caps.needs_policy_tokenizer and not cast(ChoosesBinding, task).needs_policy_tokenizer:
+        return
+    cast(BindsTokenizer, task).bind_tokenizer(tokenizer.get(task))
 
 
 def _pretrained_dir(cfg: PolicyConfig) -> Path:
@@ -313,13 +354,15 @@ def _from_pretrained(auto_class: Any, path: Path) -> Any:
         ) from exc
 
 
-def _load_pretrained(transformers: Any, cfg: PolicyConfig) -> tuple[torch.nn.Module, Tokenizer]:
+def _load_pretrained(transformers: Any, cfg: PolicyConfig,
+                     tokenizer: Tokenizer | None) -> tuple[torch.nn.Module, Tokenizer]:
     path = _pretrained_dir(cfg)
-    tokenizer = _from_pretrained(transformers.AutoTokenizer, path)
+    if tokenizer is None:
+        tokenizer = load_tokenizer(cfg)
     model = _from_pretrained(transformers.AutoModelForCausalLM, path)
     # policy.dtype whatever the checkpoint's dtype: engine and trainer must
     # compute in the same one for their log-probs to agree.
-    return _prepare(model, cfg), HFTokenizer(tokenizer)
+    return _prepare(model, cfg), tokenizer
 
 
 def _prepare(model: torch.nn.Module, cfg: PolicyConfig) -> torch.nn.Module:

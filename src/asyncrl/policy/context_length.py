@@ -27,9 +27,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from asyncrl.errors import ConfigError, PromptTooLong
 from asyncrl.policy.prompt_lengths import LongestPrompt, longest_of, longest_prompt
+from asyncrl.tasks.capabilities import records_path
 
 if TYPE_CHECKING:
-    from asyncrl.config import PolicyConfig, RunConfig
+    from asyncrl.config import PolicyConfig
     from asyncrl.tasks.tokenizer import Tokenizer
     from asyncrl.types import Prompt
 
@@ -98,35 +99,36 @@ def model_context(policy: PolicyConfig) -> ContextLimit | None:
     return None if n is None else ContextLimit(n, f"the context of {path / 'config.json'} ({n})")
 
 
-def engine_context(policy: PolicyConfig) -> ContextLimit | None:
-    """The context the configured engine works in: the model's, or on vLLM
-    ``policy.vllm.max_model_len`` when that is set (which may not exceed it)."""
+def engine_context(policy: PolicyConfig, cap: int | None) -> ContextLimit | None:
+    """The context the configured engine works in: the model's, or ``cap`` when
+    the engine sets one - ``policy.vllm.max_model_len`` on vLLM, which may not
+    exceed the model's (:func:`asyncrl.engines.specs.context_cap` reads it)."""
     model = model_context(policy)
-    limit = policy.vllm.max_model_len
-    if policy.engine not in ("vllm", "vllm_server") or limit is None:
+    if cap is None:
         return model
-    if model is not None and limit > model.tokens:
+    if model is not None and cap > model.tokens:
         raise ConfigError(
-            f"policy.vllm.max_model_len={limit} is above the model's context ({model.source}): "
+            f"policy.vllm.max_model_len={cap} is above the model's context ({model.source}): "
             "positions past it were never trained (and vLLM refuses it). Set "
             f"policy.vllm.max_model_len to {model.tokens} or less, or null for the model's"
         )
-    return ContextLimit(limit, f"policy.vllm.max_model_len={limit}", "policy.vllm.max_model_len",
+    return ContextLimit(cap, f"policy.vllm.max_model_len={cap}", "policy.vllm.max_model_len",
                         ceiling=model)
 
 
-def check_context(cfg: RunConfig, task: Any, tokenizer: Tokenizer,
-                  evaluator: HeldOut | None = None) -> dict[str, Any]:
-    """Refuse a run whose longest prompt plus ``max_new_tokens`` does not fit the
-    engine's context (also for the held-out prompts); returns the facts
-    ``context_length`` and ``longest_prompt_tokens`` (None when unknown)."""
-    limit = engine_context(cfg.policy)
+def check_context(policy: PolicyConfig, task: Any, tokenizer: Tokenizer,
+                  evaluator: HeldOut | None = None, *, cap: int | None) -> dict[str, Any]:
+    """Refuse a run whose longest prompt plus ``policy.generation.max_new_tokens``
+    does not fit the engine's context (also for the held-out prompts); returns the
+    facts ``context_length`` and ``longest_prompt_tokens`` (None when unknown).
+    ``cap``: the engine's own cap on the context (see :func:`engine_context`)."""
+    limit = engine_context(policy, cap)
     if limit is None:
         return {"context_length": None, "longest_prompt_tokens": None}
-    new_tokens = cfg.policy.generation.max_new_tokens
+    new_tokens = policy.generation.max_new_tokens
     longest = longest_prompt(task, tokenizer)
     _check_fits(longest, new_tokens, "policy.generation.max_new_tokens", limit,
-                data=getattr(getattr(task, "cfg", None), "path", None))
+                data=records_path(task))
     if evaluator is not None:
         texts = [p.text for p in evaluator.prompts]
         found = longest_of(texts, tokenizer)

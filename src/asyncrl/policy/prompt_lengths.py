@@ -1,18 +1,20 @@
 """The longest prompt of a task, in tokens of the policy's tokenizer (what the
 context-length check of :mod:`asyncrl.policy.context_length` measures).
 
-* A built-in task knows its bound: ``task.longest_prompt_text`` is a prompt as
+* A task may know its bound (the built-in ones do):
+  ``task.longest_prompt_text`` (:class:`~asyncrl.tasks.capabilities.KnowsLongestPrompt`) is a prompt as
   long as any it makes. With the task's own character tokenizer its length is
   exact; with another tokenizer (a pretrained model on a built-in task) it is a
   bound: one token per character, one more for a leading-space marker, plus bos.
-* A dataset task's prompts (after its template and chat template) are all
+* A task over the records of a file (:class:`~asyncrl.tasks.capabilities.HasRecords`,
+  the dataset task): its prompts (after its template and chat template) are all
   encoded, as the engines encode them. With a pretrained tokenizer that takes a
   while on a large file, so the answer is cached on disk by content: the data
   file's hash, the prompt settings and the tokenizer. ``asyncrl validate``
   followed by ``asyncrl train`` scans the file once. The cache lives in
   ``$ASYNCRL_CACHE_DIR`` (default ``$XDG_CACHE_HOME/asyncrl``, else
   ``~/.cache/asyncrl``); a cache that cannot be read or written is skipped.
-* Any other task (a library user's own) has no known bound: None.
+* Any other task (a library user's own, without either) has no known bound: None.
 """
 
 from __future__ import annotations
@@ -24,8 +26,14 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+from asyncrl.tasks.capabilities import (
+    HasRecords,
+    KnowsLongestPrompt,
+    TaskCapabilities,
+    own_tokenizer,
+)
 from asyncrl.tasks.tokenizer import CharTokenizer, Tokenizer
 
 #: Prompts encoded per call of a batched (fast) tokenizer.
@@ -70,20 +78,20 @@ def longest_of(texts: Sequence[str], tokenizer: Tokenizer) -> tuple[int, int] | 
 
 def longest_prompt(task: Any, tokenizer: Tokenizer) -> LongestPrompt | None:
     """The longest prompt ``task`` gives the engines (see the module docstring)."""
-    from asyncrl.tasks.dataset import DatasetTask
-
-    if isinstance(task, DatasetTask):
-        return _longest_record(task, tokenizer)
-    text = getattr(task, "longest_prompt_text", None)
+    caps = TaskCapabilities.of(task)
+    if caps.records:
+        return _longest_record(cast(HasRecords, task), tokenizer)
+    text = cast(KnowsLongestPrompt, task).longest_prompt_text if caps.longest_prompt_text \
+        else None
     if not isinstance(text, str):
         return None
     tokens = prompt_lengths([text], tokenizer)[0]
-    if tokenizer is not getattr(task, "tokenizer", None):
+    if tokenizer is not own_tokenizer(task):
         tokens = max(tokens, len(text) + 1 + (tokenizer.bos_id is not None))
     return LongestPrompt(tokens, text)
 
 
-def _longest_record(task: Any, tokenizer: Tokenizer) -> LongestPrompt | None:
+def _longest_record(task: HasRecords, tokenizer: Tokenizer) -> LongestPrompt | None:
     from asyncrl.tasks.data_files import record_location
 
     key = _cache_key(task, tokenizer)
@@ -118,7 +126,7 @@ def _tokenizer_key(tokenizer: Tokenizer) -> str | None:
                        tokenizer.bos_id])
 
 
-def _cache_key(task: Any, tokenizer: Tokenizer) -> str | None:
+def _cache_key(task: HasRecords, tokenizer: Tokenizer) -> str | None:
     tok = _tokenizer_key(tokenizer)
     if tok is None:
         return None

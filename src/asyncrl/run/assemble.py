@@ -22,11 +22,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.config import ConfigSource, resolve_config
-from asyncrl.controller import Controller
+from asyncrl.controller import Controller, RunDirSummary
 from asyncrl.errors import UsageError
-from asyncrl.policy.build import load_tokenizer
 from asyncrl.rollouts import apply_rollout
-from asyncrl.run.backends import build_backends
+from asyncrl.run.backends import build_backends, own_backend
 from asyncrl.run.preflight import preflight
 from asyncrl.run.train import train as run_train
 from asyncrl.tasks import build_scorer
@@ -57,7 +56,7 @@ def train(
     sinks: Sequence[MetricsSink] = (),
     overwrite: bool = False,
     **overrides: Any,
-) -> dict[str, Any]:
+) -> RunDirSummary:
     """Run async GRPO as ``asyncrl train --config ... key.path=value`` does; returns
     the summary it writes to ``run_dir/summary.json``.
 
@@ -112,21 +111,26 @@ async def build_controller(
     """
     cfg = resolve_config(config, overrides)
     _both_or_neither(engines, trainer, "build_controller")
-    checked = preflight(cfg, task=task, builtin_backends=engines is None)
+    checked = preflight(cfg, task=task,
+                        backends=None if engines is None or trainer is None
+                        else (engines, trainer))
+    for warning in checked.facts["warnings"]:  # as asyncrl train logs them
+        log.warning("%s", warning)
     async with contextlib.AsyncExitStack() as owned:  # closed in the reverse order
         if checked.evaluator is not None:  # the checks built its reward pool
-            _own(owned, checked.evaluator.scorer)
+            own_backend(owned, checked.evaluator.scorer)
         if engines is None or trainer is None:
-            engines, trainer = build_backends(cfg, checked.task, work_dir=work_dir)
-            _own(owned, trainer)
+            engines, trainer = build_backends(cfg, checked.task, work_dir=work_dir,
+                                              policy_tokenizer=checked.tokenizer)
+            own_backend(owned, trainer)
             for engine in reversed(engines):  # the engines close before the trainer
-                _own(owned, engine)
+                own_backend(owned, engine)
         if cfg.task.rollout is not None:  # each group runs the task's rollout function
             # The wrappers close the engine they wrap: only the engines are owned.
             engines = apply_rollout(cfg.task.rollout, engines,
-                                    load_tokenizer(cfg.policy, checked.task))
+                                    checked.tokenizer.get(checked.task))
         if scorer is None:
-            scorer = _own(owned, build_scorer(checked.task, cfg.task))
+            scorer = own_backend(owned, build_scorer(checked.task, cfg.task))
         yield Controller(
             task=checked.task, engines=engines, trainer=trainer, grpo=cfg.grpo,
             async_rl=cfg.async_rl, seed=cfg.seed, deterministic=cfg.deterministic,
@@ -134,20 +138,6 @@ async def build_controller(
             evaluator=evaluator if evaluator is not None else checked.evaluator,
             ledger_history=ledger_history, buffer=buffer, sampler=sampler, prompts=prompts,
         )
-
-
-def _own(stack: contextlib.AsyncExitStack, backend: Any) -> Any:
-    """``backend`` is closed when ``stack`` unwinds; a failing close is logged, so
-    that it never hides how the block ended (as ``asyncrl train`` closes its own)."""
-
-    async def close() -> None:
-        try:
-            await backend.close()
-        except Exception as exc:
-            log.warning("closing %s failed: %r", type(backend).__name__, exc)
-
-    stack.push_async_callback(close)
-    return backend
 
 
 def _both_or_neither(engines: Any, trainer: Any, entry: str) -> None:

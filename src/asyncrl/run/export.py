@@ -18,7 +18,7 @@ import logging
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asyncrl.checkpoint.store import list_checkpoints, load_latest, read_trainer_state, verify
 from asyncrl.config import RunConfig, config_from_dict
@@ -27,6 +27,9 @@ from asyncrl.errors import CheckpointError, SetupError
 from asyncrl.policy.hf import ADAPTER_DIR
 from asyncrl.tasks import Task, build_task
 from asyncrl.trainers.base import final_state_dict
+
+if TYPE_CHECKING:
+    from asyncrl.policy.build import PolicyTokenizer
 
 log = logging.getLogger("asyncrl.export")
 
@@ -45,28 +48,32 @@ def export_weights(
 
 
 def export_trainer_state(cfg: RunConfig, state: Mapping[str, Any], out_dir: str | Path, *,
-                         task: Task | None = None) -> Path:
+                         task: Task | None = None,
+                         policy_tokenizer: PolicyTokenizer | None = None) -> Path:
     """Write the policy a trainer state (``Trainer.state_dict()``, as ``trainer.pt``
     holds it) describes: its model weights, or the base model of ``cfg`` with its
-    LoRA adapters merged (and the adapter beside it)."""
+    LoRA adapters merged (and the adapter beside it). ``policy_tokenizer``: the
+    run's (None: the tokenizer is read for the export)."""
     from asyncrl.policy.build import (
+        PolicyTokenizer,
         bind_task_tokenizer,
         build_policy,
-        load_tokenizer,
         model_skeleton,
     )
     from asyncrl.policy.hf import save_policy
 
+    if policy_tokenizer is None:
+        policy_tokenizer = PolicyTokenizer(cfg.policy)
     if task is None:
         # The prompts and the tokenizer only: the reward (a module of the user's,
         # maybe not importable here) plays no part in the policy's files.
         task = build_task(cfg.task, load_reward=False)
-        bind_task_tokenizer(task, cfg.policy)
+        bind_task_tokenizer(task, policy_tokenizer)
+    tokenizer = policy_tokenizer.get(task)
     if "adapter" not in state:
         # The weights are all there: the model around them is built on the meta
         # device (no memory, no random init: for a 0.5B model that alone took
         # seconds) and takes the state's tensors as they are, dtype included.
-        tokenizer = load_tokenizer(cfg.policy, task)
         model = model_skeleton(cfg.policy, tokenizer)
         model.load_state_dict(dict(state["model"]), assign=True)
         # Assigned, tied weights are two parameters (one tensor, or two equal
@@ -74,7 +81,7 @@ def export_trainer_state(cfg: RunConfig, state: Mapping[str, Any], out_dir: str 
         # is saved as the embedding it is, as build_policy's model would be.
         model.tie_weights()
         return save_policy(model, tokenizer, out_dir)
-    model, tokenizer = build_policy(cfg.policy, task, seed=cfg.seed)
+    model, tokenizer = build_policy(cfg.policy, task, seed=cfg.seed, tokenizer=tokenizer)
     from asyncrl.trainers import lora
 
     if cfg.policy.lora is None:
@@ -91,9 +98,11 @@ def export_trainer_state(cfg: RunConfig, state: Mapping[str, Any], out_dir: str 
 
 
 async def export_final(run_dir: str | Path, cfg: RunConfig, trainer: Any,
-                       task: Task | None = None) -> Path | None:
+                       task: Task | None = None,
+                       policy_tokenizer: PolicyTokenizer | None = None) -> Path | None:
     """``RUN_DIR/final/`` from the trainer's weights now (its state as a checkpoint
-    would hold it: :func:`~asyncrl.trainers.base.final_state_dict`).
+    would hold it: :func:`~asyncrl.trainers.base.final_state_dict`), with the
+    run's tokenizer (``policy_tokenizer``; None: read for it).
 
     Called when a run ends, however it ends; returns None (and logs why) when
     the export fails, so that a failed export never hides the run's outcome.
@@ -101,7 +110,8 @@ async def export_final(run_dir: str | Path, cfg: RunConfig, trainer: Any,
     try:
         state = await asyncio.to_thread(final_state_dict, trainer)
         return await asyncio.to_thread(export_trainer_state, cfg, state,
-                                       Path(run_dir) / FINAL, task=task)
+                                       Path(run_dir) / FINAL, task=task,
+                                       policy_tokenizer=policy_tokenizer)
     except Exception as exc:
         log.warning("could not write %s/%s: %r", run_dir, FINAL, exc)
         return None

@@ -19,6 +19,10 @@ model weights are built or loaded.
 * ``logging.wandb``: wandb installed and, online, logged in;
 * the trainer layout (``trainer``): GPUs for every rank, the collective backend;
 * ``checkpoint.keep_best.metric``: a metric the run logs;
+* the protocols: the task, the trainer and the engines have their required
+  members; their optional capabilities are listed, and a public attribute that
+  looks like an optional member misspelled is warned about
+  (:mod:`asyncrl.run.protocols`);
 * the sampler, built as the controller builds it (a ``custom`` one included),
   and its derived facts: plausible values, a buffer large enough, a pinned
   weight version in deterministic mode (:func:`~asyncrl.controller.validation.validate_setup`).
@@ -37,24 +41,28 @@ from asyncrl.buffer import RolloutBuffer
 from asyncrl.controller.evaluation import Evaluator, build_evaluation, eval_metrics
 from asyncrl.controller.stats import STEP_METRICS
 from asyncrl.controller.validation import derived_facts, failure_warnings, validate_setup
+from asyncrl.engines.specs import context_cap, engine_spec
 from asyncrl.errors import AsyncRLError, ConfigError, require
 from asyncrl.metrics.wandb_sink import check_wandb
 from asyncrl.policy.build import (
+    PolicyTokenizer,
     bind_task_tokenizer,
     check_model_shape,
     check_prompts_encode,
     check_vocabulary,
-    load_tokenizer,
 )
 from asyncrl.policy.context_length import check_context
 from asyncrl.policy.devices import check_device
 from asyncrl.rollouts.target import describe as describe_rollout
 from asyncrl.rollouts.target import load_rollout
+from asyncrl.run.protocols import RunProtocols, check_members
 from asyncrl.sampling import create_sampler
+from asyncrl.tasks.capabilities import TaskCapabilities
 from asyncrl.trainers.distributed.checks import check_trainer, trainer_layout
 
 if TYPE_CHECKING:
     from asyncrl.config import PolicyConfig, RunConfig
+    from asyncrl.run.protocols import Backends
     from asyncrl.tasks.base import Task
 
 #: Files a tokenizer written by ``save_pretrained`` has at least one of.
@@ -65,65 +73,65 @@ _WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin", "model*.bin")
 @dataclass(frozen=True)
 class Preflight:
     """What the checks found: the task they built (the training task, bound to the
-    policy's tokenizer), the evaluator of ``cfg.eval`` and the sampler's derived facts."""
+    policy's tokenizer), the evaluator of ``cfg.eval``, the sampler's derived facts,
+    and the policy's tokenizer, which the rest of the run gets from here (read at
+    most once per run)."""
 
     task: Task
+    tokenizer: PolicyTokenizer
     facts: dict[str, Any] = field(default_factory=dict)
     evaluator: Evaluator | None = None
 
 
 def preflight(cfg: RunConfig, *, task: Task | None = None,
-              builtin_backends: bool = True) -> Preflight:
+              backends: Backends | None = None) -> Preflight:
     """Run every pre-run check on ``cfg``; raise a :class:`ConfigError` naming the fix.
 
-    ``task``: a task the caller built itself (not built again). ``builtin_backends``:
-    False when the caller brings its own engines and trainer, whose device and
-    model are then theirs to check.
+    ``task``: a task the caller built itself (not built again). ``backends``: the
+    engines and the trainer the caller brings (None: the built-in ones ``cfg``
+    names), whose device and model are then theirs to check.
     """
+    builtin_backends = backends is None
     if builtin_backends and cfg.cluster.backend == "local":
         check_device(cfg.policy.device)
         if cfg.policy.engine_device is not None:
             check_device(cfg.policy.engine_device, "policy.engine_device")
         check_model_source(cfg.policy)
-        # vLLM installed, engine_args, head sizes (also for the servers vllm_server starts)
-        if cfg.policy.engine == "vllm" or (cfg.policy.engine == "vllm_server"
-                                           and cfg.policy.vllm_server.launches):
-            from asyncrl.engines.vllm.setup import check_config
-
-            check_config(cfg.policy)
-        if cfg.policy.engine == "vllm_server":  # the key of servers given by URL is there
-            cfg.policy.vllm_server.read_key()
+        # The engine kind's own: vLLM installed, engine_args, head sizes, a server key
+        check_engine = engine_spec(cfg.policy).check
+        if check_engine is not None:
+            check_engine(cfg.policy)
     elif builtin_backends:
         _parse_device(cfg.policy.device)
-    engine_caps = None
-    if builtin_backends:  # the engine class imports, takes its keys, has every member
-        from asyncrl.engines.capabilities import EngineCapabilities
-        from asyncrl.engines.factory import engine_class
-
-        engine_caps = EngineCapabilities.of(engine_class(cfg.policy))
+    # The engine and trainer classes import; a custom one takes its keys, has every member.
+    protocols = RunProtocols.of(cfg, backends)
     check_wandb(cfg.logging.wandb)
     check_keep_best(cfg)
-    if builtin_backends:
-        check_trainer(cfg)  # trainer.strategy: fsdp - ranks, GPUs, collective backend
+    if builtin_backends:  # trainer.strategy: fsdp - ranks, GPUs, collective backend
+        check_trainer(cfg.trainer, device=cfg.policy.device, cluster=cfg.cluster)
     if task is None:
         task = _build_task(cfg)
+    # Read when first needed, then handed on: the whole run reads it once.
+    tokenizer = PolicyTokenizer(cfg.policy)
+    check_members(task, TaskCapabilities, "task")
     # Held-out prompts (may leave records out of the training task), and the
     # chat template of a dataset task: its prompts need the policy's tokenizer.
-    task, evaluator = build_evaluation(cfg, task)
+    task, evaluator = build_evaluation(cfg.eval, task, task_cfg=cfg.task, seed=cfg.seed,
+                                       tokenizer=tokenizer)
     if cfg.task.rollout is not None:  # importable, an async def taking (prompt, session)
         load_rollout(cfg.task.rollout)
-    bind_task_tokenizer(task, cfg.policy)
+    bind_task_tokenizer(task, tokenizer)
     context: dict[str, Any] = {}
     # On Ray a pretrained model's files are the workers' (their engines check
     # every prompt at run time); a from-scratch shape is known everywhere.
     if builtin_backends and (cfg.cluster.backend == "local"
                              or cfg.policy.model_name_or_path is None):
-        tokenizer = load_tokenizer(cfg.policy, task)
+        tokens = tokenizer.get(task)
         # Every id the tokenizer makes has a row in the model's embedding, and
         # the tokenizer encodes the task's text (the answers too, for the task's own).
-        check_vocabulary(cfg.policy, tokenizer)
-        check_prompts_encode(task, cfg.policy, seed=cfg.seed)
-        context = check_context(cfg, task, tokenizer, evaluator)
+        check_vocabulary(cfg.policy, tokens)
+        check_prompts_encode(task, cfg.policy, tokens, seed=cfg.seed)
+        context = check_context(cfg.policy, task, tokens, evaluator, cap=context_cap(cfg.policy))
     capacity = cfg.async_rl.max_buffered_rollouts
     sampler = create_sampler(RolloutBuffer(capacity), cfg.async_rl.sampler)
     validate_setup(sampler, cfg.grpo, cfg.async_rl, deterministic=cfg.deterministic)
@@ -131,13 +139,15 @@ def preflight(cfg: RunConfig, *, task: Task | None = None,
     facts["max_buffered_rollouts"] = capacity
     facts.update(context)
     facts["min_step_groups"] = cfg.async_rl.rollout_failure.step_floor(cfg.grpo.num_prompts_per_step)
-    facts["warnings"] = failure_warnings(cfg.grpo, cfg.async_rl)
+    facts["warnings"] = [*failure_warnings(cfg.grpo, cfg.async_rl),
+                         *protocols.misspellings(task)]
     facts["max_token_staleness"] = cfg.loss.max_token_staleness
-    facts["trainer"] = trainer_layout(cfg)
+    facts["trainer"] = trainer_layout(cfg.trainer, device=cfg.policy.device,
+                                      cluster_backend=cfg.cluster.backend)
     facts["engine"] = cfg.policy.engine
-    facts["engine_capabilities"] = None if engine_caps is None else engine_caps.names()
+    facts.update(protocols.facts(task))
     facts["rollout"] = describe_rollout(cfg.task.rollout)
-    return Preflight(task=task, facts=facts, evaluator=evaluator)
+    return Preflight(task=task, tokenizer=tokenizer, facts=facts, evaluator=evaluator)
 
 
 def check_keep_best(cfg: RunConfig) -> None:

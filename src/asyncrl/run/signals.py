@@ -25,10 +25,12 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+from asyncrl.types import StopReason
+
 #: The signals a run handles, with the stop reason each gives and its exit code.
 STOP_SIGNALS = {
-    signal.SIGINT: ("interrupted", 130),
-    signal.SIGTERM: ("terminated", 143),
+    signal.SIGINT: (StopReason.INTERRUPTED, 130),
+    signal.SIGTERM: (StopReason.TERMINATED, 143),
 }
 EXIT_CODES = dict(STOP_SIGNALS.values())
 
@@ -47,7 +49,7 @@ class GracefulStop:
         self._previous: dict[signal.Signals, Any] = {}
 
     @property
-    def reason(self) -> str | None:
+    def reason(self) -> StopReason | None:
         """``interrupted`` / ``terminated`` after the first signal, else None."""
         return STOP_SIGNALS[self.received[0]][0] if self.received else None
 

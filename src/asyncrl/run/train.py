@@ -25,6 +25,7 @@ A run ends in one of three ways, and each leaves the run directory whole:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import sys
@@ -33,43 +34,40 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl._util.jsonio import write_json, write_text_atomic
-from asyncrl.checkpoint import (
-    SAVE_BY,
-    CheckpointHook,
-    LoadedCheckpoint,
-    config_changes,
-    iter_checkpoints,
-    prepare_resume,
-)
+from asyncrl.checkpoint import CheckpointHook, LoadedCheckpoint, iter_checkpoints
 from asyncrl.checkpoint.hook import ENGINE_SNAPSHOTS
 from asyncrl.checkpoint.store import list_checkpoints, set_aside_newer
 from asyncrl.config import RunConfig, config_from_dict, dump_config
 from asyncrl.config.strict_yaml import load_yaml
-from asyncrl.controller import Controller, JsonlHistory
+from asyncrl.controller import Controller, JsonlHistory, RunDirSummary
 from asyncrl.controller.evaluation import Evaluator
 from asyncrl.engines.base import RolloutEngine
 from asyncrl.errors import CheckpointError, ConfigError, add_note
 from asyncrl.metrics import JsonlSink, MetricsSink, TensorBoardSink
 from asyncrl.metrics.progress import progress_sink
 from asyncrl.metrics.report import write_plots
-from asyncrl.policy.build import load_tokenizer
+from asyncrl.policy.build import PolicyTokenizer
 from asyncrl.rollouts import apply_rollout
-from asyncrl.run.backends import build_backends
+from asyncrl.run.backends import build_backends, own_backend
 from asyncrl.run.export import export_final
 from asyncrl.run.lock import run_dir_lock
 from asyncrl.run.preflight import preflight
+from asyncrl.run.resume import config_changes, prepare_resume
 from asyncrl.run.rundir import check_run_dir, fork_run_dir, prepare_run_dir, truncate_metrics
 from asyncrl.run.signals import GracefulStop, Terminated, sigterm_as_interrupt
 from asyncrl.tasks import Task, build_scorer
 from asyncrl.trainers.base import Trainer
+from asyncrl.types import StopReason
 
 log = logging.getLogger("asyncrl.runner")
 
 #: Stop reasons after which the run's state is whole and worth a final checkpoint.
-CHECKPOINTED_ENDS = ("max_num_steps", "source_exhausted", "incomplete_step",
-                     "interrupted", "terminated", "stalled", SAVE_BY)
+CHECKPOINTED_ENDS = (StopReason.MAX_NUM_STEPS, StopReason.SOURCE_EXHAUSTED,
+                     StopReason.INCOMPLETE_STEP, StopReason.INTERRUPTED, StopReason.TERMINATED,
+                     StopReason.STALLED, StopReason.SAVE_BY)
 #: Stop reasons whose summary carries the command that resumes the run.
-RESUMABLE_ENDS = ("interrupted", "terminated", "stalled", SAVE_BY)
+RESUMABLE_ENDS = (StopReason.INTERRUPTED, StopReason.TERMINATED, StopReason.STALLED,
+                  StopReason.SAVE_BY)
 
 
 def train(
@@ -81,7 +79,7 @@ def train(
     extra_sinks: Sequence[MetricsSink] = (),
     resume: LoadedCheckpoint | None = None,
     overwrite: bool = False,
-) -> dict[str, Any]:
+) -> RunDirSummary:
     """Run async GRPO as configured; returns the summary written to ``summary.json``.
 
     ``task`` and ``backends`` let library users plug in their own task, engines
@@ -100,7 +98,7 @@ def train(
         fresh = home is None or (run_dir is not None and Path(run_dir).resolve() != home.resolve())
         run_dir = check_run_dir(run_dir, overwrite=overwrite) if fresh else home
         # Every pre-run check, before anything is written (asyncrl validate runs the same).
-        checked = preflight(cfg, task=task, builtin_backends=backends is None)
+        checked = preflight(cfg, task=task, backends=backends)
         task, evaluator = checked.task, checked.evaluator
         for warning in checked.facts.get("warnings", ()):
             log.warning("%s", warning)
@@ -109,12 +107,11 @@ def train(
             try:
                 if fresh:  # a new run, or a fork of ``resume`` into a run directory of its own
                     prepare_run_dir(run_dir, overwrite=overwrite)  # checked again, under the lock
-                engines, trainer = (backends if backends is not None
-                                    else build_backends(cfg, task, work_dir=run_dir))
+                engines, trainer = (backends if backends is not None else build_backends(
+                    cfg, task, work_dir=run_dir, policy_tokenizer=checked.tokenizer))
                 if cfg.task.rollout is not None:  # each group runs the task's rollout function
-                    engines = apply_rollout(cfg.task.rollout, engines,
-                                            load_tokenizer(cfg.policy, task))
-                run = _Run(cfg, run_dir, task, engines, trainer, evaluator)
+                    engines = apply_rollout(cfg.task.rollout, engines, checked.tokenizer.get(task))
+                run = _Run(cfg, run_dir, task, engines, trainer, evaluator, checked.tokenizer)
                 try:
                     snapshots = None
                     if resume is not None:
@@ -144,9 +141,10 @@ class _Run:
 
     def __init__(self, cfg: RunConfig, run_dir: Path, task: Task,
                  engines: Sequence[RolloutEngine], trainer: Trainer,
-                 evaluator: Evaluator | None) -> None:
+                 evaluator: Evaluator | None, tokenizer: PolicyTokenizer) -> None:
         self.cfg, self.run_dir, self.task = cfg, run_dir, task
         self.engines, self.trainer, self.evaluator = engines, trainer, evaluator
+        self.tokenizer = tokenizer
         self.scorer = build_scorer(task, cfg.task)
         self.controller: Controller | None = None
         self.stop: GracefulStop | None = None
@@ -183,13 +181,14 @@ class _Run:
         self.controller = Controller(
             task=self.task, engines=self.engines, trainer=self.trainer, grpo=cfg.grpo,
             async_rl=cfg.async_rl, seed=cfg.seed, deterministic=cfg.deterministic, sinks=sinks,
-            on_step_end=CheckpointHook(run_dir, cfg), ledger_history=history,
+            on_step_end=CheckpointHook(run_dir, cfg.checkpoint, dump_config(cfg)),
+            ledger_history=history,
             scorer=self.scorer, evaluator=self.evaluator,
         )
         if resume is not None:
             self.controller.load_state_dict(resume.controller_state)
 
-    def execute(self, resume: LoadedCheckpoint | None, snapshots: Any) -> dict[str, Any]:
+    def execute(self, resume: LoadedCheckpoint | None, snapshots: Any) -> RunDirSummary:
         """Run the event-loop program; whatever happens, write the run directory."""
         forced: BaseException | None = None
         try:
@@ -200,7 +199,8 @@ class _Run:
         except asyncio.CancelledError as exc:
             forced = exc
             if self.stop is not None and self.stop.forced:  # the second signal
-                raise (Terminated if self.stop.reason == "terminated" else KeyboardInterrupt)(
+                raise (Terminated if self.stop.reason is StopReason.TERMINATED
+                       else KeyboardInterrupt)(
                     "stopped at once on a second signal") from None
             raise
         finally:
@@ -238,7 +238,7 @@ class _Run:
             try:
                 if not self.stop.forced:  # the final policy, unless asked to stop at once
                     self.final_dir = await export_final(self.run_dir, self.cfg, self.trainer,
-                                                        self.task)
+                                                        self.task, self.tokenizer)
                 # The engines close under the loop's handlers too: the loop wakes on a
                 # signal whichever thread the kernel hands it to (asyncio watches a
                 # wakeup fd), where a Python handler would wait for the main thread
@@ -276,28 +276,28 @@ class _Run:
                          f"the cause, resume with: asyncrl train --resume {self.run_dir}")
 
     async def close(self) -> None:
+        """Close the reward pools, then the engines, then the trainer: each one,
+        even when a close before it fails or is cancelled (a second signal)."""
         eval_scorer = [self.evaluator.scorer] if self.evaluator is not None else []
-        for backend in (self.scorer, *eval_scorer, *self.engines, self.trainer):
-            try:
-                await backend.close()
-            except Exception as exc:  # a failing close must not hide the run's outcome
-                log.warning("closing %s failed: %r", type(backend).__name__, exc)
+        async with contextlib.AsyncExitStack() as owned:  # unwinds in reverse order
+            for backend in reversed((self.scorer, *eval_scorer, *self.engines, self.trainer)):
+                own_backend(owned, backend)
 
-    def finish(self, *, forced: BaseException | None) -> dict[str, Any]:
+    def finish(self, *, forced: BaseException | None) -> RunDirSummary:
         """Write summary.json, timeline.json, the ledger's pending groups and the plots
         (also after an error); after a signal, print how to resume. ``forced``: the
         interrupt that stopped the run at once (None: it was not)."""
         controller = self.controller
         assert controller is not None
-        summary = controller.summary()
+        summary = RunDirSummary(**controller.summary())
         stop = self.stop
         # A graceful stop is the controller's own stop reason. Only a forced end (a
         # second signal, or a signal outside the loop's handlers, e.g. while the
         # backends shut down) is written here.
         if forced is not None:
             first = stop.reason if stop is not None else None
-            summary["stop_reason"] = first or (
-                "terminated" if isinstance(forced, Terminated) else "interrupted")
+            summary["stop_reason"] = str(first or (
+                StopReason.TERMINATED if isinstance(forced, Terminated) else StopReason.INTERRUPTED))
             summary["stop_message"] = ("stopped at once on a second signal" if first
                                        else "stopped at once by a signal outside the run's "
                                             "event loop")
@@ -353,9 +353,9 @@ def _restore(cfg: RunConfig, task: Task, engines: Sequence[RolloutEngine], train
 
 
 def finish_run_dir(run_dir: Path, controller: Controller, task: Task, cfg: RunConfig,
-                   summary: dict[str, Any], *, plots: bool = True) -> dict[str, Any]:
+                   summary: RunDirSummary, *, plots: bool = True) -> RunDirSummary:
     """Write summary.json, timeline.json, the pending groups' ledger lines and the plots."""
-    target = getattr(task, "target_reward", None)
+    target = task.target_reward  # a required member (the pre-run checks refuse a task without)
     summary["target_reward"] = target
     last10 = summary.get("reward_last10_mean")
     summary["reached_target"] = bool(
@@ -387,7 +387,7 @@ def finish_run_dir(run_dir: Path, controller: Controller, task: Task, cfg: RunCo
 
 
 def resume_run(run_dir: str | Path, overrides: list[str], *, fork_to: str | Path | None = None,
-               overwrite: bool = False) -> dict[str, Any] | None:
+               overwrite: bool = False) -> RunDirSummary | None:
     """``asyncrl train --resume RUN_DIR [--run-dir NEW]``: continue from the newest
     valid checkpoint, in place or forked into ``fork_to`` (RUN_DIR is then not
     changed). Returns None, changing nothing, when there is nothing left to do."""

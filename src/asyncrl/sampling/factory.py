@@ -50,7 +50,7 @@ def _load_custom(buffer: RolloutBuffer, cfg: CustomSamplerConfig) -> PromptGroup
     target = cfg.target
     obj = load_target(target, field="async_rl.sampler.target", kind="class",
                       example="my_pkg.samplers:MySampler", error=SamplerConfigError)
-    class_name = target.partition(":")[2]
+    class_name = obj.__name__ if isinstance(obj, type) else target
     _check_signature(obj, target, cfg.kwargs)
     try:
         sampler = obj(buffer, **cfg.kwargs)

@@ -10,7 +10,7 @@ time while the unmodified :class:`~asyncrl.controller.Controller` drives them.
 Modelling choices (docs/simulate.md explains them for users):
 
 * **The fleet** is one :class:`SimEngine` with ``rollout_slots`` concurrent
-  generation slots (an ``asyncio.Semaphore``). A group holds a slot for its
+  generation slots (a FIFO pool, :mod:`asyncrl.sim.slots`). A group holds a slot for its
   sampled latency; groups the controller dispatches beyond the free slots queue
   in FIFO order. The controller's ``max_inflight_prompts`` is a separate,
   earlier bound, so it may be larger (groups queue here) or smaller (slots idle).
@@ -51,9 +51,9 @@ import random
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from asyncrl.engines.completions import start_weight
 from asyncrl.sim.latency import LatencyModel, Work
 from asyncrl.sim.sharing import SharedDecoder
+from asyncrl.sim.slots import SlotPool
 from asyncrl.sim.task import SimSource, SimTask
 from asyncrl.sim.tokens import CompletionFactory
 from asyncrl.sim.trainer import SimTrainer
@@ -156,7 +156,7 @@ class SimEngine:
         #: stands still now (None: it runs); see :meth:`_active`.
         self._paused_s = 0.0
         self._pause_start: float | None = None
-        self._slots: asyncio.Semaphore | None = None
+        self._slots = SlotPool(rollout_slots)
         self._first = _Stream(component_rng(seed, "latency"), latency.draw)
         self._retry = _Stream(component_rng(seed, "latency-retry"), latency.draw)
         self._retries_drawn = 0
@@ -190,13 +190,10 @@ class SimEngine:
     async def generate(self, request: GenerationRequest) -> GroupResult:
         gid = request.group_id
         slots = self._slots
-        if slots is None:
-            # Created lazily so it binds to the loop that runs the simulation.
-            slots = self._slots = asyncio.Semaphore(self.rollout_slots)
-        if slots.locked():
+        if not slots.try_take():
             self._queued.add(gid)
             try:
-                await slots.acquire()
+                await slots.take()
             except BaseException:
                 self._abort_queued.discard(gid)
                 raise
@@ -204,28 +201,33 @@ class SimEngine:
                 self._queued.discard(gid)
             if gid in self._abort_queued:
                 self._abort_queued.discard(gid)
-                slots.release()
+                slots.give_back()
                 raise GroupAborted(gid)
-        else:
-            # Fast path, same effect as acquire() on an unlocked semaphore.
-            await slots.acquire()
-        # Deterministic mode pins the weight version a group is generated with.
+        # The controller's start weight, else a pinned version (deterministic
+        # mode pins the version a group is generated with), else the one held.
         pinned = request.weight_version
-        start_version = start_weight(request, self._version)
+        start_version = request.start_weight
+        if start_version is None:
+            start_version = self._version if pinned is None else pinned
         sample, fail = self._draw(request)
         work = self.latency.work(sample, self._busy_now + 1, self.tokens_per_s)
-        latency = work.latency
         held, since = self._version, len(self._updates)
         loop = asyncio.get_running_loop()
         t0 = loop.time()
-        a0 = self._active(t0)
         run = self._running[gid] = _Run(loop.create_future())
-        # A shared fleet: the timer covers base_s, then the group decodes.
-        self._start_timer(loop, run, work.base_s if self._decoder is not None else latency)
+        if self._pause_start is None:
+            a0 = t0 - self._paused_s
+            # A shared fleet: the timer covers base_s, then the group decodes.
+            run.deadline = t0 + (work.base_s if self._decoder is not None else work.latency)
+            run.timer = loop.call_at(run.deadline, _wake, run.fut)
+        else:  # it starts when generation resumes
+            a0 = self._active(t0)
+            self._start_timer(loop, run, work.base_s if self._decoder is not None
+                              else work.latency)
         self.attempts += 1
-        self._busy_now += 1
-        if self._busy_now > self.max_busy:
-            self.max_busy = self._busy_now
+        busy = self._busy_now = self._busy_now + 1
+        if busy > self.max_busy:
+            self.max_busy = busy
         outcome = "failed" if fail else "ok"
         try:
             await run.fut
@@ -251,14 +253,15 @@ class SimEngine:
             self.busy_slot_s += t1 - t0
             if self.record_intervals:
                 self.intervals.append((t0, t1, outcome))
-            slots.release()
+            slots.give_back()
         if fail:
             self.failures += 1
             raise GenerationError(f"simulated failure of group {gid!r} (attempt {request.attempt})")
         if pinned is not None:  # deterministic mode: every token of the pinned version
             held, since = pinned, len(self._updates)
+        updates = self._updates
         return self._result(gid, request.num_generations, start_version,
-                            work, a0, held, self._updates[since:])
+                            work, a0, held, updates[since:] if since < len(updates) else ())
 
     async def update_weights(self, weights: Any, version: int) -> None:
         loop = asyncio.get_running_loop()

@@ -41,6 +41,7 @@ from typing import Any
 
 from asyncrl._util.jsonio import read_json, read_jsonl
 from asyncrl.config import RunConfig, config_from_dict, load_config
+from asyncrl.engines.specs import engine_spec
 from asyncrl.errors import ConfigError
 
 #: Fewer groups with generation timings than this cannot be fitted.
@@ -142,7 +143,7 @@ def calibrate(run_dir: str | Path, overrides: Sequence[str] = ()) -> Calibration
     latency, lat_facts = _fit_latency(fit_groups, intervals, n_gen)
     pauses = lat_facts.pop("pause_generation_during_sync")
     if pauses is None:  # no generation spanned a sync: what the engine is known to do
-        pauses = cfg.policy.engine in ("vllm", "vllm_server")
+        pauses = engine_spec(cfg.policy).pauses_on_sync
     trainer, trainer_facts = _fit_trainer(used, intervals, groups)
     gens = [i for i in intervals if i["kind"] == "gen"]
     engines = len({i["lane"] for i in gens}) or 1

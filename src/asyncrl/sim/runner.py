@@ -3,16 +3,14 @@
 :func:`simulate` is one run; :func:`compare` runs several built-in policies on
 the same workload; :func:`physical_bound` is the step time no policy can beat.
 docs/simulate.md derives the bound and explains every column of the result.
-The module keeps the result, its columns and the bound together (a little over
-the usual ~400 lines): they are read together (the serial reference, the other
-yardstick, is in :mod:`asyncrl.sim.reference`).
+The result, its columns and the bound's type are in :mod:`asyncrl.sim.result`
+(cohort mode builds the same result); the serial reference, the other
+yardstick, is in :mod:`asyncrl.sim.reference`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import gc
 import logging
 import math
 import time
@@ -22,32 +20,24 @@ from typing import Any
 
 from asyncrl.buffer import RolloutBuffer
 from asyncrl.config import RunConfig, SimulateConfig
-from asyncrl.config.sampler import CustomSamplerConfig
 from asyncrl.controller import Controller
+from asyncrl.controller.stats import KEEP_RECORDS
 from asyncrl.errors import ConfigError
 from asyncrl.metrics import MemorySink
 from asyncrl.sampling import WINDOW_FIELD, create_sampler, parse_sampler_config
 from asyncrl.sim.backends import SimEngine, SimTask, SimTrainer
 from asyncrl.sim.clock import LoopKind, run_virtual
+from asyncrl.sim.cohort import cohort_result
 from asyncrl.sim.latency import LatencyModel, make_latency_model
-
-#: The columns of a result row, in table order (``asyncrl simulate --json`` prints exactly these).
-ROW_KEYS = (
-    "sampler",
-    "steps",
-    "virtual_time_s",
-    "steps_per_hour",
-    "efficiency",
-    "trainer_idle_frac",
-    "generator_util",
-    "staleness_mean",
-    "staleness_p95",
-    "staleness_max",
-    "token_staleness_mean",
-    "token_staleness_p95",
-    "token_staleness_max",
-    "waste_frac",
-    "masked_token_frac",
+from asyncrl.sim.result import (
+    ROW_KEYS,
+    Bound,
+    SimResult,
+    efficiency_of,
+    fewer_gc_passes,
+    percentile,
+    sampler_label,
+    sampler_window,
 )
 
 #: The built-in policies ``compare`` knows, in the order the docs discuss them.
@@ -67,33 +57,6 @@ NO_SIMULATE_BLOCK = (
     "or start from one of examples/sim/*.yaml (a key.path override such as "
     "simulate.steps=200 also creates the block with defaults)"
 )
-
-
-@dataclasses.dataclass(frozen=True)
-class Bound:
-    """The fastest possible step for a workload (see :func:`physical_bound`)."""
-
-    trainer_step_s: float
-    generation_step_s: float
-
-    @property
-    def step_s(self) -> float:
-        return max(self.trainer_step_s, self.generation_step_s)
-
-    @property
-    def limited_by(self) -> str:
-        return "trainer" if self.trainer_step_s >= self.generation_step_s else "generation"
-
-    @property
-    def steps_per_hour(self) -> float:
-        return 3600.0 / self.step_s if self.step_s > 0 else math.inf
-
-    def describe(self) -> str:
-        return (
-            f"physical bound: {self.step_s:.3g}s/step ({self.steps_per_hour:,.0f} steps/h), "
-            f"{self.limited_by}-bound (trainer {self.trainer_step_s:.3g}s/step, "
-            f"generation {self.generation_step_s:.3g}s/step)"
-        )
 
 
 def physical_bound(cfg: RunConfig, latency: LatencyModel | None = None, *,
@@ -121,79 +84,10 @@ def physical_bound(cfg: RunConfig, latency: LatencyModel | None = None, *,
     return Bound(trainer, generation)
 
 
-@dataclasses.dataclass
-class SimResult:
-    """One simulated run: the row, plus what the plots and checks need."""
-
-    sampler: str
-    window: int | None
-    steps: int
-    virtual_time_s: float
-    steps_per_hour: float
-    efficiency: float
-    trainer_idle_frac: float
-    generator_util: float
-    staleness_mean: float
-    staleness_p95: int
-    staleness_max: int
-    #: Staleness of the trained *tokens* (``v - token version``, token-weighted).
-    token_staleness_mean: float
-    token_staleness_p95: int
-    token_staleness_max: int
-    waste_frac: float
-    #: Trained tokens the loss masks leave out (``loss.max_token_staleness``,
-    #: ``loss.truncated: mask``), as a fraction of all trained tokens.
-    masked_token_frac: float
-    bound: Bound
-    ledger: dict[str, Any]
-    stop_reason: str
-    wall_s: float
-    note: str = ""
-    records: list[dict[str, Any]] = dataclasses.field(default_factory=list, repr=False)
-    staleness_hist: dict[str, int] = dataclasses.field(default_factory=dict, repr=False)
-    token_staleness_hist: dict[str, int] = dataclasses.field(default_factory=dict, repr=False)
-    #: Trainer intervals from the controller's timeline plus the engine's slot
-    #: occupancy, as dicts for :func:`asyncrl.metrics.plots.plot_timeline`.
-    timeline: list[dict[str, Any]] = dataclasses.field(default_factory=list, repr=False)
-    engine: SimEngine | None = dataclasses.field(default=None, repr=False)
-    trainer: SimTrainer | None = dataclasses.field(default=None, repr=False)
-
-    def row(self) -> dict[str, Any]:
-        """The table row: exactly :data:`ROW_KEYS`, JSON-ready (NaN becomes None)."""
-        out: dict[str, Any] = {}
-        for key in ROW_KEYS:
-            value = getattr(self, key)
-            if isinstance(value, float) and not math.isfinite(value):
-                value = None
-            out[key] = value
-        return out
-
-    @property
-    def step_time_s(self) -> float:
-        return self.virtual_time_s / self.steps if self.steps else math.nan
-
-    def timeline_until(self, steps: int = 20) -> float | None:
-        """Virtual time at which step ``steps`` ended (None: the whole run)."""
-        if len(self.records) <= steps:
-            return None
-        return float(self.records[steps - 1]["wall_time_s"])
-
-
 def _sim_block(cfg: RunConfig) -> SimulateConfig:
     if cfg.simulate is None:
         raise ConfigError(NO_SIMULATE_BLOCK)
     return cfg.simulate
-
-
-def sampler_label(sampler_cfg: Any) -> str:
-    if isinstance(sampler_cfg, CustomSamplerConfig):
-        return sampler_cfg.target
-    return str(sampler_cfg.name)
-
-
-def sampler_window(sampler_cfg: Any) -> int | None:
-    field = WINDOW_FIELD.get(getattr(sampler_cfg, "name", ""))
-    return None if field is None else int(getattr(sampler_cfg, field))
 
 
 def simulate(
@@ -230,6 +124,10 @@ def simulate(
     if sampler_override is not None:
         async_rl = async_rl.model_copy(
             update={"sampler": parse_sampler_config(sampler_override)})
+    if sim.mode == "cohort":
+        return cohort_result(cfg, async_rl.sampler, latency, num_steps,
+                             bound=physical_bound(cfg, latency), note=note,
+                             record_intervals=record_intervals, on_step=on_step)
     engine = SimEngine(latency, rollout_slots=sim.rollout_slots, seed=cfg.seed,
                        failure_rate=sim.failure_rate, weight_sync_s=sim.weight_sync_s,
                        record_intervals=record_intervals, tokens_per_s=sim.tokens_per_s,
@@ -237,7 +135,7 @@ def simulate(
                        abort_s=sim.abort_s)
     trainer = SimTrainer(train_step_s=sim.train_step_s, train_per_group_s=sim.train_per_group_s,
                          train_per_token_s=sim.train_per_token_s, loss=cfg.loss)
-    sink = MemorySink()
+    sink = _FirstRecords()
     holder: dict[str, Controller] = {}
 
     async def _step_hook(_controller: Controller, version: int) -> None:
@@ -254,12 +152,22 @@ def simulate(
         await controller.run()
 
     t0 = time.perf_counter()
-    with _quiet_group_warnings(), _fewer_gc_passes():
+    with _quiet_group_warnings(), fewer_gc_passes():
         run_virtual(_run(), loop=clock)
     wall = time.perf_counter() - t0
     controller = holder["c"]
     return _result(controller, engine, trainer, sink, sim, physical_bound(cfg, latency), wall, note,
                    sampler_label(async_rl.sampler), sampler_window(async_rl.sampler))
+
+
+class _FirstRecords(MemorySink):
+    """The first :data:`KEEP_RECORDS` step records (what the timeline plot and
+    the tests read); past them a run keeps only the summary's aggregates, so a
+    long simulation does not grow with its steps."""
+
+    def write(self, record: dict[str, Any]) -> None:
+        if len(self.records) < KEEP_RECORDS:
+            self.records.append(record)
 
 
 @contextlib.contextmanager
@@ -279,24 +187,6 @@ def _quiet_group_warnings() -> Iterator[None]:
         yield
     finally:
         logger.setLevel(old)
-
-
-@contextlib.contextmanager
-def _fewer_gc_passes() -> Iterator[None]:
-    """Collect cyclic garbage less often while simulating.
-
-    A run allocates millions of short-lived objects (futures, handles, tasks)
-    while its ledger grows to one record per group; with the default
-    thresholds the collector runs about a thousand times per 1,000 steps and
-    takes ~8% of the CPU time. Larger thresholds cut that to a handful of
-    passes; the young cycles (cancelled tasks) are still collected.
-    """
-    old = gc.get_threshold()
-    gc.set_threshold(max(old[0], 50_000), max(old[1], 20), max(old[2], 50))
-    try:
-        yield
-    finally:
-        gc.set_threshold(*old)
 
 
 def _result(
@@ -319,7 +209,6 @@ def _result(
     token_hist = {str(k): int(v) for k, v in summary.get("token_staleness_hist", {}).items()}
     masks = trainer.mask_stats
     dispatched = ledger["dispatched"]
-    step_time = elapsed / steps if steps else math.nan
     timeline = [
         {"kind": i.kind, "lane": i.lane, "start": i.start, "end": i.end, "label": i.label}
         for i in controller.timeline.intervals
@@ -329,15 +218,7 @@ def _result(
         {"kind": "gen", "lane": 0, "start": a, "end": b, "label": outcome}
         for a, b, outcome in engine.intervals
     )
-    efficiency = bound.step_s / step_time if steps and step_time > 0 else math.nan
-    if efficiency > 1.0 + 1e-9:
-        # The fleet side of the bound assumes trained groups cost an average
-        # latency each. A policy that aborts long groups part-way breaks that
-        # (its trained groups skew short); otherwise the draws just came out
-        # below their mean.
-        why = ("slow groups were aborted (trained groups skew short)" if ledger["aborted"]
-               else "the sampled latencies came out below their mean")
-        note = "; ".join(x for x in (note, f"above the bound: {why}") if x)
+    efficiency, note = efficiency_of(bound, steps, elapsed, ledger["aborted"], note)
     return SimResult(
         sampler=label,
         window=window,
@@ -348,7 +229,7 @@ def _result(
         trainer_idle_frac=float(summary["trainer_idle_s"]) / elapsed if elapsed > 0 else 0.0,
         generator_util=engine.busy_slot_s / (sim.rollout_slots * elapsed) if elapsed > 0 else 0.0,
         staleness_mean=float(summary["staleness_mean"]),
-        staleness_p95=_percentile(hist, 0.95),
+        staleness_p95=percentile(hist, 0.95),
         staleness_max=int(summary["staleness_max"]),
         token_staleness_mean=float(summary.get("token_staleness_mean", 0.0)),
         token_staleness_p95=int(summary.get("token_staleness_p95", 0)),
@@ -367,20 +248,6 @@ def _result(
         engine=engine,
         trainer=trainer,
     )
-
-
-def _percentile(hist: dict[str, int], q: float) -> int:
-    """Nearest-rank percentile of an integer histogram (0 when empty)."""
-    total = sum(hist.values())
-    if not total:
-        return 0
-    rank = math.ceil(q * total)
-    seen = 0
-    for key in sorted(hist, key=int):
-        seen += hist[key]
-        if seen >= rank:
-            return int(key)
-    return max(int(k) for k in hist)
 
 
 # ----------------------------------------------------------------- compare
@@ -460,3 +327,8 @@ def compare(
         if on_done is not None:
             on_done(result)
     return results
+
+
+#: ROW_KEYS, Bound and SimResult are re-exported: callers import them from here.
+__all__ = ["BUILTIN_POLICIES", "NO_SIMULATE_BLOCK", "ROW_KEYS", "Bound", "SimResult", "compare",
+           "compare_window", "fit_capacity", "physical_bound", "policy_config", "simulate"]

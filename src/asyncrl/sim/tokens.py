@@ -15,12 +15,11 @@ the token ids and log-probs are zeros, views of one shared buffer
 
 from __future__ import annotations
 
-import math
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from asyncrl.config import LossConfig
-from asyncrl.record import Completion, VersionSpans
+from asyncrl.record import Completion, VersionSpans, counted
 from asyncrl.sim.latency import Work
 from asyncrl.trainers.masks import MaskStats, token_masks
 from asyncrl.types import Rollout
@@ -29,23 +28,31 @@ from asyncrl.types import Rollout
 class Placeholders:
     """Token ids and log-probs for simulated completions: zeros, as read-only
     views of one buffer per type that grows to the longest completion (a view
-    has a length, indexes and iterates like a list, and costs no copy)."""
+    has a length, indexes and iterates like a list, and costs no copy). The
+    views of each length are made once."""
 
     def __init__(self) -> None:
         self._ids = memoryview(array("q")).toreadonly()
         self._logprobs = memoryview(array("d")).toreadonly()
+        self._views: dict[int, tuple[memoryview, memoryview]] = {}
+
+    def views(self, length: int) -> tuple[memoryview, memoryview]:
+        """Token ids and log-probs of a completion of ``length`` tokens."""
+        views = self._views.get(length)
+        if views is None:
+            if length > len(self._ids):
+                self._grow(length)
+            views = self._views[length] = (self._ids[:length], self._logprobs[:length])
+        return views
 
     def ids(self, length: int) -> memoryview:
-        if length > len(self._ids):
-            self._grow(length)
-        return self._ids[:length]
+        return self.views(length)[0]
 
     def logprobs(self, length: int) -> memoryview:
-        if length > len(self._logprobs):
-            self._grow(length)
-        return self._logprobs[:length]
+        return self.views(length)[1]
 
     def _grow(self, length: int) -> None:
+        # Views made before stay valid: they keep the old (zero) buffers alive.
         size = max(length, 2 * len(self._ids), 1024)
         self._ids = memoryview(array("q", bytes(8 * size))).toreadonly()
         self._logprobs = memoryview(array("d", bytes(8 * size))).toreadonly()
@@ -60,12 +67,17 @@ def version_spans(length: int, work: Work, start: float, version: int,
     spans: list[tuple[int, int]] = []
     done = 0
     first = start + work.base_s
+    token_s = work.token_s
     for at, new_version in updates:
         if done >= length:
             break
-        # Tokens sampled by ``at``: token j is sampled at first + (j + 1) * token_s.
-        upto = length if work.token_s <= 0 else \
-            min(length, max(0, math.floor((at - first) / work.token_s + 1e-9)))
+        # Tokens sampled by ``at``: token j is sampled at first + (j + 1) * token_s
+        # (``int`` is ``floor`` here: a negative count is clamped to 0 anyway).
+        if token_s <= 0:
+            upto = length
+        else:
+            upto = int((at - first) / token_s + 1e-9)
+            upto = length if upto > length else (upto if upto > 0 else 0)
         if upto > done:
             spans.append((version, upto - done))
             done = upto
@@ -97,8 +109,10 @@ class CompletionFactory:
               updates: Sequence[tuple[float, int]]) -> list[Completion]:
         if work.mean >= work.longest:  # all alike (the time-based models): one record
             length = work.longest
-            return [self._completion(length, version_spans(length, work, start, version,
-                                                           updates))] * n
+            # No update landed while the group generated: one span, no search.
+            spans = version_spans(length, work, start, version, updates) if updates else \
+                ((version, length),)
+            return [self._completion(length, spans)] * n
         made: dict[int, Completion] = {}
         out = []
         for length in completion_lengths(work, n):
@@ -110,9 +124,8 @@ class CompletionFactory:
         return out
 
     def _completion(self, length: int, spans: VersionSpans) -> Completion:
-        zeros = self._zeros
-        return Completion(zeros.ids(length), zeros.logprobs(length),  # type: ignore[arg-type]
-                          spans, "stop")
+        ids, logprobs = self._zeros.views(length)
+        return Completion(ids, logprobs, spans, "stop")  # type: ignore[arg-type]
 
 
 def count_masked(rollout: Rollout, *, step: int, cfg: LossConfig, stats: MaskStats) -> None:
@@ -120,29 +133,36 @@ def count_masked(rollout: Rollout, *, step: int, cfg: LossConfig, stats: MaskSta
     training step ``step`` to ``stats``: :func:`asyncrl.trainers.masks.token_masks`'s
     rule, counted per span instead of per token (the simulator's completions
     have no ``loss_mask``; one that has is handed to ``token_masks`` itself)."""
-    completions = rollout.result.completions
-    if not completions:
-        return
-    first = completions[0]
-    # A simulated group's completions are often one shared record (list.count
-    # finds that by identity, in C): count it once.
-    alike = completions.count(first) == len(completions)
-    if (first.loss_mask is not None if alike
-            else any(c.loss_mask is not None for c in completions)):
-        token_masks(rollout, step=step, cfg=cfg, stats=stats)
-        return
+    count_masked_chunk((rollout,), step=step, cfg=cfg, stats=stats)
+
+
+def count_masked_chunk(rollouts: Iterable[Rollout], *, step: int, cfg: LossConfig,
+                       stats: MaskStats) -> None:
+    """:func:`count_masked` for each of ``rollouts`` (a training chunk)."""
     oldest = None if cfg.max_token_staleness is None else step - cfg.max_token_staleness
-    for c in (first,) if alike else completions:
-        times = len(completions) if alike else 1
-        n = len(c)
-        truncated = c.finish_reason == "length"
-        if truncated and cfg.truncated == "mask":
-            masked = n
-        elif oldest is None:
-            masked = 0
+    masks_truncated = cfg.truncated == "mask"
+    tokens = masked = completions = truncated = 0
+    for rollout in rollouts:
+        # A simulated group's completions are often one shared record: counted once.
+        records = counted(rollout.result.completions)
+        for c, _ in records:
+            if c.loss_mask is not None:
+                token_masks(rollout, step=step, cfg=cfg, stats=stats)
+                break
         else:
-            masked = sum(count for version, count in c.versions if version < oldest)
-        stats.tokens += n * times
-        stats.masked += masked * times
-        stats.completions += times
-        stats.truncated += truncated * times
+            for c, times in records:
+                n = len(c.token_ids)
+                cut = c.finish_reason == "length"
+                if cut and masks_truncated:
+                    masked += n * times
+                elif oldest is not None:
+                    for version, count in c.versions:
+                        if version < oldest:
+                            masked += count * times
+                tokens += n * times
+                completions += times
+                truncated += cut * times
+    stats.tokens += tokens
+    stats.masked += masked
+    stats.completions += completions
+    stats.truncated += truncated

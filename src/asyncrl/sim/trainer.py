@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from asyncrl.config import LossConfig
-from asyncrl.sim.tokens import count_masked
+from asyncrl.sim.tokens import count_masked_chunk
 from asyncrl.trainers.masks import MaskStats
 from asyncrl.types import Rollout
 
@@ -37,8 +37,7 @@ class SimTrainer:
     async def train_chunk(self, rollouts: Sequence[Rollout], *, step: int) -> dict[str, float]:
         self.groups += len(rollouts)
         stats = MaskStats()
-        for rollout in rollouts:
-            count_masked(rollout, step=step, cfg=self.loss, stats=stats)
+        count_masked_chunk(rollouts, step=step, cfg=self.loss, stats=stats)
         total = self.mask_stats
         total.tokens += stats.tokens
         total.masked += stats.masked

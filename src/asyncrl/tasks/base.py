@@ -29,7 +29,27 @@ class PromptSource(Protocol):
 
 @runtime_checkable
 class Task(Protocol):
-    """A verifiable task: where prompts come from and how completions score."""
+    """A verifiable task: where prompts come from and how completions score.
+
+    These four members are all a task needs (the pre-run checks refuse a task
+    that lacks one). A task may offer more, each an optional protocol of
+    :mod:`asyncrl.tasks.capabilities`, used only where the task has it:
+
+    * ``tokenizer`` - read when a from-scratch policy is built: its vocabulary;
+    * ``bind_tokenizer(tokenizer)`` - called once before the first prompt, with
+      the policy's tokenizer, unless ``needs_policy_tokenizer`` is False;
+    * ``pooled_reward`` - read once when the reward pool is built: the picklable
+      function its workers call instead of ``reward``;
+    * ``prepare_reward(prompt)`` - called on the event loop before each group is
+      scored: the prompt as the reward sees it;
+    * ``longest_prompt_text`` - read by the context-length check;
+    * ``cfg`` - the task's config block (its reward pool settings);
+    * the records of a file (``num_records``, ``raw_prompt``, ... : the dataset
+      task) - scanned by the context-length check, held out by evaluation.
+
+    ``asyncrl validate`` lists which of them a task has, and warns about a
+    public attribute that looks like one of them misspelled.
+    """
 
     name: str
     #: Mean reward at which the task counts as learned (reported in summaries).

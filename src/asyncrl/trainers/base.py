@@ -3,15 +3,27 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
+from asyncrl.trainers.capabilities import FinalState, TrainerCapabilities
 from asyncrl.types import Rollout
 
 
 @runtime_checkable
 class Trainer(Protocol):
     """Consumes prompt groups chunk by chunk and takes one optimizer step per
-    training step (``num_prompts_per_step`` groups)."""
+    training step (``num_prompts_per_step`` groups).
+
+    A trainer may offer more, each an optional protocol of
+    :mod:`asyncrl.trainers.capabilities`, read once when the controller gets
+    the trainer and used only where the trainer has it:
+
+    * ``final_state_dict()`` - called once the run has stopped, instead of
+      ``state_dict()`` (the final checkpoint and the final policy): the same
+      state, free to share its tensors;
+    * ``sharded_state_dict(directory)`` - called instead of ``state_dict()``
+      when a checkpoint is written: the trainer writes its shards itself.
+    """
 
     async def train_chunk(self, rollouts: Sequence[Rollout], *, step: int) -> dict[str, float]:
         """Called by the train pump for every chunk the sampler selects during step
@@ -34,9 +46,7 @@ class Trainer(Protocol):
         """Called when a checkpoint is written (model, optimizer, RNG), in a worker
         thread (the event loop keeps serving), while no other trainer call runs.
         Training goes on while the checkpoint is written, so the tensors must be
-        copies. (A trainer may also offer ``final_state_dict()``: the same state,
-        called once the run has stopped, free to share its tensors; see
-        :func:`final_state_dict`.)"""
+        copies."""
         ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -48,10 +58,14 @@ class Trainer(Protocol):
         ...
 
 
-def final_state_dict(trainer: Trainer) -> dict[str, Any]:
+def final_state_dict(trainer: Trainer, caps: TrainerCapabilities | None = None
+                     ) -> dict[str, Any]:
     """The trainer's state once the run has stopped (the final checkpoint and the
     final policy; no trainer call follows): its ``final_state_dict()`` where it
-    has one - the state without copying tensors it already holds on the CPU -
-    else its ``state_dict()``."""
-    final = getattr(trainer, "final_state_dict", None)
-    return final() if final is not None else trainer.state_dict()
+    has one (:class:`~asyncrl.trainers.capabilities.FinalState`: the state
+    without copying tensors it already holds on the CPU), else its
+    ``state_dict()``. ``caps``: the trainer's capabilities, when already read."""
+    caps = caps if caps is not None else TrainerCapabilities.of(trainer)
+    if caps.final_state_dict:
+        return cast(FinalState, trainer).final_state_dict()
+    return trainer.state_dict()

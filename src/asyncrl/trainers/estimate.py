@@ -24,8 +24,9 @@ from asyncrl.trainers.memory import LiveTensorBytes
 from asyncrl.types import Completion, GroupResult, Prompt, Rollout
 
 if TYPE_CHECKING:
-    from asyncrl.config import RunConfig
-    from asyncrl.tasks.base import Task
+    from asyncrl.config import PolicyConfig
+    from asyncrl.tasks.tokenizer import Tokenizer
+    from asyncrl.trainers.options import TrainerOptions
 
 
 @dataclass(frozen=True)
@@ -57,19 +58,20 @@ class MemoryEstimate:
         return {**asdict(self), "exceeds_device": self.exceeds_device}
 
 
-def estimate_step_memory(cfg: RunConfig, task: Task | None = None) -> MemoryEstimate:
-    """The estimate for ``cfg`` (``task`` gives a from-scratch model its vocabulary)."""
-    from asyncrl.policy.build import load_tokenizer, model_skeleton
+def estimate_step_memory(policy: PolicyConfig, options: TrainerOptions,
+                         tokenizer: Tokenizer) -> MemoryEstimate:
+    """The estimate for the trainer of ``options`` over the model of ``policy``
+    (``tokenizer``: the policy's, which gives a from-scratch model its vocabulary)."""
+    from asyncrl.policy.build import model_skeleton
     from asyncrl.trainers.grpo import GRPOTrainer
 
-    device = torch.device(cfg.policy.device)
+    device = torch.device(policy.device)
     # "auto" on a GPU is bfloat16 there, whatever this machine has.
-    dtype = (torch.bfloat16 if cfg.policy.dtype == "auto" and device.type == "cuda"
-             else policy_dtype(cfg.policy.dtype, device))
-    tokenizer = load_tokenizer(cfg.policy, task)
-    model = model_skeleton(cfg.policy, tokenizer).to(dtype=dtype)
-    trainer = GRPOTrainer.from_config(cfg.policy, cfg.loss, model=model, tokenizer=tokenizer)
-    budget = cfg.policy.train_micro_batch_tokens
+    dtype = (torch.bfloat16 if policy.dtype == "auto" and device.type == "cuda"
+             else policy_dtype(policy.dtype, device))
+    model = model_skeleton(policy, tokenizer).to(dtype=dtype)
+    trainer = GRPOTrainer.from_options(options, model=model, tokenizer=tokenizer)
+    budget = options.micro_batch_tokens
     vocab = trainer.scorer.vocab_size
     try:
         with LiveTensorBytes():  # a first step creates the optimizer state

@@ -69,7 +69,10 @@ from asyncrl.trainers.token_logprobs import TokenScorer, enable_checkpointing
 from asyncrl.types import Rollout
 
 if TYPE_CHECKING:
-    from asyncrl.config import LoraConfig, PolicyConfig
+    from typing_extensions import Self
+
+    from asyncrl.config import LoraConfig
+    from asyncrl.trainers.options import TrainerOptions
 
 
 class GRPOTrainer:
@@ -167,25 +170,28 @@ class GRPOTrainer:
         self._executor, self._stream = worker_executor("trainer", num_threads, self._device)
 
     @classmethod
-    def from_config(
-        cls, policy: PolicyConfig, loss: LossConfig, *, model: torch.nn.Module,
-        tokenizer: Tokenizer, deterministic: bool = False,
-        weights_device: str | torch.device = "cpu",
-    ) -> GRPOTrainer:
-        """The trainer of ``policy`` with ``loss``, over ``model`` (built by
+    def from_options(
+        cls, options: TrainerOptions, *, model: torch.nn.Module, tokenizer: Tokenizer,
+        weights_device: str | torch.device = "cpu", score_through_root: bool = False,
+        ref_model: torch.nn.Module | None = None,
+    ) -> Self:
+        """The trainer of ``options`` (made by :meth:`TrainerOptions.of` from the
+        policy and loss blocks) over ``model`` (built by
         :func:`asyncrl.policy.build.build_policy`)."""
         return cls(
             model,
             tokenizer,
-            loss=loss,
-            optimizer=policy.optimizer,
-            temperature=policy.generation.temperature,
-            num_threads=policy.num_threads,
-            micro_batch_tokens=policy.train_micro_batch_tokens,
-            gradient_checkpointing=policy.gradient_checkpointing,
-            lora=policy.lora,
-            deterministic=deterministic,
+            loss=options.loss,
+            optimizer=options.optimizer,
+            temperature=options.temperature,
+            num_threads=options.num_threads,
+            micro_batch_tokens=options.micro_batch_tokens,
+            gradient_checkpointing=options.gradient_checkpointing,
+            lora=options.lora,
+            deterministic=options.deterministic,
             weights_device=weights_device,
+            score_through_root=score_through_root,
+            ref_model=ref_model,
         )
 
     # ------------------------------------------------------------ protocol

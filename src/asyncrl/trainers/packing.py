@@ -66,6 +66,7 @@ def flatten(rollouts: Sequence[Rollout], *, loss: LossConfig, step: int) -> Flat
         )
         flat.group_adv.append(adv)
         masks = token_masks(rollout, step=step, cfg=loss, stats=flat.mask_stats)
+        advs = adv.tolist()  # one read of the tensor, not one per completion
         for i, completion in enumerate(res.completions):
             if not completion.token_ids:
                 continue
@@ -73,7 +74,7 @@ def flatten(rollouts: Sequence[Rollout], *, loss: LossConfig, step: int) -> Flat
             flat.starts.append(len(res.prompt_ids))
             flat.behavior.append(list(completion.logprobs))
             flat.loss_mask.append(masks[i])
-            flat.advs.append(float(adv[i]))
+            flat.advs.append(advs[i])
     return flat
 
 
@@ -133,11 +134,11 @@ def pack(flat: Flat, rows: Sequence[int], *, pad_id: int, device: torch.device) 
     """The micro-batch of ``flat``'s sequences ``rows``."""
     seqs = [flat.seqs[r] for r in rows]
     width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    # One tensor from the right-padded rows (not a torch call per row).
+    ids = torch.tensor([seq + [pad_id] * (width - len(seq)) for seq in seqs], dtype=torch.long)
     positions: list[int] = []
     targets: list[int] = []
     for row, (r, seq) in enumerate(zip(rows, seqs)):
-        ids[row, : len(seq)] = torch.tensor(seq)
         start, base = flat.starts[r], row * width
         positions.extend(range(base + start - 1, base + len(seq) - 1))
         targets.extend(seq[start:])

@@ -158,15 +158,18 @@ class DecodeBatch:
         so that it is made on the engine's stream)."""
         device = self.device
         width, limit, rows = self.width, self.limit, len(self.rows)
-        ids = torch.full((rows, width + limit), self.pad_id, dtype=torch.long)
-        mask = torch.ones((rows, width + limit), dtype=torch.long)
-        padded = False
-        for r, (g, i) in enumerate(self.rows):
+        # The left-padded rows as one nested list, made into one tensor: a torch
+        # call per row would hold the interpreter (and its lock) once per row.
+        pad, lengths, padded_rows = self.pad_id, [], []
+        for g, i in self.rows:
             context = g.context(i)
-            n = len(context)
-            ids[r, width - n : width] = torch.tensor(context)
-            mask[r, : width - n] = 0
-            padded = padded or n < width
+            lengths.append(len(context))
+            padded_rows.append([pad] * (width - len(context)) + context + [pad] * limit)
+        ids = torch.tensor(padded_rows, dtype=torch.long)
+        padded = min(lengths) < width
+        mask = torch.tensor([[0] * (width - n) + [1] * (n + limit) for n in lengths],
+                            dtype=torch.long) if padded else \
+            torch.ones((len(lengths), width + limit), dtype=torch.long)
         # Rows with a shorter limit than the batch's (they continue a partial
         # completion) stop at it; without such rows no tensor at all.
         row_limit = [g.remaining(i) for g, i in self.rows]

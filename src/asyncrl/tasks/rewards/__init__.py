@@ -2,7 +2,7 @@
 
 ``build_scorer(task, task_cfg)`` is the one factory: it returns the
 :class:`~asyncrl.tasks.base.Scorer` for any task. A task may offer two optional
-hooks (the dataset task does):
+members (:mod:`asyncrl.tasks.capabilities`; the dataset task does):
 
 * ``pooled_reward`` - the picklable function the workers call instead of
   ``task.reward`` (so a process worker need not receive the whole task);
@@ -12,10 +12,11 @@ hooks (the dataset task does):
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
-from asyncrl.config.dataset import RewardPoolConfig
+from asyncrl.config.dataset import DatasetTaskConfig, RewardPoolConfig
 from asyncrl.tasks.base import Task
+from asyncrl.tasks.capabilities import HasConfig, PoolsReward, PreparesReward, TaskCapabilities
 from asyncrl.tasks.rewards.functions import (
     ExactMatch,
     MathVerify,
@@ -39,11 +40,14 @@ def build_scorer(task: Task, task_cfg: Any = None) -> RewardPool:
     :class:`~asyncrl.controller.Controller` from a task gets the pool ``asyncrl
     train`` builds from the same config.
     """
-    if task_cfg is None:
-        task_cfg = getattr(task, "cfg", None)
-    cfg = getattr(task_cfg, "reward", None) or RewardPoolConfig()
-    reward = getattr(task, "pooled_reward", None) or task.reward
-    return RewardPool.from_config(reward, cfg, prepare=getattr(task, "prepare_reward", None))
+    caps = TaskCapabilities.of(task)
+    if task_cfg is None and caps.cfg:
+        task_cfg = cast(HasConfig, task).cfg
+    # Only a dataset task's block has a reward block; the others take the defaults.
+    cfg = task_cfg.reward if isinstance(task_cfg, DatasetTaskConfig) else RewardPoolConfig()
+    reward = cast(PoolsReward, task).pooled_reward if caps.pooled_reward else task.reward
+    prepare = cast(PreparesReward, task).prepare_reward if caps.prepare_reward else None
+    return RewardPool.from_config(reward, cfg, prepare=prepare)
 
 
 __all__ = [

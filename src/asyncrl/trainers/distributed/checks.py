@@ -8,19 +8,20 @@ from typing import TYPE_CHECKING
 from asyncrl.errors import ConfigError
 
 if TYPE_CHECKING:
-    from asyncrl.config import RunConfig
+    from asyncrl.config import ClusterConfig, TrainerConfig
 
 
-def collective_backend(cfg: RunConfig) -> str:
-    """``trainer.backend``, with ``auto`` resolved for ``policy.device``."""
-    if cfg.trainer.backend != "auto":
-        return cfg.trainer.backend
-    return "nccl" if cfg.policy.device.startswith("cuda") else "gloo"
+def collective_backend(trainer: TrainerConfig, device: str) -> str:
+    """``trainer.backend``, with ``auto`` resolved for ``device`` (``policy.device``)."""
+    if trainer.backend != "auto":
+        return trainer.backend
+    return "nccl" if device.startswith("cuda") else "gloo"
 
 
-def check_trainer(cfg: RunConfig) -> None:
-    """Refuse a sharded trainer this machine (or cluster request) cannot run."""
-    t = cfg.trainer
+def check_trainer(trainer: TrainerConfig, *, device: str, cluster: ClusterConfig) -> None:
+    """Refuse a sharded trainer this machine (or cluster request) cannot run
+    (``device``: ``policy.device``)."""
+    t = trainer
     if t.strategy != "fsdp":
         return
     import torch
@@ -30,37 +31,38 @@ def check_trainer(cfg: RunConfig) -> None:
         raise ConfigError(
             "trainer.strategy=fsdp needs torch.distributed, which this torch build lacks; "
             "install a torch build with distributed support, or set trainer.strategy: single")
-    backend = collective_backend(cfg)
+    backend = collective_backend(t, device)
     if backend == "nccl" and not dist.is_nccl_available():
         raise ConfigError(
-            f"trainer.backend resolves to nccl (policy.device={cfg.policy.device!r}) but this "
+            f"trainer.backend resolves to nccl (policy.device={device!r}) but this "
             f"torch ({torch.__version__}) has no NCCL; install a CUDA build of torch, or set "
             "trainer.backend: gloo")
-    cuda = cfg.policy.device.startswith("cuda")
-    if cuda and cfg.cluster.backend == "local":
+    cuda = device.startswith("cuda")
+    if cuda and cluster.backend == "local":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if t.world_size > count:
             raise ConfigError(
                 f"trainer.world_size={t.world_size} ranks need one GPU each with policy.device="
-                f"{cfg.policy.device!r}, but this machine has {count} visible; set "
+                f"{device!r}, but this machine has {count} visible; set "
                 f"trainer.world_size to at most {count}, or run the ranks on a Ray cluster "
                 "(cluster.backend: ray)")
-    if cuda and cfg.cluster.backend == "ray" and cfg.cluster.trainer.num_gpus < 1:
+    if cuda and cluster.backend == "ray" and cluster.trainer.num_gpus < 1:
         raise ConfigError(
-            f"trainer.strategy=fsdp with policy.device={cfg.policy.device!r} on Ray: each of the "
+            f"trainer.strategy=fsdp with policy.device={device!r} on Ray: each of the "
             f"{t.world_size} ranks is an actor that needs a GPU of its own, but "
-            f"cluster.trainer.num_gpus={cfg.cluster.trainer.num_gpus:g}; set "
+            f"cluster.trainer.num_gpus={cluster.trainer.num_gpus:g}; set "
             "cluster.trainer.num_gpus: 1")
 
 
-def trainer_layout(cfg: RunConfig) -> str:
-    """The trainer's layout in words, for ``asyncrl validate``."""
-    t = cfg.trainer
+def trainer_layout(trainer: TrainerConfig, *, device: str, cluster_backend: str) -> str:
+    """The trainer's layout in words, for ``asyncrl validate`` (``cluster_backend``:
+    ``cluster.backend``)."""
+    t = trainer
     if t.strategy == "single":
-        return "single (in-process)" if cfg.cluster.backend == "local" else "single (one Ray actor)"
-    where = "local processes" if cfg.cluster.backend == "local" else "Ray actors"
+        return "single (in-process)" if cluster_backend == "local" else "single (one Ray actor)"
+    where = "local processes" if cluster_backend == "local" else "Ray actors"
     return (f"fsdp over {t.world_size} rank{'s' * (t.world_size > 1)} "
-            f"({collective_backend(cfg)}, {where})")
+            f"({collective_backend(t, device)}, {where})")
 
 
 __all__ = ["check_trainer", "collective_backend", "trainer_layout"]

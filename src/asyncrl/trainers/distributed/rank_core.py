@@ -40,7 +40,6 @@ import torch
 import torch.distributed as dist
 
 from asyncrl.policy.devices import policy_dtype
-from asyncrl.trainers.distributed.checks import collective_backend
 from asyncrl.trainers.distributed.sharding import (
     CollectiveTimer,
     ignore_root_view_warning,
@@ -51,7 +50,7 @@ from asyncrl.trainers.grpo import GRPOTrainer
 from asyncrl.trainers.token_logprobs import bypass_output_layer
 
 if TYPE_CHECKING:
-    from asyncrl.config import RunConfig
+    from asyncrl.trainers.distributed.options import ShardedOptions
     from asyncrl.types import Rollout
 
 
@@ -59,15 +58,18 @@ if TYPE_CHECKING:
 class RankSpec:
     """What every rank is started with."""
 
-    cfg: RunConfig
+    options: ShardedOptions
     #: Gives a from-scratch model its vocabulary (as for the in-process trainer).
     task: Any
-    world_size: int
     #: ``tcp://host:port`` of the rendezvous store, served already (by the
     #: controller, or rank 0's actor): every rank connects as a client, so none
     #: waits for another's server to come up (a client that comes too early backs
     #: off for seconds).
     init_method: str
+
+    @property
+    def world_size(self) -> int:
+        return self.options.world_size
 
 
 @dataclass
@@ -106,41 +108,37 @@ class RankCore:
 
         from asyncrl.policy.build import build_policy
 
-        cfg = spec.cfg
+        o = spec.options
         self.rank, self.world_size = rank, spec.world_size
-        if cfg.policy.num_threads is not None:
-            torch.set_num_threads(cfg.policy.num_threads)
+        if o.rank_trainer.num_threads is not None:
+            torch.set_num_threads(o.rank_trainer.num_threads)
         self.device = torch.device("cpu")
-        if cfg.policy.device.startswith("cuda"):
+        if o.policy.device.startswith("cuda"):
             self.device = torch.device("cuda", rank if device_index is None else device_index)
             torch.cuda.set_device(self.device)
-        timeout = datetime.timedelta(seconds=cfg.trainer.collective_timeout_s)
+        timeout = datetime.timedelta(seconds=o.collective_timeout_s)
         where = urllib.parse.urlparse(spec.init_method)
         store = dist.TCPStore(where.hostname, where.port, spec.world_size, is_master=False,
                               timeout=timeout)
-        dist.init_process_group(collective_backend(cfg), store=store, rank=rank,
+        dist.init_process_group(o.backend, store=store, rank=rank,
                                 world_size=spec.world_size, timeout=timeout)
         mesh = init_device_mesh(self.device.type, (spec.world_size,))
-        self.dtype = policy_dtype(cfg.policy.dtype, self.device)
+        self.dtype = policy_dtype(o.policy.dtype, self.device)
         # Built in float32 on the host and sharded onto the device: a rank never
         # holds the whole model on its device, and the shards are the masters.
-        host = cfg.policy.model_copy(update={"device": "cpu", "dtype": "float32"})
+        host = o.policy.model_copy(update={"device": "cpu", "dtype": "float32"})
         self.timer = CollectiveTimer(self.device)
-        model, tokenizer = build_policy(host, spec.task, seed=cfg.seed)
+        model, tokenizer = build_policy(host, spec.task, seed=o.seed)
         shard_model(model, mesh, self.dtype, self.timer)
         bypass_output_layer(model)
         ignore_root_view_warning()  # the scorer reads the root's view out-of-place
         ref = None
-        if cfg.loss.kl_coef > 0:  # sharded like the policy, never a full copy per rank
-            ref, _ = build_policy(host, spec.task, seed=cfg.seed)
+        if o.rank_trainer.loss.kl_coef > 0:  # sharded like the policy, never a full copy per rank
+            ref, _ = build_policy(host, spec.task, seed=o.seed)
             shard_model(ref, mesh, self.dtype)
             bypass_output_layer(ref)
-        self.trainer = RankTrainer(
-            model, tokenizer, loss=cfg.loss, optimizer=cfg.policy.optimizer,
-            temperature=cfg.policy.generation.temperature, num_threads=cfg.policy.num_threads,
-            micro_batch_tokens=cfg.policy.train_micro_batch_tokens,
-            gradient_checkpointing=cfg.policy.gradient_checkpointing,
-            score_through_root=True, ref_model=ref)
+        self.trainer = RankTrainer.from_options(o.rank_trainer, model=model, tokenizer=tokenizer,
+                                                score_through_root=True, ref_model=ref)
         self.trainer.output_grad_sink = None  # FSDP reduces every gradient itself
 
     # ------------------------------------------------------------ commands

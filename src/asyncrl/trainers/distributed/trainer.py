@@ -30,14 +30,16 @@ import concurrent.futures
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from asyncrl.config import RunConfig
 from asyncrl.errors import TrainerRankLost
 from asyncrl.trainers.distributed.rank_protocol import RankDied, RankFailed, Ranks
 from asyncrl.trainers.distributed.split import split_chunk
 from asyncrl.trainers.state import SHARDED_KEY, is_sharded
 from asyncrl.types import Rollout
+
+if TYPE_CHECKING:
+    from asyncrl.trainers.distributed.options import ShardedOptions
 
 log = logging.getLogger("asyncrl.trainers.distributed")
 
@@ -52,13 +54,13 @@ CLOSE_TIMEOUT_S = 30.0
 class DistributedTrainer:
     """A :class:`~asyncrl.trainers.Trainer` over the ranks of ``ranks``."""
 
-    def __init__(self, ranks: Ranks, cfg: RunConfig, *, weights_device: str = "cpu",
+    def __init__(self, ranks: Ranks, options: ShardedOptions, *, weights_device: str = "cpu",
                  run_dir: str | Path | None = None) -> None:
         self.ranks = ranks
         self.world_size = ranks.world_size
-        self.loss_cfg = cfg.loss
-        self.deterministic = cfg.deterministic
-        self.collective_timeout_s = cfg.trainer.collective_timeout_s
+        self.loss_cfg = options.rank_trainer.loss
+        self.deterministic = options.rank_trainer.deterministic
+        self.collective_timeout_s = options.collective_timeout_s
         self.weights_device = weights_device
         self.run_dir = run_dir
         #: Optimizer steps taken = the version of the weights the ranks hold.

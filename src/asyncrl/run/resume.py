@@ -1,10 +1,10 @@
-"""Preparing ``asyncrl train --resume RUN_DIR`` (:func:`asyncrl.run.train.resume_run`
-runs it): the newest checkpoint a resume can use, and the config to continue with.
-Checkpointing during a run is :mod:`asyncrl.checkpoint.hook`."""
+"""Preparing ``asyncrl train --resume RUN_DIR``: the newest valid checkpoint and the
+config to continue with, refused when a setting that shapes the checkpoint's
+state changed (:func:`asyncrl.run.train.resume_run` runs it; the checkpoints
+are written by :class:`asyncrl.checkpoint.CheckpointHook`)."""
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +12,6 @@ from asyncrl.checkpoint.store import LoadedCheckpoint, load_latest
 from asyncrl.config import RunConfig, apply_overrides, config_from_dict
 from asyncrl.config.strict_yaml import load_yaml
 from asyncrl.errors import CheckpointError, ConfigError
-
-log = logging.getLogger("asyncrl.checkpoint")
 
 #: Config paths that cannot change under a resumed run: they shape the ledger,
 #: the stamps already given, the buffer contents or the model's parameters.

@@ -1,0 +1,479 @@
+"""Cohort mode: the built-in policies replayed on a plain event queue.
+
+The per-group mode (:func:`asyncrl.sim.runner.simulate`) runs the real
+Controller, with an asyncio task per group, under virtual time: about 10^4
+groups per second of wall time. A datacenter step (4,096 groups on 32,768
+generation slots) needs ten times that to simulate 1,000 steps in a minute.
+Cohort mode (``simulate.mode: cohort``) drops the Controller and the event
+loop and replays the same rules on a heap of finish times:
+
+* **dispatch**: batches of ``num_prompts_per_step`` prompts, each admitted once
+  the previous one left the queue and (gated policies) ``d <= v + s``; a
+  queued prompt is reserved when fewer than ``max_inflight_prompts`` groups
+  are in flight and the buffer (in flight + ready) is below
+  ``max_buffered_rollouts``; its start weight is the trainer version then;
+* **the fleet**: ``rollout_slots`` slots, FIFO; the first attempt of prompt
+  ``k`` takes the ``k``-th latency of the same seeded stream as the per-group
+  engine (common random numbers: both modes see the very same workload);
+* **the trainer**: per step, evict then take a chunk of at least
+  ``min(min_groups_for_streaming_train, remaining)`` eligible groups (any
+  eligible ones when nothing more can arrive), train it, and after the quota
+  the optimizer step and the weight sync; after the sync, in-flight groups the
+  policy calls hopeless are aborted;
+* **tokens**: each group's tokens split into version spans where updates
+  landed (:func:`asyncrl.sim.tokens.version_spans`), which give the token
+  staleness, the end weight and the masked tokens.
+
+Groups that start together with latencies from one distribution form a
+cohort: their finishes are one stream of events, merged with the others by
+time. Only live groups are held (in flight or ready), so memory does not grow
+with the run; per-step records past :data:`KEEP_RECORDS` are kept as
+aggregates only.
+
+What it covers (:func:`check` refuses the rest, naming the field): built-in
+samplers (not ``sample_freshest_first``), time-based latency models, no
+failures, no pause during sync, no abort time, not deterministic.
+docs/simulate.md compares the two modes.
+"""
+
+from __future__ import annotations
+
+import collections
+import heapq
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+from asyncrl.buffer import RolloutBuffer
+from asyncrl.config import RunConfig
+from asyncrl.config.sampler import CustomSamplerConfig
+from asyncrl.controller.stats import KEEP_RECORDS, hist_quantile
+from asyncrl.controller.validation import validate_setup
+from asyncrl.errors import ConfigError, RolloutStall
+from asyncrl.sampling import create_sampler
+from asyncrl.sim.cohort_fleet import Fleet, Group
+from asyncrl.sim.cohort_policies import GONE, READY, RUNNING, WAITING, Policy, make_policy
+from asyncrl.sim.latency import LatencyModel
+from asyncrl.sim.result import (
+    Bound,
+    SimResult,
+    efficiency_of,
+    fewer_gc_passes,
+    percentile,
+    sampler_label,
+    sampler_window,
+)
+from asyncrl.sim.tokens import version_spans
+
+#: Steps whose slot occupancy and trainer intervals are kept for the timeline plot.
+TIMELINE_STEPS = 20
+#: Slots whose occupancy is kept for it (a datacenter fleet has too many to draw).
+TIMELINE_SLOTS = 64
+
+
+def check(cfg: RunConfig, sampler_cfg: Any, latency: LatencyModel) -> None:
+    """Refuse what cohort mode does not model, with the field and the fix."""
+    sim = cfg.simulate
+    assert sim is not None
+    fix = "or use simulate.mode: per_group (the real controller)"
+    problems = []
+    if isinstance(sampler_cfg, CustomSamplerConfig):
+        problems.append(f"async_rl.sampler is custom ({sampler_cfg.target}); cohort mode "
+                        "replays the built-in policies only")
+    elif getattr(sampler_cfg, "sample_freshest_first", False):
+        problems.append("async_rl.sampler.sample_freshest_first: true is not modelled")
+    if latency.load_dependent:
+        problems.append("simulate.generation_latency_s is load-dependent (tokens); cohort "
+                        "mode needs a time-based model (constant, lognormal, bimodal, empirical)")
+    if sim.failure_rate:
+        problems.append(f"simulate.failure_rate={sim.failure_rate:g}: set it to 0")
+    if sim.pause_generation_during_sync:
+        problems.append("simulate.pause_generation_during_sync: set it to false")
+    if sim.abort_s:
+        problems.append(f"simulate.abort_s={sim.abort_s:g}: set it to 0")
+    if cfg.deterministic:
+        problems.append("deterministic: true: set it to false")
+    if problems:
+        raise ConfigError("simulate.mode: cohort cannot simulate this config: "
+                          + "; ".join(problems) + f" ({fix})")
+
+
+class CohortRun:
+    """One cohort-mode run (see the module docstring); :meth:`run` returns the totals."""
+
+    def __init__(self, cfg: RunConfig, sampler_cfg: Any, latency: LatencyModel, steps: int,
+                 *, record_intervals: bool,
+                 on_step: Callable[[int], None] | None = None) -> None:
+        sim = cfg.simulate
+        assert sim is not None
+        self.sim, self.steps, self.on_step = sim, steps, on_step
+        self.n = cfg.grpo.num_prompts_per_step
+        self.n_gen = cfg.grpo.num_generations_per_prompt
+        self.min_chunk = cfg.async_rl.min_groups_for_streaming_train
+        self.cap_inflight = cfg.async_rl.max_inflight_prompts
+        self.capacity = cfg.async_rl.max_buffered_rollouts
+        self.bound = cfg.loss.max_token_staleness
+        self.mask_truncated = cfg.loss.truncated == "mask"
+        self.policy: Policy = make_policy(sampler_cfg)
+        self.yields_after_sync = (self.policy.window == 0
+                                  or cfg.async_rl.recompute_kv_cache_after_weight_updates)
+        self.fleet = Fleet(latency, slots=sim.rollout_slots, seed=cfg.seed,
+                           tokens_per_s=sim.tokens_per_s)
+        self.record_intervals = record_intervals
+        if record_intervals:
+            self.fleet.slot_ids = list(range(sim.rollout_slots - 1, -1, -1))
+        self.now = 0.0
+        self.v = 0
+        self.updates: list[tuple[float, int]] = []  # (time, version) of every sync
+        self.heap: list[tuple[float, int, Group]] = []  # finishes of running groups
+        # Dispatch: the admitted batch's prompts not yet reserved, [next, end).
+        self.admitted = 0
+        self.queue_next = self.queue_end = 0
+        self.queue_stamp: int | None = None
+        self.dispatched = 0  # groups reserved so far (the next one's dispatch number)
+        self.inflight = 0
+        self.inflight_by_w: dict[int, dict[int, Group]] = {}  # start weight -> {seq: group}
+        # Ledger and statistics.
+        self.counts = collections.Counter[str]()
+        self.staleness: collections.Counter[int] = collections.Counter()
+        self.token_staleness: collections.Counter[int] = collections.Counter()
+        self.tokens_trained = self.tokens_masked = 0
+        self.idle_total = 0.0
+        self.records: list[dict[str, Any]] = []
+        self.timeline: list[dict[str, Any]] = []
+
+    # ------------------------------------------------------------- dispatch
+    def _place(self) -> None:
+        """Admit and reserve every prompt the bounds allow now."""
+        policy, fleet = self.policy, self.fleet
+        while True:
+            if self.queue_next == self.queue_end:
+                d = self.admitted
+                if not policy.admits(d, self.v):
+                    return
+                self.admitted = d + 1
+                self.queue_next, self.queue_end = d * self.n, (d + 1) * self.n
+                self.queue_stamp = policy.stamp(d)
+            inflight = self.inflight
+            if inflight >= self.cap_inflight or inflight + policy.ready >= self.capacity:
+                return
+            g = Group(self.dispatched, self.queue_next, self.queue_stamp, self.v)
+            self.dispatched += 1
+            self.queue_next += 1
+            self.inflight = inflight + 1
+            bucket = self.inflight_by_w.get(g.sw)
+            if bucket is None:
+                bucket = self.inflight_by_w[g.sw] = {}
+            bucket[g.seq] = g
+            if policy.counts_live:
+                policy.placed(g)
+            if fleet.free:
+                fleet.free -= 1
+                if fleet.slots - fleet.free > fleet.max_busy:
+                    fleet.max_busy = fleet.slots - fleet.free
+                self._start(g)
+            else:
+                fleet.waiting.append(g)
+
+    def _start(self, g: Group) -> None:
+        """``g`` takes a slot now."""
+        self.fleet.attempts += 1
+        now = self.now
+        g.state, g.t0, g.held, g.since = RUNNING, now, self.v, len(self.updates)
+        work = g.work = self.fleet.first.at(g.prompt)
+        heapq.heappush(self.heap, (now + work.latency, g.seq, g))
+        if self.record_intervals:
+            g.slot = self.fleet.slot_ids.pop()
+
+    def _free_slot(self, g: Group, outcome: str) -> None:
+        fleet = self.fleet
+        fleet.busy_slot_s += self.now - g.t0
+        if self.record_intervals:
+            fleet.slot_ids.append(g.slot)
+            if g.slot < TIMELINE_SLOTS and self.v <= TIMELINE_STEPS:
+                fleet.intervals.append((g.t0, self.now, outcome))
+        while fleet.waiting:
+            nxt = fleet.waiting.popleft()
+            if nxt.state == WAITING:
+                self._start(nxt)
+                return
+        fleet.free += 1
+
+    def _finish(self, g: Group) -> None:
+        """``g`` generated its last token: its slot frees, it is ready."""
+        fleet = self.fleet
+        if fleet.waiting or self.record_intervals:
+            self._free_slot(g, "ok")
+        else:  # nobody waits for the slot
+            fleet.busy_slot_s += self.now - g.t0
+            fleet.free += 1
+        work, updates = g.work, self.updates
+        assert work is not None
+        spans = ((g.held, work.longest),) if g.since == len(updates) else \
+            version_spans(work.longest, work, g.t0, g.held, updates[g.since:])
+        g.spans, g.ew = spans, spans[-1][0]
+        g.state = READY
+        self.inflight -= 1
+        bucket = self.inflight_by_w[g.sw]
+        del bucket[g.seq]
+        if not bucket:
+            del self.inflight_by_w[g.sw]
+        self.policy.add_ready(g)
+
+    def _abort_hopeless(self) -> int:
+        """After a sync: abort the in-flight groups the policy calls hopeless."""
+        doomed = [w for w in self.inflight_by_w if self.policy.aborts(w, self.v)]
+        aborted = 0
+        for w in doomed:
+            for g in self.inflight_by_w.pop(w).values():
+                aborted += 1
+                self.inflight -= 1
+                if self.policy.counts_live:
+                    self.policy.left(g)
+                was = g.state
+                g.state = GONE
+                if was == RUNNING:
+                    self.fleet.aborts += 1
+                    self._free_slot(g, "aborted")
+        self.counts["aborted"] += aborted
+        return aborted
+
+    # -------------------------------------------------------------- trainer
+    def _starved(self) -> bool:
+        """Nothing can become ready until the trainer acts (Dispatcher.starved):
+        nothing in flight, and the queue's head waits on a full buffer or the
+        admission gate holds the next batch."""
+        if self.inflight:
+            return False
+        if self.queue_next < self.queue_end:
+            return self.inflight + self.policy.ready >= self.capacity
+        return not self.policy.admits(self.admitted, self.v)
+
+    def _chunk(self) -> list[Group] | None:
+        """Evict, then the next chunk of the step (None: wait for groups)."""
+        policy, v = self.policy, self.v
+        evicted = policy.evict(v)
+        for g in evicted:
+            g.state = GONE
+            if policy.counts_live:
+                policy.left(g)
+        self.step_evicted += len(evicted)
+        remaining = self.n - self.taken
+        have = min(policy.eligible(v), remaining)
+        if have < min(self.min_chunk, remaining) and not (have and self._starved()):
+            return None
+        chunk = policy.take(v, have)
+        for g in chunk:
+            g.state = GONE
+            if policy.counts_live:
+                policy.left(g)
+        return chunk
+
+    def _train(self, chunk: list[Group]) -> float:
+        """Account a trained chunk; its training time."""
+        v = self.v
+        # Token staleness per version first (a chunk spans a few versions), then
+        # per completion: each group's completions are alike (time-based models).
+        by_version: dict[int, int] = {}
+        by_start: dict[int, int] = {}
+        tokens = 0
+        for g in chunk:
+            by_start[g.sw] = by_start.get(g.sw, 0) + 1
+            for version, count in g.spans:
+                by_version[version] = by_version.get(version, 0) + count
+                tokens += count
+        n_gen = self.n_gen
+        oldest = -1 if self.bound is None else v - self.bound
+        for version, count in by_version.items():
+            self.token_staleness[v - version] += count * n_gen
+            if version < oldest:
+                self.tokens_masked += count * n_gen
+        for w, count in by_start.items():
+            self.staleness[v - w] += count
+            self.step_staleness += (v - w) * count
+        tokens *= n_gen
+        self.tokens_trained += tokens
+        self.taken += len(chunk)
+        return self.sim.train_per_group_s * len(chunk) + self.sim.train_per_token_s * tokens
+
+    # ------------------------------------------------------------------ run
+    def run(self) -> None:
+        """Events in time order. At one instant, as the controller's tasks do:
+        every group finishing then commits, the trainer acts (until it has to
+        wait or to spend time), then the dispatcher fills what was freed."""
+        heap, inf = self.heap, math.inf
+        self._begin_step()
+        self.phase, self.until = "wait", 0.0
+        while True:
+            if self.phase == "wait":
+                self._trainer_acts()
+            self._place()
+            t_group = heap[0][0] if heap else inf
+            if self.phase != "wait" and self.until < t_group:
+                if self._trainer_event():
+                    return
+                continue
+            if t_group == inf:
+                raise RolloutStall(f"deadlock at step {self.v} in cohort mode: the trainer "
+                                   "waits and nothing is in flight")
+            self.now = t_group
+            while heap and heap[0][0] == t_group:
+                g = heapq.heappop(heap)[2]
+                if g.state == RUNNING:
+                    self._finish(g)
+
+    def _trainer_acts(self) -> None:
+        """The waiting trainer takes chunks while it can; its next phase."""
+        while True:
+            chunk = self._chunk()
+            if chunk is None:
+                if not self.heap and self._starved():
+                    raise RolloutStall(f"deadlock at step {self.v} in cohort mode: no group can "
+                                       "arrive and none is eligible")
+                return
+            now = self.now
+            self.idle_total += now - self.wait_since
+            self.step_idle += now - self.wait_since
+            cost = self._train(chunk)
+            self._interval("train", now, now + cost)
+            if self.taken == self.n:
+                if cost + self.sim.train_step_s > 0:
+                    self.phase, self.until = "step", now + cost + self.sim.train_step_s
+                    self._interval("step", now + cost, self.until)
+                else:  # the controller's train pump goes straight into the sync
+                    self._sync()
+                return
+            if cost > 0:
+                self.phase, self.until = "chunk", now + cost
+                return
+            self.wait_since = now
+
+    def _sync(self) -> None:
+        """The weight sync starts (the dispatcher gets a turn before it lands,
+        as the controller's train pump awaits the engines even for 0 s)."""
+        self.phase, self.until = "sync", self.now + self.sim.weight_sync_s
+        self._interval("sync", self.now, self.until)
+
+    def _trainer_event(self) -> bool:
+        """The trainer's phase ends at ``until``; True when the run is over."""
+        self.now = self.until
+        if self.phase == "chunk":
+            self.phase, self.wait_since = "wait", self.now
+        elif self.phase == "step":
+            self._sync()
+        else:  # the sync landed: version v + 1
+            if self._end_step():
+                return True
+            self.phase = "wait"
+        return False
+
+    def _begin_step(self) -> None:
+        self.taken = self.step_evicted = self.step_staleness = 0
+        self.step_idle = 0.0
+        self.step_start = self.wait_since = self.now
+
+    def _end_step(self) -> bool:
+        """The sync to version v + 1 landed; True when the run is over."""
+        step = self.v
+        self.v += 1
+        self.updates.append((self.now, self.v))
+        aborted = self._abort_hopeless()
+        self.counts["trained"] += self.taken
+        self.counts["evicted"] += self.step_evicted
+        if len(self.records) < KEEP_RECORDS:
+            self.records.append({
+                "step": step, "wall_time_s": self.now, "step_time_s": self.now - self.step_start,
+                "groups_trained": self.taken, "groups_evicted": self.step_evicted,
+                "groups_aborted": aborted, "trainer_idle_s": self.step_idle,
+                "staleness_mean": self.step_staleness / self.taken if self.taken else 0.0,
+                "inflight": self.inflight, "buffer_ready": self.policy.ready})
+        if self.on_step is not None:
+            self.on_step(self.v)
+        if self.yields_after_sync:
+            # The controller's train pump awaits the engines' cache invalidation
+            # here: the dispatcher fills what the sync freed before the trainer
+            # goes on (or the run stops).
+            self._place()
+        if self.v >= self.steps:
+            self._stop()
+            return True
+        self._begin_step()
+        return False
+
+    def _stop(self) -> None:
+        """The run ends: groups still generating stop now (their slot time counts)."""
+        for _, _, g in self.heap:
+            if g.state == RUNNING:
+                self.fleet.busy_slot_s += self.now - g.t0
+
+    def _interval(self, kind: str, start: float, end: float) -> None:
+        if self.record_intervals and self.v < TIMELINE_STEPS and end > start:
+            self.timeline.append({"kind": kind, "lane": 0, "start": start, "end": end,
+                                  "label": str(self.v)})
+
+
+def simulate_cohort(cfg: RunConfig, sampler_cfg: Any, latency: LatencyModel, steps: int, *,
+                    record_intervals: bool = True,
+                    on_step: Callable[[int], None] | None = None) -> tuple[CohortRun, float]:
+    """Run cohort mode; returns the finished run and its wall seconds."""
+    check(cfg, sampler_cfg, latency)
+    sampler = create_sampler(RolloutBuffer(cfg.async_rl.max_buffered_rollouts), sampler_cfg)
+    async_rl = cfg.async_rl.model_copy(update={"sampler": sampler_cfg})
+    validate_setup(sampler, cfg.grpo, async_rl, deterministic=False)
+    run = CohortRun(cfg, sampler_cfg, latency, steps, record_intervals=record_intervals,
+                    on_step=on_step)
+    t0 = time.perf_counter()
+    with fewer_gc_passes():
+        run.run()
+    return run, time.perf_counter() - t0
+
+
+def cohort_result(cfg: RunConfig, sampler_cfg: Any, latency: LatencyModel, steps: int, *,
+                  bound: Bound, note: str = "", record_intervals: bool = True,
+                  on_step: Callable[[int], None] | None = None) -> SimResult:
+    """:func:`asyncrl.sim.runner.simulate` in cohort mode: the same :class:`SimResult`."""
+    run, wall = simulate_cohort(cfg, sampler_cfg, latency, steps,
+                                record_intervals=record_intervals, on_step=on_step)
+    sim = run.sim
+    elapsed, done = run.now, run.v
+    c = run.counts
+    pending = run.inflight + run.policy.ready
+    ledger = {"dispatched": run.dispatched, "trained": c["trained"], "evicted": c["evicted"],
+              "aborted": c["aborted"], "failed": 0, "failed_infra": 0, "failed_data": 0,
+              "pending": pending,
+              "balanced": run.dispatched == (c["trained"] + c["evicted"] + c["aborted"]
+                                              + pending)}
+    efficiency, note = efficiency_of(bound, done, elapsed, c["aborted"],
+                                     "; ".join(x for x in (note, "cohort mode") if x))
+    hist = {str(k): n for k, n in sorted(run.staleness.items())}
+    tokens = run.token_staleness
+    n_tokens = sum(tokens.values())
+    n_groups = sum(run.staleness.values())
+    timeline = [*run.timeline, *({"kind": "gen", "lane": 0, "start": a, "end": b, "label": o}
+                                 for a, b, o in run.fleet.intervals)]
+    return SimResult(
+        sampler=sampler_label(sampler_cfg), window=sampler_window(sampler_cfg), steps=done,
+        virtual_time_s=elapsed,
+        steps_per_hour=3600.0 * done / elapsed if elapsed > 0 else math.inf,
+        efficiency=efficiency,
+        trainer_idle_frac=run.idle_total / elapsed if elapsed > 0 else 0.0,
+        generator_util=(run.fleet.busy_slot_s / (sim.rollout_slots * elapsed)
+                        if elapsed > 0 else 0.0),
+        staleness_mean=(sum(k * n for k, n in run.staleness.items()) / n_groups
+                        if n_groups else 0.0),
+        staleness_p95=percentile(hist, 0.95), staleness_max=max(run.staleness, default=0),
+        token_staleness_mean=(sum(k * n for k, n in tokens.items()) / n_tokens
+                              if n_tokens else 0.0),
+        token_staleness_p95=hist_quantile(tokens, 0.95) if n_tokens else 0,
+        token_staleness_max=max(tokens, default=0),
+        waste_frac=(c["evicted"] + c["aborted"]) / run.dispatched if run.dispatched else 0.0,
+        masked_token_frac=run.tokens_masked / run.tokens_trained if run.tokens_trained else 0.0,
+        bound=bound, ledger=ledger, stop_reason="max_num_steps", wall_s=wall, note=note,
+        records=run.records, staleness_hist=hist,
+        token_staleness_hist={str(k): n for k, n in sorted(tokens.items())},
+        timeline=timeline, engine=run.fleet, trainer=None,  # type: ignore[arg-type]
+    )
+
+
+__all__ = ["CohortRun", "Fleet", "check", "cohort_result", "simulate_cohort"]

@@ -1,0 +1,98 @@
+"""Cohort mode's fleet (:mod:`asyncrl.sim.cohort`): the generation slots, the
+groups that hold them, and the first attempts' latencies, read from the same
+seeded stream as the per-group engine's (common random numbers)."""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+from typing import Any
+
+from asyncrl.sim.backends import _DRAW_BATCH, _Stream, component_rng
+from asyncrl.sim.cohort_policies import WAITING
+from asyncrl.sim.latency import LatencyModel, Work
+
+
+class Group:
+    """One prompt group while it is live (reserved, in flight or ready)."""
+
+    __slots__ = ("ew", "held", "prompt", "seq", "since", "slot", "spans", "stamp", "state",
+                 "sw", "t0", "work")
+
+    def __init__(self, seq: int, prompt: int, stamp: int | None, sw: int) -> None:
+        self.seq, self.prompt, self.stamp, self.sw = seq, prompt, stamp, sw
+        self.state = WAITING
+        self.t0 = 0.0
+        self.work: Work | None = None  # its latency and tokens (set when it starts)
+        self.held = sw  # engine version when it started generating
+        self.since = 0  # weight updates before it started
+        self.ew = sw
+        self.spans: tuple[tuple[int, int], ...] = ()
+        self.slot = -1  # which slot it holds, when the timeline is recorded
+
+
+class _Window:
+    """A seeded stream read at increasing indexes only: what was handed out is
+    forgotten, so memory stays one batch however long the run."""
+
+    __slots__ = ("_base", "_buf", "_draw", "_rng")
+
+    def __init__(self, rng: Any, draw: Callable[[Any, int], list[Any]]) -> None:
+        self._rng, self._draw = rng, draw
+        self._buf: list[Any] = []
+        self._base = 0  # the index of _buf[0]
+
+    def at(self, index: int) -> Any:
+        j = index - self._base
+        if j < 0:
+            raise IndexError(f"index {index} was handed out already")
+        buf = self._buf
+        if j >= len(buf):
+            done = len(buf)  # every index below ``index`` is done: forget them
+            del buf[:]
+            self._base += done
+            j -= done
+            while j >= len(buf):
+                buf.extend(self._draw(self._rng, _DRAW_BATCH))
+        return buf[j]
+
+
+class Fleet:
+    """The generation slots, FIFO, and the first attempts' latencies (what the
+    per-group engine holds; :func:`asyncrl.sim.reference.serial_reference_s`
+    reads :meth:`first_attempt_latency` too)."""
+
+    def __init__(self, latency: LatencyModel, *, slots: int, seed: int,
+                 tokens_per_s: float) -> None:
+        self.latency = latency
+        self.tokens_per_s = tokens_per_s
+        self.seed = seed
+        # The per-group engine's draws for first attempts (common random numbers),
+        # held as the Work each one means (a time-based model's ignores the load).
+        self.first = _Window(component_rng(seed, "latency"), self._draw_work)
+        self._replay: _Stream | None = None
+        self.slots = self.free = slots
+        self.waiting: collections.deque[Group] = collections.deque()
+        self.max_busy = 0  # most slots busy at once
+        self.busy_slot_s = 0.0
+        self.attempts = 0
+        self.failures = 0
+        self.aborts = 0
+        self.intervals: list[tuple[float, float, str]] = []
+        #: Free slot numbers (only while a timeline is recorded), lowest on top.
+        self.slot_ids: list[int] = []
+
+    def work(self, prompt_id: int) -> Work:
+        """The first attempt of prompt ``prompt_id`` (prompts start in order)."""
+        return self.first.at(prompt_id)  # type: ignore[no-any-return]
+
+    def first_attempt_latency(self, prompt_id: int) -> float:
+        """Any prompt's first-attempt latency, drawn again from the seed (the run
+        itself forgot them)."""
+        if self._replay is None:
+            self._replay = _Stream(component_rng(self.seed, "latency"), self.latency.draw)
+        return self.latency.work(self._replay.at(prompt_id), 1, self.tokens_per_s).latency
+
+    def _draw_work(self, rng: Any, k: int) -> list[Work]:
+        work, tokens_per_s = self.latency.work, self.tokens_per_s
+        return [work(sample, 1, tokens_per_s) for sample in self.latency.draw(rng, k)]
