@@ -69,6 +69,7 @@ def repo(tmp_path: Path) -> Path:
     return root
 
 
+@pytest.mark.e2e  # runs git and benchmarks/compare.py as processes
 def test_it_alternates_base_and_head_and_cleans_up(repo: Path) -> None:
     out = subprocess.run([sys.executable, "benchmarks/compare.py", "HEAD", "bench_a", "bench_b",
                           "--rounds", "2"], cwd=repo, capture_output=True, text=True, timeout=120)
@@ -85,6 +86,7 @@ def test_it_alternates_base_and_head_and_cleans_up(repo: Path) -> None:
     assert git(repo, "worktree", "list").count("\n") == 1  # the temporary worktree is gone
 
 
+@pytest.mark.e2e  # runs git and benchmarks/compare.py as processes
 def test_a_ref_that_is_not_a_commit_is_one_clear_line(repo: Path) -> None:
     out = subprocess.run([sys.executable, "benchmarks/compare.py", "no-such-ref"], cwd=repo,
                          capture_output=True, text=True, timeout=60)

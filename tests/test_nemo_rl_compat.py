@@ -20,7 +20,7 @@ import yaml
 from pydantic import BaseModel
 
 from asyncrl.cli import main
-from asyncrl.config import AsyncRLConfig, config_from_dict, load_config
+from asyncrl.config import AsyncRLConfig, config_from_dict, dump_config, load_config
 from asyncrl.config.nemo_rl_keys import NEMO_RL_KEYS
 from asyncrl.errors import ConfigError
 
@@ -186,7 +186,7 @@ def _tree_with(path: str, value: object = 1) -> dict:
     return tree
 
 
-STALE = [k for k in NEMO_RL_KEYS if k.refusal() is not None]
+STALE = [k for k in NEMO_RL_KEYS if k.refusal() is not None and k.root == "async_rl"]
 
 
 @pytest.mark.parametrize("entry", STALE, ids=lambda k: k.path)
@@ -231,7 +231,7 @@ def _field_paths(model: type, prefix: str = "") -> set[str]:
 
 
 def test_every_key_the_table_accepts_is_a_key_of_the_block() -> None:
-    accepted = {k.path for k in NEMO_RL_KEYS if k.refusal() is None}
+    accepted = {k.path for k in NEMO_RL_KEYS if k.refusal() is None and k.root == "async_rl"}
     missing = accepted - _field_paths(AsyncRLConfig)
     assert not missing, f"the table accepts keys the config does not have: {missing}"
     # ... and every key of the block NeMo-RL has is in the table.
@@ -311,3 +311,111 @@ def test_validate_warns_of_drop_budgets_the_step_floor_forbids(tmp_path: Path, c
     out = " ".join(capsys.readouterr().out.split())
     assert "warning: async_rl.rollout_failure.min_step_batch_fraction=0.9 makes the floor" in out
     assert "smallest step" in out and "8 groups" in out
+
+
+# ------------------------------------------------------------ checkpointing
+#: NeMo-RL's ``checkpointing`` block of ``examples/configs/grpo_math_1B.yaml``
+#: (a copy of its public file at HEAD 7ea279abfbeb; v0.4.0 is the same less
+#: ``save_optimizer``). NeMo-RL's checkpoint_dir is a path relative to its cwd.
+CHECKPOINTING = """
+checkpointing:
+  enabled: true
+  checkpoint_dir: "results/grpo"
+  metric_name: "val:accuracy"
+  higher_is_better: true
+  keep_top_k: 3
+  save_period: 10
+  checkpoint_must_save_by: null
+  model_save_format: "safetensors"
+  save_consolidated: false
+  save_optimizer: true
+"""
+
+
+def test_nemo_rls_checkpointing_block_is_read_into_checkpoint() -> None:
+    cfg = config_from_dict(yaml.safe_load(CHECKPOINTING))
+    c = cfg.checkpoint
+    assert (c.every_steps, c.keep_last, c.save_optimizer, c.save_by) == (10, 1, True, None)
+    assert c.keep_best is not None and c.keep_best.model_dump() == {
+        "k": 3, "metric": "eval/pass@1", "mode": "max"}
+    assert "checkpointing" not in yaml.safe_load(dump_config(cfg))  # the run's file: checkpoint
+
+
+@pytest.mark.parametrize(("block", "expect"), [
+    ({"save_period": 5, "higher_is_better": False, "metric_name": "train:total_reward/mean",
+      "keep_top_k": 2}, {"every_steps": 5, "keep_last": 1,
+                         "keep_best": {"k": 2, "metric": "reward_mean", "mode": "min"}}),
+    ({"enabled": False, "save_period": 5}, {"every_steps": 0}),
+    ({"keep_top_k": 4}, {"keep_last": 4}),  # no metric: NeMo-RL keeps the newest k
+    ({"checkpoint_must_save_by": "00:03:45:00", "save_optimizer": False},
+     {"save_by": "00:03:45:00", "save_optimizer": False}),
+    ({"metric_name": "val:loss", "keep_top_k": 1, "higher_is_better": False},
+     {"keep_best": {"k": 1, "metric": "eval/loss", "mode": "min"}}),
+])
+def test_each_checkpointing_key_maps_onto_checkpoint(block, expect) -> None:
+    c = config_from_dict({"checkpointing": block}).checkpoint.model_dump()
+    assert {k: c[k] for k in expect} == expect
+
+
+CHECKPOINTING_REFUSED = [k for k in NEMO_RL_KEYS if k.root == "checkpointing" and k.refusal()]
+
+
+@pytest.mark.parametrize("entry", CHECKPOINTING_REFUSED, ids=lambda k: k.path)
+def test_every_refused_checkpointing_key_gets_its_one_line(entry) -> None:
+    with pytest.raises(ConfigError) as err:
+        config_from_dict({"checkpointing": {entry.key: 1}})
+    text = str(err.value)
+    assert len(text.splitlines()) == 1 and f"checkpointing: {entry.refusal()}" in text, text
+
+
+def test_every_checkpointing_key_the_table_accepts_is_a_field_and_back() -> None:
+    from asyncrl.config.checkpoint import NemoRLCheckpointing
+
+    accepted = {k.path for k in NEMO_RL_KEYS if k.root == "checkpointing" and not k.refusal()}
+    assert accepted == set(NemoRLCheckpointing.model_fields)
+
+
+@pytest.mark.parametrize(("block", "says"), [
+    ({"checkpoint_must_save_by": 216000}, "quote it"),  # YAML 1.1's 1:00:00:00
+    ({"metric_name": "val_reward", "keep_top_k": 1}, "'val:<name>'"),
+    ({"save_period": 4, "unknown_key": 1}, "unknown key"),
+])
+def test_bad_checkpointing_values_get_one_line(block, says) -> None:
+    with pytest.raises(ConfigError, match=says) as err:
+        config_from_dict({"checkpointing": block})
+    assert len(str(err.value).splitlines()) == 1
+
+
+def test_a_key_set_in_both_blocks_is_refused() -> None:
+    with pytest.raises(ConfigError, match="set by both"):
+        config_from_dict({"checkpoint": {"every_steps": 3}, "checkpointing": {"save_period": 5}})
+    both = config_from_dict({"checkpoint": {"every_minutes": 30.0},
+                             "checkpointing": {"save_period": 5}}).checkpoint
+    assert (both.every_steps, both.every_minutes) == (5, 30.0)
+
+
+@pytest.mark.e2e
+def test_the_grpo_math_1b_checkpointing_block_validates_and_trains(tmp_path: Path) -> None:
+    """Pasted into a small config with an evaluation (NeMo-RL validates every
+    val_period steps; asyncrl's eval block is off unless set): val:accuracy is
+    eval/pass@1, which needs two or more eval completions per prompt."""
+    from asyncrl.run.train import train
+
+    tree = yaml.safe_load(CHECKPOINTING)
+    tree["checkpointing"]["save_period"] = 1
+    tree.update(
+        grpo={"num_prompts_per_step": 2, "num_generations_per_prompt": 2, "max_num_steps": 5},
+        async_rl={"max_inflight_prompts": 2, "min_groups_for_streaming_train": 2,
+                  "max_buffered_rollouts": 4},
+        policy={"model": {"hidden_size": 16, "num_layers": 1, "num_heads": 2,
+                          "intermediate_size": 32, "max_position_embeddings": 16}},
+        eval={"every_steps": 1, "num_prompts": 4, "num_generations": 2, "temperature": 1.0},
+        logging={"progress": "never", "tensorboard": False, "plots": False})
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    assert main(["validate", "--config", str(path)]) == 0
+    summary = train(load_config(path), tmp_path / "run")
+    assert summary["stop_reason"] == "max_num_steps" and summary["ledger"]["balanced"]
+    kept = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
+    assert "step-000005" in kept and len(kept) <= 4  # the newest and the best 3
+    assert summary["best_checkpoint"]["metric"] == "eval/pass@1"

@@ -39,6 +39,9 @@ class StopReason(str, enum.Enum):
     #: SIGINT (Ctrl-C) or SIGTERM: stopped at the next safe point.
     INTERRUPTED = "interrupted"
     TERMINATED = "terminated"
+    #: The ``checkpoint.save_by`` deadline: stopped with a checkpoint while the
+    #: job had time to write it (``asyncrl train`` exits 75, a job script requeues).
+    SAVE_BY = "save_by"
     #: ``controller.request_stop()`` without a reason of the caller's own.
     STOPPED = "stopped"
     ERROR = "error"

@@ -2,7 +2,9 @@
 
 Layout of ``RUN_DIR/checkpoints/step-000010/``::
 
-    manifest.json    format, step, and for every other file its size and sha256
+    manifest.json    format, step, for every other file its size and sha256, and
+                     (optional) ``resumable`` (false: a weights-only snapshot) and
+                     ``metric`` (the ``keep_best`` metric's name and value at the step)
     controller.json  Controller.state_dict(): sampler, ready groups with payloads,
                      in-flight prompts with stamps and attempts, source position,
                      ledger, counters (plain JSON, never a pickle)
@@ -30,7 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from asyncrl.config import config_from_dict
+from asyncrl.checkpoint.retention import Entry, kept
+from asyncrl.config import KeepBest, config_from_dict
 from asyncrl.config.strict_yaml import load_yaml
 from asyncrl.errors import CheckpointError, ConfigError
 from asyncrl.trainers.state import SHARDED_DIR, SHARDED_KEY
@@ -106,8 +109,13 @@ def write_checkpoint(
     trainer_state: dict[str, Any],
     config_yaml: str,
     keep_last: int,
+    keep_best: KeepBest | None = None,
+    metric: float | None = None,
+    resumable: bool = True,
 ) -> Path:
-    """Write checkpoint ``step`` atomically and prune all but the newest ``keep_last``."""
+    """Write checkpoint ``step`` atomically and prune what :func:`prune` does not keep.
+    ``metric``: the ``keep_best`` metric at this step; ``resumable``: False for a
+    weights-only snapshot (its trainer state holds no optimizer)."""
     root = checkpoint_root(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{PREFIX}{step:06d}"
@@ -130,7 +138,10 @@ def write_checkpoint(
                 os.fsync(fh.fileno())
             files[path.relative_to(tmp).as_posix()] = {"size": path.stat().st_size,
                                                        "sha256": _sha256(path)}
-        manifest = {"format": FORMAT, "step": step, "files": files}
+        manifest: dict[str, Any] = {"format": FORMAT, "step": step, "files": files,
+                                    "resumable": resumable}
+        if keep_best is not None:
+            manifest["metric"] = {"name": keep_best.metric, "value": metric}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2))
         with (tmp / MANIFEST).open("rb") as fh:
             os.fsync(fh.fileno())
@@ -143,7 +154,7 @@ def write_checkpoint(
         if SHARDED_KEY in trainer_state:
             shutil.rmtree(trainer_state[SHARDED_KEY], ignore_errors=True)
         raise
-    prune(run_dir, keep_last)
+    prune(run_dir, keep_last, keep_best)
     return final
 
 
@@ -165,9 +176,36 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
     return sorted(found, key=lambda p: p.name, reverse=True)
 
 
-def prune(run_dir: str | Path, keep_last: int) -> None:
-    for old in list_checkpoints(run_dir)[keep_last:]:
-        shutil.rmtree(old, ignore_errors=True)
+def read_manifest(path: Path) -> dict[str, Any]:
+    """The manifest of the checkpoint at ``path`` ({} when it has none or it is unreadable)."""
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return {}
+    return manifest if isinstance(manifest, dict) else {}
+
+
+def entries(run_dir: str | Path) -> list[Entry]:
+    """What the manifests say of each checkpoint of ``run_dir``, newest first."""
+    out = []
+    for path in list_checkpoints(run_dir):
+        manifest = read_manifest(path)
+        metric = manifest.get("metric")
+        value = metric.get("value") if isinstance(metric, dict) else None
+        out.append(Entry(path, _step_of(path),
+                         float(value) if isinstance(value, (int, float)) else None,
+                         manifest.get("resumable", True) is not False))
+    return out
+
+
+def prune(run_dir: str | Path, keep_last: int, keep_best: KeepBest | None = None) -> None:
+    """Delete the checkpoints :func:`~asyncrl.checkpoint.retention.kept` does not keep,
+    and the leftovers of a crash mid-write."""
+    found = entries(run_dir)
+    keep = kept(found, keep_last, keep_best)
+    for old in found:
+        if old.path not in keep:
+            shutil.rmtree(old.path, ignore_errors=True)
     root = checkpoint_root(run_dir)
     for stale in root.glob(f".{PREFIX}*"):  # leftovers of a crash mid-write
         shutil.rmtree(stale, ignore_errors=True)
@@ -228,9 +266,10 @@ class LoadedCheckpoint:
     skipped: list[str]
 
 
-def load_latest(run_dir: str | Path) -> LoadedCheckpoint:
+def load_latest(run_dir: str | Path, *, resumable: bool = False) -> LoadedCheckpoint:
     """The newest intact checkpoint; corrupted newer ones are skipped and reported
-    (one warning each, and listed in ``skipped``)."""
+    (one warning each, and listed in ``skipped``). ``resumable``: weights-only
+    snapshots are skipped too (a resume needs the optimizer state)."""
     if not list_checkpoints(run_dir):
         if not (Path(run_dir) / "config.yaml").is_file():
             raise CheckpointError(
@@ -245,8 +284,13 @@ def load_latest(run_dir: str | Path) -> LoadedCheckpoint:
             "--overwrite"
         )
     skipped: list[str] = []
-    for ckpt in iter_checkpoints(run_dir, skipped=skipped):
+    for ckpt in iter_checkpoints(run_dir, skipped=skipped, resumable=resumable):
         return ckpt
+    if resumable and any(not e.resumable for e in entries(run_dir)):
+        skipped.append("the others are weights-only snapshots (checkpoint.save_optimizer: "
+                       "false), which hold no optimizer state; a run writes a whole checkpoint "
+                       "when it stops, which a resume needs (asyncrl export --step N exports "
+                       "a snapshot)")
     raise CheckpointError(
         f"no valid checkpoint in {checkpoint_root(run_dir)}: "
         + "; ".join(skipped)
@@ -255,18 +299,25 @@ def load_latest(run_dir: str | Path) -> LoadedCheckpoint:
 
 
 def iter_checkpoints(run_dir: str | Path, *, older_than: int | None = None,
-                     skipped: list[str] | None = None) -> Iterator[LoadedCheckpoint]:
+                     skipped: list[str] | None = None,
+                     resumable: bool = False) -> Iterator[LoadedCheckpoint]:
     """Intact checkpoints of ``run_dir``, newest first, read one at a time.
 
     An invalid one (damaged files, unreadable content, or content without the
     shape a checkpoint has) is skipped with one warning and its note appended to
     ``skipped``. ``older_than``: only checkpoints of earlier steps.
+    ``resumable``: weights-only snapshots are passed over (one info line each).
     """
 
     notes = skipped if skipped is not None else []
     paths = [p for p in list_checkpoints(run_dir)
              if older_than is None or _step_of(p) < older_than]
     for i, path in enumerate(paths):
+        if resumable and read_manifest(path).get("resumable", True) is False:
+            log.info("checkpoint %s is a weights-only snapshot (checkpoint.save_optimizer: "
+                     "false): a resume needs the optimizer state; looking at older ones",
+                     path.name)
+            continue
         problem = verify(path)
         if problem is None:
             try:

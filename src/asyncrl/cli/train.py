@@ -8,14 +8,16 @@ import math
 
 from rich.console import Console
 
+from asyncrl.checkpoint import SAVE_BY_EXIT_CODE
 from asyncrl.config import load_config
 from asyncrl.errors import ConfigError
 from asyncrl.run.signals import EXIT_CODES
 from asyncrl.types import StopReason
 
-#: Exit codes by stop reason (0 for the others): the signals', and 1 for a run the
-#: stall watchdog stopped (stall_action: abort).
-STOP_EXIT_CODES = {**EXIT_CODES, StopReason.STALLED: 1}
+#: Exit codes by stop reason (0 for the others): the signals', 1 for a run the
+#: stall watchdog stopped (stall_action: abort), 75 for one that stopped with a
+#: checkpoint before its checkpoint.save_by deadline (a job script requeues it).
+STOP_EXIT_CODES = {**EXIT_CODES, StopReason.STALLED: 1, StopReason.SAVE_BY: SAVE_BY_EXIT_CODE}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -89,6 +91,9 @@ def print_summary(console: Console, summary: dict) -> None:
         + ("  [green]balanced[/green]" if ledger["balanced"] else "  [red]UNBALANCED[/red]")
     )
     say(f"run directory   {summary['run_dir']}")
+    best = summary.get("best_checkpoint")
+    if best:
+        say(f"best checkpoint {best['path']}  ({best['metric']} {best['value']:.4g})")
     if summary.get("final_dir"):
         say(f"final policy    {summary['final_dir']}  (Hugging Face format)")
     for plot in summary.get("plots", []):

@@ -7,7 +7,8 @@ each block lives:
 
 * ``schema`` - :class:`RunConfig`, the root, and the blocks in the file's order:
   ``grpo``, ``async_rl``, the built-in ``task`` blocks, ``loss``, ``trainer``,
-  ``cluster``, ``checkpoint``, ``logging``, ``eval``;
+  ``cluster``, ``logging``, ``eval``;
+* ``checkpoint`` - ``checkpoint``, and NeMo-RL's ``checkpointing`` read into it;
 * ``sampler`` - ``async_rl.sampler``; ``failures`` - ``async_rl.rollout_failure``,
   ``async_rl.stall_watchdog`` and the NeMo-RL blocks accepted off, beside
   ``nemo_rl_keys`` (which NeMo-RL key does what here);
@@ -23,6 +24,7 @@ Loading: ``load`` (files, overrides, then ``interpolation`` of ``${a.b}``),
 per field, with the fix).
 """
 
+from asyncrl.config.checkpoint import CheckpointConfig, KeepBest
 from asyncrl.config.load import (
     EMPTY_FILE_HINT,
     ConfigSource,
@@ -49,7 +51,6 @@ from asyncrl.config.schema import (
     ActorResources,
     ArithmeticTaskConfig,
     AsyncRLConfig,
-    CheckpointConfig,
     ClusterConfig,
     EvalConfig,
     GRPOConfig,
@@ -90,6 +91,7 @@ __all__ = [
     "EvalConfig",
     "GRPOConfig",
     "GenerationConfig",
+    "KeepBest",
     "LatencyConfig",
     "LoggingConfig",
     "LognormalLatency",

@@ -1,4 +1,4 @@
-"""NeMo-RL's ``async_rl`` keys and what asyncrl does with each: one table.
+"""NeMo-RL's ``async_rl`` and ``checkpointing`` keys and what asyncrl does with each: one table.
 
 :data:`NEMO_RL_KEYS` is the one list of them. The config blocks read their
 refusals from it (:class:`RefusesRenamedKeys`): a key NeMo-RL renamed is
@@ -23,17 +23,19 @@ from typing import Any, ClassVar, Literal, NamedTuple
 from pydantic import BaseModel, model_validator
 
 Fate = Literal["implemented", "at_default", "no_effect", "off_only", "renamed",
-               "old_asyncrl", "refused"]
+               "old_asyncrl", "refused", "mapped", "ignored"]
 
 
 class NemoRLKey(NamedTuple):
-    """One key: its path inside ``async_rl``, what asyncrl does with it, and the detail
-    that completes it - the replacement of a renamed key (a path inside the key's own
-    block), the reason of a refused one, the value an ``at_default`` key must have."""
+    """One key: its path inside its NeMo-RL block ``root``, what asyncrl does with it,
+    and the detail that completes it - the replacement of a renamed key (a path inside
+    the key's own block), the reason of a refused or ignored one, the value an
+    ``at_default`` key must have, the asyncrl key a ``mapped`` one is read as."""
 
     path: str
     fate: Fate
     detail: str = ""
+    root: str = "async_rl"
 
     @property
     def block(self) -> str:
@@ -71,12 +73,60 @@ class NemoRLKey(NamedTuple):
             "old_asyncrl": f"an older asyncrl's key, replaced by {self._in_block(self.detail)}: "
                            "refused with one line naming it",
             "refused": f"refused with one line: {self.detail}",
+            "mapped": f"read as {self.detail}",
+            "ignored": f"accepted, no effect: {self.detail}",
         }[self.fate]
+
+    @property
+    def shown(self) -> str:
+        """The key as the table shows it: inside ``async_rl``, or with its block."""
+        return self.path if self.root == "async_rl" else f"{self.root}.{self.path}"
 
 
 def _implemented(block: str, *keys: str) -> list[NemoRLKey]:
     return [NemoRLKey(f"{block}.{k}" if block else k, "implemented") for k in keys]
 
+
+def _ckpt(path: str, fate: Fate, detail: str) -> NemoRLKey:
+    return NemoRLKey(path, fate, detail, root="checkpointing")
+
+
+#: NeMo-RL's ``checkpointing`` block (its ``CheckpointingConfig``), read by
+#: :class:`asyncrl.config.checkpoint.NemoRLCheckpointing`.
+CHECKPOINTING_KEYS: tuple[NemoRLKey, ...] = (
+    _ckpt("enabled", "mapped", "`true`: as configured; `false`: `checkpoint.every_steps: 0` "
+          "and `every_minutes: 0` (no periodic checkpoints; the one a run stops with, which "
+          "a resume needs, is still written)"),
+    _ckpt("checkpoint_dir", "ignored", "checkpoints are written to `RUN_DIR/checkpoints/`, "
+          "where `--resume` and `asyncrl export` find them; choose the place with `--run-dir`"),
+    _ckpt("save_period", "mapped", "`checkpoint.every_steps`"),
+    _ckpt("metric_name", "mapped", "`checkpoint.keep_best.metric` (`val:accuracy` is "
+          "`eval/pass@1`, `val:total_reward/mean` is `eval/reward_mean`, "
+          "`train:total_reward/mean` is `reward_mean`, any other `val:X` is `eval/X` and "
+          "`train:X` is `train/X`)"),
+    _ckpt("higher_is_better", "mapped", "`checkpoint.keep_best.mode` (`max` / `min`)"),
+    _ckpt("keep_top_k", "mapped", "`checkpoint.keep_best.k`, with `checkpoint.keep_last: 1` "
+          "(the best k and the newest); without `metric_name`: `checkpoint.keep_last`"),
+    _ckpt("ft_keep_latest_k", "mapped", "`checkpoint.keep_last`"),
+    _ckpt("checkpoint_must_save_by", "mapped", "`checkpoint.save_by` (an unquoted value "
+          "YAML reads as a number is refused: quote it)"),
+    _ckpt("save_optimizer", "mapped", "`checkpoint.save_optimizer`"),
+    _ckpt("model_save_format", "ignored", "checkpoints are torch files whose bytes a sha256 "
+          "guards; `final/` and `asyncrl export` write safetensors"),
+    _ckpt("save_consolidated", "ignored", "`final/` and `asyncrl export` write the whole "
+          "(consolidated) Hugging Face model"),
+    _ckpt("is_async", "ignored", "the checkpoint write is always off the training path"),
+    _ckpt("ft_save_period", "refused", "asyncrl has one period, and every checkpoint resumes "
+          "exactly: use save_period"),
+    _ckpt("pretrained_checkpoint", "refused", "start from a model with "
+          "policy.model_name_or_path; continue a run with asyncrl train --resume RUN_DIR"),
+    _ckpt("model_cache_dir", "refused", "models are read from policy.model_name_or_path, "
+          "a local directory (never downloaded)"),
+    _ckpt("model_repo_id", "refused", "models are read from policy.model_name_or_path, "
+          "a local directory (never downloaded)"),
+    _ckpt("is_peft", "refused", "LoRA is the policy.lora block"),
+    _ckpt("peft_config", "refused", "LoRA is the policy.lora block"),
+)
 
 #: Every key of NeMo-RL's ``async_rl`` block (and the stale ones it or asyncrl refuses).
 NEMO_RL_KEYS: tuple[NemoRLKey, ...] = (
@@ -120,13 +170,14 @@ NEMO_RL_KEYS: tuple[NemoRLKey, ...] = (
     NemoRLKey("rollout_failure.backoff_s", "old_asyncrl", "backoff_base_s"),
     NemoRLKey("rollout_failure.max_failed_groups", "old_asyncrl",
               "max_skipped_prompts (data) and max_consecutive_dropped_prompts (infra)"),
+    *CHECKPOINTING_KEYS,
 )
 
 
-def refusals(block: str) -> dict[str, str]:
-    """The keys refused in ``block`` (a path inside ``async_rl``), each with its line."""
+def refusals(block: str, root: str = "async_rl") -> dict[str, str]:
+    """The keys refused in ``block`` (a path inside ``root``), each with its line."""
     return {k.key: line for k in NEMO_RL_KEYS
-            if k.block == block and (line := k.refusal()) is not None}
+            if k.root == root and k.block == block and (line := k.refusal()) is not None}
 
 
 def table_rows() -> list[tuple[str, str]]:
@@ -134,7 +185,7 @@ def table_rows() -> list[tuple[str, str]]:
     together, in the order of :data:`NEMO_RL_KEYS`."""
     rows: dict[str, list[str]] = {}
     for k in NEMO_RL_KEYS:
-        rows.setdefault(k.meaning(), []).append(f"`{k.path}`")
+        rows.setdefault(k.meaning(), []).append(f"`{k.shown}`")
     return [(", ".join(paths), meaning) for meaning, paths in rows.items()]
 
 
@@ -145,14 +196,18 @@ class RefusesRenamedKeys(BaseModel):
     for silently stops taking effect."""
 
     nemo_rl_block: ClassVar[str] = ""
+    #: The NeMo-RL block ``nemo_rl_block`` is a path inside.
+    nemo_rl_root: ClassVar[str] = "async_rl"
 
     @model_validator(mode="before")
     @classmethod
     def _renamed(cls, data: Any) -> Any:
         if isinstance(data, dict):
-            stale = [line for key, line in refusals(cls.nemo_rl_block).items() if key in data]
+            stale = [line for key, line in refusals(cls.nemo_rl_block, cls.nemo_rl_root).items()
+                     if key in data]
             if stale:
-                raise ValueError("; ".join(stale) + " (see docs/training.md, async_rl)")
+                raise ValueError("; ".join(stale)
+                                 + f" (see docs/training.md, {cls.nemo_rl_root})")
         return data
 
 
@@ -295,5 +350,5 @@ def recipe_table_rows() -> list[tuple[str, str]]:
     return [(f"`{k.path}`", k.meaning()) for k in NEMO_RL_RECIPE_KEYS]
 
 
-__all__ = ["NEMO_RL_KEYS", "NEMO_RL_RECIPE_KEYS", "NemoRLKey", "RecipeKey",
+__all__ = ["CHECKPOINTING_KEYS", "NEMO_RL_KEYS", "NEMO_RL_RECIPE_KEYS", "NemoRLKey", "RecipeKey",
            "RefusesRenamedKeys", "recipe_table_rows", "refusals", "table_rows"]

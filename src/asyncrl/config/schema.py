@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import Field, StrictFloat, StrictInt, model_validator
 
 from asyncrl.config.blocks import Block, NonNegFloat, NonNegInt, PosFloat, PosInt, TaskBlock
+from asyncrl.config.checkpoint import CheckpointConfig, NemoRLCheckpointing, merge_nemo_rl
 from asyncrl.config.dataset import DatasetTaskConfig
 from asyncrl.config.failures import (
     GenerationFleetHealthConfig,
@@ -166,12 +167,6 @@ class ClusterConfig(Block):
     ray_init: dict[str, Any] = Field(default_factory=dict)
 
 
-# --------------------------------------------------------------- checkpoint
-class CheckpointConfig(Block):
-    every_steps: NonNegInt = 0
-    keep_last: PosInt = 2
-
-
 # ------------------------------------------------------------------ logging
 class WandbConfig(Block):
     """Weights & Biases logging (optional extra: ``pip install 'asyncrl[wandb]'``)."""
@@ -240,9 +235,32 @@ class RunConfig(Block):
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    #: NeMo-RL's block, read into ``checkpoint`` (:mod:`asyncrl.config.checkpoint`);
+    #: never written back: the run's config.yaml holds ``checkpoint``.
+    checkpointing: NemoRLCheckpointing | None = Field(default=None, exclude=True)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     eval: EvalConfig | None = None
     simulate: SimulateConfig | None = None
+
+    @model_validator(mode="after")
+    def _nemo_rl_checkpointing(self) -> RunConfig:
+        if self.checkpointing is not None:
+            given = (self.checkpoint.model_fields_set if "checkpoint" in self.model_fields_set
+                     else set())
+            merged = merge_nemo_rl(self.checkpoint, given, self.checkpointing)
+            # Frozen: set once here, while the model is being built.
+            object.__setattr__(self, "checkpoint", merged)
+            object.__setattr__(self, "checkpointing", None)
+        return self
+
+    @model_validator(mode="after")
+    def _snapshots_need_single(self) -> RunConfig:
+        if not self.checkpoint.save_optimizer and self.trainer.strategy == "fsdp":
+            raise ValueError(
+                "checkpoint.save_optimizer: false is not supported with trainer.strategy: fsdp "
+                "yet (its ranks write the optimizer shards with the weights); remove it, or "
+                "train with trainer.strategy: single")
+        return self
 
     @model_validator(mode="after")
     def _deterministic_needs_local(self) -> RunConfig:

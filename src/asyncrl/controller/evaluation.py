@@ -105,6 +105,16 @@ class Evaluator:
 EVAL_SEED_OFFSET = 1_000_003
 
 
+def eval_metrics(ev: EvalConfig | None) -> list[str]:
+    """The ``eval/...`` metrics an evaluation of ``ev`` logs (none without one)."""
+    if ev is None:
+        return []
+    names = ["eval/reward_mean", "eval/num_prompts"]
+    if ev.num_generations > 1:
+        names += ["eval/pass@1", f"eval/pass@{ev.num_generations}"]
+    return names
+
+
 def build_evaluation(ev: EvalConfig | None, task: Task, *, task_cfg: TaskConfig, seed: int,
                      tokenizer: PolicyTokenizer) -> tuple[Task, Evaluator | None]:
     """The task to train on and the :class:`Evaluator` of the ``eval`` block

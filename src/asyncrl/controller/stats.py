@@ -142,6 +142,25 @@ def measures_timing(key: str) -> bool:
     return key in TIMING_KEYS or key.startswith(TIMING_PREFIXES)
 
 
+#: The numbers every step's ``metrics.jsonl`` record holds besides the trainer's
+#: own (``train/<name>``) and the evaluation's (``eval/<name>``, at eval steps):
+#: what ``checkpoint.keep_best.metric`` may rank by (tests/checkpoint checks the
+#: list against a real run's records).
+STEP_METRICS = (
+    "reward_mean", "staleness_mean", "staleness_max", "step", "trainer_version",
+    "wall_time_s", "step_time_s", "groups_trained", "groups_evicted", "groups_aborted",
+    "groups_failed", "groups_failed_data", "groups_failed_infra", "prompts_replaced",
+    "prompts_skipped", "trainer_idle_s", "weight_sync_s", "buffer_ready", "inflight",
+    "generator_util", "groups_per_s", "time/train_s", "time/optimizer_step_s", "time/eval_s",
+    "time/other_s", "time/generation_s", "throughput/generated_tokens_per_s",
+    "throughput/trained_tokens_per_s", "rollout/completion_len_mean",
+    "rollout/completion_len_min", "rollout/completion_len_max", "rollout/completion_len_p50",
+    "rollout/completion_len_p90", "rollout/completion_clipped_frac",
+    "rollout/generated_tokens", "rollout/trained_tokens", "train/token_staleness_mean",
+    "train/token_staleness_p95", "train/token_staleness_max",
+)
+
+
 #: The trainer side's time split of a step (``time/<key>`` per step, summed in the
 #: summary's ``time_split``); with ``trainer_idle_s`` and ``weight_sync_s`` they add
 #: up to ``step_time_s``.

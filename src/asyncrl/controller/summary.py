@@ -61,7 +61,11 @@ class RunDirSummary(RunSummary, total=False):
     target_reward: float | None
     reached_target: bool
     run_dir: str
-    #: After a signal or a stall: the command that resumes the run.
+    #: After a signal, a stall or the ``save_by`` deadline: the command that
+    #: resumes the run.
     resume_command: str
+    #: With ``checkpoint.keep_best``: the best checkpoint kept (path, step,
+    #: metric, value), None when no checkpoint logged the metric.
+    best_checkpoint: dict[str, Any] | None
     #: The plots drawn into the run directory.
     plots: list[str]

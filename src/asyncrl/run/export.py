@@ -147,17 +147,41 @@ def check_out_dir(run_dir: Path, out_dir: Path, *, force: bool = False) -> None:
                          "or pass --force to replace it")
 
 
+def best_step(run_dir: Path) -> int:
+    """The step of the best checkpoint of ``run_dir`` by its ``checkpoint.keep_best``."""
+    from asyncrl.checkpoint.retention import best
+    from asyncrl.checkpoint.store import entries
+
+    source = run_dir / "config.yaml"
+    if not source.is_file():
+        raise CheckpointError(f"{run_dir} has no config.yaml, which names the metric --best "
+                              "ranks by; pick a checkpoint with --step")
+    cfg = config_from_dict(load_yaml(source.read_text(), str(source)) or {}, source=str(source))
+    keep_best = cfg.checkpoint.keep_best
+    if keep_best is None:
+        raise CheckpointError(f"{run_dir}: --best ranks by checkpoint.keep_best, which the run "
+                              "does not set; pick a checkpoint with --step")
+    top = best(entries(run_dir), keep_best)
+    if not top:
+        raise CheckpointError(f"no checkpoint of {run_dir} logged {keep_best.metric} (the "
+                              "keep_best metric); pick a checkpoint with --step")
+    return top[0].step
+
+
 def export_checkpoint(run_dir: str | Path, out_dir: str | Path, *, step: int | None = None,
-                      force: bool = False) -> tuple[int, Path]:
+                      force: bool = False, best: bool = False) -> tuple[int, Path]:
     """``(step, out_dir)``: checkpoint ``step`` of ``run_dir`` (the newest valid
-    one when None) written in Hugging Face format to ``out_dir``, which is
-    replaced: it must be new, empty or an earlier export (or ``force``)."""
+    one when None; ``best``: the best by the run's ``checkpoint.keep_best``)
+    written in Hugging Face format to ``out_dir``, which is replaced: it must be
+    new, empty or an earlier export (or ``force``)."""
     from asyncrl.trainers.state import unshard_state
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise CheckpointError(f"{run_dir}: no such run directory")
     check_out_dir(run_dir, Path(out_dir), force=force)
+    if best:
+        step = best_step(run_dir)
     if step is None:
         ckpt = load_latest(run_dir)
         step, config_yaml, state = ckpt.step, ckpt.config_yaml, ckpt.trainer_state

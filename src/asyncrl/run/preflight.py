@@ -18,6 +18,7 @@ model weights are built or loaded.
   model's context (:mod:`asyncrl.policy.context_length`);
 * ``logging.wandb``: wandb installed and, online, logged in;
 * the trainer layout (``trainer``): GPUs for every rank, the collective backend;
+* ``checkpoint.keep_best.metric``: a metric the run logs;
 * the protocols: the task, the trainer and the engines have their required
   members; their optional capabilities are listed, and a public attribute that
   looks like an optional member misspelled is warned about
@@ -37,7 +38,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.buffer import RolloutBuffer
-from asyncrl.controller.evaluation import Evaluator, build_evaluation
+from asyncrl.controller.evaluation import Evaluator, build_evaluation, eval_metrics
+from asyncrl.controller.stats import STEP_METRICS
 from asyncrl.controller.validation import derived_facts, failure_warnings, validate_setup
 from asyncrl.engines.specs import context_cap, engine_spec
 from asyncrl.errors import AsyncRLError, ConfigError, require
@@ -104,6 +106,7 @@ def preflight(cfg: RunConfig, *, task: Task | None = None,
     # The engine and trainer classes import; a custom one takes its keys, has every member.
     protocols = RunProtocols.of(cfg, backends)
     check_wandb(cfg.logging.wandb)
+    check_keep_best(cfg)
     if builtin_backends:  # trainer.strategy: fsdp - ranks, GPUs, collective backend
         check_trainer(cfg.trainer, device=cfg.policy.device, cluster=cfg.cluster)
         from asyncrl.trainers.schedule import check_schedule
@@ -149,6 +152,26 @@ def preflight(cfg: RunConfig, *, task: Task | None = None,
     facts.update(protocols.facts(task))
     facts["rollout"] = describe_rollout(cfg.task.rollout)
     return Preflight(task=task, tokenizer=tokenizer, facts=facts, evaluator=evaluator)
+
+
+def check_keep_best(cfg: RunConfig) -> None:
+    """``checkpoint.keep_best.metric`` is a number the run logs every step, one its
+    evaluation logs, or one the trainer reports (``train/<name>``: the trainer's to
+    name, known only once it runs)."""
+    keep_best = cfg.checkpoint.keep_best
+    if keep_best is None or keep_best.metric.startswith("train/"):
+        return
+    logged = [*STEP_METRICS, *eval_metrics(cfg.eval)]
+    if keep_best.metric in logged:
+        return
+    hint = ""
+    if keep_best.metric.startswith("eval/"):
+        hint = (" (an eval block logs eval/...; eval/pass@1 needs eval.num_generations of 2 "
+                "or more)" if cfg.eval is None or cfg.eval.num_generations == 1
+                else "")
+    raise ConfigError(
+        f"checkpoint.keep_best.metric={keep_best.metric!r} is never logged by this run{hint}; "
+        f"choose one of: {', '.join(logged)}, or train/<name> (a metric the trainer reports)")
 
 
 def _parse_device(device: str) -> Any:

@@ -97,7 +97,7 @@ def prepare_resume(run_dir: str | Path, overrides: list[str]) -> tuple[RunConfig
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise CheckpointError(f"--resume {run_dir}: no such run directory")
-    ckpt = load_latest(run_dir)
+    ckpt = load_latest(run_dir, resumable=True)
     saved = config_from_dict(_mapping(ckpt.config_yaml, f"{ckpt.path}/config.yaml"),
                              source=f"{ckpt.path}/config.yaml")
     edited = run_dir / "config.yaml"

@@ -8,9 +8,10 @@ final policy in Hugging Face format under ``final/``.
 A run ends in one of three ways, and each leaves the run directory whole:
 
 * normally (``max_num_steps``, the prompts used up), on a first SIGINT /
-  SIGTERM or a stall with ``stall_action: abort`` (a graceful stop): a final
-  checkpoint, ``final/``, the summary, the ledger and the plots; after a
-  signal or a stall, the command that resumes it;
+  SIGTERM, a stall with ``stall_action: abort`` or the ``checkpoint.save_by``
+  deadline (a graceful stop): a final checkpoint, ``final/``, the summary, the
+  ledger and the plots; after a signal, a stall or the deadline, the command
+  that resumes it;
 * on an error a component reported at run time (a bug in an engine or the
   scorer, a failure budget used up): the pumps stop at a safe point, so a final
   checkpoint is written too, and the error says how to resume;
@@ -63,9 +64,10 @@ log = logging.getLogger("asyncrl.runner")
 #: Stop reasons after which the run's state is whole and worth a final checkpoint.
 CHECKPOINTED_ENDS = (StopReason.MAX_NUM_STEPS, StopReason.SOURCE_EXHAUSTED,
                      StopReason.INCOMPLETE_STEP, StopReason.INTERRUPTED, StopReason.TERMINATED,
-                     StopReason.STALLED)
+                     StopReason.STALLED, StopReason.SAVE_BY)
 #: Stop reasons whose summary carries the command that resumes the run.
-RESUMABLE_ENDS = (StopReason.INTERRUPTED, StopReason.TERMINATED, StopReason.STALLED)
+RESUMABLE_ENDS = (StopReason.INTERRUPTED, StopReason.TERMINATED, StopReason.STALLED,
+                  StopReason.SAVE_BY)
 
 
 def train(
@@ -251,10 +253,12 @@ class _Run:
         when every_steps is 0), or gracefully on a signal."""
         controller = self.controller
         assert controller is not None
+        hook = controller.on_step_end
+        assert isinstance(hook, CheckpointHook)
         if controller.stop_reason in CHECKPOINTED_ENDS:
-            hook = controller.on_step_end
-            assert isinstance(hook, CheckpointHook)
             await hook.write_final(controller)
+        else:
+            await hook.flush()  # a periodic write in flight ends (or fails) with the run
 
     async def _checkpoint_at_error(self, error: BaseException) -> None:
         """A fatal error stopped the pumps at a safe point: checkpoint that state,
@@ -298,6 +302,9 @@ class _Run:
                                        else "stopped at once by a signal outside the run's "
                                             "event loop")
         summary["final_dir"] = None if self.final_dir is None else str(self.final_dir)
+        hook = controller.on_step_end
+        if isinstance(hook, CheckpointHook) and hook.keep_best is not None:
+            summary["best_checkpoint"] = hook.best()
         return finish_run_dir(self.run_dir, controller, self.task, self.cfg, summary,
                               plots=forced is None)
 
@@ -312,7 +319,8 @@ def _restore(cfg: RunConfig, task: Task, engines: Sequence[RolloutEngine], train
     """
     source = resume.path.parent.parent
     problems: list[str] = []
-    for ckpt in itertools.chain([resume], iter_checkpoints(source, older_than=resume.step)):
+    for ckpt in itertools.chain([resume], iter_checkpoints(source, older_than=resume.step,
+                                                           resumable=True)):
         trainer_state = dict(ckpt.trainer_state)
         snapshots = trainer_state.pop(ENGINE_SNAPSHOTS, None)
         try:
