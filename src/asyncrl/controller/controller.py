@@ -41,6 +41,7 @@ from asyncrl.controller.evaluation import Evaluator
 from asyncrl.controller.failure_log import SHOWN_GROUPS
 from asyncrl.controller.ledger import Ledger, LedgerHistory
 from asyncrl.controller.partials import read_partials, stop_generating
+from asyncrl.controller.retune import Retuner, Setting
 from asyncrl.controller.stats import RunStats
 from asyncrl.controller.summary import RunSummary
 from asyncrl.controller.train_pump import TrainPump
@@ -161,6 +162,7 @@ class Controller:
                                       self.determinism)
         self.train_pump = TrainPump(self.ctx, trainer, self.dispatcher, self.weight_sync,
                                     self.sinks, self._after_step, evaluator)
+        self.retuner = Retuner(self.ctx, self.dispatcher, deterministic=deterministic)
         self._running = False
         self.watchdog: StallWatchdog | None = None
         #: False when the run ended through an error or a cancellation that did not
@@ -292,10 +294,21 @@ class Controller:
         :meth:`state_dict` holds everything needed to resume."""
         self.train_pump.request_stop(reason, message or f"stop requested ({reason})")
 
+    def retune(self, *, max_inflight_prompts: int | None = None, window: int | None = None,
+               max_buffered_rollouts: int | None = None) -> Setting:
+        """Ask for a new staleness contract, applied at the next step boundary
+        (:mod:`asyncrl.controller.retune` says when each knob takes effect).
+        Raises :class:`~asyncrl.errors.RetuneRefused` for a setting that could
+        deadlock; then nothing changes."""
+        return self.retuner.request(max_inflight_prompts=max_inflight_prompts, window=window,
+                                    max_buffered_rollouts=max_buffered_rollouts)
+
     async def _after_step(self, version: int) -> None:
         self.ctx.failures.flush()  # a failure that keeps coming back: counted once a step
         if self.on_step_end is not None:
             await self.on_step_end(self, version)
+        # The step boundary: a re-tune asked for by the hook (or before) applies now.
+        self.retuner.at_step_boundary(version)
 
     async def _shutdown(self, *, check_balance: bool) -> None:
         """Tell the engines to drop what is still in flight; groups stay pending."""
