@@ -33,6 +33,7 @@ from asyncrl._util import supervision
 from asyncrl._util.compat import BaseExceptionGroup, TaskGroup
 from asyncrl.buffer import RolloutBuffer
 from asyncrl.config import AsyncRLConfig, GRPOConfig
+from asyncrl.controller.autopilot import Autopilot
 from asyncrl.controller.context import RunContext
 from asyncrl.controller.determinism import Determinism, NoDeterminism
 from asyncrl.controller.dispatch import Dispatcher
@@ -163,6 +164,8 @@ class Controller:
         self.train_pump = TrainPump(self.ctx, trainer, self.dispatcher, self.weight_sync,
                                     self.sinks, self._after_step, evaluator)
         self.retuner = Retuner(self.ctx, self.dispatcher, deterministic=deterministic)
+        self.autopilot = (Autopilot(async_rl.autopilot, self.retuner)
+                          if async_rl.autopilot.enabled else None)
         self._running = False
         self.watchdog: StallWatchdog | None = None
         #: False when the run ended through an error or a cancellation that did not
@@ -307,6 +310,8 @@ class Controller:
         self.ctx.failures.flush()  # a failure that keeps coming back: counted once a step
         if self.on_step_end is not None:
             await self.on_step_end(self, version)
+        if self.autopilot is not None:
+            self.autopilot.after_step(self.ctx.stats.steps_done, self.ctx.stats.records)
         # The step boundary: a re-tune asked for by the hook (or before) applies now.
         self.retuner.at_step_boundary(version)
 
