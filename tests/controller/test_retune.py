@@ -4,6 +4,8 @@ hang, lose a group or break a bound once the change took effect."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import random
 
 import pytest
@@ -195,3 +197,47 @@ def test_the_window_shrinks_before_the_capacity_does() -> None:
     assert seen[4] == (6, 2) and seen[5] == (6, 2)
     assert seen[10] == (2, 0)
     assert checker.violations == [] and ctl.summary()["ledger"]["balanced"]
+
+
+def test_a_resumed_run_keeps_the_retuned_setting() -> None:
+    """Raise capacity, in-flight bound and window mid-run, checkpoint, resume from
+    the original config: the re-tuned setting comes back (the buffer's slots fit)."""
+    kw = {"steps": 12, "per_step": 4, "capacity": 8, "inflight": 4, "min_chunk": 1}
+    saved: dict = {}
+
+    async def retune_then_snapshot(ctl, version: int) -> None:
+        if version == 2:
+            ctl.retune(max_buffered_rollouts=24, max_inflight_prompts=12, window=3)
+        if version == 6:
+            saved["state"] = json.loads(json.dumps(ctl.state_dict()))
+            saved["trainer"] = ctl.trainer.state_dict()
+
+    def fast_engine() -> FakeEngine:
+        return FakeEngine(lambda _r: 0.5)
+
+    sampler = {"name": "windowed", "max_staleness_versions": 1}
+    first = make_controller(sampler, engines=[fast_engine()],
+                            trainer=FakeTrainer(step_time=5.0), **kw)
+    first.on_step_end = retune_then_snapshot
+
+    async def crash() -> None:
+        run = asyncio.ensure_future(first.run())
+        while first.steps_done < 6:
+            await first.buffer.wait_changed()
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await run
+
+    run_virtual(crash())
+    assert len(saved["state"]["ready"]) > 8, "the checkpoint must hold more than the old capacity"
+    trainer = FakeTrainer(step_time=5.0)
+    trainer.load_state_dict(saved["trainer"])
+    engine = fast_engine()
+    engine.weight_version = 6
+    second = make_controller(sampler, engines=[engine], trainer=trainer,
+                             history=first.ledger.history, **kw)
+    second.load_state_dict(saved["state"])
+    assert (second.dispatcher.max_inflight, second.sampler.window,
+            second.buffer.capacity_target) == (12, 3, 24)
+    result = run_virtual(second.run())
+    assert result.summary["ledger"]["balanced"] and result.steps == 12

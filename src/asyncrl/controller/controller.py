@@ -382,6 +382,7 @@ class Controller:
             "dispatch": self.dispatcher.state_dict(),
             "ledger": self.ledger.state_dict(),
             "stats": stats.state_dict(elapsed),
+            "retune": self.retuner.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -398,6 +399,8 @@ class Controller:
         # The protocol's own way to resume the dispatch index (docs/design.md, "The staleness sampler"):
         # every admitted batch took one index, so the next one is the count.
         self.sampler.set_dispatch_index(int(state["dispatch"]["admitted"]))
+        if "retune" in state:  # the re-tuned bound and capacity (the slots must fit)
+            self.retuner.load_state_dict(state["retune"])
         self.buffer.load_state_dict({
             "next_seq": int(state["next_seq"]),
             "slots": [{**r, "ready": True, "payload": rollout_from_dict(r["payload"])}

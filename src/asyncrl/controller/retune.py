@@ -164,6 +164,24 @@ class Retuner:
         if target != self.ctx.buffer.capacity_target:
             self.ctx.buffer.set_capacity(target)
 
+    # ----------------------------------------------------------- persistence
+    def state_dict(self) -> dict[str, Any]:
+        """The setting asked for last (a pending one is not kept: it was never
+        applied). The sampler keeps its window in its own state."""
+        return {"max_inflight_prompts": self.target.max_inflight_prompts,
+                "max_buffered_rollouts": self.target.max_buffered_rollouts}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume with the re-tuned bound and capacity; call after the sampler's
+        state is loaded and before the buffer's (its slots must fit)."""
+        sampler = self.ctx.sampler
+        self.target = Setting(int(state["max_inflight_prompts"]),
+                              sampler.window if self._retunable else None,  # type: ignore[attr-defined]
+                              int(state["max_buffered_rollouts"]))
+        self.dispatcher.set_max_inflight(self.target.max_inflight_prompts)
+        self.ctx.stats.max_inflight = self.target.max_inflight_prompts
+        self._set_capacity(self.target.max_buffered_rollouts)
+
     def current(self) -> Setting:
         """The setting in force now (a shrink may still be draining toward it)."""
         sampler = self.ctx.sampler

@@ -132,6 +132,8 @@ class BaseSampler:
         self._held: tuple[int, int] | None = None
         #: The TrainerVersion admit waits on (woken when the window grows).
         self._gate_version: TrainerVersion | None = None
+        #: A re-tune moved the window: the state then keeps it (and the hold).
+        self._retuned = False
 
     # ---------------------------------------------------------------- admit
     @property
@@ -210,6 +212,7 @@ class BaseSampler:
             # newest shrink on (a second shrink while one is held extends it).
             self._held = (old, version)
         self.window = window
+        self._retuned = True
         if window > old and self._gate_version is not None:
             self._gate_version.recheck()  # a waiting admit may pass the wider gate now
 
@@ -276,7 +279,12 @@ class BaseSampler:
 
     # ----------------------------------------------------------- persistence
     def state_dict(self) -> dict[str, Any]:
-        return {"policy": type(self).__name__, "dispatch_index": self._dispatch_index}
+        state: dict[str, Any] = {"policy": type(self).__name__,
+                                 "dispatch_index": self._dispatch_index}
+        if self._retuned:  # a resumed run goes on with the re-tuned window
+            state["window"] = self.window
+            state["held"] = None if self._held is None else list(self._held)
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         try:
@@ -287,6 +295,10 @@ class BaseSampler:
                 f"'dispatch_index' (from state_dict()), got {state!r}"
             ) from None
         self.set_dispatch_index(index)
+        if "window" in state:
+            self.window, self._retuned = int(state["window"]), True
+            held = state.get("held")
+            self._held = None if held is None else (int(held[0]), int(held[1]))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(window={self.window}, dispatch_index={self._dispatch_index})"
