@@ -207,45 +207,61 @@ def test_the_window_shrinks_before_the_capacity_does() -> None:
     assert checker.violations == [] and ctl.summary()["ledger"]["balanced"]
 
 
-def test_a_resumed_run_keeps_the_retuned_setting() -> None:
-    """Raise capacity, in-flight bound and window mid-run, checkpoint, resume from
-    the original config: the re-tuned setting comes back (the buffer's slots fit)."""
-    kw = {"steps": 12, "per_step": 4, "capacity": 8, "inflight": 4, "min_chunk": 1}
+def _crash_and_resume(sampler: dict, retune: dict, *, retune_at: int, ckpt_at: int,
+                      **kw):
+    """Run, re-tune at ``retune_at``, checkpoint at ``ckpt_at``, crash; build a
+    second controller from the same (original) config and load the checkpoint."""
     saved: dict = {}
 
     async def retune_then_snapshot(ctl, version: int) -> None:
-        if version == 2:
-            ctl.retune(max_buffered_rollouts=24, max_inflight_prompts=12, window=3)
-        if version == 6:
+        if version == retune_at:
+            ctl.retune(**retune)
+        if version == ckpt_at:
             saved["state"] = json.loads(json.dumps(ctl.state_dict()))
             saved["trainer"] = ctl.trainer.state_dict()
 
-    def fast_engine() -> FakeEngine:
-        return FakeEngine(lambda _r: 0.5)
-
-    sampler = {"name": "windowed", "max_staleness_versions": 1}
-    first = make_controller(sampler, engines=[fast_engine()],
+    first = make_controller(sampler, engines=[FakeEngine(lambda _r: 0.5)],
                             trainer=FakeTrainer(step_time=5.0), **kw)
     first.on_step_end = retune_then_snapshot
 
     async def crash() -> None:
         run = asyncio.ensure_future(first.run())
-        while first.steps_done < 6:
+        while first.steps_done < ckpt_at:
             await first.buffer.wait_changed()
         run.cancel()
         with pytest.raises(asyncio.CancelledError):
             await run
 
     run_virtual(crash())
-    assert len(saved["state"]["ready"]) > 8, "the checkpoint must hold more than the old capacity"
     trainer = FakeTrainer(step_time=5.0)
     trainer.load_state_dict(saved["trainer"])
-    engine = fast_engine()
-    engine.weight_version = 6
+    engine = FakeEngine(lambda _r: 0.5)
+    engine.weight_version = ckpt_at
     second = make_controller(sampler, engines=[engine], trainer=trainer,
                              history=first.ledger.history, **kw)
     second.load_state_dict(saved["state"])
+    return saved["state"], second
+
+
+def test_a_resumed_run_keeps_the_retuned_setting() -> None:
+    """Raise capacity, in-flight bound and window mid-run, checkpoint, resume from
+    the original config: the re-tuned setting comes back (the buffer's slots fit)."""
+    state, second = _crash_and_resume(
+        {"name": "windowed", "max_staleness_versions": 1},
+        {"max_buffered_rollouts": 24, "max_inflight_prompts": 12, "window": 3},
+        retune_at=2, ckpt_at=6, steps=12, per_step=4, capacity=8, inflight=4, min_chunk=1)
+    assert len(state["ready"]) > 8, "the checkpoint must hold more than the old capacity"
     assert (second.dispatcher.max_inflight, second.sampler.window,
             second.buffer.capacity_target) == (12, 3, 24)
     result = run_virtual(second.run())
     assert result.summary["ledger"]["balanced"] and result.steps == 12
+
+
+def test_a_window_hold_survives_a_resume_and_then_expires() -> None:
+    _, second = _crash_and_resume(
+        {"name": "windowed", "max_staleness_versions": 3}, {"window": 1},
+        retune_at=2, ckpt_at=3, steps=12, per_step=4, capacity=16, inflight=8, min_chunk=1)
+    assert second.sampler.max_staleness() == 3, "held: groups started under 3 may be left"
+    result = run_virtual(second.run())
+    assert result.summary["ledger"]["balanced"]
+    assert second.sampler.max_staleness() == 1

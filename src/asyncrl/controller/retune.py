@@ -72,6 +72,9 @@ class Retuner:
         self._pending: Setting | None = None
         #: Every applied change: {"version", "previous", "setting"}.
         self.applied: list[dict[str, Any]] = []
+        #: Set by the first change (or a resumed one): from then on every step
+        #: boundary lets a window hold expire and the capacity follow it.
+        self._active = False
 
     @property
     def pending(self) -> Setting | None:
@@ -136,6 +139,8 @@ class Retuner:
         and let a capacity shrink follow an expired window hold; returns the
         setting applied, or None."""
         new, self._pending = self._pending, None
+        if new is None and not self._active:
+            return None  # never re-tuned: the run is exactly as configured
         sampler, buffer = self.ctx.sampler, self.ctx.buffer
         if self._retunable:
             sampler.step_boundary(version)  # type: ignore[attr-defined]  # a hold may expire
@@ -143,6 +148,7 @@ class Retuner:
             self._set_capacity(self.target.max_buffered_rollouts)
             return None
         previous = self.current()
+        self._active = True
         if new.max_buffered_rollouts > buffer.capacity_target:
             self._set_capacity(new.max_buffered_rollouts)  # grow before the window
         if new.window is not None and new.window != previous.window:
@@ -175,9 +181,14 @@ class Retuner:
         """Resume with the re-tuned bound and capacity; call after the sampler's
         state is loaded and before the buffer's (its slots must fit)."""
         sampler = self.ctx.sampler
+        configured = self.target
         self.target = Setting(int(state["max_inflight_prompts"]),
                               sampler.window if self._retunable else None,  # type: ignore[attr-defined]
                               int(state["max_buffered_rollouts"]))
+        # The states brought back a re-tuned knob (window included) or a window hold.
+        held = self._retunable and sampler.window_in_force(  # type: ignore[attr-defined]
+            self.ctx.version.value) != self.target.window
+        self._active = self.target != configured or held
         self.dispatcher.set_max_inflight(self.target.max_inflight_prompts)
         self.ctx.stats.max_inflight = self.target.max_inflight_prompts
         self._set_capacity(self.target.max_buffered_rollouts)

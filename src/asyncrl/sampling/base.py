@@ -85,6 +85,9 @@ class RetunableSampler(Protocol):
     shrink never evicts or aborts a group that was legal when it started.
     """
 
+    #: The window admission uses now (the last one set).
+    window: int
+
     def set_window(self, window: int, *, version: int) -> None:
         """Called by the controller at a step boundary (trainer version ``version``)."""
         ...
