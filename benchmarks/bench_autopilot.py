@@ -10,6 +10,9 @@ examples/sim/shifting.yaml: 64 groups per step, lognormal latencies (median
 * **aimd**: the same setting with ``autopilot: {enabled: true, mode: aimd}``
   (capacity doubled, so the in-flight bound has room to move above it).
 
+* **stationary**: aimd on phase 1's workload alone, twice as long: its
+  throughput / the oracle's and how many re-tunes it made.
+
 Throughput of a phase = groups trained in its steps / virtual seconds they
 took (the first phase from t = 0, the second from the end of the first). Prints
 one row per run and phase (throughput / oracle, staleness p95, waste, whether
@@ -130,6 +133,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:<8} {p + 1:>5} {facts['throughput']:>9.3f} {ratio:>8.3f} "
                   f"{facts['staleness_p95']:>9.0f} {facts['waste_frac']:>7.3f} "
                   f"{'yes' if _kept(facts) else 'NO':>11}")
+    # Stationary: phase 1 alone, aimd from phase 1's oracle setting.
+    stat = simulate(_with(_phase_cfg(cfg, 0, 2 * steps), max_buffered_rollouts=2 * first.capacity,
+                          max_inflight_prompts=first.inflight,
+                          autopilot=aimd_cfg.async_rl.autopilot),
+                    sampler_override=first.sampler, record_intervals=False)
+    facts = _phase_facts(stat.records, 0, 2 * steps)
+    print(f"stationary (phase 1 for {2 * steps} steps) aimd: {facts['throughput'] / oracles[0][1]:.3f}"
+          f" of the oracle, {len(stat.retunes)} re-tunes (all after the warm-up),"
+          f" staleness p95 {facts['staleness_p95']:.0f}, waste {facts['waste_frac']:.3f}")
     print(f"RESULT fixed_vs_oracle_min {min(ratios['fixed']):.4f}")
     print(f"RESULT autopilot_vs_oracle_min {min(ratios['aimd']):.4f}")
     return 0

@@ -249,6 +249,7 @@ def _result(
         timeline=timeline,
         engine=engine,
         trainer=trainer,
+        retunes=list(controller.retuner.applied),
     )
 
 
