@@ -238,7 +238,7 @@ def test_every_key_the_table_accepts_is_a_key_of_the_block() -> None:
     ours_only = {"stall_watchdog", "rollout_failure", "rollout_failure.native",
                  "rollout_failure.nemo_gym"}
     assert {p for p in _field_paths(AsyncRLConfig)
-            if not p.startswith(("generation_", "sampler."))} - ours_only <= accepted
+            if not p.startswith(("generation_", "sampler.", "autopilot"))} - ours_only <= accepted
 
 
 def test_max_backoff_below_the_base_is_refused() -> None:

@@ -44,6 +44,11 @@ class SetupError(ConfigError):
     """The controller refuses a setup that could deadlock or cannot work."""
 
 
+class RetuneRefused(SetupError):
+    """A re-tune (``Controller.retune``, the autopilot) asked for a setting that
+    could deadlock or cannot be applied; nothing was changed."""
+
+
 class RolloutStall(AsyncRLError, RuntimeError):
     """No group committed and no step finished within
     ``async_rl.stall_watchdog.stall_timeout_s`` (``stall_action: abort``), or the

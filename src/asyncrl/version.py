@@ -56,6 +56,15 @@ class TrainerVersion:
             self._blocked_at.pop(token, None)
         return self._value
 
+    def recheck(self) -> None:
+        """Wake every waiter to test its predicate again without a new value: a
+        predicate that reads more than the value (the admission gate reads the
+        sampler's live window) may hold now. Until each has looked again, none
+        counts as blocked (:meth:`waiters_blocked`)."""
+        for token in self._blocked_at:
+            self._blocked_at[token] = -1  # never equal to a value: "woken, will look"
+        self._signal.fire()
+
     def waiters_blocked(self) -> bool:
         """True when someone waits in :meth:`wait_until` and every waiter has
         found its predicate false at the current value (none can go on until

@@ -130,6 +130,8 @@ class RolloutBuffer:
                 "set async_rl.max_buffered_rollouts to at least 1"
             )
         self._capacity = capacity
+        #: Where set_capacity asked it to go (it follows down as slots leave).
+        self._capacity_target = capacity
         self._changed = ChangeSignal()
         self._space = ChangeSignal()
         self._remove_listeners: list[Callable[[list[Slot]], None]] = []
@@ -154,6 +156,24 @@ class RolloutBuffer:
     @property
     def capacity(self) -> int:
         return self._capacity
+
+    @property
+    def capacity_target(self) -> int:
+        return self._capacity_target
+
+    def set_capacity(self, target: int) -> None:
+        """Re-tune the capacity. A raise takes effect at once (and wakes a waiting
+        reserve); a shrink drops no slot: the capacity falls to ``max(target,
+        len(self))`` and follows each slot that leaves down to ``target``."""
+        if isinstance(target, bool) or not isinstance(target, int) or target < 1:
+            raise ValueError(f"RolloutBuffer capacity must be a positive integer, got "
+                             f"{target!r}; set async_rl.max_buffered_rollouts to at least 1")
+        grew = target > self._capacity
+        self._capacity_target = target
+        self._capacity = max(target, len(self._slots))
+        if grew:
+            self._space.fire()
+            self._changed.fire()  # the starvation check reads is_full()
 
     @property
     def ready_count(self) -> int:
@@ -455,6 +475,8 @@ class RolloutBuffer:
 
     def _drop(self, slot: Slot) -> Slot:
         del self._slots[slot.group_id]
+        if self._capacity > self._capacity_target:  # a shrink in progress
+            self._capacity = max(self._capacity_target, len(self._slots))
         weight = slot.start_weight
         n = self._weight_counts[weight] - 1
         if n:

@@ -15,7 +15,7 @@ each block lives:
 * ``dataset`` - ``task: {name: dataset}`` and its reward;
 * ``policy`` - ``policy`` (model, generation, optimizer, ``vllm``, LoRA);
   ``vllm_server`` - ``policy.vllm_server``;
-* ``simulate`` - ``simulate``;
+* ``simulate`` - ``simulate``; ``autopilot`` - ``async_rl.autopilot``;
 * ``blocks`` - the one base class of every block, and the number types;
   ``targets`` - blocks that name a ``module:ClassName``.
 
@@ -24,6 +24,7 @@ Loading: ``load`` (files, overrides, then ``interpolation`` of ``${a.b}``),
 per field, with the fix).
 """
 
+from asyncrl.config.autopilot import AutopilotBounds, AutopilotConfig
 from asyncrl.config.checkpoint import CheckpointConfig, KeepBest
 from asyncrl.config.load import (
     EMPTY_FILE_HINT,
@@ -80,6 +81,8 @@ __all__ = [
     "ActorResources",
     "ArithmeticTaskConfig",
     "AsyncRLConfig",
+    "AutopilotBounds",
+    "AutopilotConfig",
     "BimodalLatency",
     "CheckpointConfig",
     "ClusterConfig",

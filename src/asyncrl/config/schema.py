@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import Field, StrictFloat, StrictInt, model_validator
 
+from asyncrl.config.autopilot import AutopilotConfig
 from asyncrl.config.blocks import Block, NonNegFloat, NonNegInt, PosFloat, PosInt, TaskBlock
 from asyncrl.config.checkpoint import CheckpointConfig, NemoRLCheckpointing, merge_nemo_rl
 from asyncrl.config.dataset import DatasetTaskConfig
@@ -56,6 +57,8 @@ class AsyncRLConfig(Block, RefusesRenamedKeys):
     generation_fleet_health: GenerationFleetHealthConfig = Field(
         default_factory=GenerationFleetHealthConfig)
     generation_router: GenerationRouterConfig = Field(default_factory=GenerationRouterConfig)
+    #: Re-tunes the staleness contract mid-run (off by default; docs/autopilot.md).
+    autopilot: AutopilotConfig = Field(default_factory=AutopilotConfig)
 
     @model_validator(mode="after")
     def _watchdog_outlasts_deadlines(self) -> AsyncRLConfig:

@@ -69,6 +69,21 @@ LatencyConfig = Annotated[
 ]
 
 
+#: What a workload phase may switch to: the time-based models drawn per group.
+PhaseLatencyConfig = Annotated[
+    Union[ConstantLatency, LognormalLatency, BimodalLatency],  # noqa: UP007
+    Field(discriminator="distribution"),
+]
+
+
+class WorkloadPhase(Block):
+    """From trainer version ``at_step`` on, groups that start draw their
+    latency from ``generation_latency_s`` (a workload that changes mid-run)."""
+
+    at_step: PosInt
+    generation_latency_s: PhaseLatencyConfig
+
+
 class SimulateConfig(Block):
     steps: PosInt = 1000
     rollout_slots: PosInt = 64
@@ -96,3 +111,19 @@ class SimulateConfig(Block):
     #: built-in policies replayed on a plain event queue, ~10x faster, for
     #: datacenter-sized workloads (asyncrl.sim.cohort says what it covers).
     mode: Literal["per_group", "cohort"] = "per_group"
+    #: Later phases of the workload, by ascending ``at_step`` (docs/autopilot.md).
+    phases: list[WorkloadPhase] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _phases_in_order(self) -> SimulateConfig:
+        steps = [p.at_step for p in self.phases]
+        if steps != sorted(set(steps)):
+            raise ValueError(f"phases: at_step must strictly increase, got {steps}")
+        if self.phases and self.mode == "cohort":
+            raise ValueError("phases need mode: per_group (the cohort mode replays one "
+                             "latency model); set simulate.mode: per_group")
+        if self.phases and self.generation_latency_s.distribution in ("tokens", "empirical"):
+            raise ValueError("phases need a time-based simulate.generation_latency_s "
+                             "(constant, lognormal or bimodal), got "
+                             f"{self.generation_latency_s.distribution}")
+        return self

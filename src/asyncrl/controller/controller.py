@@ -33,6 +33,7 @@ from asyncrl._util import supervision
 from asyncrl._util.compat import BaseExceptionGroup, TaskGroup
 from asyncrl.buffer import RolloutBuffer
 from asyncrl.config import AsyncRLConfig, GRPOConfig
+from asyncrl.controller.autopilot import Autopilot
 from asyncrl.controller.context import RunContext
 from asyncrl.controller.determinism import Determinism, NoDeterminism
 from asyncrl.controller.dispatch import Dispatcher
@@ -41,6 +42,7 @@ from asyncrl.controller.evaluation import Evaluator
 from asyncrl.controller.failure_log import SHOWN_GROUPS
 from asyncrl.controller.ledger import Ledger, LedgerHistory
 from asyncrl.controller.partials import read_partials, stop_generating
+from asyncrl.controller.retune import Retuner, Setting
 from asyncrl.controller.stats import RunStats
 from asyncrl.controller.summary import RunSummary
 from asyncrl.controller.train_pump import TrainPump
@@ -161,6 +163,9 @@ class Controller:
                                       self.determinism)
         self.train_pump = TrainPump(self.ctx, trainer, self.dispatcher, self.weight_sync,
                                     self.sinks, self._after_step, evaluator)
+        self.retuner = Retuner(self.ctx, self.dispatcher, deterministic=deterministic)
+        self.autopilot = (Autopilot(async_rl.autopilot, self.retuner)
+                          if async_rl.autopilot.enabled else None)
         self._running = False
         self.watchdog: StallWatchdog | None = None
         #: False when the run ended through an error or a cancellation that did not
@@ -292,10 +297,23 @@ class Controller:
         :meth:`state_dict` holds everything needed to resume."""
         self.train_pump.request_stop(reason, message or f"stop requested ({reason})")
 
+    def retune(self, *, max_inflight_prompts: int | None = None, window: int | None = None,
+               max_buffered_rollouts: int | None = None) -> Setting:
+        """Ask for a new staleness contract, applied at the next step boundary
+        (:mod:`asyncrl.controller.retune` says when each knob takes effect).
+        Raises :class:`~asyncrl.errors.RetuneRefused` for a setting that could
+        deadlock; then nothing changes."""
+        return self.retuner.request(max_inflight_prompts=max_inflight_prompts, window=window,
+                                    max_buffered_rollouts=max_buffered_rollouts)
+
     async def _after_step(self, version: int) -> None:
         self.ctx.failures.flush()  # a failure that keeps coming back: counted once a step
         if self.on_step_end is not None:
             await self.on_step_end(self, version)
+        if self.autopilot is not None:
+            self.autopilot.after_step(self.ctx.stats.steps_done, self.ctx.stats.records)
+        # The step boundary: a re-tune asked for by the hook (or before) applies now.
+        self.retuner.at_step_boundary(version)
 
     async def _shutdown(self, *, check_balance: bool) -> None:
         """Tell the engines to drop what is still in flight; groups stay pending."""
@@ -364,6 +382,7 @@ class Controller:
             "dispatch": self.dispatcher.state_dict(),
             "ledger": self.ledger.state_dict(),
             "stats": stats.state_dict(elapsed),
+            "retune": self.retuner.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -380,6 +399,8 @@ class Controller:
         # The protocol's own way to resume the dispatch index (docs/design.md, "The staleness sampler"):
         # every admitted batch took one index, so the next one is the count.
         self.sampler.set_dispatch_index(int(state["dispatch"]["admitted"]))
+        if "retune" in state:  # the re-tuned bound and capacity (the slots must fit)
+            self.retuner.load_state_dict(state["retune"])
         self.buffer.load_state_dict({
             "next_seq": int(state["next_seq"]),
             "slots": [{**r, "ready": True, "payload": rollout_from_dict(r["payload"])}

@@ -106,6 +106,8 @@ class Dispatcher:
         #: Groups in a working state, and those holding an in-flight permit.
         self.working = 0
         self.inflight = 0
+        #: The in-flight bound; re-tuned by :meth:`set_max_inflight`.
+        self.max_inflight = ctx.cfg.max_inflight_prompts
         self._batch_left = 0  # prompts of the last admitted batch still queued
         self._weights: collections.Counter[int] = collections.Counter()  # in-flight start weights
         self._queue_changed = ChangeSignal()
@@ -148,7 +150,7 @@ class Dispatcher:
     async def run_placer(self, tg: TaskGroup) -> None:
         """Give the head of the queue a permit and a slot, then start it; forever."""
         self._tg = tg
-        buffer, cap = self.ctx.buffer, self.ctx.cfg.max_inflight_prompts
+        buffer = self.ctx.buffer
         while True:
             if not self.queue:
                 self.placer_idle = True
@@ -157,7 +159,7 @@ class Dispatcher:
                 self.placer_idle = False
                 continue
             entry = self.queue[0]
-            if self.inflight >= cap:
+            if self.inflight >= self.max_inflight:  # read live: a re-tune may move it
                 self._set_state(entry, EntryState.AWAIT_INFLIGHT)
                 await self._permit_freed.wait()
                 continue
@@ -172,6 +174,15 @@ class Dispatcher:
                 if not self._batch_left:
                     self._queue_changed.fire()  # the admitter may admit the next batch
             self._reserve(entry)
+
+    def set_max_inflight(self, bound: int) -> None:
+        """Re-tune the in-flight bound. No group is aborted: after a shrink no
+        permit is given until fewer than ``bound`` groups are in flight; a raise
+        wakes a placer waiting for a permit."""
+        grew = bound > self.max_inflight
+        self.max_inflight = bound
+        if grew:
+            self._permit_freed.fire()
 
     def cancel(self) -> None:
         """End of the run: stop every group's task; reserved groups stay pending."""

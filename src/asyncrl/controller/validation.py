@@ -112,6 +112,11 @@ def validate_setup(
             "generates each group with one pinned version, so end_weight equals start_weight "
             "anyway: set async_rl.sampler.staleness_of: start_weight, or deterministic: false"
         )
+    if deterministic and cfg.autopilot.enabled:
+        raise SetupError(
+            "deterministic: true with async_rl.autopilot.enabled: the autopilot decides from "
+            "measured timings, so the run would depend on them. Set async_rl.autopilot.enabled: "
+            "false, or deterministic: false")
     cap = cfg.max_buffered_rollouts
     n = grpo.num_prompts_per_step
     required = sampler.required_buffer_capacity(n)

@@ -15,7 +15,7 @@ from asyncrl.config.sampler import (
     parse_sampler_config,
 )
 from asyncrl.errors import SamplerConfigError
-from asyncrl.sampling.base import BaseSampler, PromptGroupSampler
+from asyncrl.sampling.base import BaseSampler, PromptGroupSampler, RetunableSampler
 from asyncrl.sampling.factory import create_sampler, missing_protocol_members
 from asyncrl.sampling.policies import (
     InOrderSampler,
@@ -34,6 +34,7 @@ __all__ = [
     "PromptGroupSampler",
     "ReadyFirstSampler",
     "ReadyFirstSamplerConfig",
+    "RetunableSampler",
     "SamplerConfig",
     "SamplerConfigError",
     "WeightFifoSampler",

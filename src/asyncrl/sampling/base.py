@@ -71,6 +71,42 @@ class PromptGroupSampler(Protocol):
         ...
 
 
+@runtime_checkable
+class RetunableSampler(Protocol):
+    """A sampler whose window may change while the run goes on (the autopilot's
+    ``window`` knob, :mod:`asyncrl.controller.retune`). The built-ins all are.
+
+    Transition rule (docs/autopilot.md): a new window gates admission from the
+    moment it is set. A *larger* window also bounds eviction and aborts at once.
+    A *smaller* one does so only once the groups started under the old one are
+    gone: until a step boundary finds the trainer version past ``v0 + s_old``
+    (``v0`` the version when it was set) **and** no slot started at a version
+    ``<= v0`` left in the buffer, eviction, aborts and the derived facts keep ``s_old``, so a
+    shrink never evicts or aborts a group that was legal when it started.
+    """
+
+    #: The window admission uses now (the last one set).
+    window: int
+
+    def set_window(self, window: int, *, version: int) -> None:
+        """Called by the controller at a step boundary (trainer version ``version``)."""
+        ...
+
+    def step_boundary(self, version: int) -> None:
+        """Called by the controller at every step boundary (after the weight sync
+        to ``version``): a held window that expired is dropped here, so the
+        window in force never changes in the middle of a step."""
+        ...
+
+    def window_in_force(self, version: int) -> int:
+        """The window eviction, aborts and the derived facts use at ``version``."""
+        ...
+
+    def required_capacity_for(self, window: int, groups_per_step: int) -> int | None:
+        """:meth:`PromptGroupSampler.required_buffer_capacity` with ``window`` as the window."""
+        ...
+
+
 class BaseSampler:
     """Dispatch counter, admission gate, greedy take and persistence for policies.
 
@@ -95,6 +131,12 @@ class BaseSampler:
         self.buffer = buffer
         self._dispatch_index = 0
         self._admit_lock = asyncio.Lock()
+        #: After a shrink: (old window, version it was set at), until it expires.
+        self._held: tuple[int, int] | None = None
+        #: The TrainerVersion admit waits on (woken when the window grows).
+        self._gate_version: TrainerVersion | None = None
+        #: A re-tune moved the window: the state then keeps it (and the hold).
+        self._retuned = False
 
     # ---------------------------------------------------------------- admit
     @property
@@ -119,8 +161,9 @@ class BaseSampler:
         """
         async with self._admit_lock:
             d = self._dispatch_index
-            window = self.window
-            await trainer_version.wait_until(lambda v: d <= v + window)
+            self._gate_version = trainer_version
+            # The live window, read at every wake-up: a re-tune moves the gate.
+            await trainer_version.wait_until(lambda v: d <= v + self.window)
             self._dispatch_index = d + 1
             return d
 
@@ -158,7 +201,43 @@ class BaseSampler:
 
     def _floor(self, current_train_weight: int) -> int:
         """Oldest start_weight inside the window at trainer version ``v``."""
-        return max(0, current_train_weight - self.window)
+        return max(0, current_train_weight - self.window_in_force(current_train_weight))
+
+    # -------------------------------------------------------------- re-tuning
+    def set_window(self, window: int, *, version: int) -> None:
+        """See :class:`RetunableSampler` for when each use of the window changes."""
+        if isinstance(window, bool) or not isinstance(window, int) or window < 0:
+            raise ValueError(f"{type(self).__name__}: window must be an integer >= 0, "
+                             f"got {window!r}")
+        old = self.declared_window()
+        if window < old:
+            # Hold the largest window any live group started under, from the
+            # newest shrink on (a second shrink while one is held extends it).
+            self._held = (old, version)
+        self.window = window
+        self._retuned = True
+        if window > old and self._gate_version is not None:
+            self._gate_version.recheck()  # a waiting admit may pass the wider gate now
+
+    def step_boundary(self, version: int) -> None:
+        held = self._held
+        if held is None:
+            return
+        old, since = held
+        # Slots started at <= since were legal under `old`; none is left once
+        # the version passed since + old and the buffer holds none of them.
+        if version > since + old and self.buffer.min_start_weight(0, since) is None:
+            self._held = None
+
+    def window_in_force(self, version: int) -> int:
+        return self.declared_window()
+
+    def declared_window(self) -> int:
+        """The window the derived facts state: the held one during a shrink."""
+        return self.window if self._held is None else max(self._held[0], self.window)
+
+    def required_capacity_for(self, window: int, groups_per_step: int) -> int | None:
+        return groups_per_step * (window + 1)
 
     # -------------------------------------------------------- derived facts
     def should_abort_inflight(self, *, start_weight_version: int, current_train_weight: int) -> bool:
@@ -166,15 +245,15 @@ class BaseSampler:
 
     @property
     def is_on_policy(self) -> bool:
-        return self.window == 0
+        return self.declared_window() == 0
 
     def required_buffer_capacity(self, groups_per_step: int) -> int | None:
-        return groups_per_step * (self.window + 1)
+        return self.required_capacity_for(self.declared_window(), groups_per_step)
 
     def max_staleness(self) -> int | None:
         """Largest staleness (``v - start_weight``) a trained group can have, or
         None if unbounded."""
-        return self.window
+        return self.declared_window()
 
     @property
     def staleness_measure(self) -> str:
@@ -203,7 +282,12 @@ class BaseSampler:
 
     # ----------------------------------------------------------- persistence
     def state_dict(self) -> dict[str, Any]:
-        return {"policy": type(self).__name__, "dispatch_index": self._dispatch_index}
+        state: dict[str, Any] = {"policy": type(self).__name__,
+                                 "dispatch_index": self._dispatch_index}
+        if self._retuned:  # a resumed run goes on with the re-tuned window
+            state["window"] = self.window
+            state["held"] = None if self._held is None else list(self._held)
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         try:
@@ -214,6 +298,10 @@ class BaseSampler:
                 f"'dispatch_index' (from state_dict()), got {state!r}"
             ) from None
         self.set_dispatch_index(index)
+        if "window" in state:
+            self.window, self._retuned = int(state["window"]), True
+            held = state.get("held")
+            self._held = None if held is None else (int(held[0]), int(held[1]))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(window={self.window}, dispatch_index={self._dispatch_index})"

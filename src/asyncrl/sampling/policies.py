@@ -54,13 +54,13 @@ class _MeasuredWindow(BaseSampler):
     def should_abort_inflight(self, *, start_weight_version: int, current_train_weight: int) -> bool:
         if self.staleness_of == "end_weight":
             return False  # it generates with the current weights: its newest tokens are fresh
-        return start_weight_version < current_train_weight - self.window
+        return start_weight_version < self._floor(current_train_weight)
 
     def max_staleness(self) -> int | None:
-        return None if self.staleness_of == "end_weight" else self.window
+        return None if self.staleness_of == "end_weight" else self.declared_window()
 
     def max_end_staleness(self) -> int | None:
-        return self.window
+        return self.declared_window()
 
 
 class InOrderSampler(BaseSampler):
@@ -152,7 +152,7 @@ class WindowedSampler(_MeasuredWindow):
         )
         return self._take(eligible, min_prompt_groups)
 
-    def required_buffer_capacity(self, groups_per_step: int) -> int | None:
+    def required_capacity_for(self, window: int, groups_per_step: int) -> int | None:
         return None
 
 
@@ -182,4 +182,4 @@ class ReadyFirstSampler(BaseSampler):
         return self._take(eligible, min_prompt_groups)
 
     def max_staleness(self) -> int | None:
-        return 0 if self.window == 0 else None
+        return 0 if self.declared_window() == 0 else None

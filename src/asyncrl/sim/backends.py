@@ -136,6 +136,7 @@ class SimEngine:
         tokens_per_s: float = 20.0,
         pause_during_sync: bool = False,
         abort_s: float = 0.0,
+        phases: Sequence[tuple[int, LatencyModel]] = (),
     ) -> None:
         if rollout_slots < 1:
             raise ValueError(f"rollout_slots must be >= 1, got {rollout_slots}")
@@ -159,6 +160,12 @@ class SimEngine:
         self._slots = SlotPool(rollout_slots)
         self._first = _Stream(component_rng(seed, "latency"), latency.draw)
         self._retry = _Stream(component_rng(seed, "latency-retry"), latency.draw)
+        #: Workload phases: from weight version ``at``, the model and its streams
+        #: (seeded per phase, so prompt k's draw in a phase does not depend on others).
+        self._phases = [(at, model,
+                         _Stream(component_rng(seed, f"latency-phase{at}"), model.draw),
+                         _Stream(component_rng(seed, f"latency-retry-phase{at}"), model.draw))
+                        for at, model in phases]
         self._retries_drawn = 0
         self._first_coin = _Stream(component_rng(seed, "failure"), _uniforms)
         self._retry_coin = component_rng(seed, "failure-retry").random
@@ -209,8 +216,9 @@ class SimEngine:
         start_version = request.start_weight
         if start_version is None:
             start_version = self._version if pinned is None else pinned
-        sample, fail = self._draw(request)
-        work = self.latency.work(sample, self._busy_now + 1, self.tokens_per_s)
+        model, first, retry = self._phase()
+        sample, fail = self._draw(request, first, retry)
+        work = model.work(sample, self._busy_now + 1, self.tokens_per_s)
         held, since = self._version, len(self._updates)
         loop = asyncio.get_running_loop()
         t0 = loop.time()
@@ -342,15 +350,25 @@ class SimEngine:
         return None
 
     # ------------------------------------------------------------- internals
-    def _draw(self, request: GenerationRequest) -> tuple[Any, bool]:
-        """Latency sample and failure of this attempt (see the module docstring)."""
+    def _phase(self) -> tuple[LatencyModel, _Stream, _Stream]:
+        """The latency model (and its streams) of the phase the held version is in."""
+        for at, model, first, retry in reversed(self._phases):
+            if self._version >= at:
+                return model, first, retry
+        return self.latency, self._first, self._retry
+
+    def _draw(self, request: GenerationRequest, first: _Stream | None = None,
+              retry: _Stream | None = None) -> tuple[Any, bool]:
+        """Latency sample and failure of this attempt (see the module docstring),
+        from the streams of the phase (default: the base workload's)."""
+        first, retry = first or self._first, retry or self._retry
         key = request.prompt.prompt_id
         p = self.failure_rate
         if request.attempt == 1 and isinstance(key, int) and key >= 0:
-            latency = self._first.at(key)
+            latency = first.at(key)
             fail = p > 0 and self._first_coin.at(key) < p
         else:
-            latency = self._retry.at(self._retries_drawn)
+            latency = retry.at(self._retries_drawn)
             self._retries_drawn += 1
             fail = p > 0 and self._retry_coin() < p
         return latency, fail

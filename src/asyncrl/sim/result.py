@@ -104,6 +104,8 @@ class SimResult:
     timeline: list[dict[str, Any]] = dataclasses.field(default_factory=list, repr=False)
     engine: SimEngine | None = dataclasses.field(default=None, repr=False)
     trainer: SimTrainer | None = dataclasses.field(default=None, repr=False)
+    #: Re-tunes applied during the run (the autopilot's, Controller.retune's).
+    retunes: list[dict[str, Any]] = dataclasses.field(default_factory=list, repr=False)
 
     def row(self) -> dict[str, Any]:
         """The table row: exactly :data:`ROW_KEYS`, JSON-ready (NaN becomes None)."""

@@ -132,7 +132,9 @@ def simulate(
                        failure_rate=sim.failure_rate, weight_sync_s=sim.weight_sync_s,
                        record_intervals=record_intervals, tokens_per_s=sim.tokens_per_s,
                        pause_during_sync=sim.pause_generation_during_sync,
-                       abort_s=sim.abort_s)
+                       abort_s=sim.abort_s,
+                       phases=[(p.at_step, make_latency_model(p.generation_latency_s))
+                               for p in sim.phases])
     trainer = SimTrainer(train_step_s=sim.train_step_s, train_per_group_s=sim.train_per_group_s,
                          train_per_token_s=sim.train_per_token_s, loss=cfg.loss)
     sink = _FirstRecords()
@@ -247,6 +249,7 @@ def _result(
         timeline=timeline,
         engine=engine,
         trainer=trainer,
+        retunes=list(controller.retuner.applied),
     )
 
 
