@@ -11,7 +11,9 @@
 # --budget MINUTES (a run over it is reported as such; default 30), and after
 # `--` the tests or pytest options to run instead of the whole suite.
 # Logs: stress-logs/<date>/run-<i>.log (or STRESS_LOGS=dir). The hogs end with
-# the script, however it ends (trap).
+# the script, however it ends (trap). Started in the background of a
+# non-interactive shell (`nohup tests/stress.sh &`) it cannot trap SIGINT (bash
+# keeps a signal ignored at entry ignored): stop it with `kill` (SIGTERM).
 set -u
 
 runs=3 marked=0 hogs=$(nproc) budget=30
@@ -22,7 +24,7 @@ while (($#)); do
         --hogs) hogs=$2; shift 2 ;;
         --budget) budget=$2; shift 2 ;;
         --) shift; break ;;
-        -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
         *) echo "stress.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
 done
