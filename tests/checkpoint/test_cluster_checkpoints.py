@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import logging
 import threading
 import types
 from pathlib import Path
@@ -285,6 +286,37 @@ def test_a_metric_the_run_never_logs_is_refused_with_the_list() -> None:
     check_keep_best(config_from_dict({"checkpoint": {"keep_best": {"k": 1,
                                                                     "metric": "eval/pass@1"}},
                                       "eval": {"num_generations": 2, "temperature": 1.0}}))
+
+
+def test_a_train_metric_the_trainer_never_reports_is_told_once_with_the_likely_name(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """train/<name> is the trainer's to name (validate lets it pass): the first step
+    record without it is told, not silently ranked last for the whole run."""
+    config = cfg(every_steps=1, keep_best={"k": 1, "metric": "train/los", "mode": "min"})
+    hook = make_hook(tmp_path, config)
+    controller = FakeController(small_trainer())
+
+    async def run() -> None:
+        for loss in (0.5, 0.4):
+            await controller.step(hook, **{"train/loss": loss, "train/grad_norm": 1.0})
+        await hook.flush()
+
+    with caplog.at_level(logging.WARNING, logger="asyncrl.checkpoint"):
+        asyncio.run(run())
+    told = [r.getMessage() for r in caplog.records if "keep_best.metric" in r.getMessage()]
+    assert len(told) == 1
+    assert "'train/los'" in told[0] and "did you mean 'train/loss'?" in told[0]
+    caplog.clear()
+    right = make_hook(tmp_path / "right", cfg(every_steps=1, keep_best={
+        "k": 1, "metric": "train/loss", "mode": "min"}))
+
+    async def run_right() -> None:
+        await controller.step(right, **{"train/loss": 0.3})
+        await right.flush()
+
+    with caplog.at_level(logging.WARNING, logger="asyncrl.checkpoint"):
+        asyncio.run(run_right())
+    assert not [r for r in caplog.records if "keep_best.metric" in r.getMessage()]
 
 
 # ---------------------------------------------------- weights-only snapshots

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import difflib
 import functools
 import logging
 import os
@@ -91,6 +92,7 @@ class CheckpointHook:
         self.every = c.every_steps
         self.every_s = c.every_minutes * 60.0
         self.keep_last, self.keep_best = c.keep_last, c.keep_best
+        self._told_unlogged = False  # the train/ metric warning is given once
         self.snapshots = not c.save_optimizer
         self.config_yaml = config_yaml
         self.clock = clock
@@ -184,7 +186,24 @@ class CheckpointHook:
         if not records or records[-1].get("trainer_version") != version:
             return None
         value = records[-1].get(self.keep_best.metric)
+        if value is None and self.keep_best.metric.startswith("train/"):
+            self._tell_unlogged(records[-1])
         return float(value) if isinstance(value, (int, float)) else None
+
+    def _tell_unlogged(self, record: dict[str, Any]) -> None:
+        """A ``train/`` metric is the trainer's to name, so the checks before the
+        run cannot refuse a misspelled one; the trainer reports its metrics at
+        every step, so the first step record without it says so (once)."""
+        if self._told_unlogged:
+            return
+        self._told_unlogged = True
+        metric = self.keep_best.metric  # type: ignore[union-attr]
+        names = sorted(k for k in record if k.startswith("train/"))
+        close = difflib.get_close_matches(metric, names, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        log.warning("checkpoint.keep_best.metric=%r is not among the trainer's metrics (%s): "
+                    "no checkpoint is kept as the best by it; %sfix the name and resume",
+                    metric, ", ".join(names) or "none", hint)
 
     async def _write(self, state: _Captured) -> Path:
         try:
