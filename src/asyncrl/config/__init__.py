@@ -13,6 +13,7 @@ each block lives:
   ``async_rl.stall_watchdog`` and the NeMo-RL blocks accepted off, beside
   ``nemo_rl_keys`` (which NeMo-RL key does what here);
 * ``dataset`` - ``task: {name: dataset}`` and its reward;
+* ``dynamic_sampling`` - ``grpo.dynamic_sampling``;
 * ``policy`` - ``policy`` (model, generation, optimizer, ``vllm``, LoRA);
   ``vllm_server`` - ``policy.vllm_server``;
 * ``simulate`` - ``simulate``; ``autopilot`` - ``async_rl.autopilot``;

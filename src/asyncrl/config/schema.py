@@ -17,6 +17,7 @@ from asyncrl.config.autopilot import AutopilotConfig
 from asyncrl.config.blocks import Block, NonNegFloat, NonNegInt, PosFloat, PosInt, TaskBlock
 from asyncrl.config.checkpoint import CheckpointConfig, NemoRLCheckpointing, merge_nemo_rl
 from asyncrl.config.dataset import DatasetTaskConfig
+from asyncrl.config.dynamic_sampling import DynamicSamplingConfig
 from asyncrl.config.failures import (
     GenerationFleetHealthConfig,
     GenerationRouterConfig,
@@ -35,6 +36,9 @@ class GRPOConfig(Block):
     num_prompts_per_step: PosInt = 8
     num_generations_per_prompt: PosInt = 8
     max_num_steps: PosInt = 200
+    #: DAPO's dynamic sampling: groups without signal filtered at commit, and
+    #: over-sampling the sampler accounts for (off by default).
+    dynamic_sampling: DynamicSamplingConfig = Field(default_factory=DynamicSamplingConfig)
 
 
 # ----------------------------------------------------------------- async RL
