@@ -97,12 +97,14 @@ def test_fsdp_refuses_several_optimizer_steps_per_training_step() -> None:
 @pytest.mark.parametrize(("kwargs", "says"), [
     ({"start_factor": 0.0}, "policy.scheduler: Starting multiplicative factor"),
     ({"warmup": 3}, "policy.scheduler: "),
-    (None, "name one of torch.optim.lr_scheduler's classes"),
+    (None, "name one of torch.optim.lr_scheduler's classes, e.g."),
+    ("typo", "did you mean torch.optim.lr_scheduler.LinearLR?"),
 ])
 def test_validate_builds_the_schedule_with_torch(tmp_path: Path, capsys, kwargs, says) -> None:
     path = tmp_path / "config.yaml"
-    scheduler = ({"name": LINEAR, "kwargs": kwargs} if kwargs is not None
-                 else {"name": "torch.optim.lr_scheduler.NoSuchLR"})
+    scheduler = ({"name": LINEAR, "kwargs": kwargs} if isinstance(kwargs, dict)
+                 else {"name": "torch.optim.lr_scheduler.LinearLr"} if kwargs == "typo"
+                 else {"name": "torch.optim.lr_scheduler.NoSuchThing"})
     path.write_text(yaml.safe_dump({"policy": {"scheduler": scheduler}}))
     assert main(["validate", "--config", str(path), "--json", "--no-memory"]) != 0
     err = capsys.readouterr().err

@@ -14,6 +14,7 @@ changed on resume takes effect with the schedule re-applied from that step
 
 from __future__ import annotations
 
+import difflib
 import math
 import pkgutil
 import warnings
@@ -100,10 +101,29 @@ def check_schedule(cfg: SchedulerConfig | None, lr: float = 1.0) -> None:
         build_scheduler(optimizer, cfg)
     except (ImportError, AttributeError) as exc:
         raise ConfigError(f"policy.scheduler: {exc}; name one of torch.optim.lr_scheduler's "
-                          "classes, e.g. torch.optim.lr_scheduler.LinearLR") from None
+                          f"classes, {_closest_scheduler(cfg)}") from None
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"policy.scheduler: {exc}; check its kwargs "
                           "against torch.optim.lr_scheduler's signature") from None
+
+
+def _closest_scheduler(cfg: SchedulerConfig) -> str:
+    """"did you mean ..." for the first entry torch does not have (a typo such as
+    ``LinearLr`` is the usual cause), else an example."""
+    entries = cfg if isinstance(cfg, list) else [cfg]
+    known = [n for n, v in vars(lr_scheduler).items()
+             if isinstance(v, type) and issubclass(v, lr_scheduler.LRScheduler)
+             and not n.startswith("_")]
+    for entry in entries:
+        if not isinstance(entry, TorchSchedulerConfig):
+            continue
+        short = entry.name.rsplit(".", 1)[-1]
+        if short in known:
+            continue
+        close = difflib.get_close_matches(short, known, n=1, cutoff=0.5)
+        if close:
+            return f"did you mean {lr_scheduler.__name__}.{close[0]}?"
+    return "e.g. torch.optim.lr_scheduler.LinearLR"
 
 
 def current_lr(optimizer: torch.optim.Optimizer) -> float:
