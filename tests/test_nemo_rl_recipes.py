@@ -288,6 +288,25 @@ def test_a_foreign_advantage_estimator_is_refused() -> None:
         config_from_dict({"grpo": {"adv_estimator": {"name": "reinforce_plus_plus"}}})
 
 
+def test_every_refused_key_of_a_pasted_block_is_named_at_once() -> None:
+    # Two keys asyncrl cannot honour and two unknown ones: four lines, one each,
+    # so a user fixes the whole block in one pass rather than one run per key.
+    rows = OFF_ONLY[:2]
+    tree: dict = {}
+    for row in rows:
+        block, key = row.path.split(".")
+        tree.setdefault(block, {})[key] = _on(row.off)
+    tree.setdefault("loss_fn", {}).update({"ratio_clip_mid": 0.2, "no_such_key": 1})
+    with pytest.raises(ConfigError) as err:
+        config_from_dict(tree)
+    lines = str(err.value).splitlines()
+    assert len(lines) == 4, lines
+    for row in rows:
+        assert any(line.startswith(f"{row.path}=") and "is refused" in line for line in lines)
+    assert any(line.startswith("loss_fn.ratio_clip_mid: unknown key") for line in lines)
+    assert any(line.startswith("loss_fn.no_such_key: unknown key") for line in lines)
+
+
 def test_an_unknown_loss_fn_key_is_refused_by_name() -> None:
     with pytest.raises(ConfigError, match=r"loss_fn\.ratio_clip_mid: unknown key\. did you mean"):
         config_from_dict({"loss_fn": {"ratio_clip_mid": 0.2}})

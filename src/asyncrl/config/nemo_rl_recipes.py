@@ -52,6 +52,9 @@ def translate(tree: dict[str, Any]) -> dict[str, Any]:
     # What the converters read: the blocks as pasted (keys are popped below).
     pasted = {name: dict(b) if isinstance(b, dict) else {} for name, b in blocks.items()}
     pasted["task"] = tree.get("task") if isinstance(tree.get("task"), dict) else {}
+    # Every refused key at once, one line each: a pasted recipe usually holds
+    # several, and a user should not learn of them one run at a time.
+    refused: list[str] = []
     for row in NEMO_RL_RECIPE_KEYS:
         block_name, key = row.path.split(".")
         block = blocks[block_name]
@@ -59,39 +62,43 @@ def translate(tree: dict[str, Any]) -> dict[str, Any]:
             continue
         value = block.pop(key)
         if row.fate == "off_only":
-            _check_off(row, value)
+            refused += _off_refusal(row, value)
         elif row.fate == "mapped":
             converted = _CONVERT.get(row.path, _same)(value, pasted)
             if converted is not _SKIP:
                 _put(tree, row, converted)
         elif row.path == "grpo.adv_estimator":
             _check_estimator(value, blocks["grpo"])
-    _refuse_unknown(blocks["loss_fn"] or {})
+    refused += _unknown(blocks["loss_fn"] or {})
+    if refused:
+        raise ConfigError("\n".join(refused))
     return tree
 
 
-def _refuse_unknown(loss_fn: dict[str, Any]) -> None:
-    """What is left of ``loss_fn`` is no key of NeMo-RL's that the table knows."""
-    if not loss_fn:
-        return
+def _unknown(loss_fn: dict[str, Any]) -> list[str]:
+    """What is left of ``loss_fn``: keys of no NeMo-RL row the table knows."""
     known = [k.path.split(".")[1] for k in NEMO_RL_RECIPE_KEYS if k.path.startswith("loss_fn.")]
-    key = sorted(loss_fn)[0]
-    close = difflib.get_close_matches(key, known, n=1, cutoff=0.5)
-    hint = f" did you mean '{close[0]}'?" if close else ""
-    raise ConfigError(f"loss_fn.{key}: unknown key.{hint} (NeMo-RL's loss_fn keys are listed "
-                      "in docs/recipes.md; asyncrl's own go under loss:)")
+    lines = []
+    for key in sorted(loss_fn):
+        close = difflib.get_close_matches(key, known, n=1, cutoff=0.5)
+        hint = f" did you mean '{close[0]}'?" if close else ""
+        lines.append(f"loss_fn.{key}: unknown key.{hint} (NeMo-RL's loss_fn keys are listed "
+                     "in docs/recipes.md; asyncrl's own go under loss:)")
+    return lines
 
 
-def _check_off(row: RecipeKey, value: Any) -> None:
+def _off_refusal(row: RecipeKey, value: Any) -> list[str]:
+    """The line refusing ``value`` for an ``off_only`` key; none when it is off."""
     off = row.off
     if isinstance(off, dict):  # a block: its keys in ``off`` must hold those values
         accepted = isinstance(value, dict) and all(value.get(k) == v for k, v in off.items())
     else:
         # (truncated_importance_sampling_type: null, its other off value)
         accepted = value == off or (value is None and off == "tis")
-    if not accepted:
-        raise ConfigError(f"{row.path}={json.dumps(value)} is refused: {row.note}; set it to "
-                          f"{json.dumps(off)} (see docs/recipes.md)")
+    if accepted:
+        return []
+    return [f"{row.path}={json.dumps(value)} is refused: {row.note}; set it to "
+            f"{json.dumps(off)} (see docs/recipes.md)"]
 
 
 def _put(tree: dict[str, Any], row: RecipeKey, value: Any) -> None:
