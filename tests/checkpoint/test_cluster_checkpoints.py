@@ -139,6 +139,23 @@ def test_the_deadline_counts_from_the_given_start() -> None:
     assert SaveBy(60, clock=clock, started_at=450.0).at == 510.0
 
 
+def test_a_deadline_start_up_used_up_is_named_in_the_stop_message() -> None:
+    clock = FakeClock(40.0)
+    in_time = SaveBy(60, clock=clock, started_at=0.0)
+    in_time.note_start()  # 20 s still left
+    assert in_time.startup_s is None and "s left" in in_time.message(1)
+    clock.t = 75.0
+    late = SaveBy(60, clock=clock, started_at=0.0)
+    late.note_start()
+    clock.t = 80.0
+    late.step_done()
+    assert late.must_stop()
+    assert late.message(1) == (
+        "checkpoint.save_by allows 60s, but start-up took 75s: the deadline had passed before "
+        "the first step; stopped after step 1 with a checkpoint (exit code 75). Raise "
+        "checkpoint.save_by well above the start-up time")
+
+
 def test_the_hook_stops_the_run_before_the_step_that_would_miss_the_deadline(
         tmp_path: Path) -> None:
     clock = FakeClock()

@@ -59,6 +59,8 @@ class SaveBy:
         self._steps: collections.deque[float] = collections.deque(maxlen=WINDOW)
         #: Seconds the last checkpoint took to capture and write (None: none yet).
         self.checkpoint_s: float | None = None
+        #: Start-up's length when it outlasted the deadline (None: it did not).
+        self.startup_s: float | None = None
 
     def step_done(self) -> None:
         """A step ended (the time since the previous mark is its duration)."""
@@ -78,7 +80,22 @@ class SaveBy:
         """True when one more step and a checkpoint would end after the deadline."""
         return self.clock() + self.predicted_s() > self.at
 
+    def note_start(self) -> None:
+        """Called once, before the first step: remembers a deadline that start-up
+        (the process, imports, model, engines) already used up, so the stop
+        after that step says so instead of "0s left". The step still runs: each
+        requeued job then makes a step of progress, and the message says to raise
+        ``save_by``."""
+        now = self.clock()
+        if now >= self.at:
+            self.startup_s = now - (self.at - self.limit_s)
+
     def message(self, version: int) -> str:
+        if self.startup_s is not None:
+            return (f"checkpoint.save_by allows {self.limit_s:.0f}s, but start-up took "
+                    f"{self.startup_s:.0f}s: the deadline had passed before the first step; "
+                    f"stopped after step {version} with a checkpoint (exit code {EXIT_CODE}). "
+                    "Raise checkpoint.save_by well above the start-up time")
         left = self.at - self.clock()
         return (f"checkpoint.save_by deadline: {max(left, 0.0):.0f}s left, and one more step "
                 f"with its checkpoint takes about {self.predicted_s():.0f}s; stopped after "

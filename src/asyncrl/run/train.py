@@ -227,6 +227,10 @@ class _Run:
                 for engine, caps in zip(self.engines, controller.capabilities):
                     if snapshots and caps.retained_weights:
                         engine.restore_retained(snapshots)  # type: ignore[attr-defined]
+            hook = controller.on_step_end
+            assert isinstance(hook, CheckpointHook)
+            if hook.save_by is not None:
+                hook.save_by.note_start()
             try:
                 await controller.run()
             except Exception as exc:
