@@ -7,6 +7,7 @@ import math
 
 import pytest
 
+from asyncrl.trainers.base import TRAIN_S_IN_FINISH
 from asyncrl.types import Completion, GenerationRequest, GroupResult
 from tests.fakes import FakeEngine, FakeTrainer
 from tests.vtime import run_virtual
@@ -78,6 +79,32 @@ def test_each_step_reports_its_time_split_throughput_and_completion_lengths() ->
         assert record["rollout/completion_len_min"] == min(lens)
         assert record["rollout/completion_clipped_frac"] == pytest.approx(
             lens.count(MAX_NEW) / len(lens))
+
+
+class MiniBatchTrainer(FakeTrainer):
+    """Runs its forward/backward passes inside finish_step, as a trainer with
+    several optimizer steps per training step does, and says how long they took."""
+
+    async def finish_step(self, *, step: int) -> dict[str, float]:
+        metrics = await super().finish_step(step=step)
+        return {**metrics, TRAIN_S_IN_FINISH: 0.75 * OPT_S}
+
+
+def test_forward_backward_inside_finish_step_counts_as_training() -> None:
+    # With mini-batches the split said "train 0%, optimizer 83%": the passes ran
+    # inside finish_step and were all called the optimizer step.
+    trainer = MiniBatchTrainer(step_time=OPT_S, chunk_time=CHUNK_S)
+    ctl = make_controller({"name": "in_order", "max_lookahead_versions": 0},
+                          engines=[FakeEngine(GEN_S, lengths=lengths, max_new_tokens=MAX_NEW)],
+                          trainer=trainer, steps=STEPS, per_step=N, capacity=N, min_chunk=N,
+                          inflight=N)
+    result = run_virtual(ctl.run())
+    for record in ctl.step_records:
+        assert record["time/train_s"] == pytest.approx(CHUNK_S + 0.75 * OPT_S)
+        assert record["time/optimizer_step_s"] == pytest.approx(0.25 * OPT_S)
+        assert TRAIN_S_IN_FINISH not in record
+    assert result.summary["time_split"]["train_s"] == pytest.approx(
+        STEPS * (CHUNK_S + 0.75 * OPT_S))
 
 
 def test_the_summary_sums_the_time_split_and_the_throughput() -> None:

@@ -12,6 +12,7 @@ from tests.trainers.test_grpo import make_pair, params, policy, rollouts
 from asyncrl.config import LossConfig, OptimizerConfig
 from asyncrl.config.policy import PolicyConfig
 from asyncrl.trainers import GRPOTrainer
+from asyncrl.trainers.base import TRAIN_S_IN_FINISH
 from asyncrl.trainers.minibatch import split
 from asyncrl.trainers.packing import flatten
 
@@ -65,6 +66,8 @@ def test_mini_batches_take_several_steps_and_the_clip_binds(data):
     trainer, metrics = step(data, loss=LossConfig(clip_eps=0.05), mini_batches=4)
     assert metrics["optimizer_steps"] == 4.0
     assert trainer.version == 1  # one training step, whatever the optimizer steps
+    # The passes ran inside finish_step: it says how long, for the step's time split.
+    assert metrics[TRAIN_S_IN_FINISH] >= 0.0
     # pi_theta moved away from pi_prox from the second mini-batch on ...
     assert metrics["prox_drift"] > 1e-3
     # ... far enough for the PPO clip to bind.

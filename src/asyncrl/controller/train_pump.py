@@ -27,7 +27,7 @@ from asyncrl.controller.stats import StepMark
 from asyncrl.controller.weight_sync import WeightSync
 from asyncrl.errors import ControllerBug, RolloutStall
 from asyncrl.metrics import MetricsSink
-from asyncrl.trainers.base import Trainer
+from asyncrl.trainers.base import TRAIN_S_IN_FINISH, Trainer
 from asyncrl.types import StopReason
 
 log = logging.getLogger("asyncrl.controller")
@@ -144,7 +144,11 @@ class TrainPump:
         t = ctx.now()
         step_metrics = await self.trainer.finish_step(step=v) or {}
         ctx.timeline.add("step", 0, t, ctx.now(), str(v))  # the optimizer step: trainer-busy
-        times = {"train_s": train_s, "optimizer_step_s": ctx.now() - t, "eval_s": 0.0}
+        # Forward/backward run inside finish_step (mini-batches, deterministic
+        # mode) is training time, as the trainer reports it.
+        inner = min(step_metrics.pop(TRAIN_S_IN_FINISH, 0.0), ctx.now() - t)
+        times = {"train_s": train_s + inner, "optimizer_step_s": ctx.now() - t - inner,
+                 "eval_s": 0.0}
         trained = []
         for slot in taken:
             staleness = v - slot.start_weight

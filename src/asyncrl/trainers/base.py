@@ -8,6 +8,9 @@ from typing import Any, Protocol, cast, runtime_checkable
 from asyncrl.trainers.capabilities import FinalState, TrainerCapabilities
 from asyncrl.types import Rollout
 
+#: ``finish_step``'s metric: seconds of it spent on forward/backward passes.
+TRAIN_S_IN_FINISH = "time/train_in_finish_s"
+
 
 @runtime_checkable
 class Trainer(Protocol):
@@ -34,7 +37,11 @@ class Trainer(Protocol):
     async def finish_step(self, *, step: int) -> dict[str, float]:
         """Called once per step, after its groups went through ``train_chunk``:
         take the optimizer step (weights ``step`` -> ``step + 1``). Returns step
-        metrics (loss, grad norm, ...)."""
+        metrics (loss, grad norm, ...). A trainer that runs forward and backward
+        passes here (several optimizer steps per training step, or groups held
+        back for deterministic mode) reports their seconds under
+        :data:`TRAIN_S_IN_FINISH`, so the step's time split counts them as
+        training, not as the optimizer step."""
         ...
 
     async def get_weights(self) -> Any:

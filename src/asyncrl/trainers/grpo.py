@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Sequence
 from copy import deepcopy
 from typing import TYPE_CHECKING, Any
@@ -56,6 +57,7 @@ from asyncrl.policy.devices import hand_over, worker_executor
 from asyncrl.tasks.tokenizer import Tokenizer
 from asyncrl.trainers import lora as lora_
 from asyncrl.trainers import minibatch
+from asyncrl.trainers.base import TRAIN_S_IN_FINISH
 from asyncrl.trainers.losses import Sequences, kl_penalty, token_losses
 from asyncrl.trainers.memory import StepPeakMemory
 from asyncrl.trainers.optim import apply_optimizer_config, hyperparameters
@@ -238,11 +240,15 @@ class GRPOTrainer:
         event loop: deterministic mode's and several optimizer steps' path."""
         if self.mini_batches > 1 or self.epochs > 1:
             return self._train_mini_batches(rollouts)
+        began = time.perf_counter()
         metrics = self.train_chunk_sync(rollouts) if rollouts else {}
+        metrics[TRAIN_S_IN_FINISH] = time.perf_counter() - began
         return {**metrics, **self.finish_step_sync()}
 
     def _train_mini_batches(self, rollouts: list[Rollout]) -> dict[str, float]:
         """The step in several optimizer steps (:mod:`asyncrl.trainers.minibatch`)."""
+        began = time.perf_counter()
+        optimizer_s = 0.0  # the rest of the step is forward/backward
         flat = self._flatten(rollouts)
         flat.prox = minibatch.proximal(
             flat, lambda b: self.scorer(self.model, b)[0], budget=self.micro_batch_tokens,
@@ -252,7 +258,9 @@ class GRPOTrainer:
         for part in minibatch.epoch_batches(flat, self.mini_batches, self.epochs):
             self._train_flat(flat.subset(part))
             rows += self.last_chunk_rows
+            stepped = time.perf_counter()
             steps.append(self._optimizer_step())
+            optimizer_s += time.perf_counter() - stepped
         metrics, sums = chunk_metrics(rows, flat, repeats=self.epochs)
         if self.loss_cfg.kl_coef > 0:
             metrics["kl"] = sums["kl"] / ((flat.weight * self.epochs) or 1.0)
@@ -263,6 +271,7 @@ class GRPOTrainer:
         if steps:
             metrics["grad_norm"] = sum(s.get("grad_norm", 0.0) for s in steps) / len(steps)
         metrics["optimizer_steps"] = float(len(steps))
+        metrics[TRAIN_S_IN_FINISH] = time.perf_counter() - began - optimizer_s
         metrics.update(self._advance())
         return metrics
 
