@@ -25,6 +25,7 @@ def test_validate_prints_derived_facts(tmp_path, capsys) -> None:
     assert main(["validate", "--config", cfg, "--json"]) == 0
     facts = json.loads(capsys.readouterr().out)
     memory = facts.pop("memory")  # the training step's estimate (asyncrl.trainers.estimate)
+    assert facts.pop("recipe")["loss"].startswith("token-level ratio")  # the next test
     assert memory["peak_bytes"] > memory["param_bytes"] > 0 and not memory["exceeds_device"]
     assert facts == {"sampler": "InOrderSampler", "is_on_policy": False,
                      "required_buffer_capacity": 12, "max_staleness": 2,
@@ -73,6 +74,28 @@ def test_validate_prints_the_capabilities_of_the_task_trainer_and_engine(tmp_pat
     assert ("engine (local) capabilities present: abort, invalidate_cache, snapshot, "
             "pinned_versions, retained_weights, device; absent: healthy") in out
     assert "staleness measured on" in out and "start_weight" in out
+
+
+def test_validate_says_which_recipe_the_loss_amounts_to(tmp_path, capsys) -> None:
+    cfg = write(tmp_path, "loss: {ratio_level: sequence, clip_eps_high: 0.28, scale: none,\n"
+                          "       aggregation: constant, overlong: {buffer_tokens: 2},\n"
+                          "       kl_coef: 0.01}\n"
+                          "policy: {train_mini_batches: 2, train_epochs: 2,\n"
+                          "         scheduler: {warmup_steps: 3, decay: cosine, decay_steps: 9}}\n")
+    assert main(["validate", "--config", cfg, "--json", "--no-memory"]) == 0
+    assert json.loads(capsys.readouterr().out)["recipe"] == {
+        "loss": "sequence-level ratio (GSPO), clip [0.8, 1.28] (clip-higher), "
+                "aggregation constant",
+        "advantage": "baseline group_mean, scale none (Dr. GRPO)",
+        "off-policy correction": "none",
+        "reward shaping": "truncated completions: keep; overlong penalty 1 over the last "
+                          "2 tokens before 4",
+        "KL penalty": "0.01 x k3",
+        "optimizer steps per training step": "4 (2 mini-batches x 2 epochs)",
+        "learning rate": "0.001, 3-step warm-up, cosine decay",
+    }
+    assert main(["validate", "--config", cfg, "--no-memory"]) == 0
+    assert "optimizer steps per training step" in capsys.readouterr().out
 
 
 def test_validate_prints_the_token_staleness_facts(tmp_path, capsys) -> None:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.table import Table
 
+from asyncrl.cli.recipe_facts import recipe_rows
 from asyncrl.config import dump_config, load_config
 from asyncrl.errors import AsyncRLError
 from asyncrl.run.preflight import preflight
@@ -42,8 +43,10 @@ def run(args: argparse.Namespace) -> int:
     checked = preflight(cfg)
     facts = checked.facts
     memory = None if args.no_memory else _estimate(cfg, checked)
+    recipe = recipe_rows(cfg)
     if args.json:
-        print(json.dumps({**facts, "memory": memory.as_dict() if memory else None}))
+        print(json.dumps({**facts, "memory": memory.as_dict() if memory else None,
+                          "recipe": dict(recipe)}))
         return 0
     console = Console()
     console.rule("resolved config")
@@ -74,6 +77,8 @@ def run(args: argparse.Namespace) -> int:
             f"{context} (longest prompt {longest} + {need} new tokens)"
             if longest is not None else f"{context} (longest prompt unknown)"))
     for key, label in staleness_rows(facts):
+        table.add_row(key, label)
+    for key, label in recipe:
         table.add_row(key, label)
     console.print(table)
     if memory is not None:

@@ -264,13 +264,7 @@ class GRPOTrainer:
         metrics, sums = chunk_metrics(rows, flat, repeats=self.epochs)
         if self.loss_cfg.kl_coef > 0:
             metrics["kl"] = sums["kl"] / ((flat.weight * self.epochs) or 1.0)
-        metrics.update({k: v for k, v in steps[-1].items() if k != "loss"} if steps else {})
-        losses = [s["loss"] for s in steps if "loss" in s]
-        if losses:
-            metrics["loss"] = sum(losses) / len(losses)
-        if steps:
-            metrics["grad_norm"] = sum(s.get("grad_norm", 0.0) for s in steps) / len(steps)
-        metrics["optimizer_steps"] = float(len(steps))
+        metrics.update(minibatch.merged_step_metrics(steps))
         metrics[TRAIN_S_IN_FINISH] = time.perf_counter() - began - optimizer_s
         metrics.update(self._advance())
         return metrics

@@ -81,4 +81,17 @@ def epoch_batches(flat: Flat, mini_batches: int, epochs: int) -> Sequence[list[i
     return [rows for _ in range(epochs) for rows in runs]
 
 
-__all__ = ["epoch_batches", "proximal", "split"]
+def merged_step_metrics(steps: list[dict[str, float]]) -> dict[str, float]:
+    """One training step's metrics from its optimizer steps' own: the last one's,
+    with the loss and the gradient norm averaged over all of them."""
+    merged = {k: v for k, v in steps[-1].items() if k != "loss"} if steps else {}
+    losses = [s["loss"] for s in steps if "loss" in s]
+    if losses:
+        merged["loss"] = sum(losses) / len(losses)
+    if steps:
+        merged["grad_norm"] = sum(s.get("grad_norm", 0.0) for s in steps) / len(steps)
+    merged["optimizer_steps"] = float(len(steps))
+    return merged
+
+
+__all__ = ["epoch_batches", "merged_step_metrics", "proximal", "split"]
