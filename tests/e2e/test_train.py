@@ -47,6 +47,8 @@ def test_train_per_sampler(sampler: str, tmp_path: Path, capsys) -> None:
     summary = json.loads((run_dir / "summary.json").read_text())
     assert set(summary["ledger"]) >= LEDGER_KEYS and summary["ledger"]["balanced"]
     assert summary["steps"] == steps and summary["stop_reason"] == "max_num_steps"
+    # Start-up (imports, model, engines) is reported beside the steps' wall time.
+    assert summary["startup_s"] >= 0 and "s of start-up)" in out
     bound = {"in_order": 1, "weight_fifo": 1, "windowed": 1, "ready_first": None}[sampler]
     if bound is not None:
         assert summary["staleness_max"] <= bound

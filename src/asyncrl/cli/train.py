@@ -67,7 +67,9 @@ def print_summary(console: Console, summary: dict) -> None:
     # Every line whole, whatever the terminal's width: these are lines to grep for.
     say = functools.partial(console.print, soft_wrap=True)
     say(f"stop reason     {summary['stop_reason']}  {summary.get('stop_message', '')}")
-    say(f"steps           {summary['steps']}   wall time {summary['wall_time_s']:.1f}s")
+    startup = summary.get("startup_s")
+    say(f"steps           {summary['steps']}   wall time {summary['wall_time_s']:.1f}s"
+        + (f" (after {startup:.1f}s of start-up)" if startup is not None else ""))
     reached = "[green]reached[/green]" if summary.get("reached_target") else "not reached"
     say(f"reward (last 10 steps) {last10:.3f}   target {target}: {reached}")
     say(f"staleness       groups mean {summary['staleness_mean']:.2f}  max "

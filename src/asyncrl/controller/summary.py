@@ -69,3 +69,7 @@ class RunDirSummary(RunSummary, total=False):
     best_checkpoint: dict[str, Any] | None
     #: The plots drawn into the run directory.
     plots: list[str]
+    #: Seconds from the call of ``train`` (``asyncrl train``: after its imports)
+    #: to the first step: checks, model, engines, resume. ``wall_time_s`` counts
+    #: from there. None: the run stopped before its first step.
+    startup_s: float | None

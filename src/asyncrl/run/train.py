@@ -29,6 +29,7 @@ import contextlib
 import itertools
 import logging
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -93,6 +94,7 @@ def train(
     back to an older one.
     SIGINT / SIGTERM stop the run gracefully (see :mod:`asyncrl.run.signals`).
     """
+    began = time.monotonic()  # start-up, reported in the summary, counts from here
     with sigterm_as_interrupt():
         home = resume.path.parent.parent if resume is not None else None
         fresh = home is None or (run_dir is not None and Path(run_dir).resolve() != home.resolve())
@@ -112,6 +114,7 @@ def train(
                 if cfg.task.rollout is not None:  # each group runs the task's rollout function
                     engines = apply_rollout(cfg.task.rollout, engines, checked.tokenizer.get(task))
                 run = _Run(cfg, run_dir, task, engines, trainer, evaluator, checked.tokenizer)
+                run.began = began
                 try:
                     snapshots = None
                     if resume is not None:
@@ -149,6 +152,8 @@ class _Run:
         self.controller: Controller | None = None
         self.stop: GracefulStop | None = None
         self.final_dir: Path | None = None
+        self.began = time.monotonic()  # when train() was called
+        self.startup_s: float | None = None  # set when the first step is about to start
 
     def build_controller(self, resume: LoadedCheckpoint | None,
                          extra_sinks: Sequence[MetricsSink]) -> None:
@@ -227,6 +232,7 @@ class _Run:
                 for engine, caps in zip(self.engines, controller.capabilities):
                     if snapshots and caps.retained_weights:
                         engine.restore_retained(snapshots)  # type: ignore[attr-defined]
+            self.startup_s = time.monotonic() - self.began
             hook = controller.on_step_end
             assert isinstance(hook, CheckpointHook)
             if hook.save_by is not None:
@@ -306,6 +312,7 @@ class _Run:
                                        else "stopped at once by a signal outside the run's "
                                             "event loop")
         summary["final_dir"] = None if self.final_dir is None else str(self.final_dir)
+        summary["startup_s"] = self.startup_s
         hook = controller.on_step_end
         if isinstance(hook, CheckpointHook) and hook.keep_best is not None:
             summary["best_checkpoint"] = hook.best()
