@@ -34,7 +34,7 @@ TASK = build_task(CFG.task)
 #: arithmetic on the same inputs: advantages, counts).
 COMPARED = ("loss", "logprob_mismatch", "logprob_mismatch_max", "clip_frac", "is_ess",
             "entropy", "kl", "num_tokens", "completion_tokens_mean", "advantage_mean",
-            "step_tokens", "grad_norm")
+            "step_tokens", "grad_norm", "lr")
 
 
 @pytest.fixture(scope="module")
@@ -138,16 +138,21 @@ async def test_an_untied_output_layer_equals_the_single_process_trainer() -> Non
 async def test_the_recipe_losses_equal_the_single_process_trainer() -> None:
     """Issue 31's loss modes over two ranks: GSPO's per-sequence ratio (a sequence
     never spans ranks), Dr. GRPO's constant normaliser and leave-one-out
-    advantages (summed over the ranks' shares), the dual clip and a k2 KL."""
+    advantages (summed over the ranks' shares), the dual clip and a k2 KL; and a
+    learning-rate schedule, loaded mid-warm-up (every rank's rate at the step)."""
     cfg = config(loss={"ratio_level": "sequence", "aggregation": "constant", "scale": "none",
                        "baseline": "leave_one_out", "dual_clip": 3.0, "kl_coef": 0.05,
-                       "kl_estimator": "k2", "off_policy_correction": "decoupled"})
+                       "kl_estimator": "k2", "off_policy_correction": "decoupled"},
+                 policy={"scheduler": {"warmup_steps": 2, "decay": "linear",
+                                       "decay_steps": 3}})
     model, tokenizer = build_policy(cfg.policy, TASK, seed=cfg.seed)
     one = GRPOTrainer.from_options(trainer_options(cfg), model=model, tokenizer=tokenizer)
     two = build_local_trainer(sharded_options(fsdp(cfg)), TASK)
     try:
-        two.load_state_dict(one.state_dict())
-        await run_steps(one, two, [[fixed_rollouts(cfg, 3, seed=s)] for s in range(2)])
+        await one.train_chunk(fixed_rollouts(cfg, 3, seed=99), step=0)
+        await one.finish_step(step=0)  # one step into the warm-up ...
+        two.load_state_dict(one.state_dict())  # ... where the ranks take over
+        await run_steps(one, two, [[fixed_rollouts(cfg, 3, seed=s)] for s in range(3)])
         assert max_abs_diff(one.get_weights_sync(), await two.get_weights()) <= 1e-5
     finally:
         await two.close()

@@ -291,13 +291,12 @@ class RunConfig(Block):
                 "is not sharded); use policy.dtype: bfloat16 (or float32)")
         several = self.policy.train_mini_batches > 1 or self.policy.train_epochs > 1
         held = several or self.loss.scale == "batch"
-        if t.strategy == "fsdp" and (held or self.policy.scheduler is not None):
-            what = ("policy.train_mini_batches/train_epochs" if several else
-                    "loss.scale: batch" if held else "policy.scheduler")
+        if t.strategy == "fsdp" and held:
+            what = "policy.train_mini_batches/train_epochs" if several else "loss.scale: batch"
             raise ValueError(
                 f"trainer.strategy=fsdp does not take {what} yet (its ranks take one "
-                "optimizer step per training step, at a constant rate, on chunks as they "
-                "stream in); use trainer.strategy: single, or drop it")
+                "optimizer step per training step, on chunks as they stream in); use "
+                "trainer.strategy: single, or drop it")
         if t.strategy == "fsdp" and self.policy.lora is not None:
             raise ValueError(
                 "trainer.strategy=fsdp does not shard LoRA adapters yet (policy.lora is set); "

@@ -20,6 +20,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from asyncrl.trainers.optim import apply_optimizer_config
+from asyncrl.trainers.schedule import advanced
 from asyncrl.trainers.state import (
     SHARDED_DIR,
     SHARDED_KEY,
@@ -120,6 +121,8 @@ def load(core: RankCore, state: dict[str, Any] | None, header: dict[str, Any]) -
     # every rank sets them on its own shards' optimizer.
     apply_optimizer_config(t.optimizer, t.opt_cfg)
     t.version = int(header["version"])
+    # Every rank's schedule at the rate of step `version` (the ranks step in lockstep).
+    t.scheduler = advanced(t.optimizer, t.scheduler_cfg, t.version)
     torch.set_rng_state(header["torch_rng"])
     t.optimizer.zero_grad(set_to_none=True)
     return t.version
