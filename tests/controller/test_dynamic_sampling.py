@@ -160,6 +160,48 @@ def test_stop_and_resume_with_the_filter_on_loses_nothing(sampler: dict) -> None
     assert result.summary["dynamic_sampling"]["filtered"] == result.summary["ledger"]["filtered"]
 
 
+def test_a_graceful_stop_and_resume_with_the_filter_on_loses_nothing() -> None:
+    """What SIGINT does in ``asyncrl train``: stop at the next safe point, take
+    the state, resume from it."""
+    steps = 10
+    kw = {"steps": steps, "capacity": 12, "inflight": 6, "task": FlatTask(0.7),
+          "dynamic_sampling": ZERO_VAR}
+
+    async def stop_at_4(ctl, version: int) -> None:
+        if version == 4:
+            ctl.request_stop()
+
+    first = make_controller({"name": "in_order", "max_lookahead_versions": 1},
+                            engines=[FakeEngine(lognormal_latency(8))], **kw)
+    first.on_step_end = stop_at_4
+    stopped = run_virtual(first.run())
+    assert stopped.steps == 4 and first.stopped_at_safe_point
+    balance(stopped.summary)
+    assert stopped.summary["ledger"]["pending"] > 0  # groups in flight and buffered
+    state = json.loads(json.dumps(first.state_dict()))
+    trainer = FakeTrainer()
+    trainer.load_state_dict(first.trainer.state_dict())
+    engine = FakeEngine(lognormal_latency(9))
+    engine.weight_version = 4
+    second = make_controller({"name": "in_order", "max_lookahead_versions": 1},
+                             engines=[engine], trainer=trainer,
+                             history=first.ledger.history, **kw)
+    second.load_state_dict(state)
+    result = run_virtual(second.run())
+    assert result.steps == steps
+    balance(result.summary)
+    assert result.summary["ledger"]["trained"] == steps * 4
+    records = second.ledger.records()
+    ids = collections.Counter(r.prompt_id for r in records)
+    untrained = result.summary["prompts"]["untrained"]
+    ids.update(p for key in ("queued", "spare", "lookahead") for p in untrained[key])
+    assert sorted(ids) == list(range(max(ids) + 1)) and set(ids.values()) == {1}
+    # Filtered before the stop and after it: each group once, in one state.
+    assert len({r.group_id for r in records}) == len(records)
+    assert result.summary["dynamic_sampling"]["filtered"] == result.summary["ledger"]["filtered"]
+    assert result.summary["ledger"]["filtered"] > stopped.summary["ledger"]["filtered"] > 0
+
+
 class OddPrompts:
     """A custom filter: odd prompt ids carry no signal."""
 
