@@ -50,9 +50,46 @@ def setups(draw):
     }
 
 
+@st.composite
+def over_sampled_setups(draw):
+    """Dynamic sampling near the capacity rule's edge: a gated sampler looking
+    ahead, most groups filtered, over-sampled batches, and a capacity between
+    what plain batches and what whole over-sampled batches need."""
+    name = draw(st.sampled_from(["in_order", "weight_fifo", "ready_first"]))
+    window = draw(st.integers(1, 2))
+    per_step = draw(st.integers(2, 5))
+    return {
+        "sampler": {"name": name, SAMPLER_WINDOW_KEY[name]: window},
+        "per_step": per_step,
+        "capacity": draw(st.integers(per_step * (window + 1), 2 * per_step * (window + 1) + 2)),
+        "min_chunk": draw(st.integers(1, per_step)),
+        "inflight": draw(st.integers(4, 16)),
+        "engines": 1,
+        "seed": draw(st.integers(0, 10_000)),
+        "sigma": draw(st.sampled_from([0.5, 1.5])),
+        "failure_rate": 0.0,
+        "step_time": draw(st.sampled_from([0.1, 1.0, 5.0])),
+        "chunk_time": 0.0,
+        "on_dropped_prompt": "replace",
+        "filter_rate": draw(st.sampled_from([0.5, 0.7, 0.9])),
+        "batch_multiplier": draw(st.sampled_from([1.5, 2.0])),
+    }
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(setups())
 def test_validated_setups_never_deadlock(setup) -> None:
+    check_setup(setup)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(over_sampled_setups())
+def test_validated_over_sampled_setups_never_deadlock(setup) -> None:
+    check_setup(setup)
+
+
+def check_setup(setup: dict) -> None:
+    """Refused by one of the documented capacity rules, or runs to the end."""
     rng = random.Random(setup["seed"])
 
     def latency(_req) -> float:
