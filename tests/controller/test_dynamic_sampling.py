@@ -256,3 +256,28 @@ def test_deterministic_mode_refuses_the_filter_with_the_fix() -> None:
     with pytest.raises(SetupError, match=r"grpo\.dynamic_sampling\.filter: none"):
         make_controller({"name": "in_order", "max_lookahead_versions": 1}, deterministic=True,
                         dynamic_sampling={"filter": "zero_variance"})
+
+
+def test_zero_variance_with_one_completion_per_group_is_refused() -> None:
+    from asyncrl.config import AsyncRLConfig, GRPOConfig
+    from asyncrl.controller import Controller
+    from tests.fakes import FakeTask, InlineScorer
+
+    task = FakeTask()
+    with pytest.raises(SetupError, match=r"num_generations_per_prompt >= 2"):
+        Controller(task=task, engines=[FakeEngine()], trainer=FakeTrainer(),
+                   grpo=GRPOConfig(num_generations_per_prompt=1,
+                                   dynamic_sampling={"filter": "zero_variance"}),
+                   async_rl=AsyncRLConfig(), scorer=InlineScorer(task))
+
+
+def test_a_filter_without_room_is_warned_about() -> None:
+    from asyncrl.config import AsyncRLConfig, GRPOConfig
+    from asyncrl.controller.validation import failure_warnings
+
+    def warnings(**ds) -> list[str]:
+        return failure_warnings(GRPOConfig(dynamic_sampling={"filter": "zero_variance", **ds}),
+                                AsyncRLConfig())
+
+    assert any("max_gen_batches=1" in w for w in warnings(max_gen_batches=1))
+    assert warnings(max_gen_batches=2) == warnings(max_gen_batches=1, batch_multiplier=1.5) == []

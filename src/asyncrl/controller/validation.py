@@ -157,6 +157,12 @@ def validate_setup(
             "prompt, its group id (its seed) and its place in the commit order depend on when "
             "the filter ran relative to the admission of later batches, so the run would depend "
             "on timing. Set grpo.dynamic_sampling.filter: none, or deterministic: false")
+    ds = grpo.dynamic_sampling
+    if ds.filter == "zero_variance" and grpo.num_generations_per_prompt < 2:
+        raise SetupError(
+            "grpo.dynamic_sampling.filter: zero_variance with grpo.num_generations_per_prompt=1: "
+            "a group of one completion never has reward variance, so every group would be "
+            "filtered. Set num_generations_per_prompt >= 2, or filter: none")
     if deterministic and cfg.autopilot.enabled:
         raise SetupError(
             "deterministic: true with async_rl.autopilot.enabled: the autopilot decides from "
@@ -208,6 +214,12 @@ def failure_warnings(grpo: GRPOConfig, cfg: AsyncRLConfig) -> list[str]:
             f"max_consecutive_dropped_prompts={rf.max_consecutive_dropped_prompts} allow "
             "drops: the first drop stops the run anyway. Lower min_step_batch_fraction, or "
             "set on_dropped_prompt: replace")
+    ds = grpo.dynamic_sampling
+    if ds.enabled and ds.max_gen_batches == 1 and ds.batch_multiplier == 1.0:
+        out.append(
+            "grpo.dynamic_sampling.max_gen_batches=1 with batch_multiplier=1.0 leaves the "
+            "filter no room: the first group it filters stops the run. Raise max_gen_batches "
+            "(replacements) or batch_multiplier (over-sampling)")
     if (cfg.stall_watchdog is not None and cfg.stall_watchdog.stall_action == "abort"
             and cfg.stall_watchdog.stall_timeout_s < 60):
         out.append(
