@@ -51,6 +51,26 @@ class FakeTask:
         return 1.0 if completion == str(prompt.answer) else 0.0
 
 
+class FlatTask(FakeTask):
+    """Most groups carry no signal: a prompt is *flat* with probability ``rate``
+    (decided by its id, so a retry or a resumed run agrees) and then every
+    completion gets the same reward (0 or 1, by the id's parity: too hard or too
+    easy). Other prompts get FakeTask's rewards, which differ across the
+    FakeEngine's completions whenever there are two or more."""
+
+    def __init__(self, rate: float, num_prompts: int | None = None) -> None:
+        super().__init__(num_prompts)
+        self.rate = rate
+
+    def flat(self, prompt_id: int) -> bool:
+        return random.Random(prompt_id * 7919 + 17).random() < self.rate
+
+    def reward(self, prompt: Prompt, completion: str) -> float:
+        if self.flat(prompt.prompt_id):
+            return float(prompt.prompt_id % 2)
+        return super().reward(prompt, completion)
+
+
 class InlineScorer:
     """A Scorer that scores on the event loop, after ``delay`` virtual seconds.
 

@@ -64,6 +64,13 @@ class TooManyFailedGroups(AsyncRLError, RuntimeError):
     failure that used it up is the ``__cause__``."""
 
 
+class DynamicSamplingBudgetExceeded(AsyncRLError, RuntimeError):
+    """``grpo.dynamic_sampling``'s filter rejected so many groups of one dispatch
+    batch that replacing them would generate more than ``max_gen_batches``
+    batches' worth of groups for one step. The message names the budget and the
+    fix; the run stops at its next safe point, with a checkpoint."""
+
+
 class LedgerImbalance(AsyncRLError, AssertionError):
     """The ledger does not balance at the end of a run: this is a bug in asyncrl."""
 

@@ -138,6 +138,36 @@ def test_a_second_signal_stops_at_once_and_keeps_the_newest_checkpoint(tmp_path:
     check_nothing_lost(run, steps=steps)
 
 
+def test_sigint_with_dynamic_sampling_on_loses_nothing(tmp_path: Path) -> None:
+    """grpo.dynamic_sampling (issue 32): groups filtered before and after a SIGINT
+    are each recorded once, the spare prompts drawn for replacements survive the
+    checkpoint, and the resumed run finishes with every prompt accounted for."""
+    config = tmp_path / "c.yaml"
+    config.write_text(CONFIG.replace(
+        "max_num_steps: 100000}",
+        "max_num_steps: 100000, dynamic_sampling: {filter: zero_variance, "
+        "batch_multiplier: 1.5, max_gen_batches: 50}}").replace(
+        "max_buffered_rollouts: 8", "max_buffered_rollouts: 12"))
+    run = tmp_path / "run"
+    proc = signal_after_steps(run, config, signal.SIGINT)
+    assert proc.returncode == 130, proc.stderr[-2000:]
+    stopped_at = strict_json((run / "summary.json").read_text())["steps"]
+    assert main(["train", "--resume", str(run), f"grpo.max_num_steps={stopped_at + 3}"]) == 0
+    summary = strict_json((run / "summary.json").read_text())
+    ledger = summary["ledger"]
+    assert summary["steps"] == stopped_at + 3 and ledger["balanced"], ledger
+    records = [strict_json(x) for x in (run / "ledger.jsonl").read_text().splitlines()]
+    assert sum(r["state"] == "filtered" for r in records) == ledger["filtered"] > 0
+    assert all(r["filter_reason"].startswith("zero_variance")
+               for r in records if r["state"] == "filtered")
+    assert sum(r["state"] == "trained" for r in records) == summary["steps"] * PER_STEP
+    # Every prompt read is in the ledger once, or still waits (queued, spare, read ahead).
+    ids = [r["prompt_id"] for r in records]
+    waiting = summary["prompts"]["untrained"]
+    ids += [p for key in ("queued", "spare", "lookahead") for p in waiting[key]]
+    assert sorted(ids) == list(range(len(ids))), "a prompt was lost or recorded twice"
+
+
 # ------------------------------------------------- a signal during start-up
 #: ``asyncrl`` (arguments from the command line) whose backends' build gets a real
 #: SIGINT, in a process of its own as a user's is.

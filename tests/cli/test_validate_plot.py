@@ -38,7 +38,9 @@ def test_validate_prints_derived_facts(tmp_path, capsys) -> None:
                                              "pinned_versions", "retained_weights", "device"],
                      "trainer_capabilities": ["final_state_dict"],
                      "task_capabilities": ["tokenizer", "longest_prompt_text", "cfg"],
-                     "rollout": "single-turn (built-in)"}
+                     "rollout": "single-turn (built-in)", "filter": "none",
+                     "groups_per_batch": 4, "max_groups_generated_per_batch": 4,
+                     "surplus": None}
     assert main(["validate", "--config", cfg]) == 0
     out = capsys.readouterr().out
     assert "required buffer capacity" in out and "config is valid" in out
@@ -108,6 +110,35 @@ def test_validate_prints_the_token_staleness_facts(tmp_path, capsys) -> None:
     assert main(["validate", "--config", cfg]) == 0
     out = capsys.readouterr().out
     assert "end_weight (newest tokens)" in out and "4 versions" in out
+
+
+def test_validate_prints_the_dynamic_sampling_facts(tmp_path, capsys) -> None:
+    cfg = write(tmp_path, "grpo: {num_prompts_per_step: 4, dynamic_sampling: {filter: "
+                          "zero_variance, batch_multiplier: 1.5, max_gen_batches: 5}}\n"
+                          "async_rl: {sampler: {name: in_order, max_lookahead_versions: 1},"
+                          " max_buffered_rollouts: 12, min_groups_for_streaming_train: 4}\n")
+    assert main(["validate", "--config", cfg, "--json", "--no-memory"]) == 0
+    facts = json.loads(capsys.readouterr().out)
+    assert (facts["filter"], facts["groups_per_batch"], facts["max_groups_generated_per_batch"],
+            facts["required_buffer_capacity"]) == ("zero_variance", 6, 30, 12)
+    assert facts["surplus"].startswith("evicted at the next step")
+    assert main(["validate", "--config", cfg, "--no-memory"]) == 0
+    out = capsys.readouterr().out
+    assert "groups per dispatch batch" in out and "max groups generated per batch" in out
+    # Over-sampled batches must fit whole: 11 slots are too few for 2 batches of 6.
+    assert main(["validate", "--config", cfg, "--no-memory",
+                 "async_rl.max_buffered_rollouts=11"]) == 2
+    err = capsys.readouterr().err
+    assert "over-sampled to 6 groups per batch" in err and ">= 12" in err
+    assert "Traceback" not in err
+
+
+def test_validate_refuses_a_custom_filter_that_does_not_load(tmp_path, capsys) -> None:
+    cfg = write(tmp_path, "grpo: {dynamic_sampling: {filter: 'no_such_module:Filter'}}\n")
+    assert main(["validate", "--config", cfg, "--no-memory"]) == 2
+    err = capsys.readouterr().err
+    assert "grpo.dynamic_sampling.filter 'no_such_module:Filter'" in err
+    assert "Traceback" not in err
 
 
 def test_validate_reports_a_deadlocking_config_without_a_traceback(tmp_path, capsys) -> None:

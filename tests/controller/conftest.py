@@ -39,6 +39,7 @@ def make_controller(
     buffer: Any = None,
     sampler_instance: Any = None,
     prompts: Any = None,
+    dynamic_sampling: dict[str, Any] | None = None,
     **async_kw: Any,
 ) -> Controller:
     task = task or FakeTask()
@@ -47,7 +48,7 @@ def make_controller(
         engines=engines or [FakeEngine()],
         trainer=trainer or FakeTrainer(),
         grpo=GRPOConfig(num_prompts_per_step=per_step, num_generations_per_prompt=2,
-                        max_num_steps=steps),
+                        max_num_steps=steps, dynamic_sampling=dynamic_sampling or {}),
         async_rl=AsyncRLConfig(sampler=sampler, max_buffered_rollouts=capacity,
                                min_groups_for_streaming_train=min_chunk,
                                max_inflight_prompts=inflight, **async_kw),

@@ -72,6 +72,35 @@ def test_same_config_same_result_under_different_timing(sampler: dict) -> None:
     assert runs[0][1] == runs[1][1]
 
 
+@pytest.mark.parametrize("sampler", SAMPLERS, ids=lambda s: s["name"])
+def test_over_sampling_keeps_a_run_deterministic(sampler: dict) -> None:
+    """grpo.dynamic_sampling.batch_multiplier (without a filter): batches of 6 for
+    steps of 4, the surplus trained later or evicted, the same under any timing."""
+    runs = []
+    for timing_seed in (1, 2):
+        engine = PinnedEngine(lognormal_latency(timing_seed, sigma=1.2))
+        ctl = make_controller(sampler, engines=[engine],
+                              trainer=FakeTrainer(step_time=0.3 * timing_seed),
+                              steps=12, capacity=18, min_chunk=1, deterministic=True,
+                              dynamic_sampling={"batch_multiplier": 1.5})
+        run_virtual(ctl.run())
+        for rec in ctl.ledger.records():  # each batch of 6 pinned like a batch of 4
+            assert engine.pins.get(rec.group_id, rec.start_weight) == max(
+                0, rec.prompt_id // 6 - ctl.sampler.window)
+        trained: dict[int, list] = {}
+        for step, rollouts in ctl.trainer.chunks:
+            trained.setdefault(step, []).extend(r.group_id for r in rollouts)
+        assert all(len(ids) == 4 for ids in trained.values())
+        # What was trained, and the step metrics that do not measure timing.
+        # When a surplus group that leaves weight_fifo's window goes, and whether
+        # it is still generating then (aborted) or done (evicted), is timing's.
+        metrics = [{k: v for k, v in r.items() if not measures_timing(k)
+                    and k not in ("groups_evicted", "groups_aborted")}
+                   for r in ctl.step_records]
+        runs.append((trained, metrics))
+    assert runs[0] == runs[1]
+
+
 def test_deterministic_refuses_engines_that_cannot_keep_versions() -> None:
     with pytest.raises(ConfigError, match="retain_weight_versions"):
         make_controller({"name": "in_order", "max_lookahead_versions": 1}, deterministic=True)

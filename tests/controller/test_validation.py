@@ -39,7 +39,9 @@ def test_derived_facts() -> None:
     facts = derived_facts(ctl.sampler, ctl.grpo)
     assert facts == {"sampler": "InOrderSampler", "is_on_policy": False,
                      "required_buffer_capacity": 12, "max_staleness": 2,
-                     "staleness_measure": "start_weight", "max_end_staleness": 2}
+                     "staleness_measure": "start_weight", "max_end_staleness": 2,
+                     "filter": "none", "groups_per_batch": 4,
+                     "max_groups_generated_per_batch": 4, "surplus": None}
     ctl = make_controller({"name": "windowed", "max_staleness_versions": 3,
                            "staleness_of": "end_weight"}, capacity=12)
     facts = derived_facts(ctl.sampler, ctl.grpo)

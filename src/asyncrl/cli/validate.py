@@ -67,6 +67,8 @@ def run(args: argparse.Namespace) -> int:
                   else f"none (have {facts['max_buffered_rollouts']})")
     table.add_row("smallest step (min_step_batch_fraction)",
                   f"{facts['min_step_groups']} groups")
+    for row in dynamic_sampling_rows(facts):
+        table.add_row(*row)
     table.add_row("max staleness of a trained group",
                   f"{bound} version{'' if bound == 1 else 's'}" if bound is not None else "unbounded (long generations can lag)")
     context = facts.get("context_length")
@@ -138,6 +140,19 @@ def capability_rows(facts: dict) -> list[tuple[str, str]]:
         absent = [name for name in caps.MEMBERS if name not in held]
         rows.append((f"{label} capabilities",
                      f"present: {', '.join(held) or 'none'}; absent: {', '.join(absent) or 'none'}"))
+    return rows
+
+
+def dynamic_sampling_rows(facts: dict) -> list[tuple[str, str]]:
+    """What ``grpo.dynamic_sampling`` implies: the filter, the over-sampled batch,
+    the filter's budget, and what becomes of groups beyond a step's need."""
+    rows = [("dynamic sampling filter", str(facts["filter"])),
+            ("groups per dispatch batch (batch_multiplier)", str(facts["groups_per_batch"]))]
+    if facts["filter"] != "none":
+        rows.append(("max groups generated per batch (max_gen_batches)",
+                     str(facts["max_groups_generated_per_batch"])))
+    if facts["surplus"] is not None:
+        rows.append(("groups beyond a step's need", str(facts["surplus"])))
     return rows
 
 

@@ -18,16 +18,22 @@ BUILTIN_FILTERS = ("none", "zero_variance")
 class DynamicSamplingConfig(Block):
     #: ``none`` (every finished group is trained), ``zero_variance`` (a group whose
     #: rewards are all equal within ``reward_tolerance`` is filtered at commit), or
-    #: ``"module:ClassName"``, a custom filter.
+    #: ``"module:ClassName"``, a custom filter (``asyncrl.sampling.GroupFilter``,
+    #: built with no arguments). Not with ``deterministic: true``.
     filter: str = "none"
     #: Rewards closer than this count as equal for ``zero_variance``.
     reward_tolerance: NonNegFloat = 1e-6
-    #: Groups admitted per step, as a multiple of ``grpo.num_prompts_per_step``
-    #: (NeMo-RL's ``grpo.batch_multiplier``); the sampler accounts for the extra.
+    #: Groups admitted per dispatch batch, ``ceil(batch_multiplier *
+    #: num_prompts_per_step)`` (NeMo-RL's ``grpo.batch_multiplier``); the sampler
+    #: accounts for the extra in its required capacity and decides what becomes of
+    #: kept groups beyond a step's need (``asyncrl validate`` prints both).
     batch_multiplier: Annotated[StrictFloat, Field(ge=1.0)] = 1.0
-    #: The filter's own budget (NeMo-RL's ``grpo.dynamic_sampling_max_gen_batches``):
-    #: how many batches' worth of groups one step may generate before the run stops
-    #: with an error naming this key.
+    #: The filter's own budget (NeMo-RL's ``grpo.dynamic_sampling_max_gen_batches``).
+    #: "Per step" in the async runtime is per dispatch batch (each feeds one step;
+    #: under ``in_order`` batch ``d`` is step ``d``): a batch and the replacements of
+    #: its filtered groups generate at most ``max_gen_batches`` batches' worth of
+    #: groups; the replacement past that stops the run with
+    #: ``DynamicSamplingBudgetExceeded`` naming this key.
     max_gen_batches: PosInt = 10
 
     @field_validator("filter")

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from asyncrl.buffer import RolloutBuffer
 from asyncrl.config import AsyncRLConfig, GRPOConfig
 from asyncrl.controller.drops import DropPolicy
+from asyncrl.controller.dynamic_sampling import DynamicSampling
 from asyncrl.controller.failure_log import FailureLog
 from asyncrl.controller.ledger import Ledger
 from asyncrl.controller.stats import RunStats
@@ -51,6 +52,8 @@ class RunContext:
     train_waiting: bool = False
     #: Clock time of the last commit or finished step (read by the stall watchdog).
     last_progress: float = 0.0
+    #: ``grpo.dynamic_sampling``'s filter and its accounting; None with ``filter: none``.
+    dynamic: DynamicSampling | None = None
     #: The training step the train pump is filling (a dropped group without a
     #: stamp shrinks this step at the earliest).
     assembling: int = 0

@@ -38,6 +38,7 @@ from asyncrl.controller.context import RunContext
 from asyncrl.controller.determinism import Determinism, NoDeterminism
 from asyncrl.controller.dispatch import Dispatcher
 from asyncrl.controller.drops import DropPolicy
+from asyncrl.controller.dynamic_sampling import build_dynamic_sampling, dynamic_summary
 from asyncrl.controller.evaluation import Evaluator
 from asyncrl.controller.failure_log import SHOWN_GROUPS
 from asyncrl.controller.ledger import Ledger, LedgerHistory
@@ -154,6 +155,7 @@ class Controller:
             capabilities=self.capabilities,
         )
         self.ctx.on_fatal = self._on_fatal
+        self.ctx.dynamic = build_dynamic_sampling(grpo, sampler)  # None: filter none
         self.determinism = (Determinism(sampler, self.engines, self.capabilities, seed)
                             if deterministic else NoDeterminism())
         prompts = prompts if prompts is not None else task.prompt_source(seed)
@@ -430,6 +432,8 @@ class Controller:
             "failures": {**self.ctx.drops.summary(),
                          "stall_warnings": self.watchdog.warnings if self.watchdog else 0},
             "prompts": self._prompt_accounts(),
+            "dynamic_sampling": dynamic_summary(self.ctx.dynamic, self.sampler, self.grpo,
+                                                self.ledger.counts()["trained"]),
             **self.ctx.stats.totals(self._elapsed()),
         }
 

@@ -8,8 +8,9 @@ Two small loops share one queue of :class:`~asyncrl.controller.entry.Entry`:
   (``async_rl.max_inflight_prompts``) and a buffer slot, reserves the slot and
   starts the group's task (an :class:`~asyncrl.controller.attempts.AttemptRunner`).
 
-Replacements of dropped groups (:mod:`asyncrl.controller.drops`) go to the
-front of the queue; groups in flight at a checkpoint come back there on resume,
+Replacements of dropped groups (:mod:`asyncrl.controller.drops`) and of
+filtered ones (:mod:`asyncrl.controller.dynamic_sampling`) go to the front of
+the queue; groups in flight at a checkpoint come back there on resume,
 with the tokens they had then (:mod:`asyncrl.controller.partials`), and continue
 from them. Every prompt is in exactly one
 explicit state, so the train pump can ask :meth:`Dispatcher.starved` — "can
@@ -29,13 +30,13 @@ from asyncrl._util.compat import TaskGroup
 from asyncrl.controller.attempts import AttemptRunner, Exhausted, Fatal
 from asyncrl.controller.context import RunContext
 from asyncrl.controller.determinism import NoDeterminism
-from asyncrl.controller.entry import Entry, EntryState
+from asyncrl.controller.entry import Entry, EntryState, entry_from_dict, entry_to_dict
+from asyncrl.controller.validation import groups_per_batch
 from asyncrl.engines.base import RolloutEngine
-from asyncrl.errors import TooManyFailedGroups
+from asyncrl.errors import BackendBug, DynamicSamplingBudgetExceeded, TooManyFailedGroups
 from asyncrl.tasks.base import PromptSource, Scorer
 from asyncrl.types import (
     GroupId,
-    GroupResult,
     Prompt,
     Rollout,
     prompt_from_dict,
@@ -121,7 +122,7 @@ class Dispatcher:
     async def run_admitter(self) -> None:
         """Admit dispatch batches until the prompt source runs dry."""
         ctx = self.ctx
-        n = ctx.grpo.num_prompts_per_step
+        n = groups_per_batch(ctx.sampler, ctx.grpo)  # over-sampled: more than a step needs
         while True:
             while self._batch_left:
                 self.admit_state = AdmitState.DRAINING
@@ -275,10 +276,13 @@ class Dispatcher:
             return
         ctx = self.ctx
         now = ctx.now()  # the groups commit together, at one time
+        dynamic = ctx.dynamic  # None with filter: none; then the check costs no call
         for entry, rollout in ready:
             gid = entry.group_id
             # The result's end weight (>= start_weight), found when the attempt checked it.
             end = entry.end_weight
+            if dynamic is not None and not self._passes_filter(entry, rollout, now):
+                continue
             ctx.buffer.commit(gid, rollout, end_weight=end)
             ctx.ledger.committed(gid, end_weight=end, attempts=rollout.attempts, time=now)
             ctx.drops.committed()
@@ -288,6 +292,46 @@ class Dispatcher:
             # number of slots (what max_buffer_seen tracks) stays the same.
             self._leave(entry, now)
         ctx.progress(now)
+
+    def _passes_filter(self, entry: Entry, rollout: Rollout, now: float) -> bool:
+        """``grpo.dynamic_sampling``: True to commit the group; else it is recorded
+        ``filtered``, its slot freed and, when its batch needs it, replaced."""
+        ctx = self.ctx
+        dynamic = ctx.dynamic
+        assert dynamic is not None
+        gid = entry.group_id
+        try:
+            reason = dynamic.filter.reject(rollout)
+        except Exception as exc:
+            # The group stays in flight (pending), as with any bug in a component:
+            # the checkpoint keeps it and a resume, after the fix, scores it again.
+            error = BackendBug(
+                f"the filter {type(dynamic.filter).__qualname__} (grpo.dynamic_sampling.filter) "
+                f"raised {type(exc).__name__}: {exc} on group {gid!r}; a filter returns None "
+                "or a reason and never raises. Fix it, then resume the run")
+            error.__cause__ = exc
+            ctx.fail(error, key="grpo.dynamic_sampling.filter", group=gid)
+            return False
+        if reason is None:
+            dynamic.kept()
+            return True
+        ctx.buffer.release(gid)  # a filtered group holds no slot
+        ctx.ledger.filtered(gid, attempts=rollout.attempts, time=now,
+                            end_weight=entry.end_weight, reason=reason)
+        ctx.drops.committed()  # it was generated and scored: an infra outage is over
+        self._leave(entry, now)
+        try:
+            due = dynamic.filtered(entry, reason, assembling=ctx.assembling)
+        except DynamicSamplingBudgetExceeded as exc:
+            if not any(isinstance(e, DynamicSamplingBudgetExceeded) for e in ctx.fatal):
+                ctx.fail(exc)  # reported once, however many groups hit it meanwhile
+            return False
+        replacement = ctx.drops.replacement(entry, self._draw, charged=False) if due else None
+        if replacement is not None:
+            dynamic.replaced(entry.batch_index)
+            self.queue.appendleft(replacement)
+            self._queue_changed.fire()
+        return False
 
     def _leave(self, entry: Entry, now: float | None = None) -> None:
         self._set_state(entry, EntryState.LEFT, now)
@@ -421,13 +465,15 @@ class Dispatcher:
         return {
             "next_group": self.next_group,
             "admitted": self.admitted,
-            "inflight": [_entry_dict(e) for e in self.active.values()],
-            "queued": [_entry_dict(e) for e in self.queue],
+            "inflight": [entry_to_dict(e) for e in self.active.values()],
+            "queued": [entry_to_dict(e) for e in self.queue],
             "source": self.source.source.state_dict(),
             "source_held": [prompt_to_dict(p) for p in self.source.held],
             "source_exhausted": self.source.exhausted,
             "source_drawn": self.source.drawn,
             "drops": self.ctx.drops.state_dict(),
+            **({"dynamic_sampling": self.ctx.dynamic.state_dict()}
+               if self.ctx.dynamic is not None else {}),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -436,36 +482,15 @@ class Dispatcher:
         self.next_group = int(state["next_group"])
         self.admitted = int(state["admitted"])
         self.queue = collections.deque(
-            _entry_from(d) for d in (*state["inflight"], *state["queued"]))
+            entry_from_dict(d) for d in (*state["inflight"], *state["queued"]))
         self._batch_left = sum(e.batch for e in self.queue)
         self.source.source.load_state_dict(state["source"])
         self.source.held = collections.deque(prompt_from_dict(p) for p in state["source_held"])
         self.source.exhausted = bool(state["source_exhausted"])
         self.ctx.drops.load_state_dict(state.get("drops", {}))
+        if self.ctx.dynamic is not None:
+            self.ctx.dynamic.load_state_dict(state.get("dynamic_sampling", {}))
         # A checkpoint from before the count: every prompt read is dispatched or waits.
         self.source.drawn = int(state.get("source_drawn", self.next_group + sum(
             len(ids) for ids in self.undispatched().values())))
 
-
-def _entry_dict(entry: Entry) -> dict[str, Any]:
-    kept = entry.kept_tokens()
-    return {"prompt": prompt_to_dict(entry.prompt), "target_step": entry.stamp, "pin": entry.pin,
-            "batch": entry.batch, "group_id": entry.group_id, "attempts": entry.attempts,
-            "start_weight": entry.start_weight, "batch_index": entry.batch_index,
-            "infra_failures": entry.infra_failures, "data_failures": entry.data_failures,
-            "replacements": entry.replacements,
-            "partial": None if kept is None else kept.to_dict()}
-
-
-def _entry_from(data: dict[str, Any]) -> Entry:
-    # A resumed in-flight group keeps its id, attempts, budgets and tokens but is no
-    # longer part of an admitted batch: its batch already left the queue.
-    inflight = data["group_id"] is not None
-    partial = data.get("partial")
-    return Entry(prompt_from_dict(data["prompt"]), data["target_step"], data["pin"],
-                 batch=bool(data["batch"]) and not inflight, group_id=data["group_id"],
-                 attempts=int(data["attempts"]), batch_index=data.get("batch_index"),
-                 infra_failures=int(data.get("infra_failures", 0)),
-                 data_failures=int(data.get("data_failures", 0)),
-                 replacements=int(data.get("replacements", 0)),
-                 prefix=None if partial is None else GroupResult.from_dict(partial))

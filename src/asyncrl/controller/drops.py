@@ -156,12 +156,11 @@ class DropPolicy:
                     "max_consecutive_dropped_prompts (or max_infra_attempts_per_prompt) to "
                     "ride out an outage") from error
         if rf.on_dropped_prompt == "replace" and entry.replacements < rf.max_replacement_attempts:
-            spare = self._spare(draw)
-            if spare is not None:
+            replacement = self.replacement(entry, draw, charged=True)
+            if replacement is not None:
                 self._count("prompts_replaced")
                 record["outcome"] = "replaced"
-                return Entry(spare, entry.stamp, entry.pin, batch_index=entry.batch_index,
-                             replacements=entry.replacements + 1)
+                return replacement
         lost = self.credits.get(target, 0) + 1
         record["outcome"] = f"step {target} shrank"
         if self.n - lost < self.floor:
@@ -176,6 +175,17 @@ class DropPolicy:
                 "min_step_batch_fraction") from error
         self.credits[target] = lost
         return None
+
+    def replacement(self, entry: Entry, draw: Draw, *, charged: bool) -> Entry | None:
+        """A fresh prompt from the spare pool in ``entry``'s place, with its stamp,
+        pin and dispatch batch (None: the pool and the task are dry). ``charged``:
+        it counts against ``max_replacement_attempts`` (a failure's replacement;
+        a filtered group's has its own budget, :mod:`asyncrl.controller.dynamic_sampling`)."""
+        spare = self._spare(draw)
+        if spare is None:
+            return None
+        return Entry(spare, entry.stamp, entry.pin, batch_index=entry.batch_index,
+                     replacements=entry.replacements + charged)
 
     def release_spare(self) -> Prompt | None:
         """The task's prompts ran out: a spare to admit as an ordinary prompt (None:

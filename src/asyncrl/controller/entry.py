@@ -21,8 +21,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import enum
+from typing import Any
 
-from asyncrl.types import GroupId, GroupResult, Prompt
+from asyncrl.types import GroupId, GroupResult, Prompt, prompt_from_dict, prompt_to_dict
 
 
 class EntryState(enum.Enum):
@@ -105,3 +106,27 @@ class Entry:
     def continues(self) -> bool:
         """True for a resumed group that continues tokens it already had."""
         return self.prefix is not None and self.prefix.num_tokens > 0
+
+
+def entry_to_dict(entry: Entry) -> dict[str, Any]:
+    kept = entry.kept_tokens()
+    return {"prompt": prompt_to_dict(entry.prompt), "target_step": entry.stamp, "pin": entry.pin,
+            "batch": entry.batch, "group_id": entry.group_id, "attempts": entry.attempts,
+            "start_weight": entry.start_weight, "batch_index": entry.batch_index,
+            "infra_failures": entry.infra_failures, "data_failures": entry.data_failures,
+            "replacements": entry.replacements,
+            "partial": None if kept is None else kept.to_dict()}
+
+
+def entry_from_dict(data: dict[str, Any]) -> Entry:
+    # A resumed in-flight group keeps its id, attempts, budgets and tokens but is no
+    # longer part of an admitted batch: its batch already left the queue.
+    inflight = data["group_id"] is not None
+    partial = data.get("partial")
+    return Entry(prompt_from_dict(data["prompt"]), data["target_step"], data["pin"],
+                 batch=bool(data["batch"]) and not inflight, group_id=data["group_id"],
+                 attempts=int(data["attempts"]), batch_index=data.get("batch_index"),
+                 infra_failures=int(data.get("infra_failures", 0)),
+                 data_failures=int(data.get("data_failures", 0)),
+                 replacements=int(data.get("replacements", 0)),
+                 prefix=None if partial is None else GroupResult.from_dict(partial))

@@ -1,8 +1,9 @@
 """The ledger: every prompt group's life, and the balance that proves none was lost.
 
 States: ``inflight`` and ``ready`` are live (a group in either is *pending* at a
-checkpoint or at shutdown); ``trained``, ``evicted``, ``aborted`` and ``failed``
-are terminal. A group enters exactly one terminal state at most once; the
+checkpoint or at shutdown); ``trained``, ``evicted``, ``aborted``, ``failed``
+and ``filtered`` (its rewards carried no signal for ``grpo.dynamic_sampling``;
+it never reached the buffer) are terminal. A group enters exactly one terminal state at most once; the
 ledger raises on a second transition, because that would be a double count.
 
 Memory and checkpoints grow with the *live* groups only: a group that reaches
@@ -22,7 +23,7 @@ from asyncrl.errors import LedgerError
 from asyncrl.types import GroupId
 
 LIVE = ("inflight", "ready")
-TERMINAL = ("trained", "evicted", "aborted", "failed")
+TERMINAL = ("trained", "evicted", "aborted", "failed", "filtered")
 STATES = LIVE + TERMINAL
 
 
@@ -34,6 +35,7 @@ class GroupRecord:
         "end_weight",
         "error",
         "failure",
+        "filter_reason",
         "finish_time",
         "gen_end",
         "gen_start",
@@ -68,6 +70,7 @@ class GroupRecord:
         self.staleness: int | None = None
         self.error: str | None = None  # why the last attempt failed (failed groups)
         self.failure: str | None = None  # the budget a failed group used up: infra or data
+        self.filter_reason: str | None = None  # why grpo.dynamic_sampling filtered it
         # The generation that finished it (for ``asyncrl simulate --calibrate``):
         # when it ran, its completions' tokens in all and of the longest one.
         self.gen_start: float | None = None
@@ -233,6 +236,15 @@ class Ledger:
         if kind is not None:
             self._failed_kinds[kind] += 1
 
+    def filtered(self, group_id: GroupId, *, attempts: int, time: float, end_weight: int,
+                 reason: str) -> None:
+        """The group finished, but ``grpo.dynamic_sampling``'s filter rejected it
+        (``reason``) before it was committed: it never held a ready slot."""
+        rec = self._live.get(group_id)
+        if rec is not None:
+            rec.filter_reason, rec.end_weight = reason, end_weight
+        self._end_inflight(group_id, "filtered", attempts, time, None)
+
     def _end_inflight(
         self, group_id: GroupId, state: str, attempts: int, time: float, error: str | None
     ) -> None:
@@ -284,6 +296,7 @@ class Ledger:
             "failed": c["failed"],
             "failed_infra": self._failed_kinds["infra"],
             "failed_data": self._failed_kinds["data"],
+            "filtered": c["filtered"],
             "pending": c["inflight"] + c["ready"],
         }
 

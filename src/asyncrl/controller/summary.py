@@ -29,6 +29,10 @@ class RunSummary(TypedDict):
     failures: dict[str, Any]
     #: Prompts drawn, dispatched, and those left untrained (with why).
     prompts: dict[str, Any]
+    #: ``grpo.dynamic_sampling``: the filter, groups per dispatch batch and, with
+    #: a filter on, groups filtered (by reason), replaced, absorbed by the
+    #: over-sampled surplus, and groups generated per group trained.
+    dynamic_sampling: dict[str, Any]
     wall_time_s: float
     #: Group staleness (trained version minus start weight): mean, max, histogram.
     staleness_mean: float

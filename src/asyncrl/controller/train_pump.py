@@ -173,6 +173,8 @@ class TrainPump:
             failures=ctx.drops.step_done(v),
         )
         record.update(eval_metrics)
+        if ctx.dynamic is not None:
+            record.update(ctx.dynamic.step_done(v, len(trained)))
         for sink in self.sinks:
             sink.write(record)
         self.activity = ("after-step hook", ctx.now())

@@ -7,7 +7,41 @@ from typing import Any
 
 from asyncrl.config import AsyncRLConfig, GRPOConfig
 from asyncrl.errors import SetupError
-from asyncrl.sampling import PromptGroupSampler
+from asyncrl.sampling import OverSamplingSampler, PromptGroupSampler
+
+
+def groups_per_batch(sampler: PromptGroupSampler, grpo: GRPOConfig) -> int:
+    """Prompts one admitted dispatch batch holds: ``num_prompts_per_step``, or
+    more when the sampler over-samples (:class:`~asyncrl.sampling.OverSamplingSampler`)."""
+    n = grpo.num_prompts_per_step
+    return sampler.groups_per_batch(n) if isinstance(sampler, OverSamplingSampler) else n
+
+
+def set_up_over_sampling(sampler: PromptGroupSampler, grpo: GRPOConfig) -> None:
+    """Hand ``grpo.dynamic_sampling.batch_multiplier`` to the sampler, which owns
+    over-sampling; refuse a sampler that cannot account for it."""
+    multiplier = grpo.dynamic_sampling.batch_multiplier
+    if isinstance(sampler, OverSamplingSampler):
+        sampler.set_batch_multiplier(multiplier)
+    elif multiplier != 1.0:
+        raise SetupError(
+            f"grpo.dynamic_sampling.batch_multiplier={multiplier:g} needs a sampler that "
+            f"accounts for over-sampling (asyncrl.sampling.OverSamplingSampler); "
+            f"{type(sampler).__name__} does not. Subclass asyncrl.sampling.BaseSampler, or set "
+            "batch_multiplier: 1.0")
+
+
+def dynamic_sampling_facts(sampler: PromptGroupSampler, grpo: GRPOConfig) -> dict[str, object]:
+    """What ``grpo.dynamic_sampling`` implies (printed by ``asyncrl validate``)."""
+    ds = grpo.dynamic_sampling
+    k = groups_per_batch(sampler, grpo)
+    over = isinstance(sampler, OverSamplingSampler) and k > grpo.num_prompts_per_step
+    return {
+        "filter": ds.filter,
+        "groups_per_batch": k,
+        "max_groups_generated_per_batch": ds.max_gen_batches * k if ds.enabled else k,
+        "surplus": sampler.surplus if over else None,  # type: ignore[attr-defined]
+    }
 
 
 def derived_facts(sampler: PromptGroupSampler, grpo: GRPOConfig) -> dict[str, object]:
@@ -16,6 +50,7 @@ def derived_facts(sampler: PromptGroupSampler, grpo: GRPOConfig) -> dict[str, ob
     bound = max_staleness() if callable(max_staleness) else None
     max_end = getattr(sampler, "max_end_staleness", None)
     return {
+        **dynamic_sampling_facts(sampler, grpo),
         "sampler": type(sampler).__name__,
         "is_on_policy": bool(sampler.is_on_policy),
         "required_buffer_capacity": sampler.required_buffer_capacity(grpo.num_prompts_per_step),
@@ -94,7 +129,10 @@ def validate_setup(
 ) -> None:
     """Raise :class:`SetupError` for a setup the pumps could deadlock on, or
     (with ``deterministic``) one whose generation weights depend on timing, or
-    one whose derived facts are impossible (:func:`check_derived_facts`)."""
+    one whose derived facts are impossible (:func:`check_derived_facts`).
+    First hands the over-sampling to the sampler (:func:`set_up_over_sampling`):
+    the facts checked include it."""
+    set_up_over_sampling(sampler, grpo)
     check_derived_facts(sampler, grpo)
     name = type(sampler).__name__
     if deterministic and pinned_weight_version(sampler, 0) is None:
@@ -112,6 +150,19 @@ def validate_setup(
             "generates each group with one pinned version, so end_weight equals start_weight "
             "anyway: set async_rl.sampler.staleness_of: start_weight, or deterministic: false"
         )
+    if deterministic and grpo.dynamic_sampling.enabled:
+        raise SetupError(
+            f"deterministic: true with grpo.dynamic_sampling.filter: {grpo.dynamic_sampling.filter}"
+            ": the filter is a function of the rewards, but a filtered group's replacement "
+            "prompt, its group id (its seed) and its place in the commit order depend on when "
+            "the filter ran relative to the admission of later batches, so the run would depend "
+            "on timing. Set grpo.dynamic_sampling.filter: none, or deterministic: false")
+    ds = grpo.dynamic_sampling
+    if ds.filter == "zero_variance" and grpo.num_generations_per_prompt < 2:
+        raise SetupError(
+            "grpo.dynamic_sampling.filter: zero_variance with grpo.num_generations_per_prompt=1: "
+            "a group of one completion never has reward variance, so every group would be "
+            "filtered. Set num_generations_per_prompt >= 2, or filter: none")
     if deterministic and cfg.autopilot.enabled:
         raise SetupError(
             "deterministic: true with async_rl.autopilot.enabled: the autopilot decides from "
@@ -123,7 +174,8 @@ def validate_setup(
     if required is not None and cap < required:
         raise SetupError(
             f"async_rl.max_buffered_rollouts={cap} is below the {required} slots {name} needs "
-            f"for num_prompts_per_step={n} (every batch it may admit ahead must fit, or the "
+            f"for num_prompts_per_step={n}{_over(sampler, grpo)} (every batch it may admit "
+            "ahead must fit, or the "
             f"rollout pump and the train pump wait on each other forever). Set "
             f"async_rl.max_buffered_rollouts >= {required}, or lower the sampler's window"
         )
@@ -135,6 +187,14 @@ def validate_setup(
             f"max_buffered_rollouts >= {cfg.min_groups_for_streaming_train} or lower "
             f"min_groups_for_streaming_train"
         )
+
+
+def _over(sampler: PromptGroupSampler, grpo: GRPOConfig) -> str:
+    k = groups_per_batch(sampler, grpo)
+    if k == grpo.num_prompts_per_step:
+        return ""
+    return (f" over-sampled to {k} groups per batch (grpo.dynamic_sampling.batch_multiplier="
+            f"{grpo.dynamic_sampling.batch_multiplier:g})")
 
 
 def failure_warnings(grpo: GRPOConfig, cfg: AsyncRLConfig) -> list[str]:
@@ -154,6 +214,12 @@ def failure_warnings(grpo: GRPOConfig, cfg: AsyncRLConfig) -> list[str]:
             f"max_consecutive_dropped_prompts={rf.max_consecutive_dropped_prompts} allow "
             "drops: the first drop stops the run anyway. Lower min_step_batch_fraction, or "
             "set on_dropped_prompt: replace")
+    ds = grpo.dynamic_sampling
+    if ds.enabled and ds.max_gen_batches == 1 and ds.batch_multiplier == 1.0:
+        out.append(
+            "grpo.dynamic_sampling.max_gen_batches=1 with batch_multiplier=1.0 leaves the "
+            "filter no room: the first group it filters stops the run. Raise max_gen_batches "
+            "(replacements) or batch_multiplier (over-sampling)")
     if (cfg.stall_watchdog is not None and cfg.stall_watchdog.stall_action == "abort"
             and cfg.stall_watchdog.stall_timeout_s < 60):
         out.append(

@@ -56,7 +56,7 @@ from asyncrl.policy.devices import check_device
 from asyncrl.rollouts.target import describe as describe_rollout
 from asyncrl.rollouts.target import load_rollout
 from asyncrl.run.protocols import RunProtocols, check_members
-from asyncrl.sampling import create_sampler
+from asyncrl.sampling import build_filter, create_sampler
 from asyncrl.tasks.capabilities import TaskCapabilities
 from asyncrl.trainers.distributed.checks import check_trainer, trainer_layout
 
@@ -139,6 +139,7 @@ def preflight(cfg: RunConfig, *, task: Task | None = None,
     capacity = cfg.async_rl.max_buffered_rollouts
     sampler = create_sampler(RolloutBuffer(capacity), cfg.async_rl.sampler)
     validate_setup(sampler, cfg.grpo, cfg.async_rl, deterministic=cfg.deterministic)
+    build_filter(cfg.grpo.dynamic_sampling)  # a custom filter loads and is a GroupFilter
     facts = derived_facts(sampler, cfg.grpo)
     facts["max_buffered_rollouts"] = capacity
     facts.update(context)

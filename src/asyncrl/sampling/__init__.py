@@ -15,8 +15,14 @@ from asyncrl.config.sampler import (
     parse_sampler_config,
 )
 from asyncrl.errors import SamplerConfigError
-from asyncrl.sampling.base import BaseSampler, PromptGroupSampler, RetunableSampler
+from asyncrl.sampling.base import (
+    BaseSampler,
+    OverSamplingSampler,
+    PromptGroupSampler,
+    RetunableSampler,
+)
 from asyncrl.sampling.factory import create_sampler, missing_protocol_members
+from asyncrl.sampling.filters import GroupFilter, ZeroVarianceFilter, build_filter
 from asyncrl.sampling.policies import (
     InOrderSampler,
     ReadyFirstSampler,
@@ -29,8 +35,10 @@ __all__ = [
     "WINDOW_FIELD",
     "BaseSampler",
     "CustomSamplerConfig",
+    "GroupFilter",
     "InOrderSampler",
     "InOrderSamplerConfig",
+    "OverSamplingSampler",
     "PromptGroupSampler",
     "ReadyFirstSampler",
     "ReadyFirstSamplerConfig",
@@ -41,6 +49,8 @@ __all__ = [
     "WeightFifoSamplerConfig",
     "WindowedSampler",
     "WindowedSamplerConfig",
+    "ZeroVarianceFilter",
+    "build_filter",
     "create_sampler",
     "missing_protocol_members",
     "parse_sampler_config",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from typing import Any, Protocol, runtime_checkable
 
 from asyncrl.buffer import RolloutBuffer, Slot
@@ -107,6 +108,34 @@ class RetunableSampler(Protocol):
         ...
 
 
+@runtime_checkable
+class OverSamplingSampler(Protocol):
+    """A sampler that owns over-sampling (``grpo.dynamic_sampling.batch_multiplier``,
+    NeMo-RL's ``batch_multiplier``); the built-ins all are.
+
+    With a multiplier ``m``, every admitted dispatch batch holds
+    ``groups_per_batch(n) = ceil(m * n)`` groups instead of ``n``: the extra
+    groups cover the ones the filter rejects without a replacement's whole
+    generation latency. The sampler accounts for the larger batches in
+    :meth:`PromptGroupSampler.required_buffer_capacity` (and so in the deadlock
+    checks and re-tuning) and decides what becomes of kept groups beyond a
+    step's need (the built-ins: docs/design.md, "Over-sampling").
+    """
+
+    #: What becomes of kept groups beyond a step's need, in words (``asyncrl
+    #: validate`` prints it).
+    surplus: str
+
+    def set_batch_multiplier(self, multiplier: float) -> None:
+        """Called once at setup (``validate_setup``), before the derived facts
+        are read and before the first admit."""
+        ...
+
+    def groups_per_batch(self, groups_per_step: int) -> int:
+        """Read by the rollout pump at every admit: the prompts the batch gets."""
+        ...
+
+
 class BaseSampler:
     """Dispatch counter, admission gate, greedy take and persistence for policies.
 
@@ -121,6 +150,11 @@ class BaseSampler:
     gated: bool = False
     #: ``admit`` returns the batch's index as its ``target_step`` stamp.
     stamps: bool = False
+    #: Groups per dispatch batch, as a multiple of ``num_prompts_per_step``
+    #: (:class:`OverSamplingSampler`); 1.0: no over-sampling.
+    batch_multiplier: float = 1.0
+    #: See :class:`OverSamplingSampler`.
+    surplus: str = "kept in the buffer for later steps"
 
     def __init__(self, buffer: RolloutBuffer) -> None:
         if not isinstance(buffer, RolloutBuffer) and not hasattr(buffer, "remove"):
@@ -166,6 +200,19 @@ class BaseSampler:
             await trainer_version.wait_until(lambda v: d <= v + self.window)
             self._dispatch_index = d + 1
             return d
+
+    # ---------------------------------------------------------- over-sampling
+    def set_batch_multiplier(self, multiplier: float) -> None:
+        """See :class:`OverSamplingSampler`."""
+        if isinstance(multiplier, bool) or not isinstance(multiplier, (int, float)) or not (
+                1.0 <= multiplier < math.inf):
+            raise ValueError(f"{type(self).__name__}: batch_multiplier must be a number >= 1, "
+                             f"got {multiplier!r}")
+        self.batch_multiplier = float(multiplier)
+
+    def groups_per_batch(self, groups_per_step: int) -> int:
+        # round() first: 1.1 * 10 is 11.000000000000002 in floats, not 12 groups.
+        return max(groups_per_step, math.ceil(round(self.batch_multiplier * groups_per_step, 9)))
 
     def set_dispatch_index(self, resume_from_step: int) -> None:
         """The next admitted batch gets ``d = resume_from_step``."""
@@ -237,7 +284,9 @@ class BaseSampler:
         return self.window if self._held is None else max(self._held[0], self.window)
 
     def required_capacity_for(self, window: int, groups_per_step: int) -> int | None:
-        return groups_per_step * (window + 1)
+        # Every batch the gate lets ahead must fit whole: s + 1 batches of
+        # groups_per_batch (over-sampled) groups.
+        return self.groups_per_batch(groups_per_step) * (window + 1)
 
     # -------------------------------------------------------- derived facts
     def should_abort_inflight(self, *, start_weight_version: int, current_train_weight: int) -> bool:

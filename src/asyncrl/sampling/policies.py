@@ -71,6 +71,7 @@ class InOrderSampler(BaseSampler):
 
     gated = True
     stamps = True
+    surplus = "evicted at the next step (its stamp has gone by), counted as evicted"
 
     def __init__(self, buffer: RolloutBuffer, max_lookahead_versions: int = 1) -> None:
         super().__init__(buffer)
@@ -98,6 +99,8 @@ class WeightFifoSampler(_MeasuredWindow):
     """
 
     gated = True
+
+    surplus = "kept; trained by later steps, oldest weight version first, while in the window"
 
     def __init__(self, buffer: RolloutBuffer, max_staleness_versions: int = 1,
                  staleness_of: StalenessOf = "start_weight") -> None:
@@ -127,6 +130,8 @@ class WindowedSampler(_MeasuredWindow):
     fall out of the window are evicted, in-flight ones aborted (with
     ``staleness_of: start_weight``).
     """
+
+    surplus = "kept within the window for the next step; evicted once out of it"
 
     def __init__(
         self,
@@ -167,6 +172,7 @@ class ReadyFirstSampler(BaseSampler):
     """
 
     gated = True
+    surplus = "kept; trained by later steps in dispatch order (never evicted)"
 
     def __init__(self, buffer: RolloutBuffer, max_staleness_versions: int = 1) -> None:
         super().__init__(buffer)

@@ -441,7 +441,7 @@ def cohort_result(cfg: RunConfig, sampler_cfg: Any, latency: LatencyModel, steps
     pending = run.inflight + run.policy.ready
     ledger = {"dispatched": run.dispatched, "trained": c["trained"], "evicted": c["evicted"],
               "aborted": c["aborted"], "failed": 0, "failed_infra": 0, "failed_data": 0,
-              "pending": pending,
+              "filtered": 0, "pending": pending,
               "balanced": run.dispatched == (c["trained"] + c["evicted"] + c["aborted"]
                                               + pending)}
     efficiency, note = efficiency_of(bound, done, elapsed, c["aborted"],
