@@ -138,7 +138,7 @@ def test_a_second_signal_stops_at_once_and_keeps_the_newest_checkpoint(tmp_path:
     check_nothing_lost(run, steps=steps)
 
 
-def test_sigint_with_dynamic_sampling_on_loses_nothing(tmp_path: Path) -> None:
+def test_sigint_with_dynamic_sampling_on_loses_nothing(tmp_path: Path, capsys) -> None:
     """grpo.dynamic_sampling (issue 32): groups filtered before and after a SIGINT
     are each recorded once, the spare prompts drawn for replacements survive the
     checkpoint, and the resumed run finishes with every prompt accounted for."""
@@ -156,6 +156,8 @@ def test_sigint_with_dynamic_sampling_on_loses_nothing(tmp_path: Path) -> None:
     summary = strict_json((run / "summary.json").read_text())
     ledger = summary["ledger"]
     assert summary["steps"] == stopped_at + 3 and ledger["balanced"], ledger
+    out = capsys.readouterr().out  # the printed summary counts the filtered groups too
+    assert f"filtered {ledger['filtered']}  pending" in out and "dynamic sampling " in out
     records = [strict_json(x) for x in (run / "ledger.jsonl").read_text().splitlines()]
     assert sum(r["state"] == "filtered" for r in records) == ledger["filtered"] > 0
     assert all(r["filter_reason"].startswith("zero_variance")

@@ -86,12 +86,18 @@ def print_summary(console: Console, summary: dict) -> None:
     if summary.get("groups_continued"):
         say(f"continued       {summary['groups_continued']} groups from the tokens they had "
             "at the stop")
+    # filtered: only with dynamic sampling on (a filter-less run has none to show).
+    states = ("dispatched", "trained", "evicted", "aborted", "failed",
+              *(("filtered",) if summary.get("dynamic_sampling") else ()), "pending")
     say(
-        "ledger          " + "  ".join(f"{k} {ledger[k]}" for k in
-                                       ("dispatched", "trained", "evicted", "aborted", "failed",
-                                        "pending"))
+        "ledger          " + "  ".join(f"{k} {ledger[k]}" for k in states)
         + ("  [green]balanced[/green]" if ledger["balanced"] else "  [red]UNBALANCED[/red]")
     )
+    sampling = summary.get("dynamic_sampling")
+    if sampling:
+        say(f"dynamic sampling {sampling['filtered']} groups filtered ({sampling['replaced']} "
+            f"replaced, {sampling['absorbed_by_surplus']} absorbed by the over-sampled "
+            f"surplus); {sampling['generated_per_trained']:.2f} generated per trained group")
     say(f"run directory   {summary['run_dir']}")
     best = summary.get("best_checkpoint")
     if best:
