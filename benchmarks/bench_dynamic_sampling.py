@@ -1,0 +1,135 @@
+"""What DAPO's dynamic sampling buys: wall time and generated tokens to a target
+reward, with and without the filter (issue 32).
+
+examples/dapo.yaml (addition graded exact-match only: many groups come back all
+wrong or all right) run twice per seed, alternately, on the same seed:
+
+* ``filter``: as written, ``grpo.dynamic_sampling: {filter: zero_variance,
+  batch_multiplier: 1.5}``;
+* ``none``: the same with ``filter: none`` and ``batch_multiplier: 1``: every
+  group is trained, those without signal included.
+
+Not steps: filtering also shrinks each step's token count (only groups with
+signal), which changes the effective step size, so steps to target would favour
+the filter by construction. And not the training reward: the filter trains only
+groups with signal, whose mean reward is biased (an all-right group is never
+trained). The target is on a held-out evaluation instead, the same in both:
+every ``--eval-every`` steps, 16 prompts x 4 completions sampled at the
+training temperature; a run reaches the target when the mean of its last three
+evaluations first reaches ``--target``. At that step: the run's wall time and
+its generated tokens (``rollout/generated_tokens`` summed: every group
+generated, filtered or not). A run that never reaches it counts as infinite.
+
+    python benchmarks/bench_dynamic_sampling.py --seeds 5
+
+Medians over ``--seeds``; last line ``RESULT
+dynamic_sampling_time_to_target_ratio <median filter time / median none
+time>`` (below 1: the filter gets there sooner). ``--smoke`` runs 2 seeds of a
+few steps with a target of 0 (every run reaches it): it checks the script and
+measures nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from asyncrl.config import load_config  # noqa: E402
+from asyncrl.run.train import train  # noqa: E402
+
+CONFIG = ROOT / "examples" / "dapo.yaml"
+VARIANTS = {
+    "filter": [],
+    "none": ["grpo.dynamic_sampling.filter=none", "grpo.dynamic_sampling.batch_multiplier=1.0"],
+}
+QUIET = ["logging.progress=never", "logging.tensorboard=false", "logging.plots=false",
+         "checkpoint.every_steps=0"]
+#: Evaluations a run's target is judged on (their mean).
+WINDOW = 3
+
+
+def evaluation(every: int) -> list[str]:
+    return [f"eval.every_steps={every}", "eval.num_prompts=16", "eval.num_generations=4",
+            "eval.temperature=1.0"]
+
+
+def to_target(rows: list[dict[str, Any]], target: float) -> tuple[float, float, float]:
+    """(wall seconds, generated tokens) when the mean of the last :data:`WINDOW`
+    evaluations first reaches ``target`` (inf, inf when it never does), and the
+    last such mean."""
+    tokens = 0.0
+    evals: list[float] = []
+    for row in rows:
+        tokens += float(row.get("rollout/generated_tokens", 0))
+        if "eval/reward_mean" not in row:
+            continue
+        evals.append(float(row["eval/reward_mean"]))
+        if len(evals) >= WINDOW and statistics.fmean(evals[-WINDOW:]) >= target:
+            return float(row["wall_time_s"]), tokens, statistics.fmean(evals[-WINDOW:])
+    last = statistics.fmean(evals[-WINDOW:]) if evals else math.nan
+    return math.inf, math.inf, last
+
+
+def run(variant: str, seed: int, args: argparse.Namespace, tmp: Path) -> tuple[float, float]:
+    overrides = [*VARIANTS[variant], *QUIET, *evaluation(args.eval_every), f"seed={seed}",
+                 f"grpo.max_num_steps={args.steps}"]
+    run_dir = tmp / f"{variant}-{seed}"
+    summary = train(load_config(CONFIG, overrides), run_dir)
+    assert summary["ledger"]["balanced"], summary["ledger"]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    wall, tokens, last = to_target(rows, args.target)
+    print(f"{variant:<6} seed {seed}: to {args.target} in {wall:7.1f} s, {tokens:9.0f} "
+          f"generated tokens; eval {last:.3f} (last {WINDOW}), {summary['steps']} steps in "
+          f"{rows[-1]['wall_time_s']:.1f} s; ledger {summary['ledger']}", flush=True)
+    return wall, tokens
+
+
+def ratio(a: float, b: float) -> float:
+    """a / b, where either may be infinite (a run that never reached the target)."""
+    if math.isinf(a) and math.isinf(b):
+        return math.nan
+    return a / b if b > 0 else math.inf
+
+
+def main(argv: list[str] | None = None) -> float:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--target", type=float, default=0.75)
+    parser.add_argument("--eval-every", type=int, default=10)
+    parser.add_argument("--smoke", action="store_true",
+                        help="2 seeds of 6 steps, target 0: checks the script, measures nothing")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.seeds, args.steps, args.target, args.eval_every = 2, 6, 0.0, 2
+    logging.getLogger("asyncrl").setLevel(logging.ERROR)
+    got: dict[str, list[tuple[float, float]]] = {v: [] for v in VARIANTS}
+    with tempfile.TemporaryDirectory() as tmp:
+        for seed in range(args.seeds):
+            # the variants alternate seed by seed, so that a change of the
+            # machine's load during the measurement falls on both alike
+            for variant in VARIANTS:
+                got[variant].append(run(variant, seed, args, Path(tmp)))
+    medians = {v: (statistics.median(r[0] for r in rows), statistics.median(r[1] for r in rows))
+               for v, rows in got.items()}
+    (f_time, f_tokens), (n_time, n_tokens) = medians["filter"], medians["none"]
+    print(f"median to {args.target}: filter {f_time:.1f} s, {f_tokens:.0f} tokens; none "
+          f"{n_time:.1f} s, {n_tokens:.0f} tokens")
+    print(f"RESULT dynamic_sampling_tokens_to_target_ratio {ratio(f_tokens, n_tokens):.3f}")
+    time_ratio = ratio(f_time, n_time)
+    print(f"RESULT dynamic_sampling_time_to_target_ratio {time_ratio:.3f}")
+    return time_ratio
+
+
+if __name__ == "__main__":
+    main()
