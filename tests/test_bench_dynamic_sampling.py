@@ -45,5 +45,6 @@ def test_the_target_is_the_mean_of_the_last_three_evaluations(bench) -> None:
 def test_a_run_that_never_reaches_the_target_is_infinitely_slow(bench) -> None:
     wall, tokens, last = bench.to_target(rows({1: 0.1, 3: 0.2, 5: 0.3}), target=0.9)
     assert math.isinf(wall) and math.isinf(tokens) and last == pytest.approx(0.2)
-    assert bench.ratio(math.inf, 10.0) == math.inf and bench.ratio(5.0, math.inf) == 0.0
-    assert math.isnan(bench.ratio(math.inf, math.inf))
+    assert bench.ratio(math.inf, 10.0) == math.inf and bench.ratio(5.0, 10.0) == 0.5
+    # a baseline that never got there measures nothing
+    assert math.isnan(bench.ratio(5.0, math.inf)) and math.isnan(bench.ratio(math.inf, math.inf))

@@ -35,20 +35,22 @@ def generation_bound(f: float, **extra):
 @pytest.mark.parametrize("f", [0.25, 0.5, 0.75])
 def test_trained_groups_per_second_are_one_minus_f_of_the_generated(f: float) -> None:
     result = simulate(generation_bound(f))
-    generated = result.engine.attempts
+    ledger = result.ledger
     trained = result.trainer.groups
-    assert trained == 100 * 8
-    assert result.ledger["balanced"]
-    # The filtered groups are the flat ones the fleet finished, less those the
-    # run ended before committing.
-    assert 0 < result.engine.flat_groups - result.ledger["filtered"] <= 40
-    # Closed form: trained/s = (1 - f) x generated/s (binomial noise: 800 trained
-    # groups of a stream with p = 1 - f; 0.05 is over 3 standard deviations).
-    per_s = result.virtual_time_s
-    assert (trained / per_s) / (generated / per_s) == pytest.approx(1 - f, abs=0.05)
+    assert trained == ledger["trained"] == 100 * 8 and ledger["balanced"]
+    # The filtered groups are exactly the flat ones the fleet finished (a group is
+    # committed at the instant its generation ends; those in flight at the end
+    # are pending, not finished).
+    assert ledger["filtered"] == result.engine.flat_groups
+    generated = trained + ledger["filtered"] + ledger["evicted"]  # finished generations
+    # Closed form: trained/s = (1 - f) x generated/s. The flat groups are a
+    # binomial draw from the prompt stream: 0.04 is over 2.5 standard deviations
+    # at 800 trained groups (the run is seeded: the numbers do not vary).
+    seconds = result.virtual_time_s
+    assert (trained / seconds) / (generated / seconds) == pytest.approx(1 - f, abs=0.04)
     # The fleet never idles, and the bound (n L / ((1 - f) slots) per step) knows
     # that each trained group cost 1 / (1 - f) generations.
-    assert result.generator_util > 0.97
+    assert result.generator_util > 0.95
     assert result.efficiency == pytest.approx(1.0, abs=0.1)
 
 
