@@ -26,9 +26,18 @@ learned) counts up to where it stopped, and says so.
 
 Medians over ``--seeds``; last line ``RESULT
 dynamic_sampling_time_to_target_ratio <median filter time / median none
-time>`` (below 1: the filter gets there sooner). ``--smoke`` runs 2 seeds of a
-few steps with a target of 0 (every run reaches it): it checks the script and
-measures nothing.
+time>`` (below 1: the filter gets there sooner), after the same for tokens.
+``--smoke`` runs 2 seeds of a few steps with a target of 0 (every run reaches
+it): it checks the script and measures nothing.
+
+Measured with ``--seeds 3`` (target 0.7, 1,000 steps) on the shared 2-core
+development machine, with issue 32's runtime: the filter reached 0.7 in 15.1,
+15.5 and 16.2 s (36,641 median generated tokens) and stopped on its budget
+between steps 263 and 361 (the task learned); without it in 37.8 and 35.8 s
+(65,419 median tokens), one seed not in 1,000 steps (final 0.688): ratios
+0.411 (time) and 0.560 (tokens). At a target of 0.8 two of three seeds without
+the filter did not get there in 1,000 steps (the ratio is then nan). Three
+seeds on a loaded machine: read the ratio as "well below 1", not to the digit.
 """
 
 from __future__ import annotations
@@ -113,7 +122,7 @@ def main(argv: list[str] | None = None) -> float:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=1000)
-    parser.add_argument("--target", type=float, default=0.8)
+    parser.add_argument("--target", type=float, default=0.7)
     parser.add_argument("--eval-every", type=int, default=10)
     parser.add_argument("--smoke", action="store_true",
                         help="2 seeds of 6 steps, target 0: checks the script, measures nothing")
