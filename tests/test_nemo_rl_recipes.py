@@ -168,13 +168,27 @@ loss_fn:
   token_level_loss: false
 """
 
-#: The DAPO recipe's loss_fn and reward_shaping (dapo-qwen2.5-7b.yaml), its
-#: dynamic sampling and reward scaling left at their off values.
+#: The DAPO recipe's grpo and loss_fn blocks (dapo-qwen2.5-7b.yaml), with its
+#: dynamic sampling, over-sampling and reward scaling on.
 DAPO = """
 grpo:
   num_prompts_per_step: 512
   num_generations_per_prompt: 16
+  batch_multiplier: 3
+  max_rollout_turns: 1
+  max_num_steps: 10000
   use_leave_one_out_baseline: false
+  val_period: 20
+  max_val_samples: 960
+  val_batch_size: 960
+  use_dynamic_sampling: true
+  dynamic_sampling_max_gen_batches: 10
+  reward_scaling:
+    enabled: true
+    source_min: 0.0
+    source_max: 1.0
+    target_min: -1.0
+    target_max: 1.0
   reward_shaping:
     enabled: true
     overlong_buffer_length: 2048
@@ -198,8 +212,10 @@ def loaded(text: str, tmp_path: Path, **extra):
 
 @pytest.mark.parametrize("name", sorted(BLOCKS))
 def test_pasted_blocks_load_and_validate(name, tmp_path: Path) -> None:
-    # (NeMo-RL's steps of 512 x 16 completions need a buffer of their size)
-    cfg, path = loaded(BLOCKS[name], tmp_path, async_rl={"max_buffered_rollouts": 1024})
+    # (NeMo-RL's steps of 512 x 16 completions need a buffer of their size, DAPO's
+    # three times over)
+    cfg, path = loaded(BLOCKS[name], tmp_path, async_rl={"max_buffered_rollouts": 4096,
+                                                         "max_inflight_prompts": 4096})
     assert cfg.grpo.num_generations_per_prompt in (8, 16)
     assert main(["validate", "--config", str(path), "--json", "--no-memory"]) == 0
 
@@ -224,6 +240,39 @@ def test_gspo_and_dapo_recipes(tmp_path: Path) -> None:
     assert dapo.loss.baseline == "group_mean"
     over = dapo.loss.overlong
     assert (over.buffer_tokens, over.penalty, over.max_tokens) == (2048, 1.0, 14336)
+    dynamic = dapo.grpo.dynamic_sampling
+    assert (dynamic.filter, dynamic.batch_multiplier, dynamic.max_gen_batches) == \
+        ("zero_variance", 3.0, 10)
+    scaling = dapo.loss.reward_scaling
+    assert scaling is not None and [scaling.apply(r) for r in (-0.5, 0.0, 0.25, 1.0, 2.0)] == \
+        [-1.0, -1.0, -0.5, 1.0, 1.0]
+
+
+def test_dynamic_sampling_keys_take_effect_only_with_it_on() -> None:
+    off = config_from_dict({"grpo": {"use_dynamic_sampling": False, "batch_multiplier": 1,
+                                     "dynamic_sampling_max_gen_batches": 4}})
+    assert off.grpo.dynamic_sampling == type(off.grpo.dynamic_sampling)()
+    with pytest.raises(ConfigError, match=r"grpo\.batch_multiplier=2 over-samples for dynamic "
+                                          r"sampling, which is off"):
+        config_from_dict({"grpo": {"batch_multiplier": 2}})
+    # asyncrl's own block and NeMo-RL's keys must agree
+    with pytest.raises(ConfigError, match=r"sets grpo\.dynamic_sampling\.max_gen_batches=4, but "
+                                          r"the config sets grpo\.dynamic_sampling\.max_gen_batches=2"):
+        config_from_dict({"grpo": {"use_dynamic_sampling": True,
+                                   "dynamic_sampling_max_gen_batches": 4,
+                                   "dynamic_sampling": {"max_gen_batches": 2}}})
+
+
+def test_reward_scaling_off_leaves_rewards_alone_and_a_bad_block_is_named() -> None:
+    assert config_from_dict({"grpo": {"reward_scaling": {"enabled": False,
+                                                         "target_min": -1.0}}}).loss.reward_scaling is None
+    defaults = config_from_dict({"grpo": {"reward_scaling": {"enabled": True}}}).loss.reward_scaling
+    assert defaults is not None and defaults.apply(0.3) == pytest.approx(0.3)
+    with pytest.raises(ConfigError, match=r"grpo\.reward_scaling\.target_mid: unknown key"):
+        config_from_dict({"grpo": {"reward_scaling": {"enabled": True, "target_mid": 0.0}}})
+    with pytest.raises(ConfigError, match="source_max=0 must be above source_min=1"):
+        config_from_dict({"grpo": {"reward_scaling": {"enabled": True, "source_min": 1.0,
+                                                      "source_max": 0.0}}})
 
 
 def test_max_sequence_length_reference_reads_as_max_new_tokens(tmp_path: Path) -> None:
@@ -310,6 +359,25 @@ def test_every_refused_key_of_a_pasted_block_is_named_at_once() -> None:
 def test_an_unknown_loss_fn_key_is_refused_by_name() -> None:
     with pytest.raises(ConfigError, match=r"loss_fn\.ratio_clip_mid: unknown key\. did you mean"):
         config_from_dict({"loss_fn": {"ratio_clip_mid": 0.2}})
+
+
+@pytest.mark.e2e
+def test_the_pasted_dapo_blocks_train_with_their_dynamic_sampling(tmp_path: Path) -> None:
+    """NeMo-RL's DAPO blocks, at a tiny size: the filter drops groups without
+    signal (the ledger counts them) and every step trains its full batch."""
+    from asyncrl.run.train import train
+
+    tree = yaml.safe_load(DAPO)
+    tree["grpo"].update(num_prompts_per_step=2, num_generations_per_prompt=4, max_num_steps=3)
+    tree["policy"] = {"model": {"hidden_size": 16, "num_layers": 1, "num_heads": 2,
+                                "intermediate_size": 32, "max_position_embeddings": 16},
+                      "generation": {"max_new_tokens": 2}}
+    tree["async_rl"] = {"max_buffered_rollouts": 16, "max_inflight_prompts": 16}
+    tree["logging"] = {"progress": "never", "tensorboard": False, "plots": False}
+    summary = train(config_from_dict(tree), tmp_path / "run")
+    ledger = summary["ledger"]
+    assert summary["stop_reason"] == "max_num_steps" and ledger["balanced"]
+    assert ledger["trained"] == 3 * 2 and ledger["filtered"] >= 0
 
 
 @pytest.mark.e2e

@@ -24,6 +24,8 @@ def sim_config(
     weight_sync_s: float = 1.0,
     train_per_group_s: float = 0.0,
     failure_rate: float = 0.0,
+    filter_rate: float = 0.0,
+    dynamic_sampling: dict[str, Any] | None = None,
     capacity: int | None = None,
     inflight: int | None = None,
     min_chunk: int | None = None,
@@ -38,7 +40,8 @@ def sim_config(
     return config_from_dict({
         "seed": seed,
         "deterministic": deterministic,
-        "grpo": {"num_prompts_per_step": n, "num_generations_per_prompt": 2},
+        "grpo": {"num_prompts_per_step": n, "num_generations_per_prompt": 2,
+                 "dynamic_sampling": dynamic_sampling or {}},
         "async_rl": {
             "sampler": sampler(policy, window),
             "max_buffered_rollouts": capacity if capacity is not None else fit,
@@ -54,6 +57,7 @@ def sim_config(
             "weight_sync_s": weight_sync_s,
             "train_per_group_s": train_per_group_s,
             "failure_rate": failure_rate,
+            "filter_rate": filter_rate,
         },
     })
 

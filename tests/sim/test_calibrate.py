@@ -49,13 +49,15 @@ def run_config(sampler: dict, *, capacity: int, steps: int = 40) -> RunConfig:
     })
 
 
-def write_run(cfg: RunConfig, run_dir: Path, *, abort_s: float = 0.0) -> dict:
-    """Run ``cfg`` as a "real" run and write what ``asyncrl train`` writes."""
+def write_run(cfg: RunConfig, run_dir: Path, *, abort_s: float = 0.0,
+              filter_rate: float = 0.0) -> dict:
+    """Run ``cfg`` as a "real" run and write what ``asyncrl train`` writes
+    (``filter_rate``: the fraction of its groups whose rewards are all equal)."""
     sim = cfg.simulate
     assert sim is not None
     engine = SimEngine(make_latency_model(sim.generation_latency_s), rollout_slots=16,
                        seed=cfg.seed, weight_sync_s=sim.weight_sync_s, pause_during_sync=True,
-                       abort_s=abort_s)
+                       abort_s=abort_s, filter_rate=filter_rate)
     trainer = SimTrainer(train_step_s=sim.train_step_s, train_per_token_s=sim.train_per_token_s)
     sink, history = MemorySink(), MemoryHistory()
     holder: dict[str, Controller] = {}

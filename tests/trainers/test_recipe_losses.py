@@ -180,3 +180,16 @@ def test_overlong_shaping_reaches_the_advantages_rewards():
     # limit 6: 0 up to 2 tokens, -1 at 6, -1.5 at 8 (no floor beyond the limit)
     assert training_rewards(r, fixed, max_new_tokens=8) == pytest.approx([1.0, 0.0, -0.5])
     assert training_rewards(r, LossConfig(), max_new_tokens=8) == [1.0, 1.0, 1.0]
+
+
+def test_reward_scaling_maps_the_task_rewards_before_the_overlong_penalty():
+    """NeMo-RL's grpo.reward_scaling and its order: clamp to the source range, map
+    linearly onto the target range, then add the length penalty."""
+    comps = [Completion.of([7] * n, [-1.0] * n, [0] * n, "stop") for n in (2, 2, 6, 2)]
+    r = Rollout("g", Prompt(0, "1+2="), GroupResult("g", [1], comps, 0), [0.0, 0.25, 1.0, 3.0])
+    scaling = {"source_min": 0.0, "source_max": 1.0, "target_min": -1.0, "target_max": 1.0}
+    cfg = LossConfig(reward_scaling=scaling)
+    assert training_rewards(r, cfg, max_new_tokens=8) == pytest.approx([-1.0, -0.5, 1.0, 1.0])
+    both = LossConfig(reward_scaling=scaling, overlong={"buffer_tokens": 4})
+    # 6 tokens of 8 with a buffer of 4: -0.5 after the scaled 1.0
+    assert training_rewards(r, both, max_new_tokens=8) == pytest.approx([-1.0, -0.5, 0.5, 1.0])

@@ -77,6 +77,31 @@ class OverlongConfig(Block):
         return self.max_tokens if self.max_tokens is not None else max_new_tokens
 
 
+class RewardScalingConfig(Block):
+    """``loss.reward_scaling``: each task reward clamped to ``[source_min,
+    source_max]`` and mapped linearly onto ``[target_min, target_max]`` before its
+    advantage and before ``loss.overlong`` (NeMo-RL's ``grpo.reward_scaling``,
+    in NeMo-RL's order). The dynamic-sampling filter and ``reward_mean`` see the
+    task's own rewards."""
+
+    source_min: StrictFloat = 0.0
+    source_max: StrictFloat = 1.0
+    target_min: StrictFloat = 0.0
+    target_max: StrictFloat = 1.0
+
+    @model_validator(mode="after")
+    def _a_range(self) -> RewardScalingConfig:
+        if self.source_max <= self.source_min:
+            raise ValueError(f"reward_scaling.source_max={self.source_max:g} must be above "
+                             f"source_min={self.source_min:g}: the map divides by their span")
+        return self
+
+    def apply(self, reward: float) -> float:
+        clamped = min(max(reward, self.source_min), self.source_max)
+        span = (self.target_max - self.target_min) / (self.source_max - self.source_min)
+        return self.target_min + (clamped - self.source_min) * span
+
+
 class LossConfig(Block):
     clip_eps: PosFloat = 0.2
     #: Upper clip (None: same as clip_eps). Larger values are "clip-higher".
@@ -132,6 +157,8 @@ class LossConfig(Block):
     truncated: Literal["keep", "mask", "zero_reward"] = "keep"
     #: DAPO's length penalty on the reward (None: off).
     overlong: OverlongConfig | None = None
+    #: A linear rescale of the task's rewards before the above (None: off).
+    reward_scaling: RewardScalingConfig | None = None
 
     @property
     def min_group_size(self) -> int:
@@ -184,4 +211,4 @@ class LossConfig(Block):
         return self
 
 
-__all__ = ["DualClip", "LossConfig", "MismatchConfig", "OverlongConfig"]
+__all__ = ["DualClip", "LossConfig", "MismatchConfig", "OverlongConfig", "RewardScalingConfig"]

@@ -247,7 +247,6 @@ def _yaml(value: Any) -> str:
     return json.dumps(value).replace('"', "")
 
 
-_DYNAMIC = "dynamic sampling is issue 32, not in asyncrl yet"
 _NO_ADV_EDIT = "asyncrl does not rewrite advantages after the baseline yet"
 
 #: NeMo-RL's ``grpo`` and ``loss_fn`` keys (v0.4.0's grpo_math_1B.yaml and
@@ -284,11 +283,15 @@ NEMO_RL_RECIPE_KEYS: tuple[RecipeKey, ...] = (
     RecipeKey("grpo.advantage_clip_low", "off_only", note=_NO_ADV_EDIT),
     RecipeKey("grpo.advantage_clip_high", "off_only", note=_NO_ADV_EDIT),
     RecipeKey("grpo.seed", "mapped", "seed", "the run's seed"),
-    RecipeKey("grpo.use_dynamic_sampling", "off_only", off=False, note=_DYNAMIC),
-    RecipeKey("grpo.dynamic_sampling_max_gen_batches", "no_effect",
-              note="dynamic sampling is off"),
-    RecipeKey("grpo.batch_multiplier", "off_only", off=1,
-              note="it sizes dynamic sampling's rounds; " + _DYNAMIC),
+    RecipeKey("grpo.use_dynamic_sampling", "mapped", "grpo.dynamic_sampling.filter",
+              "true: `zero_variance` (a group whose rewards are all equal is filtered when "
+              "it is committed, and replaced); false: asyncrl's own setting"),
+    RecipeKey("grpo.dynamic_sampling_max_gen_batches", "mapped",
+              "grpo.dynamic_sampling.max_gen_batches",
+              "with `use_dynamic_sampling: true` (the filter's budget); no effect otherwise"),
+    RecipeKey("grpo.batch_multiplier", "mapped", "grpo.dynamic_sampling.batch_multiplier",
+              "with `use_dynamic_sampling: true` (groups admitted per step, as a multiple "
+              "of `num_prompts_per_step`); otherwise it must be 1, as NeMo-RL requires"),
     RecipeKey("grpo.reward_shaping", "mapped", "loss.overlong",
               "`enabled: true`: DAPO's overlong penalty, `{buffer_tokens: "
               "overlong_buffer_length, penalty: overlong_buffer_penalty, max_tokens: "
@@ -297,8 +300,10 @@ NEMO_RL_RECIPE_KEYS: tuple[RecipeKey, ...] = (
     RecipeKey("grpo.adv_estimator", "no_effect",
               note="accepted with `name: grpo`, `minus_baseline: true` and the block's own "
                    "`normalize_rewards` / `use_leave_one_out_baseline`; otherwise refused"),
-    RecipeKey("grpo.reward_scaling", "off_only", off={"enabled": False},
-              note="asyncrl does not rescale rewards yet (`enabled: false`, other keys kept)"),
+    RecipeKey("grpo.reward_scaling", "mapped", "loss.reward_scaling",
+              "`enabled: true`: `{source_min, source_max, target_min, target_max}` (NeMo-RL's "
+              "defaults 0, 1, 0, 1 where absent): rewards clamped to the source range and "
+              "mapped linearly onto the target range, before `reward_shaping`"),
     RecipeKey("grpo.seq_logprob_error_threshold", "off_only",
               note="asyncrl does not mask sequences by their log-prob error yet"),
     RecipeKey("grpo.invalid_tool_call_advantage", "off_only", note=_NO_ADV_EDIT),

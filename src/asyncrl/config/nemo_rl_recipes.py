@@ -186,6 +186,39 @@ def _overlong(value: Any, _blocks: dict[str, Any]) -> Any:
             "max_tokens": value.get("max_response_length")}
 
 
+def _dynamic(key: str) -> Callable[[Any, dict[str, Any]], Any]:
+    """``grpo.{batch_multiplier, dynamic_sampling_max_gen_batches}``: taken with
+    ``use_dynamic_sampling: true``; without it NeMo-RL ignores the budget and
+    requires a multiplier of 1 (so does asyncrl: its own setting stays)."""
+    def convert(value: Any, pasted: dict[str, Any]) -> Any:
+        if pasted["grpo"].get("use_dynamic_sampling"):
+            return value
+        if key == "batch_multiplier" and value != 1:
+            raise ConfigError(f"grpo.batch_multiplier={value!r} over-samples for dynamic "
+                              "sampling, which is off: set grpo.use_dynamic_sampling: true, "
+                              "or batch_multiplier: 1")
+        return _SKIP
+    return convert
+
+
+#: NeMo-RL's reward_scaling defaults (its RewardScalingConfig), for the keys a
+#: pasted block leaves out.
+_SCALING = {"source_min": 0.0, "source_max": 1.0, "target_min": 0.0, "target_max": 1.0}
+
+
+def _scaling(value: Any, _pasted: dict[str, Any]) -> Any:
+    if not isinstance(value, dict):
+        raise ConfigError("grpo.reward_scaling: a block {enabled, source_min, source_max, "
+                          "target_min, target_max}")
+    if not value.get("enabled", False):
+        return _SKIP
+    unknown = sorted(set(value) - {"enabled", *_SCALING})
+    if unknown:
+        raise ConfigError(f"grpo.reward_scaling.{unknown[0]}: unknown key (NeMo-RL's are "
+                          "enabled, source_min, source_max, target_min, target_max)")
+    return {k: float(value.get(k, default)) for k, default in _SCALING.items()}
+
+
 def _check_estimator(value: Any, grpo: dict[str, Any]) -> None:
     ok = (isinstance(value, dict) and value.get("name", "grpo") == "grpo"
           and value.get("minus_baseline", True) is True)
@@ -205,6 +238,10 @@ _CONVERT: dict[str, Callable[[Any, dict[str, Any]], Any]] = {
     "grpo.use_leave_one_out_baseline": _flag("leave_one_out", "group_mean"),
     "grpo.overlong_filtering": _flag("mask"),
     "grpo.reward_shaping": _overlong,
+    "grpo.use_dynamic_sampling": _flag("zero_variance"),
+    "grpo.batch_multiplier": _dynamic("batch_multiplier"),
+    "grpo.dynamic_sampling_max_gen_batches": _dynamic("dynamic_sampling_max_gen_batches"),
+    "grpo.reward_scaling": _scaling,
     "loss_fn.use_importance_sampling_correction": _flag("decoupled"),
     "loss_fn.truncated_importance_sampling_ratio": _is_cap,
     "loss_fn.truncated_importance_sampling_type": _mismatch,

@@ -93,6 +93,10 @@ class SimulateConfig(Block):
     train_per_group_s: NonNegFloat = 0.0
     weight_sync_s: NonNegFloat = 2.0
     failure_rate: Annotated[StrictFloat, Field(ge=0, lt=1)] = 0.0
+    #: Probability that a prompt's group comes back with all rewards equal (all
+    #: right or all wrong), which ``grpo.dynamic_sampling``'s filter drops: it
+    #: cost its generation and is replaced. Tied to the prompt, like its latency.
+    filter_rate: Annotated[StrictFloat, Field(ge=0, lt=1)] = 0.0
     #: Tokens every completion generates per second of its group's latency (the
     #: token model of the time-based latency distributions; ``tokens`` latency
     #: has lengths of its own).

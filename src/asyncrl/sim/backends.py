@@ -39,6 +39,14 @@ Modelling choices (docs/simulate.md explains them for users):
   tokens over its latency, and each token carries the weight version the
   engine held when it was sampled, so a group that spans an update reports
   the update at the right token.
+* **Rewards** say only whether a group carries signal: with probability
+  ``filter_rate`` all of a group's rewards are equal (``[0, 0, ...]``: what
+  ``grpo.dynamic_sampling``'s ``zero_variance`` filter drops at commit),
+  otherwise one completion is right (``[1, 0, ...]``). Which prompts come back
+  flat is tied to the prompt id, from a stream of its own (common random
+  numbers again: it changes no latency or failure draw), and holds for every
+  attempt of the prompt. The real controller applies the filter, so a filtered
+  group costs its generation and is replaced exactly as in a run.
 * **Abort** takes ``abort_s`` (the engine call, awaited by the train pump),
   then wakes each group's latency wait and frees its slot; the partial slot
   time counts as busy (the compute was spent, then wasted).
@@ -131,6 +139,7 @@ class SimEngine:
         rollout_slots: int,
         seed: int = 0,
         failure_rate: float = 0.0,
+        filter_rate: float = 0.0,
         weight_sync_s: float = 0.0,
         record_intervals: bool = True,
         tokens_per_s: float = 20.0,
@@ -142,9 +151,12 @@ class SimEngine:
             raise ValueError(f"rollout_slots must be >= 1, got {rollout_slots}")
         if not 0.0 <= failure_rate < 1.0:
             raise ValueError(f"failure_rate must be in [0, 1), got {failure_rate}")
+        if not 0.0 <= filter_rate < 1.0:
+            raise ValueError(f"filter_rate must be in [0, 1), got {filter_rate}")
         self.latency = latency
         self.rollout_slots = rollout_slots
         self.failure_rate = failure_rate
+        self.filter_rate = filter_rate
         self.weight_sync_s = weight_sync_s
         self.tokens_per_s = tokens_per_s
         self.pause_during_sync = pause_during_sync
@@ -169,6 +181,10 @@ class SimEngine:
         self._retries_drawn = 0
         self._first_coin = _Stream(component_rng(seed, "failure"), _uniforms)
         self._retry_coin = component_rng(seed, "failure-retry").random
+        #: Whether prompt k's groups come back flat (all rewards equal): the k-th
+        #: draw; prompts without a numeric id draw in the order they come.
+        self._flat_coin = _Stream(component_rng(seed, "filter"), _uniforms)
+        self._flat_other = component_rng(seed, "filter-other").random
         self._running: dict[GroupId, _Run] = {}
         #: Load-dependent latency: the fleet decodes as one shared engine.
         self._decoder = (SharedDecoder(latency.seconds_per_token)
@@ -177,6 +193,7 @@ class SimEngine:
         self._abort_queued: set[GroupId] = set()
         self._completions = CompletionFactory()
         self._rewards: dict[int, list[float]] = {}
+        self._flat_rewards: dict[int, list[float]] = {}
         self.record_intervals = record_intervals
         #: (start, end, outcome) per slot occupancy; outcome ok / failed / aborted.
         #: ``aborts`` counts attempts stopped while they held a slot.
@@ -184,6 +201,8 @@ class SimEngine:
         self.busy_slot_s = 0.0
         self.attempts = 0
         self.failures = 0
+        #: Groups generated with all rewards equal (``filter_rate``).
+        self.flat_groups = 0
         self.aborts = 0
         self.syncs = 0
         self._busy_now = 0
@@ -268,8 +287,11 @@ class SimEngine:
         if pinned is not None:  # deterministic mode: every token of the pinned version
             held, since = pinned, len(self._updates)
         updates = self._updates
+        # One cheap branch when filter_rate is 0: the hot path stays as it was.
+        flat = self.filter_rate > 0 and self.is_flat(request.prompt.prompt_id)
         return self._result(gid, request.num_generations, start_version,
-                            work, a0, held, updates[since:] if since < len(updates) else ())
+                            work, a0, held, updates[since:] if since < len(updates) else (),
+                            flat)
 
     async def update_weights(self, weights: Any, version: int) -> None:
         loop = asyncio.get_running_loop()
@@ -373,21 +395,36 @@ class SimEngine:
             fail = p > 0 and self._retry_coin() < p
         return latency, fail
 
+    def is_flat(self, prompt_id: Any) -> bool:
+        """Whether prompt ``prompt_id``'s groups come back with all rewards equal
+        (drawn once per numeric prompt id, whatever the attempt or the order)."""
+        p = self.filter_rate
+        if isinstance(prompt_id, int) and prompt_id >= 0:
+            return self._flat_coin.at(prompt_id) < p
+        return self._flat_other() < p
+
     def first_attempt_latency(self, prompt_id: int) -> float:
         """The latency the first attempt of prompt ``prompt_id`` takes (or would
         take) with the fleet otherwise idle (the time-based models ignore the load)."""
         return self.latency.work(self._first.at(prompt_id), 1, self.tokens_per_s).latency
 
     def _result(self, gid: GroupId, n: int, start_version: int, work: Work, a0: float,
-                held: int, updates: Sequence[tuple[float, int]]) -> GroupResult:
+                held: int, updates: Sequence[tuple[float, int]], flat: bool) -> GroupResult:
         """The group's ``n`` completions, generated over ``work`` from active time
-        ``a0`` with version ``held`` and then the ``updates`` that landed meanwhile. The
-        rewards list is shared: nothing downstream mutates it, and allocating a
-        fresh one per group is measurable at 64k groups."""
+        ``a0`` with version ``held`` and then the ``updates`` that landed meanwhile;
+        its rewards all equal (``flat``) or not. The rewards lists are shared:
+        nothing downstream mutates them, and allocating a fresh one per group is
+        measurable at 64k groups."""
         completions = self._completions.group(n, work, a0, held, updates)
-        rewards = self._rewards.get(n)
-        if rewards is None:
-            rewards = self._rewards[n] = [0.0] * n
+        if flat:
+            self.flat_groups += 1
+            rewards = self._flat_rewards.get(n)
+            if rewards is None:
+                rewards = self._flat_rewards[n] = [0.0] * n
+        else:
+            rewards = self._rewards.get(n)
+            if rewards is None:  # one right answer: the group has signal (n >= 2)
+                rewards = self._rewards[n] = [1.0] + [0.0] * (n - 1)
         return GroupResult(gid, [0], completions, start_version, rewards)
 
 

@@ -20,7 +20,10 @@ What a run directory records and what is fitted from it (docs/simulate.md, secti
   sync: on steps that aborted groups the extra is ``abort_s`` (the engine's
   abort call and its bookkeeping), the rest goes to ``train_step_s``;
 * the fleet: ``rollout_slots`` = engines x ``max_batch_sequences //
-  num_generations_per_prompt``; ``failure_rate`` from the failed attempts.
+  num_generations_per_prompt``; ``failure_rate`` from the failed attempts;
+* ``filter_rate`` (``ledger.jsonl``): the groups the dynamic-sampling filter
+  dropped among those whose rewards were known (filtered, trained or evicted);
+  0 for a run without a filter.
 
 The first step is left out (it carries the run's warm-up: first forward passes,
 allocator growth), so the fit describes the steady state; a run of fewer than
@@ -31,6 +34,7 @@ allocator growth), so the fit describes the steady state; a run of fewer than
 from __future__ import annotations
 
 import bisect
+import collections
 import dataclasses
 import itertools
 import math
@@ -101,7 +105,8 @@ class Calibration:
             f"{sim.train_step_s:.4g}s per step, weight sync {sim.weight_sync_s:.4g}s "
             f"({'generation pauses' if sim.pause_generation_during_sync else 'generation goes on'}"
             f"), abort {sim.abort_s:.4g}s; "
-            f"{sim.rollout_slots} rollout slots, failure rate {sim.failure_rate:.3g}",
+            f"{sim.rollout_slots} rollout slots, failure rate {sim.failure_rate:.3g}, "
+            f"filter rate {sim.filter_rate:.3g}",
             f"  the run itself, measured vs simulated: steps/s {f['measured_steps_per_s']:.4g} "
             f"vs {f['simulated_steps_per_s']:.4g}, staleness mean "
             f"{f['measured_staleness_mean']:.3g} vs {f['simulated_staleness_mean']:.3g}",
@@ -120,8 +125,8 @@ def calibrate(run_dir: str | Path, overrides: Sequence[str] = ()) -> Calibration
     cfg = _run_config(run)
     records = _read_records(run, "metrics.jsonl", "one record per training step")
     intervals = _read_timeline(run)
-    groups = [g for g in _read_records(run, "ledger.jsonl", "one record per prompt group")
-              if g.get("gen_start") is not None and g.get("tokens")]
+    ledger = _read_records(run, "ledger.jsonl", "one record per prompt group")
+    groups = [g for g in ledger if g.get("gen_start") is not None and g.get("tokens")]
     if len(groups) < MIN_GROUPS:
         raise ConfigError(
             f"{run / 'ledger.jsonl'}: {len(groups)} groups with generation timings and tokens, "
@@ -153,6 +158,7 @@ def calibrate(run_dir: str | Path, overrides: Sequence[str] = ()) -> Calibration
         "rollout_slots": engines * max(1, cfg.policy.generation.max_batch_sequences // n_gen),
         "generation_latency_s": latency,
         "failure_rate": min(failed / len(gens), 0.99) if gens else 0.0,
+        "filter_rate": filter_rate(ledger),
         "pause_generation_during_sync": bool(pauses),
         **trainer,
     }
@@ -204,6 +210,16 @@ class _Flow(list):  # type: ignore[type-arg]
 
 
 # ------------------------------------------------------------------- reading
+def filter_rate(ledger: Sequence[dict[str, Any]]) -> float:
+    """The fraction of committed groups (rewards known: ``filtered``, ``trained``
+    or ``evicted``) that the filter dropped; 0 when none was (a run without a
+    filter, or a ledger older than the filter). Capped like ``failure_rate``: the
+    block takes values below 1."""
+    states = collections.Counter(g.get("state") for g in ledger)
+    committed = states["filtered"] + states["trained"] + states["evicted"]
+    return min(states["filtered"] / committed, 0.99) if committed else 0.0
+
+
 def _run_config(run: Path) -> RunConfig:
     path = run / "config.yaml"
     if not path.is_file():

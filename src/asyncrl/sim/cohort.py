@@ -32,7 +32,8 @@ aggregates only.
 
 What it covers (:func:`check` refuses the rest, naming the field): built-in
 samplers (not ``sample_freshest_first``), time-based latency models, no
-failures, no pause during sync, no abort time, not deterministic.
+failures, no dynamic-sampling filter rate or over-sampling, no pause during
+sync, no abort time, not deterministic.
 docs/simulate.md compares the two modes.
 """
 
@@ -88,6 +89,12 @@ def check(cfg: RunConfig, sampler_cfg: Any, latency: LatencyModel) -> None:
                         "mode needs a time-based model (constant, lognormal, bimodal, empirical)")
     if sim.failure_rate:
         problems.append(f"simulate.failure_rate={sim.failure_rate:g}: set it to 0")
+    if sim.filter_rate:
+        problems.append(f"simulate.filter_rate={sim.filter_rate:g}: set it to 0 (cohort "
+                        "mode has no dynamic-sampling filter)")
+    if cfg.grpo.dynamic_sampling.batch_multiplier != 1.0:
+        problems.append("grpo.dynamic_sampling.batch_multiplier="
+                        f"{cfg.grpo.dynamic_sampling.batch_multiplier:g}: set it to 1")
     if sim.pause_generation_during_sync:
         problems.append("simulate.pause_generation_during_sync: set it to false")
     if sim.abort_s:

@@ -66,11 +66,13 @@ def physical_bound(cfg: RunConfig, latency: LatencyModel | None = None, *,
     * trainer: ``train_step_s + weight_sync_s + train_per_group_s * n +
       train_per_token_s * (expected completion tokens of n groups)``: the train
       pump does all of it, one step after the other;
-    * generation: ``n * E[latency] / (1 - failure_rate) / rollout_slots``: a step
-      consumes ``n`` groups, each occupying a slot for its latency, and a failed
-      attempt costs a whole latency too (``1 / (1 - p)`` attempts per group on
-      average); ``rollout_slots`` of them run at once at best (a latency that
-      grows with the load is taken at full load, where the fleet is fastest).
+    * generation: ``n * E[latency] / ((1 - failure_rate) (1 - f)) / rollout_slots``:
+      a step consumes ``n`` groups, each occupying a slot for its latency, and a
+      failed attempt costs a whole latency too (``1 / (1 - p)`` attempts per
+      group on average), as does a group the dynamic-sampling filter drops
+      (``f``: :func:`filtered_fraction`, ``1 / (1 - f)`` groups per trained one);
+      ``rollout_slots`` of them run at once at best (a latency that grows with
+      the load is taken at full load, where the fleet is fastest).
     """
     sim = _sim_block(cfg)
     model = latency if latency is not None else make_latency_model(
@@ -80,8 +82,16 @@ def physical_bound(cfg: RunConfig, latency: LatencyModel | None = None, *,
     trainer = (sim.train_step_s + sim.weight_sync_s + sim.train_per_group_s * n
                + sim.train_per_token_s * tokens)
     generation = (n * model.mean_at(sim.rollout_slots) / (1.0 - sim.failure_rate)
-                  / sim.rollout_slots)
+                  / (1.0 - filtered_fraction(cfg)) / sim.rollout_slots)
     return Bound(trainer, generation)
+
+
+def filtered_fraction(cfg: RunConfig) -> float:
+    """The fraction of finished groups the run filters: ``simulate.filter_rate``
+    (the groups that come back with equal rewards) when ``grpo.dynamic_sampling``
+    has a filter, else 0 (without one those groups are trained like any other)."""
+    sim = _sim_block(cfg)
+    return sim.filter_rate if cfg.grpo.dynamic_sampling.enabled else 0.0
 
 
 def _sim_block(cfg: RunConfig) -> SimulateConfig:
@@ -129,7 +139,8 @@ def simulate(
                              bound=physical_bound(cfg, latency), note=note,
                              record_intervals=record_intervals, on_step=on_step)
     engine = SimEngine(latency, rollout_slots=sim.rollout_slots, seed=cfg.seed,
-                       failure_rate=sim.failure_rate, weight_sync_s=sim.weight_sync_s,
+                       failure_rate=sim.failure_rate, filter_rate=sim.filter_rate,
+                       weight_sync_s=sim.weight_sync_s,
                        record_intervals=record_intervals, tokens_per_s=sim.tokens_per_s,
                        pause_during_sync=sim.pause_generation_during_sync,
                        abort_s=sim.abort_s,
@@ -334,4 +345,5 @@ def compare(
 
 #: ROW_KEYS, Bound and SimResult are re-exported: callers import them from here.
 __all__ = ["BUILTIN_POLICIES", "NO_SIMULATE_BLOCK", "ROW_KEYS", "Bound", "SimResult", "compare",
-           "compare_window", "fit_capacity", "physical_bound", "policy_config", "simulate"]
+           "compare_window", "filtered_fraction", "fit_capacity", "physical_bound",
+           "policy_config", "simulate"]

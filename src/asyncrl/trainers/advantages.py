@@ -76,7 +76,10 @@ def overlong_penalty(length: int, *, limit: int, buffer: int, penalty: float) ->
 
 def shaped(reward: float, completion: Completion, cfg: LossConfig,
            max_new_tokens: int | None) -> float:
-    """``reward`` plus ``loss.overlong``'s penalty for ``completion``'s length."""
+    """``reward``, rescaled by ``loss.reward_scaling``, plus ``loss.overlong``'s
+    penalty for ``completion``'s length (NeMo-RL's order: scale, then shape)."""
+    if cfg.reward_scaling is not None:
+        reward = cfg.reward_scaling.apply(reward)
     over = cfg.overlong
     if over is None:
         return reward

@@ -74,9 +74,9 @@ def token_masks(rollout: Rollout, *, step: int, cfg: LossConfig,
 def training_rewards(rollout: Rollout, cfg: LossConfig,
                      max_new_tokens: int | None = None) -> list[float]:
     """The rewards the advantages are computed from: the group's own, except that
-    ``loss.truncated: zero_reward`` gives a truncated completion 0, and
-    ``loss.overlong`` adds DAPO's length penalty (up to ``max_new_tokens`` when
-    its ``max_tokens`` is unset)."""
+    ``loss.truncated: zero_reward`` gives a truncated completion 0,
+    ``loss.reward_scaling`` rescales the others and ``loss.overlong`` adds DAPO's
+    length penalty (up to ``max_new_tokens`` when its ``max_tokens`` is unset)."""
     out = []
     for c, r in zip(rollout.result.completions, rollout.rewards):
         if cfg.truncated == "zero_reward" and c.finish_reason == "length":
