@@ -15,7 +15,7 @@ import pytest
 
 from asyncrl.config import load_config
 from asyncrl.sim.calibrate import calibrate, steps_per_s
-from asyncrl.sim.runner import simulate
+from asyncrl.sim.runner import fit_capacity, simulate
 
 from .helpers import periods, sim_config
 from .test_calibrate import run_config, write_run
@@ -88,3 +88,14 @@ def test_calibration_fits_the_filter_rate_and_predicts_the_run(tmp_path: Path) -
         update={"simulate": fit}))
     measured = [json.loads(x) for x in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
     assert steps_per_s(predicted.records) == pytest.approx(steps_per_s(measured), rel=0.15)
+
+
+def test_a_comparison_fits_the_capacity_of_over_sampled_batches() -> None:
+    # --compare raises a policy's capacity to what it needs: with 1.5x over-sampling
+    # in_order (lookahead 1) needs 2 batches of ceil(1.5 x 8) = 12 groups, not 16.
+    cfg = sim_config(policy="in_order", window=1, n=8, slots=4, latency=L, train_step_s=1.0,
+                     steps=5, capacity=8, inflight=8, min_chunk=1, filter_rate=0.5,
+                     dynamic_sampling={**ZERO_VARIANCE, "batch_multiplier": 1.5})
+    raised, note = fit_capacity(cfg, {"name": "in_order", "max_lookahead_versions": 1})
+    assert raised.async_rl.max_buffered_rollouts == 24 and "8->24" in note
+    assert simulate(raised, steps=5).ledger["balanced"]

@@ -24,7 +24,12 @@ from asyncrl.controller import Controller
 from asyncrl.controller.stats import KEEP_RECORDS
 from asyncrl.errors import ConfigError
 from asyncrl.metrics import MemorySink
-from asyncrl.sampling import WINDOW_FIELD, create_sampler, parse_sampler_config
+from asyncrl.sampling import (
+    WINDOW_FIELD,
+    OverSamplingSampler,
+    create_sampler,
+    parse_sampler_config,
+)
 from asyncrl.sim.backends import SimEngine, SimTask, SimTrainer
 from asyncrl.sim.clock import LoopKind, run_virtual
 from asyncrl.sim.cohort import cohort_result
@@ -300,7 +305,10 @@ def fit_capacity(cfg: RunConfig, sampler_cfg: Any) -> tuple[RunConfig, str]:
     """
     n = cfg.grpo.num_prompts_per_step
     have = cfg.async_rl.max_buffered_rollouts
-    need = create_sampler(RolloutBuffer(max(have, 1)), sampler_cfg).required_buffer_capacity(n)
+    sampler = create_sampler(RolloutBuffer(max(have, 1)), sampler_cfg)
+    if isinstance(sampler, OverSamplingSampler):  # the capacity of over-sampled batches
+        sampler.set_batch_multiplier(cfg.grpo.dynamic_sampling.batch_multiplier)
+    need = sampler.required_buffer_capacity(n)
     if need is None or need <= have:
         return cfg, ""
     raised = cfg.model_copy(update={
