@@ -125,14 +125,14 @@ async def test_remove_drains_a_server_letting_its_groups_finish() -> None:
 async def test_refused_commands_change_nothing() -> None:
     a, dead = FakeServer("http://a:1"), FakeServer("http://dead:1", answers=False)
     async with engine_over(a, spare=(dead,), max_size=1) as engine:
-        with pytest.raises(FleetError, match="above policy.vllm_server.max_servers=1"):
+        with pytest.raises(FleetError, match=r"above policy\.vllm_server\.max_servers=1"):
             await engine.fleet.add("http://dead:1")
         engine.fleet.max_size = 3
         with pytest.raises(FleetError, match="no vLLM server answers at http://dead:1"):
             await engine.fleet.add("http://dead:1")
         with pytest.raises(FleetError, match="already serves"):
             await engine.fleet.add("http://a:1")
-        with pytest.raises(FleetError, match="below policy.vllm_server.min_servers=1"):
+        with pytest.raises(FleetError, match=r"below policy\.vllm_server\.min_servers=1"):
             await engine.fleet.remove("http://a:1")
         with pytest.raises(FleetError, match="cannot start more"):
             await engine.fleet.scale(2)
