@@ -59,6 +59,23 @@ def test_step_change_of_slots_matches_the_closed_form() -> None:
         result.engine.busy_slot_s / cfg.simulate.slot_seconds(result.virtual_time_s))
 
 
+def test_a_scheduled_change_is_a_fleet_change_for_the_controller(caplog) -> None:
+    """The controller hears of every scheduled change as of a real one (the
+    event the autopilot re-plans on): here the in-flight bound 4 leaves slots
+    idle once the fleet has 12, which the re-check says."""
+    cfg = sim_config(policy="in_order", window=1, n=4, steps=20, slots=4, latency=L,
+                     train_step_s=0.0, weight_sync_s=0.0, inflight=4)
+    cfg = _with_fleet(cfg, [{"at_s": 20.0, "rollout_slots": 12},
+                            {"at_s": 45.0, "rollout_slots": 2}])
+    with caplog.at_level("INFO", logger="asyncrl.controller"):  # the simulator keeps warnings
+        result = simulate(cfg)
+    assert result.ledger["balanced"]
+    notes = [r.getMessage() for r in caplog.records if "generation slots" in r.getMessage()]
+    assert notes == ["note: async_rl.max_inflight_prompts=4 is below the fleet's 12 generation "
+                     "slots: 8 stay idle; raise it with a re-tune (or let the autopilot) to "
+                     "use them"]
+
+
 def test_a_fleet_schedule_is_deterministic() -> None:
     cfg = sim_config(policy="windowed", window=2, n=8, steps=20, slots=8,
                      latency={"distribution": "lognormal", "median": 10.0, "sigma": 0.8})

@@ -95,11 +95,13 @@ class FleetControl:
             notes.extend(self.fleet_changed())
         return {"ok": True, "lines": [*format_rows(self.rows(), self.ctx.version.value), *notes]}
 
-    def fleet_changed(self) -> list[str]:
+    def fleet_changed(self, slots: int | None = None) -> list[str]:
         """Check the slot-dependent facts again and tell the hooks; the notes say
-        what the new fleet means for the run's settings."""
+        what the new fleet means for the run's settings. ``slots``: the fleet's
+        generation slots now (None: counted from the elastic engines; the
+        simulator passes its own)."""
         check_derived_facts(self.ctx.sampler, self.ctx.grpo)  # a sampler may read the fleet
-        slots = self.slots()
+        slots = self.slots() if slots is None else slots
         bound = self._inflight_bound()
         notes = []
         if slots > bound:

@@ -152,6 +152,7 @@ def simulate(
             seed=cfg.seed, deterministic=cfg.deterministic, sinks=[sink],
             on_step_end=_step_hook if on_step is not None else None,
         )
+        engine.on_resize.append(controller.fleet.fleet_changed)  # what a real fleet change does
         engine.schedule_fleet()
         await controller.run()
 
