@@ -119,8 +119,8 @@ class FleetControl:
             names = ", ".join(sorted({type(e).__name__ for e in self.engines}))
             raise FleetError(
                 f"this run's engines ({names}) have a fixed fleet: asyncrl fleet changes the "
-                "servers of policy.engine: vllm_server (or the workers of cluster.backend: "
-                "ray); use one of those to change the fleet while the run goes on")
+                "servers of policy.engine: vllm_server; use it to change the fleet while the "
+                "run goes on")
         return next(iter(self.fleets.values()))
 
 
