@@ -141,3 +141,11 @@ async def test_refused_commands_change_nothing() -> None:
         assert health(engine) == {"http://a:1": "healthy"} and dead.calls == []
         a.release()
         assert (await engine.generate(request(0, engine))).completions[0].finish_reason == "stop"
+
+
+def test_the_engine_class_declares_its_fleet() -> None:
+    """Read from the class too (``asyncrl validate`` reads capabilities before
+    anything is built), not only from an instance."""
+    from asyncrl.engines import EngineCapabilities
+
+    assert EngineCapabilities.of(VLLMServerEngine).fleet

@@ -148,7 +148,7 @@ class VLLMServerEngine:
         self._sync_lock = asyncio.Lock()
         self._closed = False
         #: Servers joining and leaving while the run goes on (``asyncrl fleet``).
-        self.fleet = fleet(self) if fleet is not None else ServerFleet(
+        self._fleet = fleet(self) if fleet is not None else ServerFleet(
             self, client_for=lambda url, key: ServerClient(url, timeout_s=clients[0].timeout_s,
                                                            key=key))
 
@@ -220,6 +220,10 @@ class VLLMServerEngine:
     def context_length(self) -> int:
         """Longest prompt + completion every server takes (their ``max_model_len``)."""
         return min(s.max_model_len for s in self._servers)
+
+    @property
+    def fleet(self) -> ServerFleet:
+        return self._fleet
 
     @property
     def healthy(self) -> bool:
