@@ -47,21 +47,21 @@ class FleetControl:
         self.capabilities = list(capabilities)
         self._load = load
         self._inflight_bound = inflight_bound
-        #: The elastic fleets, by engine index (read once, like every capability).
+        #: The elastic fleet of each engine that has one, by index (read once, like
+        #: every capability); engines may share one (the Ray workers' proxies do).
         self.fleets: dict[int, ElasticFleet] = {
             i: e.fleet for i, (e, c) in enumerate(zip(self.engines, self.capabilities))  # type: ignore[attr-defined]
             if c.fleet}
+        self._unique = list({id(f): f for f in self.fleets.values()}.values())
         #: Called with the fleet's generation slots after every change (the autopilot's event).
         self.on_change: list[Callable[[int], None]] = []
 
     # ------------------------------------------------------------ reading
     def rows(self) -> list[FleetMember]:
         """Every engine's members (a fixed engine is one row)."""
-        out: list[FleetMember] = []
+        out: list[FleetMember] = [m for f in self._unique for m in f.members()]
         for i, engine in enumerate(self.engines):
-            fleet = self.fleets.get(i)
-            if fleet is not None:
-                out.extend(fleet.members())
+            if i in self.fleets:
                 continue
             healthy = not self.capabilities[i].healthy or engine.healthy  # type: ignore[attr-defined]
             out.append(FleetMember(f"engine {i} ({type(engine).__name__})", engine.weight_version,
@@ -69,7 +69,7 @@ class FleetControl:
         return out
 
     def slots(self) -> int:
-        return sum(fleet_slots(f.members()) for f in self.fleets.values())
+        return sum(fleet_slots(f.members()) for f in self._unique)
 
     # ------------------------------------------------------------ commands
     async def handle(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -119,9 +119,9 @@ class FleetControl:
             names = ", ".join(sorted({type(e).__name__ for e in self.engines}))
             raise FleetError(
                 f"this run's engines ({names}) have a fixed fleet: asyncrl fleet changes the "
-                "servers of policy.engine: vllm_server; use it to change the fleet while the "
-                "run goes on")
-        return next(iter(self.fleets.values()))
+                "servers of policy.engine: vllm_server, and the rollout workers of "
+                "cluster.backend: ray with cluster.rollout_workers: {min, max} set")
+        return self._unique[0]
 
 
 def _size(value: Any) -> int:
