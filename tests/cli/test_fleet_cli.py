@@ -56,10 +56,12 @@ def test_status_reaches_the_running_job_and_prints_its_lines(tmp_path, capsys) -
         assert main(["fleet", str(tmp_path), "status"]) == 0
         assert main(["fleet", str(tmp_path), "remove", "http://a:1", "--abort"]) == 0
         assert main(["fleet", str(tmp_path), "scale", "2"]) == 0
-    assert capsys.readouterr().out.count("http://a:1  3  2  healthy") == 3
+        assert main(["fleet", str(tmp_path), "remove", "worker 1"]) == 0
+    assert capsys.readouterr().out.count("http://a:1  3  2  healthy") == 4
     assert seen == [{"op": "status"},
                     {"op": "remove", "url": "http://a:1", "abort": True, "deadline_s": None},
-                    {"op": "scale", "size": 2}]
+                    {"op": "scale", "size": 2},
+                    {"op": "remove", "url": "worker 1", "abort": False, "deadline_s": None}]
     # Gone with the run: no socket and no pointer left behind.
     assert not (tmp_path / ".asyncrl.fleet.sock").exists()
     assert not (tmp_path / POINTER_FILE).exists()

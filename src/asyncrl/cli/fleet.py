@@ -4,6 +4,7 @@ change a running job's rollout fleet (docs/fleet.md)."""
 from __future__ import annotations
 
 import argparse
+import re
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -23,7 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "or drains servers (or Ray workers) until N serve.")
     p.add_argument("run_dir", help="the run directory of a running 'asyncrl train'")
     p.add_argument("action", choices=ACTIONS)
-    p.add_argument("target", nargs="?", help="add/remove: the server's URL; scale: N")
+    p.add_argument("target", nargs="?", help="add/remove: the server's URL (remove: or "
+                                             "'worker N', a Ray worker); scale: N")
     p.add_argument("--abort", action="store_true",
                    help="remove: abort the server's groups now and continue them elsewhere "
                         "from their tokens (default: let them finish)")
@@ -49,10 +51,13 @@ def message(args: argparse.Namespace) -> dict[str, Any]:
         except ValueError:
             raise FleetError(f"fleet scale N: N must be a whole number, got {target!r}") from None
         return {"op": "scale", "size": size}
+    if action == "remove" and re.fullmatch(r"worker\s*\d+", target.strip()):
+        return {"op": "remove", "url": target, "abort": args.abort, "deadline_s": args.deadline}
     parts = urlsplit(target)
     if parts.scheme not in ("http", "https") or not parts.netloc:
+        also = " (or 'worker N' for a Ray worker)" if action == "remove" else ""
         raise FleetError(f"fleet {action}: {target!r} is not a server URL; give one like "
-                         "http://HOST:PORT")
+                         f"http://HOST:PORT{also}")
     if action == "add":
         return {"op": "add", "url": target}
     return {"op": "remove", "url": target, "abort": args.abort, "deadline_s": args.deadline}
