@@ -31,6 +31,8 @@ How the protocol maps onto the servers:
   the other servers), weight syncs skip it, and only when none is left does the
   engine raise :class:`~asyncrl.errors.BackendLost`.
 * ``close`` - stops the servers asyncrl started (their whole process groups).
+* ``fleet`` - servers join and leave while the run goes on (``asyncrl fleet``;
+  :mod:`asyncrl.engines.vllm.server.fleet`).
 """
 
 from __future__ import annotations
