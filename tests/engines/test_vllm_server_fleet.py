@@ -149,3 +149,42 @@ def test_the_engine_class_declares_its_fleet() -> None:
     from asyncrl.engines import EngineCapabilities
 
     assert EngineCapabilities.of(VLLMServerEngine).fleet
+
+
+class FakeLaunched:
+    """What ``launch`` returns for a server asyncrl starts: its URL and key, and stop()."""
+
+    def __init__(self, server: FakeServer) -> None:
+        self.url, self.key, self.server, self.stopped = server.url, None, server, False
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+@virtual
+async def test_scale_starts_servers_that_join_loaded_and_drains_the_newest_first() -> None:
+    a = FakeServer("http://a:1")
+    made: list[FakeLaunched] = []
+
+    def start(count: int) -> list[FakeLaunched]:
+        new = [FakeLaunched(FakeServer(f"http://s{len(made) + i}:1")) for i in range(count)]
+        made.extend(new)
+        return new
+
+    engine = VLLMServerEngine(
+        [a], CharTokenizer("0123456789+= "), GenerationConfig(max_new_tokens=4),
+        fleet=lambda e: ServerFleet(e, min_size=1, max_size=3, start=start,
+                                    client_for=lambda url, key: next(
+                                        m.server for m in made if m.url == url)))
+    try:
+        await engine.update_weights(WEIGHTS, 1)
+        await engine.fleet.scale(3)
+        assert engine.urls == ["http://a:1", "http://s0:1", "http://s1:1"]
+        assert [m.server.reloads() for m in made] == [[1], [1]]  # loaded before serving
+        await engine.fleet.scale(1)
+        assert engine.urls == ["http://a:1"] and [m.stopped for m in made] == [True, True]
+        with pytest.raises(FleetError, match="below"):
+            await engine.fleet.scale(0)
+    finally:
+        a.release()
+        await engine.close()
