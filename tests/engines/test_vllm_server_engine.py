@@ -26,7 +26,7 @@ from asyncrl.engines import RolloutEngine, WeightTransport
 from asyncrl.engines.vllm.server.engine import VLLMServerEngine
 from asyncrl.engines.vllm.server.launch import KEY_ENV
 from asyncrl.engines.vllm.setup import descendants
-from asyncrl.errors import ConfigError
+from asyncrl.errors import ConfigError, FleetError
 from asyncrl.policy.build import build_policy
 from asyncrl.run.fleet_channel import request as fleet_request
 from asyncrl.run.options import trainer_options
@@ -249,6 +249,10 @@ def fleet_changes_mid_run(engine: VLLMServerEngine, run_dir: Path, first: str, s
     async def stream(path, body):
         if server.version >= 1 and "adding" not in seen:
             seen["adding"] = True  # before the await: groups stream here concurrently
+            seen["refused"] = [await asyncio.to_thread(refused, run_dir, message) for message in (
+                {"op": "add", "url": "http://127.0.0.1:9"},  # nothing listens there
+                {"op": "remove", "url": first},  # the only server: below min_servers
+                {"op": "scale", "size": 3})]  # above max_servers
             seen["added"] = await asyncio.to_thread(
                 fleet_request, run_dir, {"op": "add", "url": second})
             joined = next(s for s in engine._servers if s.client.url == second)
@@ -270,6 +274,12 @@ def fleet_changes_mid_run(engine: VLLMServerEngine, run_dir: Path, first: str, s
     server.client.stream = stream
 
 
+def refused(run_dir: Path, message: dict) -> str:
+    with pytest.raises(FleetError) as refusal:
+        fleet_request(run_dir, message)
+    return str(refusal.value)
+
+
 def test_a_run_grows_to_two_servers_then_hands_the_first_ones_groups_over(fleet, tmp_path):
     """Issue 35's acceptance on real servers: a synchronous run on one server;
     after step 1 ``fleet add`` joins the second (at the newest weights), after
@@ -285,6 +295,12 @@ def test_a_run_grows_to_two_servers_then_hands_the_first_ones_groups_over(fleet,
     fleet_changes_mid_run(engine, tmp_path / "run", fleet.urls[0], fleet.urls[1], seen)
     summary = train(cfg, tmp_path / "run", backends=([engine], trainer))
     assert summary["ledger"]["balanced"] and summary["steps"] == 3
+    # Refused mid-run, one line each, the run unaffected (it went on to finish).
+    no_server, below, above = seen["refused"]
+    assert "no vLLM server answers at http://127.0.0.1:9" in no_server
+    assert "below policy.vllm_server.min_servers=1" in below
+    assert "above policy.vllm_server.max_servers=2" in above
+    assert all("\n" not in line for line in seen["refused"])
     assert any("added " + fleet.urls[1] in line for line in seen["added"])
     held, newest, salt = seen["second_first"]
     assert held == newest and salt == f"v{newest}"  # its first group: the newest weights
