@@ -38,7 +38,9 @@ class FleetMember:
     version: int  # the weight version it holds
     inflight: int  # groups it generates now
     health: Health
-    #: Groups it may generate at once (its share of the fleet's generation slots).
+    #: Groups it can generate at once, at least: its share of the fleet's
+    #: generation slots (the simulator's slots; 1 for a server or worker, which
+    #: takes one group at the least - its real batch capacity is not counted).
     slots: int = 1
 
 
