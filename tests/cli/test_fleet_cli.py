@@ -118,3 +118,26 @@ def test_a_long_run_directory_gets_its_socket_in_a_private_directory(tmp_path, c
         assert path.parent != deep and (deep / POINTER_FILE).read_text().strip() == str(path)
         assert main(["fleet", str(deep), "status"]) == 0
     assert not path.exists() and not path.parent.exists()
+
+
+def test_a_run_dir_where_no_socket_can_be_made_only_loses_the_channel(tmp_path, caplog,
+                                                                     monkeypatch) -> None:
+    """A filesystem without sockets (and no temporary directory either): the run
+    goes on without a channel, and says so."""
+    import asyncrl.run.fleet_channel as channel
+
+    async def refuse(*args, **kwargs):
+        raise OSError("Operation not supported")
+
+    monkeypatch.setattr(channel.asyncio, "start_unix_server", refuse)
+
+    async def handle(request):  # pragma: no cover - no channel
+        raise AssertionError(request)
+
+    async def run():
+        async with fleet_channel(tmp_path, handle) as path:
+            return path
+
+    assert asyncio.run(run()) is None
+    assert "asyncrl fleet is unavailable for this run" in caplog.text
+    assert not (tmp_path / POINTER_FILE).exists()

@@ -47,10 +47,11 @@ Handler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 
 
 @contextlib.asynccontextmanager
-async def fleet_channel(run_dir: str | Path, handle: Handler) -> AsyncIterator[Path]:
+async def fleet_channel(run_dir: str | Path, handle: Handler) -> AsyncIterator[Path | None]:
     """Serve fleet commands with ``handle`` meanwhile (call it while holding the
-    run's lock). Yields the socket's path; on exit the socket, its pointer and
-    any command still being carried out are gone."""
+    run's lock). Yields the socket's path (None: no socket could be made, which
+    is logged; the run goes on); on exit the socket, its pointer and any command
+    still being carried out are gone."""
     run_dir = Path(run_dir)
     path, private = _socket_path(run_dir)
     with contextlib.suppress(FileNotFoundError):
@@ -69,7 +70,21 @@ async def fleet_channel(run_dir: str | Path, handle: Handler) -> AsyncIterator[P
             busy.discard(asyncio.current_task())  # type: ignore[arg-type]
             writer.close()
 
-    server = await asyncio.start_unix_server(serve, path=str(path), limit=MAX_LINE)
+    try:
+        server = await asyncio.start_unix_server(serve, path=str(path), limit=MAX_LINE)
+    except OSError as exc:
+        if private is None:  # a filesystem without sockets: a private directory may have them
+            private = Path(tempfile.mkdtemp(prefix="asyncrl-fleet-"))
+            path = private / "s"
+        try:
+            server = await asyncio.start_unix_server(serve, path=str(path), limit=MAX_LINE)
+        except OSError:
+            shutil.rmtree(private, ignore_errors=True)
+            # The run goes on; only its fleet cannot be changed.
+            log.warning("asyncrl fleet is unavailable for this run: no Unix socket could be "
+                        "made (%s)", exc)
+            yield None
+            return
     pointer = run_dir / POINTER_FILE
     pointer.write_text(f"{path}\n")
     try:
