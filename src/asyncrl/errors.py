@@ -181,6 +181,22 @@ class EngineUnavailable(RolloutFailure, RuntimeError):
     kind: ClassVar[FailureKind] = "infra"
 
 
+class EngineLeft(EngineUnavailable):
+    """The engine running an attempt left the fleet (``asyncrl fleet remove
+    --abort``): the group was aborted there with the tokens it had
+    (``partial``), and the controller continues it on another engine from them,
+    as a resumed checkpoint continues a group (counted in ``groups_continued``)."""
+
+    def __init__(self, message: str, partial: object = None) -> None:
+        super().__init__(message)
+        self.partial = partial
+
+
+class FleetError(AsyncRLError, ValueError):
+    """A fleet command (``asyncrl fleet``) cannot be carried out; the message
+    says why and what to do. The run is unaffected."""
+
+
 def failure_kind(exc: BaseException) -> FailureKind | None:
     """``"infra"`` or ``"data"`` for a classified attempt failure, None for
     anything else (which the controller treats as a bug)."""

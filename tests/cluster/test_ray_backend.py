@@ -250,3 +250,60 @@ def test_the_custom_engine_of_the_docs_trains_on_ray(ray_local, tmp_path: Path, 
     _assert_complete(summary, steps)
     for engine in engines:
         assert probe.worker_log[engine.index] == list(range(steps + 1))
+
+
+def test_the_rollout_workers_scale_up_and_down_through_the_fleet_channel(ray_local,
+                                                                        tmp_path: Path):
+    """Issue 35 on local Ray: one worker of rollout_workers {min 1, max 2}; the
+    first group after step 1 waits while `fleet scale 2` starts the second (it
+    joins at the newest weights); the first group the second worker takes after
+    step 3 is still in flight when `fleet scale 1` drains it: that group
+    finishes, nothing is lost, the slot is vacant again."""
+    import asyncio
+
+    from asyncrl.run.fleet_channel import request as fleet_request
+
+    steps = 6
+    cfg = tiny_config(steps=steps, num_rollout_workers=1,
+                      rollout_workers={"min": 1, "max": 2})
+    task, engines, trainer, _probe = _start(cfg)
+    assert [e.state for e in engines] == ["alive", "vacant"]
+    first, second = engines
+    seen: dict[str, Any] = {}
+    gen_first, gen_second = first.generate, second.generate
+
+    async def on_first(request):
+        if first.weight_version >= 1 and "scaling" not in seen:
+            seen["scaling"] = True  # before the await: groups are sent concurrently
+            seen["newest_before"] = first.pool.version
+            seen["up"] = await asyncio.to_thread(fleet_request, tmp_path,
+                                                 {"op": "scale", "size": 2})
+        return await gen_first(request)
+
+    async def on_second(request):
+        call = asyncio.ensure_future(gen_second(request))
+        if second.weight_version >= 3 and "draining" not in seen:
+            seen["draining"] = True
+            await asyncio.sleep(0)  # the group is sent: in flight on the worker
+            seen["in_flight"] = (request.group_id, second.inflight)
+            seen["down"] = asyncio.ensure_future(asyncio.to_thread(
+                fleet_request, tmp_path, {"op": "scale", "size": 1}))
+        result = await call
+        seen.setdefault("second_groups", []).append(request.group_id)
+        return result
+
+    first.generate, second.generate = on_first, on_second
+    summary = train(cfg, tmp_path, task=task, backends=(engines, trainer))
+
+    _assert_complete(summary, steps)
+    # Its incarnation caught up before it turned healthy: from the weights it
+    # started with to (at least) the newest the run had when the command came.
+    joined = second.versions[1]
+    assert joined[-1] >= seen["newest_before"] >= 1 and joined == sorted(joined)
+    assert any(line.split()[:2] == ["worker", "1"] and line.endswith("healthy")
+               for line in seen["up"])
+    gid, inflight = seen["in_flight"]
+    assert inflight >= 1 and gid in seen["second_groups"]  # drained: it finished
+    assert not any(line.startswith("worker 1") for line in seen["down"].result())
+    assert second.state == "vacant" and first.state == "alive"
+    _assert_versions_in_order(second)

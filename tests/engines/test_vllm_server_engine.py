@@ -26,8 +26,9 @@ from asyncrl.engines import RolloutEngine, WeightTransport
 from asyncrl.engines.vllm.server.engine import VLLMServerEngine
 from asyncrl.engines.vllm.server.launch import KEY_ENV
 from asyncrl.engines.vllm.setup import descendants
-from asyncrl.errors import ConfigError
+from asyncrl.errors import ConfigError, FleetError
 from asyncrl.policy.build import build_policy
+from asyncrl.run.fleet_channel import request as fleet_request
 from asyncrl.run.options import trainer_options
 from asyncrl.run.train import train
 from asyncrl.tasks import build_task
@@ -233,6 +234,83 @@ def test_the_generate_api_labels_each_token_as_the_ordering_does(fleet, caplog):
     with caplog.at_level(logging.WARNING, logger="asyncrl.engines.vllm_server"):
         asyncio.run(scenario())
     assert not [r for r in caplog.records if "server labels them" in r.getMessage()]
+
+
+def fleet_changes_mid_run(engine: VLLMServerEngine, run_dir: Path, first: str, second: str,
+                          seen: dict) -> None:
+    """Through the run's control channel (a thread calling what ``asyncrl fleet``
+    calls): the first request to ``first`` after step 1 adds ``second`` before it
+    goes on; the first one after step 2 removes ``first`` with ``--abort`` once
+    it has streamed its first tokens, so that group is in flight and is handed
+    over. ``seen`` gets the versions ``second`` held at its first request."""
+    server = next(s for s in engine._servers if s.client.url == first)
+    original = server.client.stream
+
+    async def stream(path, body):
+        if server.version >= 1 and "adding" not in seen:
+            seen["adding"] = True  # before the await: groups stream here concurrently
+            seen["refused"] = [await asyncio.to_thread(refused, run_dir, message) for message in (
+                {"op": "add", "url": "http://127.0.0.1:9"},  # nothing listens there
+                {"op": "remove", "url": first},  # the only server: below min_servers
+                {"op": "scale", "size": 3})]  # above max_servers
+            seen["added"] = await asyncio.to_thread(
+                fleet_request, run_dir, {"op": "add", "url": second})
+            joined = next(s for s in engine._servers if s.client.url == second)
+            joined_stream = joined.client.stream
+
+            async def first_on_second(path, body):
+                seen.setdefault("second_first", (joined.version, engine.weight_version,
+                                                 body["cache_salt"]))
+                async for event in joined_stream(path, body):
+                    yield event
+
+            joined.client.stream = first_on_second
+        async for event in original(path, body):
+            yield event
+            if server.version >= 2 and "removed" not in seen:
+                seen["removed"] = asyncio.ensure_future(asyncio.to_thread(
+                    fleet_request, run_dir, {"op": "remove", "url": first, "abort": True}))
+
+    server.client.stream = stream
+
+
+def refused(run_dir: Path, message: dict) -> str:
+    with pytest.raises(FleetError) as refusal:
+        fleet_request(run_dir, message)
+    return str(refusal.value)
+
+
+def test_a_run_grows_to_two_servers_then_hands_the_first_ones_groups_over(fleet, tmp_path):
+    """Issue 35's acceptance on real servers: a synchronous run on one server;
+    after step 1 ``fleet add`` joins the second (at the newest weights), after
+    step 2 ``fleet remove --abort`` takes the first away with a group in flight,
+    which continues on the second from its tokens. On-policy at every step,
+    ledger balanced, nothing regenerated from scratch."""
+    cfg = by_url(fleet.urls[:1], min_servers=1, max_servers=2)
+    cfg = cfg.model_copy(update={"grpo": cfg.grpo.model_copy(update={"max_num_steps": 3})})
+    model, tokenizer = build_policy(cfg.policy, fleet.task, seed=cfg.seed)
+    engine = VLLMServerEngine.for_policy(cfg.policy, model, tokenizer, seed=cfg.seed)
+    trainer = GRPOTrainer.from_options(trainer_options(cfg), model=model, tokenizer=tokenizer)
+    seen: dict = {}
+    fleet_changes_mid_run(engine, tmp_path / "run", fleet.urls[0], fleet.urls[1], seen)
+    summary = train(cfg, tmp_path / "run", backends=([engine], trainer))
+    assert summary["ledger"]["balanced"] and summary["steps"] == 3
+    # Refused mid-run, one line each, the run unaffected (it went on to finish).
+    no_server, below, above = seen["refused"]
+    assert "no vLLM server answers at http://127.0.0.1:9" in no_server
+    assert "below policy.vllm_server.min_servers=1" in below
+    assert "above policy.vllm_server.max_servers=2" in above
+    assert all("\n" not in line for line in seen["refused"])
+    assert any("added " + fleet.urls[1] in line for line in seen["added"])
+    held, newest, salt = seen["second_first"]
+    assert held == newest and salt == f"v{newest}"  # its first group: the newest weights
+    assert f"removed {fleet.urls[0]}" in seen["removed"].result()
+    assert summary["groups_continued"] >= 1
+    assert engine.urls == [fleet.urls[1]]
+    for r in records(tmp_path / "run"):
+        assert r["staleness_max"] == 0
+        assert r["train/logprob_mismatch_max"] <= 1e-3, r
+    assert not (tmp_path / "run" / ".asyncrl.fleet").exists()
 
 
 def kill_at_next_request(engine: VLLMServerEngine, url: str, launched) -> None:

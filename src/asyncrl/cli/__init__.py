@@ -1,4 +1,4 @@
-"""The ``asyncrl`` command line: train, simulate, validate, plot, export."""
+"""The ``asyncrl`` command line: train, simulate, validate, plot, export, fleet."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ class CommandParser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from asyncrl.cli import export, plot, simulate, train, validate
+    from asyncrl.cli import export, fleet, plot, simulate, train, validate
 
     parser = argparse.ArgumentParser(
         prog="asyncrl",
@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                 parser_class=CommandParser)
-    for module in (train, simulate, validate, plot, export):
+    for module in (train, simulate, validate, plot, export, fleet):
         module.register(sub)
     return parser
 

@@ -7,6 +7,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.cluster.actors import EngineWorker, TrainerWorker
+from asyncrl.cluster.fleet import RayFleet
 from asyncrl.cluster.proxies import RayEngine, RayTrainer, WorkerPool, kill_actor, ray
 from asyncrl.config import ActorResources, ClusterConfig
 from asyncrl.engines.options import EngineOptions
@@ -141,10 +142,16 @@ def build_ray_backends(
             distributed = DistributedTrainer(ranks, sharded)
         trainer: Any = distributed if distributed is not None else RayTrainer(actors[0], infos[0])
         pool = WorkerPool(weights_ref, trainer.version)
+        low, high = c.worker_bounds
+        if c.rollout_workers is not None:  # an elastic fleet: scaled by `asyncrl fleet`
+            RayFleet(pool, min_size=low, max_size=high)
+        # Slots above the workers started are vacant until a scale-up fills them.
+        started = list(zip(workers, infos[-len(workers):]))
         engines = [
-            RayEngine(pool, i, spawn, actor, info, max_restarts=c.max_worker_restarts,
+            RayEngine(pool, i, spawn, *(started[i] if i < len(started) else (None, None)),
+                      max_restarts=c.max_worker_restarts,
                       startup_timeout_s=c.actor_startup_timeout_s)
-            for i, (actor, info) in enumerate(zip(workers, infos[-len(workers):]))
+            for i in range(max(high, len(started)))
         ]
     except BaseException:
         for actor in actors:
@@ -152,9 +159,9 @@ def build_ray_backends(
         if ranks is not None:
             ranks.kill()
         raise
-    log.info("Ray backend: trainer %s, %d rollout workers",
+    log.info("Ray backend: trainer %s, %d rollout workers (%d slots)",
              f"of {distributed.world_size} ranks" if distributed is not None
-             else f"on node {trainer.node_id}", len(engines))
+             else f"on node {trainer.node_id}", len(workers), len(engines))
     return engines, trainer
 
 

@@ -41,13 +41,14 @@ from asyncrl._util.bounded import append_bounded
 from asyncrl._util.change_signal import ChangeSignal
 from asyncrl.engines.capabilities import EngineCapabilities
 from asyncrl.errors import (
+    EngineLeft,
     EngineUnavailable,
     GenerationError,
     RolloutWorkersLost,
     TrainerLost,
     require,
 )
-from asyncrl.types import GenerationRequest, GroupId, GroupResult, Rollout
+from asyncrl.types import GenerationRequest, GroupAborted, GroupId, GroupResult, Rollout
 
 ray = require("ray", "ray", "cluster.backend: ray")
 from ray.exceptions import RayActorError, RayError, RayTaskError  # noqa: E402
@@ -55,6 +56,12 @@ from ray.exceptions import RayActorError, RayError, RayTaskError  # noqa: E402
 log = logging.getLogger("asyncrl.cluster")
 
 ALIVE, RESTARTING, LOST = "alive", "restarting", "lost"
+#: A slot of the elastic fleet with no worker now (scaled down, or its node left
+#: above ``cluster.rollout_workers.min``), and a worker leaving it
+#: (:mod:`asyncrl.cluster.fleet`): neither takes new groups.
+VACANT, DRAINING = "vacant", "draining"
+#: The states with a worker that holds weights and may have groups in flight.
+_WORKING = (ALIVE, DRAINING)
 
 #: Wait before retrying a failed worker restart; doubles up to the maximum.
 RESTART_BACKOFF_S = 1.0
@@ -99,6 +106,10 @@ class WorkerPool:
         self.version = version
         self.changed = ChangeSignal()
         self._offered: Any = weights
+        #: The elastic fleet over these workers (asyncrl.cluster.fleet), and the
+        #: fewest workers it keeps: above them a lost worker is not restarted.
+        self.fleet: Any = None
+        self.min_workers = 0
 
     def offer(self, weights: Any, version: int) -> Any:
         """Record ``weights`` as the newest and return the ref every worker loads.
@@ -121,7 +132,11 @@ class WorkerPool:
         return any(e.state == ALIVE for e in self.engines)
 
     def any_left(self) -> bool:
-        return any(e.state != LOST for e in self.engines)
+        return any(e.state in (ALIVE, RESTARTING, DRAINING) for e in self.engines)
+
+    def serving(self) -> list[RayEngine]:
+        """Workers that take groups or will once started."""
+        return [e for e in self.engines if e.state in (ALIVE, RESTARTING)]
 
     def all_lost_error(self) -> RolloutWorkersLost:
         restarts = ", ".join(f"worker {e.index}: {e.restarts}" for e in self.engines)
@@ -146,7 +161,7 @@ class RayEngine:
         index: int,
         spawn: Spawn,
         actor: Any,
-        info: dict[str, Any],
+        info: dict[str, Any] | None,
         *,
         max_restarts: int,
         startup_timeout_s: float,
@@ -157,8 +172,15 @@ class RayEngine:
         self.startup_timeout_s = startup_timeout_s
         self._spawn = spawn
         self.actor = actor
-        self.state = ALIVE
+        # No actor: a vacant slot of the elastic fleet (scaled up into later).
+        self.state = ALIVE if actor is not None else VACANT
+        info = info or {"pid": 0, "node_id": "", "version": pool.version}
         self.restarts = 0
+        #: Actors this slot has started (each samples with a seed of its own).
+        self.incarnations = 1 if actor is not None else 0
+        #: Groups on the worker now; those in ``handover`` raise EngineLeft when aborted.
+        self.running: set[GroupId] = set()
+        self.handover: set[GroupId] = set()
         self.pid: int = info["pid"]
         self.node_id: str = info["node_id"]
         self._version: int = info["version"]
@@ -168,7 +190,8 @@ class RayEngine:
         # cache invalidation.)
         worker = info.get("capabilities") or _BUILT_IN
         self.capabilities = dataclasses.replace(
-            EngineCapabilities(**worker), healthy=True, device=False)
+            EngineCapabilities(**worker), healthy=True, device=False,
+            fleet=pool.fleet is not None)
         #: The versions a worker acknowledged loading, one list per incarnation (the
         #: newest ones of a long run: bounded).
         self.versions: list[list[int]] = [[self._version]]
@@ -191,12 +214,25 @@ class RayEngine:
     def weight_version(self) -> int:
         return self._version
 
+    @property
+    def fleet(self) -> Any:
+        """The elastic fleet of the run's workers (asyncrl.cluster.fleet.RayFleet)."""
+        return self.pool.fleet
+
     async def generate(self, request: GenerationRequest) -> GroupResult:
         actor = await self._usable()
+        gid = request.group_id
         ref = actor.generate.remote(request)
         self.inflight += 1
+        self.running.add(gid)
         try:
             return await ref
+        except GroupAborted as exc:  # (a RayTaskError that is also the worker's GroupAborted)
+            if gid not in self.handover:
+                raise
+            self.handover.discard(gid)  # the worker leaves: continue elsewhere from its tokens
+            raise EngineLeft(f"rollout worker {self.index} left the fleet",
+                             partial=exc.partial) from None
         except asyncio.CancelledError:
             # The controller gave up on the group: stop the worker spending compute on it.
             with contextlib.suppress(Exception):
@@ -218,29 +254,33 @@ class RayEngine:
             ) from exc
         finally:
             self.inflight -= 1
+            self.running.discard(gid)
+            if self.state == DRAINING and not self.inflight:
+                self.pool.changed.fire()  # a drain waits for this
 
     async def update_weights(self, weights: Any, version: int) -> None:
         ref = self.pool.offer(weights, version)
-        if self.state == ALIVE:
+        if self.state in _WORKING:
             await self._load(self.actor, ref, version)
         elif self.state == LOST and not self.pool.any_left():
             raise self.pool.all_lost_error()
-        # RESTARTING: the restart loads the newest weights before taking groups.
+        # RESTARTING: the restart loads the newest weights before taking groups
+        # (a joining worker too); VACANT: nothing to load.
 
     async def abort(self, group_ids: Sequence[GroupId]) -> None:
-        if self.state == ALIVE and group_ids:
+        if self.state in _WORKING and group_ids:
             await self._call(self.actor, "abort", list(group_ids))
 
     async def snapshot(self, group_ids: Sequence[GroupId]) -> dict[GroupId, GroupResult]:
         """The tokens the worker's groups have so far (nothing from a worker that
         is not alive: its groups are retried from their prefix)."""
-        if self.state != ALIVE or not group_ids:
+        if self.state not in _WORKING or not group_ids:
             return {}
         return await self._call(self.actor, "snapshot", list(group_ids)) or {}
 
     async def invalidate_cache(self) -> None:
         # A restarting worker builds its caches from scratch anyway.
-        if self.state == ALIVE:
+        if self.state in _WORKING:
             await self._call(self.actor, "invalidate_cache")
 
     async def close(self) -> None:
@@ -251,10 +291,11 @@ class RayEngine:
             self._restart_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._restart_task
-        if self.state == ALIVE:
+        if self.state in _WORKING:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(_future(self.actor.close.remote()), timeout=30)
-        kill_actor(self.actor)
+        if self.actor is not None:
+            kill_actor(self.actor)
         self.pool.changed.fire()
 
     # ------------------------------------------------------------ helpers
@@ -267,7 +308,7 @@ class RayEngine:
         while True:
             if self.state == ALIVE:
                 return self.actor
-            if self.state == LOST or self._closed:
+            if self.state in (LOST, VACANT, DRAINING) or self._closed:
                 if not self.pool.any_left():
                     raise self.pool.all_lost_error()
                 if self.pool.any_healthy():
@@ -295,10 +336,15 @@ class RayEngine:
 
     def _lost(self, actor: Any, exc: BaseException) -> None:
         """The worker behind ``actor`` died: restart it, or give it up."""
-        if actor is not self.actor or self.state != ALIVE or self._closed:
+        if actor is not self.actor or self.state not in _WORKING or self._closed:
             return  # this death is already being handled
         kill_actor(actor)
-        if self.restarts < self.max_restarts:
+        if self.state == DRAINING or len(self.pool.serving()) > self.pool.min_workers > 0:
+            # Leaving anyway, or the fleet is above its minimum: no restart, one smaller.
+            log.warning("rollout worker %d (pid %d) died (%s); the fleet goes on without it",
+                        self.index, self.pid, _reason(exc))
+            self.state = VACANT
+        elif self.restarts < self.max_restarts:
             log.warning("rollout worker %d (pid %d) died (%s); restarting it (%d of %d)",
                         self.index, self.pid, _reason(exc), self.restarts + 1, self.max_restarts)
             self.state = RESTARTING
@@ -354,7 +400,8 @@ class RayEngine:
     async def _start_incarnation(self) -> tuple[Any, dict[str, Any]]:
         """A new actor holding the newest weights (catching up on any version
         that arrived while it started)."""
-        actor = self._spawn(self.index, self.restarts, self.pool.weights, self.pool.version)
+        actor = self._spawn(self.index, self.incarnations, self.pool.weights, self.pool.version)
+        self.incarnations += 1
         try:
             info = await asyncio.wait_for(_future(actor.ready.remote()), self.startup_timeout_s)
             loaded = [info["version"]]

@@ -158,11 +158,29 @@ class ActorResources(Block):
     num_gpus: NonNegFloat = 0.0
 
 
+class WorkerBounds(Block):
+    """How few and how many rollout workers ``asyncrl fleet scale`` may leave."""
+
+    min: PosInt
+    max: PosInt
+
+    @model_validator(mode="after")
+    def _ordered(self) -> WorkerBounds:
+        if self.min > self.max:
+            raise ValueError(f"rollout_workers: min={self.min} is above max={self.max}")
+        return self
+
+
 class ClusterConfig(Block):
     backend: Literal["local", "ray"] = "local"
     #: Ray address (None: start or join a local instance).
     address: str | None = None
+    #: Rollout workers the run starts with.
     num_rollout_workers: PosInt = 1
+    #: The range ``asyncrl fleet scale`` moves the workers in (docs/fleet.md);
+    #: None: fixed at num_rollout_workers, as before. Above ``min`` a worker whose
+    #: node leaves is not restarted: the fleet goes on one smaller.
+    rollout_workers: WorkerBounds | None = None
     rollout_worker: ActorResources = Field(default_factory=ActorResources)
     trainer: ActorResources = Field(default_factory=ActorResources)
     #: Restarts allowed per rollout worker before the run continues without it.
@@ -172,6 +190,21 @@ class ClusterConfig(Block):
     actor_startup_timeout_s: PosFloat = 600.0
     #: Extra keyword arguments for ray.init (runtime_env, namespace, num_cpus, ...).
     ray_init: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _start_within_bounds(self) -> ClusterConfig:
+        b, n = self.rollout_workers, self.num_rollout_workers
+        if b is not None and not b.min <= n <= b.max:
+            raise ValueError(
+                f"num_rollout_workers={n} (the workers the run starts with) is outside "
+                f"rollout_workers {{min: {b.min}, max: {b.max}}}: set it within them")
+        return self
+
+    @property
+    def worker_bounds(self) -> tuple[int, int]:
+        """(min, max) rollout workers; both num_rollout_workers when no range is set."""
+        b = self.rollout_workers
+        return (b.min, b.max) if b is not None else (self.num_rollout_workers,) * 2
 
 
 # ------------------------------------------------------------------ logging

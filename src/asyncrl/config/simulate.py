@@ -84,6 +84,15 @@ class WorkloadPhase(Block):
     generation_latency_s: PhaseLatencyConfig
 
 
+class FleetChange(Block):
+    """From virtual second ``at_s`` on, the fleet has ``rollout_slots`` slots
+    (a preemptible fleet: slots added or taken away mid-run). A shrink drains:
+    a removed slot finishes the group it holds, then is gone (docs/fleet.md)."""
+
+    at_s: PosFloat
+    rollout_slots: PosInt
+
+
 class SimulateConfig(Block):
     steps: PosInt = 1000
     rollout_slots: PosInt = 64
@@ -117,6 +126,9 @@ class SimulateConfig(Block):
     mode: Literal["per_group", "cohort"] = "per_group"
     #: Later phases of the workload, by ascending ``at_step`` (docs/autopilot.md).
     phases: list[WorkloadPhase] = Field(default_factory=list)
+    #: The fleet schedule: slot counts from given virtual times on, by ascending
+    #: ``at_s`` (docs/fleet.md).
+    fleet: list[FleetChange] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _phases_in_order(self) -> SimulateConfig:
@@ -131,3 +143,24 @@ class SimulateConfig(Block):
                              "(constant, lognormal or bimodal), got "
                              f"{self.generation_latency_s.distribution}")
         return self
+
+    @model_validator(mode="after")
+    def _fleet_in_order(self) -> SimulateConfig:
+        times = [c.at_s for c in self.fleet]
+        if times != sorted(set(times)):
+            raise ValueError(f"fleet: at_s must strictly increase, got {times}")
+        if self.fleet and self.mode == "cohort":
+            raise ValueError("a fleet schedule needs mode: per_group (the cohort mode has a "
+                             "fixed fleet); set simulate.mode: per_group")
+        return self
+
+    def slot_seconds(self, until: float) -> float:
+        """Slot-seconds the schedule offers from 0 to ``until`` (what the
+        generator utilisation divides by)."""
+        total, since, slots = 0.0, 0.0, self.rollout_slots
+        for change in self.fleet:
+            if change.at_s >= until:
+                break
+            total += slots * (change.at_s - since)
+            since, slots = change.at_s, change.rollout_slots
+        return total + slots * max(until - since, 0.0)

@@ -50,6 +50,10 @@ class VLLMServerConfig(Block):
     #: never the key: this config is written into the run directory. None: no
     #: key. Servers asyncrl starts get a random key of their own each run.
     api_key_env: str | None = None
+    #: The fewest and most servers ``asyncrl fleet`` may leave the running job
+    #: with (``scale``, ``add``, ``remove``; docs/fleet.md). None: no upper bound.
+    min_servers: PosInt = 1
+    max_servers: PosInt | None = None
 
     @model_validator(mode="after")
     def _urls_or_count(self) -> VLLMServerConfig:
@@ -70,6 +74,15 @@ class VLLMServerConfig(Block):
                 raise ValueError(
                     "api_key_env is the name of an environment variable (like "
                     "VLLM_SERVER_KEY), not the key itself: export the key in it")
+        top = self.max_servers
+        if top is not None and not self.min_servers <= self.server_count <= top:
+            raise ValueError(
+                f"the run starts with {self.server_count} servers, outside min_servers="
+                f"{self.min_servers} .. max_servers={top}: widen the bounds")
+        if self.server_count < self.min_servers:
+            raise ValueError(
+                f"the run starts with {self.server_count} servers, below min_servers="
+                f"{self.min_servers}: lower min_servers or start more")
         return self
 
     def read_key(self) -> str | None:

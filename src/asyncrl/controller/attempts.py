@@ -40,11 +40,12 @@ from asyncrl.controller.context import RunContext
 from asyncrl.controller.determinism import NoDeterminism
 from asyncrl.controller.entry import Entry, EntryState
 from asyncrl.controller.failure_log import blame, failure_key
-from asyncrl.controller.partials import keep_partial
+from asyncrl.controller.partials import continue_from, keep_partial
 from asyncrl.engines.base import RolloutEngine
 from asyncrl.errors import (
     BackendBug,
     BackendLost,
+    EngineLeft,
     EngineUnavailable,
     FailureKind,
     GenerationTimeout,
@@ -149,9 +150,13 @@ class AttemptRunner:
                 if kind is None:
                     return self._bug(entry, exc)
                 if isinstance(exc, EngineUnavailable):
-                    # The engine's worker died, not the group: retry at once on
-                    # another engine, without charging the group's budgets.
+                    # The engine's worker died (or left the fleet), not the group:
+                    # retry at once on another engine, without charging the
+                    # group's budgets; a leaving engine hands its tokens over.
                     entry.lost += 1
+                    if isinstance(exc, EngineLeft):
+                        continue_from(entry, exc.partial,
+                                      self.ctx.grpo.num_generations_per_prompt)
                     log.warning("group %s attempt %d lost with engine %s (%s); retrying",
                                 entry.group_id, entry.attempts, entry.engine, exc)
                     continue

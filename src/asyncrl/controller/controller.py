@@ -41,6 +41,7 @@ from asyncrl.controller.drops import DropPolicy
 from asyncrl.controller.dynamic_sampling import build_dynamic_sampling, dynamic_summary
 from asyncrl.controller.evaluation import Evaluator
 from asyncrl.controller.failure_log import SHOWN_GROUPS
+from asyncrl.controller.fleet import FleetControl
 from asyncrl.controller.ledger import Ledger, LedgerHistory
 from asyncrl.controller.partials import read_partials, stop_generating
 from asyncrl.controller.retune import Retuner, Setting
@@ -166,6 +167,10 @@ class Controller:
         self.train_pump = TrainPump(self.ctx, trainer, self.dispatcher, self.weight_sync,
                                     self.sinks, self._after_step, evaluator)
         self.retuner = Retuner(self.ctx, self.dispatcher, deterministic=deterministic)
+        #: ``asyncrl fleet``'s commands; its on_change hooks fire on every fleet change.
+        self.fleet = FleetControl(self.ctx, self.engines, self.capabilities,
+                                  self.dispatcher.attempts.load.__getitem__,
+                                  lambda: self.dispatcher.max_inflight)
         self.autopilot = (Autopilot(async_rl.autopilot, self.retuner)
                           if async_rl.autopilot.enabled else None)
         self._running = False

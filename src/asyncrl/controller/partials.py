@@ -49,6 +49,16 @@ def keep_partial(entry: Entry, partial: object, num_generations: int) -> None:
                     entry.group_id, problem)
 
 
+def continue_from(entry: Entry, partial: object, num_generations: int) -> None:
+    """A group whose engine left the fleet mid-attempt: its next attempt continues
+    the tokens it had there (``entry.prefix``), exactly as a resumed checkpoint
+    continues a group; counted in ``groups_continued`` when it commits. Tokens
+    that do not fit the group are dropped (it continues from its old prefix)."""
+    keep_partial(entry, partial, num_generations)
+    if entry.partial is not None:
+        entry.prefix, entry.partial = entry.partial, None
+
+
 def _generating(entries: Iterable[Entry]) -> dict[int, list[Entry]]:
     """Entries whose attempt runs on an engine now, by engine."""
     by_engine: dict[int, list[Entry]] = collections.defaultdict(list)

@@ -107,6 +107,7 @@ _MEMBERS: dict[str, tuple[str, ...]] = {
     "pinned_versions": ("retain_weight_versions",),
     "retained_weights": ("retained_weights", "restore_retained"),
     "device": ("device",),
+    "fleet": ("fleet",),
 }
 
 
@@ -125,6 +126,8 @@ class EngineCapabilities(Capabilities):
     pinned_versions: bool = False
     retained_weights: bool = False
     device: bool = False
+    #: An ElasticFleet in ``fleet`` (asyncrl.engines.fleet): ``asyncrl fleet`` changes it.
+    fleet: bool = False
 
     @classmethod
     def of(cls, engine: Any) -> EngineCapabilities:

@@ -51,6 +51,7 @@ from asyncrl.policy.build import PolicyTokenizer
 from asyncrl.rollouts import apply_rollout
 from asyncrl.run.backends import build_backends, own_backend
 from asyncrl.run.export import export_final
+from asyncrl.run.fleet_channel import fleet_channel
 from asyncrl.run.lock import run_dir_lock
 from asyncrl.run.preflight import preflight
 from asyncrl.run.resume import config_changes, prepare_resume
@@ -238,7 +239,9 @@ class _Run:
             if hook.save_by is not None:
                 hook.save_by.note_start()
             try:
-                await controller.run()
+                # `asyncrl fleet RUN_DIR ...` reaches the run while it trains.
+                async with fleet_channel(self.run_dir, controller.fleet.handle):
+                    await controller.run()
             except Exception as exc:
                 if controller.stopped_at_safe_point:  # the state is whole: keep it
                     await self._checkpoint_at_error(exc)

@@ -146,6 +146,7 @@ class SimEngine:
         pause_during_sync: bool = False,
         abort_s: float = 0.0,
         phases: Sequence[tuple[int, LatencyModel]] = (),
+        fleet: Sequence[tuple[float, int]] = (),
     ) -> None:
         if rollout_slots < 1:
             raise ValueError(f"rollout_slots must be >= 1, got {rollout_slots}")
@@ -170,6 +171,11 @@ class SimEngine:
         self._paused_s = 0.0
         self._pause_start: float | None = None
         self._slots = SlotPool(rollout_slots)
+        #: The fleet schedule, (virtual second, slots) by time: see schedule_fleet.
+        self.fleet = list(fleet)
+        #: Called with the new slot count after each change (the controller's
+        #: fleet-change hook, so derived facts are re-checked).
+        self.on_resize: list[Any] = []
         self._first = _Stream(component_rng(seed, "latency"), latency.draw)
         self._retry = _Stream(component_rng(seed, "latency-retry"), latency.draw)
         #: Workload phases: from weight version ``at``, the model and its streams
@@ -309,6 +315,21 @@ class SimEngine:
         now = loop.time()
         clock = self._decoder.service(now) if self._decoder is not None else self._active(now)
         self._updates.append((clock, version))
+
+    def schedule_fleet(self) -> None:
+        """Arm one loop timer per fleet change (call inside the running loop,
+        before the run starts): the slot count changes at exactly its time."""
+        loop = asyncio.get_running_loop()
+        for at_s, slots in self.fleet:
+            loop.call_at(at_s, self.resize, slots)
+
+    def resize(self, slots: int) -> None:
+        """The fleet has ``slots`` slots from now on; a shrink drains (a removed
+        slot finishes its group first), as ``asyncrl fleet remove`` does."""
+        self._slots.resize(slots)
+        self.rollout_slots = slots
+        for hook in self.on_resize:
+            hook(slots)
 
     def _start_timer(self, loop: asyncio.AbstractEventLoop, run: _Run, seconds: float) -> None:
         if self._pause_start is None:

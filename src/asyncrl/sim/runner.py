@@ -150,7 +150,8 @@ def simulate(
                        pause_during_sync=sim.pause_generation_during_sync,
                        abort_s=sim.abort_s,
                        phases=[(p.at_step, make_latency_model(p.generation_latency_s))
-                               for p in sim.phases])
+                               for p in sim.phases],
+                       fleet=[(c.at_s, c.rollout_slots) for c in sim.fleet])
     trainer = SimTrainer(train_step_s=sim.train_step_s, train_per_group_s=sim.train_per_group_s,
                          train_per_token_s=sim.train_per_token_s, loss=cfg.loss)
     sink = _FirstRecords()
@@ -167,6 +168,8 @@ def simulate(
             seed=cfg.seed, deterministic=cfg.deterministic, sinks=[sink],
             on_step_end=_step_hook if on_step is not None else None,
         )
+        engine.on_resize.append(controller.fleet.fleet_changed)  # what a real fleet change does
+        engine.schedule_fleet()
         await controller.run()
 
     t0 = time.perf_counter()
@@ -245,7 +248,7 @@ def _result(
         steps_per_hour=3600.0 * steps / elapsed if elapsed > 0 else math.inf,
         efficiency=efficiency,
         trainer_idle_frac=float(summary["trainer_idle_s"]) / elapsed if elapsed > 0 else 0.0,
-        generator_util=engine.busy_slot_s / (sim.rollout_slots * elapsed) if elapsed > 0 else 0.0,
+        generator_util=engine.busy_slot_s / sim.slot_seconds(elapsed) if elapsed > 0 else 0.0,
         staleness_mean=float(summary["staleness_mean"]),
         staleness_p95=percentile(hist, 0.95),
         staleness_max=int(summary["staleness_max"]),

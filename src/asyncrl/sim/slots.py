@@ -16,10 +16,14 @@ import collections
 class SlotPool:
     """``size`` slots; groups beyond them wait in arrival order."""
 
-    __slots__ = ("_free", "_waiters")
+    __slots__ = ("_free", "_owed", "_waiters", "size")
 
     def __init__(self, size: int) -> None:
+        self.size = size
         self._free = size
+        #: Slots a shrink removed while they were busy: each is retired when
+        #: its group gives it back (drain), instead of going to a waiter.
+        self._owed = 0
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
 
     def try_take(self) -> bool:
@@ -42,8 +46,28 @@ class SlotPool:
                 self.give_back()  # handed a slot, then cancelled before using it
             raise
 
+    def resize(self, size: int) -> None:
+        """Grow to ``size`` slots (new ones go to the waiters first) or shrink
+        to it: free slots go at once, busy ones when their group gives them
+        back. Invariant: free + busy - owed == size once the drain is over."""
+        delta = size - self.size
+        self.size = size
+        if delta >= 0:
+            repaid = min(delta, self._owed)  # a shrink not yet drained is undone first
+            self._owed -= repaid
+            for _ in range(delta - repaid):
+                self.give_back()
+            return
+        gone = min(-delta, self._free)
+        self._free -= gone
+        self._owed += -delta - gone
+
     def give_back(self) -> None:
-        """Free a slot: the longest waiter still waiting gets it."""
+        """Free a slot: the longest waiter still waiting gets it (unless a
+        shrink retires it)."""
+        if self._owed:
+            self._owed -= 1
+            return
         waiters = self._waiters
         while waiters:
             fut = waiters.popleft()

@@ -31,6 +31,8 @@ How the protocol maps onto the servers:
   the other servers), weight syncs skip it, and only when none is left does the
   engine raise :class:`~asyncrl.errors.BackendLost`.
 * ``close`` - stops the servers asyncrl started (their whole process groups).
+* ``fleet`` - servers join and leave while the run goes on (``asyncrl fleet``;
+  :mod:`asyncrl.engines.vllm.server.fleet`).
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ from asyncrl.engines.completions import (
 )
 from asyncrl.engines.transport import WeightUpdate, check_kind
 from asyncrl.engines.vllm import setup
+from asyncrl.engines.vllm.server.fleet import ServerFleet, Starter
 from asyncrl.engines.vllm.server.http import ServerClient, ServerGone, ServerRefused
 from asyncrl.engines.vllm.server.launch import LaunchedServer, launch
 from asyncrl.engines.vllm.server.wire import APIS, Server, add_choice, connect
@@ -65,6 +68,7 @@ from asyncrl.engines.vllm.transport import write_safetensors
 from asyncrl.errors import (
     BackendLost,
     ConfigError,
+    EngineLeft,
     EngineUnavailable,
     GenerationError,
     GroupAborted,
@@ -109,6 +113,7 @@ class VLLMServerEngine:
         recompute_kv_on_update: bool = False,
         owned_dirs: Sequence[Path] = (),
         api: Literal["completions", "generate"] = "completions",
+        fleet: Callable[[VLLMServerEngine], ServerFleet] | None = None,
     ) -> None:
         if not clients:
             raise ConfigError("policy.vllm_server: no server to drive; list urls or set "
@@ -116,7 +121,7 @@ class VLLMServerEngine:
         self.tokenizer = tokenizer
         self.generation = generation or GenerationConfig()
         self.recompute_kv_on_update = recompute_kv_on_update
-        self.api = APIS[api]
+        self.api, self.api_name = APIS[api], api
         self._owned_dirs = [Path(d) for d in owned_dirs]
         by_url = {s.url: s for s in launched}
         # At once: a server's first /server_info takes seconds (it collects its environment).
@@ -144,6 +149,10 @@ class VLLMServerEngine:
         self._running: dict[GroupId, tuple[Run, Server]] = {}
         self._sync_lock = asyncio.Lock()
         self._closed = False
+        #: Servers joining and leaving while the run goes on (``asyncrl fleet``).
+        self._fleet = fleet(self) if fleet is not None else ServerFleet(
+            self, client_for=lambda url, key: ServerClient(url, timeout_s=clients[0].timeout_s,
+                                                           key=key))
 
     @classmethod
     def for_policy(
@@ -177,7 +186,8 @@ class VLLMServerEngine:
             start = weights if weights is not None else model.state_dict()
             return cls(clients, tokenizer, policy.generation, weights_dir=block.weights_dir,
                        weight_version=weight_version, initial_weights=start,
-                       recompute_kv_on_update=recompute_kv_on_update, api=block.api)
+                       recompute_kv_on_update=recompute_kv_on_update, api=block.api,
+                       fleet=lambda e: ServerFleet.of(e, block, key))
         if base is None:
             base = Path(tempfile.mkdtemp(prefix="asyncrl-vllm-server-"))
             owned.append(base)
@@ -194,7 +204,8 @@ class VLLMServerEngine:
             return cls(clients, tokenizer, policy.generation, launched=servers,
                        weights_dir=block.weights_dir, weight_version=weight_version,
                        recompute_kv_on_update=recompute_kv_on_update, owned_dirs=owned,
-                       api=block.api)
+                       api=block.api, fleet=lambda e: ServerFleet.of(
+                           e, block, None, start=Starter(model_dir, args, base, block)))
         except BaseException:
             for server in servers:
                 server.stop()
@@ -211,6 +222,10 @@ class VLLMServerEngine:
     def context_length(self) -> int:
         """Longest prompt + completion every server takes (their ``max_model_len``)."""
         return min(s.max_model_len for s in self._servers)
+
+    @property
+    def fleet(self) -> ServerFleet:
+        return self._fleet
 
     @property
     def healthy(self) -> bool:
@@ -256,9 +271,11 @@ class VLLMServerEngine:
             raise await self._classify(failure, server, gid) from failure
         completions = run.completions(self._label_version)
         if run.aborting:
-            raise GroupAborted(f"group {gid!r} aborted",
-                               partial=partial_result(request, run.prompt_ids, run.start,
-                                                      completions))
+            partial = partial_result(request, run.prompt_ids, run.start, completions)
+            if gid in self.fleet.handover:  # its server left the fleet: continue elsewhere
+                self.fleet.handover.discard(gid)
+                raise EngineLeft(f"{server.client.url} left the fleet", partial=partial)
+            raise GroupAborted(f"group {gid!r} aborted", partial=partial)
         if not all(c.finished for c in completions):
             raise GenerationError(f"the vLLM server at {server.client.url} ended group {gid!r} "
                                   "before it finished (aborted by someone else?)")
@@ -369,10 +386,15 @@ class VLLMServerEngine:
         return exc  # our own bug: not classified
 
     def _pick(self) -> Server:
-        live = [s for s in self._servers if s.alive]
+        live = [s for s in self._servers if s.alive and not s.draining]
         if not live:
             raise BackendLost("every vLLM server of policy.engine: vllm_server is gone")
         return min(live, key=lambda s: s.inflight)
+
+    def weights_written(self) -> bool:
+        """Whether the weights directory holds the engine's version (a joining server loads it)."""
+        return self._initial or self._version != self._first_version or any(
+            self._weights_dir.glob("*.safetensors"))
 
     # ------------------------------------------------------------ weights
     async def _load_initial(self) -> None:

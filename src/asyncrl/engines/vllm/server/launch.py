@@ -191,15 +191,16 @@ class LaunchedServer:
 
 
 def launch(model_dir: Path, args: Mapping[str, Any], count: int, *, log_dir: Path,
-           timeout_s: float, env: Mapping[str, str] = ()) -> list[LaunchedServer]:
+           timeout_s: float, env: Mapping[str, str] = (), first: int = 0) -> list[LaunchedServer]:
     """Start ``count`` servers at once and wait until all listen; on any failure
     the ones started are stopped again. Server ``i`` samples with seed
     ``args["seed"] + i``: servers seeded alike would draw alike. They share one
-    random key, new each run (``server.key``)."""
+    random key, new each run (``server.key``). ``first``: the index of the first
+    (servers a running fleet adds number on after the ones it has)."""
     key = secrets.token_urlsafe(32)
     servers: list[LaunchedServer] = []
     try:
-        for i in range(count):
+        for i in range(first, first + count):
             own = {**args, "seed": int(args.get("seed") or 0) + i}
             servers.append(LaunchedServer(model_dir, own, env=env, key=key,
                                           log_path=log_dir / f"vllm_server_{i}.log"))

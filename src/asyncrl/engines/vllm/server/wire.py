@@ -32,6 +32,8 @@ class Server:
     version: int = 0
     alive: bool = True
     inflight: int = 0
+    #: Leaving the fleet: not picked for new groups (docs/fleet.md).
+    draining: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
