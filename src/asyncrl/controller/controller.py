@@ -23,7 +23,6 @@ Invariants the roles keep, and the tests check:
 from __future__ import annotations
 
 import asyncio
-import collections
 import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Sequence
@@ -40,7 +39,7 @@ from asyncrl.controller.dispatch import Dispatcher
 from asyncrl.controller.drops import DropPolicy
 from asyncrl.controller.dynamic_sampling import build_dynamic_sampling, dynamic_summary
 from asyncrl.controller.evaluation import Evaluator
-from asyncrl.controller.failure_log import SHOWN_GROUPS
+from asyncrl.controller.failure_log import causes, reported
 from asyncrl.controller.fleet import FleetControl
 from asyncrl.controller.ledger import Ledger, LedgerHistory
 from asyncrl.controller.partials import read_partials, stop_generating
@@ -58,7 +57,6 @@ from asyncrl.errors import (
     CheckpointError,
     LedgerImbalance,
     UsageError,
-    add_note,
 )
 from asyncrl.metrics import MetricsSink, Timeline
 from asyncrl.sampling import PromptGroupSampler, create_sampler
@@ -267,7 +265,7 @@ class Controller:
         except BaseExceptionGroup as group:
             broken = True
             self.train_pump.stop_reason = StopReason.ERROR
-            raise _reported([*_causes(group), *ctx.fatal], ctx.fatal_repeats) from None
+            raise reported([*causes(group), *ctx.fatal], ctx.fatal_repeats) from None
         except asyncio.CancelledError:
             broken = True
             self.train_pump.stop_reason = StopReason.CANCELLED
@@ -278,7 +276,7 @@ class Controller:
             ctx.failures.flush()
             await self._shutdown(check_balance=not broken)
         if ctx.fatal:
-            raise _reported(ctx.fatal, ctx.fatal_repeats)
+            raise reported(ctx.fatal, ctx.fatal_repeats)
         return RunResult(self.summary(), self.steps_done, self.stop_reason)
 
     def _on_fatal(self, error: BaseException) -> None:
@@ -462,43 +460,3 @@ async def _best_effort(call: Awaitable[Any], what: str) -> None:
         await call
     except Exception as exc:
         log.warning("%s failed during shutdown: %r", what, exc)
-
-
-def _causes(group: BaseExceptionGroup) -> list[BaseException]:
-    """Every real error in a (nested) exception group, in order."""
-    out: list[BaseException] = []
-    for exc in group.exceptions:
-        if isinstance(exc, BaseExceptionGroup):
-            out.extend(_causes(exc))
-        elif not isinstance(exc, asyncio.CancelledError):
-            out.append(exc)
-    return out
-
-
-def _reported(errors: list[BaseException],
-              repeats: dict[int, list[Any]] | None = None) -> BaseException:
-    """The first error, carrying every other one as a note: when several tasks
-    fail, each error is reported once, not just the first. Errors with the same
-    type and text are one line with their count; ``repeats`` (by ``id``) lists
-    the other groups an error hit (:meth:`RunContext.fail`), noted on it."""
-    unique = list({id(e): e for e in errors}.values())
-    if not unique:
-        return asyncio.CancelledError()
-    for error in unique:
-        groups = (repeats or {}).get(id(error))
-        if groups:
-            shown = ", ".join(str(g) for g in groups[:SHOWN_GROUPS])
-            more = f" and {len(groups) - SHOWN_GROUPS} more" if len(groups) > SHOWN_GROUPS else ""
-            add_note(error, f"the same error hit {len(groups)} more group(s) too: {shown}{more}")
-    first, *others = unique
-    counts = collections.Counter(f"{type(e).__name__}: {_first_line(e)}" for e in others)
-    if counts:
-        lines = "\n".join(f"  {text}" + (f" (x{n})" if n > 1 else "")
-                          for text, n in counts.items())
-        add_note(first, f"{len(others)} more error(s) stopped this run too:\n{lines}")
-    return first
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return text[0] if text else ""

@@ -15,12 +15,16 @@ reported once per step, and a run that stops shows the count before the error.
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import dataclasses
 import logging
 import re
 from collections.abc import Hashable
+from typing import Any
 
-from asyncrl.errors import RewardError
+from asyncrl._util.compat import BaseExceptionGroup
+from asyncrl.errors import RewardError, add_note
 from asyncrl.types import GroupId
 
 #: Groups a repeat line names; the count covers the rest.
@@ -106,4 +110,44 @@ class FailureLog:
             repeats.groups.clear()
 
 
-__all__ = ["FailureLog", "blame", "failure_key", "without_ids"]
+def causes(group: BaseExceptionGroup) -> list[BaseException]:
+    """Every real error in a (nested) exception group, in order."""
+    out: list[BaseException] = []
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            out.extend(causes(exc))
+        elif not isinstance(exc, asyncio.CancelledError):
+            out.append(exc)
+    return out
+
+
+def reported(errors: list[BaseException],
+              repeats: dict[int, list[Any]] | None = None) -> BaseException:
+    """The error a run that several tasks stopped raises: the first error, carrying every other one as a note: when several tasks
+    fail, each error is reported once, not just the first. Errors with the same
+    type and text are one line with their count; ``repeats`` (by ``id``) lists
+    the other groups an error hit (:meth:`RunContext.fail`), noted on it."""
+    unique = list({id(e): e for e in errors}.values())
+    if not unique:
+        return asyncio.CancelledError()
+    for error in unique:
+        groups = (repeats or {}).get(id(error))
+        if groups:
+            shown = ", ".join(str(g) for g in groups[:SHOWN_GROUPS])
+            more = f" and {len(groups) - SHOWN_GROUPS} more" if len(groups) > SHOWN_GROUPS else ""
+            add_note(error, f"the same error hit {len(groups)} more group(s) too: {shown}{more}")
+    first, *others = unique
+    counts = collections.Counter(f"{type(e).__name__}: {_first_line(e)}" for e in others)
+    if counts:
+        lines = "\n".join(f"  {text}" + (f" (x{n})" if n > 1 else "")
+                          for text, n in counts.items())
+        add_note(first, f"{len(others)} more error(s) stopped this run too:\n{lines}")
+    return first
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0] if text else ""
+
+
+__all__ = ["FailureLog", "blame", "causes", "failure_key", "reported", "without_ids"]
