@@ -33,7 +33,7 @@ from asyncrl._util import supervision
 from asyncrl._util.compat import BaseExceptionGroup, TaskGroup
 from asyncrl.buffer import RolloutBuffer
 from asyncrl.config import AsyncRLConfig, GRPOConfig
-from asyncrl.controller.autopilot import Autopilot
+from asyncrl.controller.autoplan import Planner, build_autopilot
 from asyncrl.controller.context import RunContext
 from asyncrl.controller.determinism import Determinism, NoDeterminism
 from asyncrl.controller.dispatch import Dispatcher
@@ -105,13 +105,14 @@ class Controller:
         buffer: RolloutBuffer | None = None,
         sampler: PromptGroupSampler | None = None,
         prompts: PromptSource | None = None,
+        planner: Planner | None = None,
     ) -> None:
         """Roles given as instances are used as they are; the others are built as
         ``asyncrl train`` builds them: the scorer from the task's reward config,
         the buffer (``async_rl.max_buffered_rollouts``) and sampler
         (``async_rl.sampler``, over ``buffer``), the prompts from
         ``task.prompt_source(seed)``. A ``sampler`` given comes with the
-        ``buffer`` it was built over. ``asyncrl.build_controller(config)``
+        ``buffer`` it was built over; ``planner``: the autopilot's (``controller.autoplan``). ``asyncrl.build_controller(config)``
         (:mod:`asyncrl.run.assemble`) also builds the engines and the trainer from a
         config, and closes them after the run."""
         if not engines:
@@ -164,8 +165,7 @@ class Controller:
         self.train_pump = TrainPump(self.ctx, trainer, self.dispatcher, self.weight_sync,
                                     self.sinks, self._after_step, evaluator)
         self.retuner = Retuner(self.ctx, self.dispatcher, deterministic=deterministic)
-        self.autopilot = (Autopilot(async_rl.autopilot, self.retuner)
-                          if async_rl.autopilot.enabled else None)
+        self.autopilot = build_autopilot(async_rl.autopilot, self.retuner, planner, len(engines))
         self._running = False
         self.watchdog: StallWatchdog | None = None
         #: False when the run ended through an error or a cancellation that did not
@@ -324,6 +324,8 @@ class Controller:
                                    f"{type(engine).__name__}.abort")
         if self._owns_scorer:
             await _best_effort(self.scorer.close(), "closing the reward pool")
+        if self.autopilot is not None:  # a planner's process ends with the run
+            self.autopilot.close()
         summary = self.summary()
         for sink in self.sinks:
             try:
@@ -362,9 +364,9 @@ class Controller:
         Taken between steps (``on_step_end``, after :meth:`read_partials`) or after
         :meth:`run` returned. Ready groups keep their payloads and stamps (also
         those of an interrupted step); in-flight groups keep their prompt, stamp,
-        attempt count and the tokens they had; queued prompts are kept too. Only live groups are stored: the size does not grow with the
-        length of the run. Every value is plain JSON-able data.
-        """
+        attempt count and the tokens they had; queued prompts are kept too; the
+        re-tuned setting and the autopilot's state. Only live groups are stored
+        (the size does not grow with the run); every value is plain JSON data."""
         ready = sorted((s for s in (*self.buffer.slots(), *self.train_pump.taken) if s.ready),
                        key=lambda s: s.dispatch_seq)
         stats = self.ctx.stats
@@ -383,6 +385,7 @@ class Controller:
             "ledger": self.ledger.state_dict(),
             "stats": stats.state_dict(elapsed),
             "retune": self.retuner.state_dict(),
+            "autopilot": self.autopilot.state_dict() if self.autopilot is not None else None,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -401,6 +404,8 @@ class Controller:
         self.sampler.set_dispatch_index(int(state["dispatch"]["admitted"]))
         if "retune" in state:  # the re-tuned bound and capacity (the slots must fit)
             self.retuner.load_state_dict(state["retune"])
+        if self.autopilot is not None and state.get("autopilot"):  # its counts and latches
+            self.autopilot.load_state_dict(state["autopilot"])
         self.buffer.load_state_dict({
             "next_seq": int(state["next_seq"]),
             "slots": [{**r, "ready": True, "payload": rollout_from_dict(r["payload"])}
@@ -431,6 +436,7 @@ class Controller:
                          "stall_warnings": self.watchdog.warnings if self.watchdog else 0},
             "prompts": self._prompt_accounts(),
             **self.ctx.stats.totals(self._elapsed()),
+            **({"autopilot": self.autopilot.summary()} if self.autopilot is not None else {}),
         }
 
     def _prompt_accounts(self) -> dict[str, Any]:
@@ -468,10 +474,9 @@ def _causes(group: BaseExceptionGroup) -> list[BaseException]:
 
 def _reported(errors: list[BaseException],
               repeats: dict[int, list[Any]] | None = None) -> BaseException:
-    """The first error, carrying every other one as a note: when several tasks
-    fail, each error is reported once, not just the first. Errors with the same
-    type and text are one line with their count; ``repeats`` (by ``id``) lists
-    the other groups an error hit (:meth:`RunContext.fail`), noted on it."""
+    """The first error, carrying every other one as a note (errors with the same
+    type and text: one line with their count); ``repeats`` (by ``id``) lists the
+    other groups an error hit (:meth:`RunContext.fail`), noted on it."""
     unique = list({id(e): e for e in errors}.values())
     if not unique:
         return asyncio.CancelledError()

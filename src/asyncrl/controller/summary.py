@@ -69,3 +69,5 @@ class RunDirSummary(RunSummary, total=False):
     best_checkpoint: dict[str, Any] | None
     #: The plots drawn into the run directory.
     plots: list[str]
+    #: With ``async_rl.autopilot``: its mode, the changes it made and the final setting.
+    autopilot: dict[str, Any]
