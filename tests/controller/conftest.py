@@ -39,6 +39,7 @@ def make_controller(
     buffer: Any = None,
     sampler_instance: Any = None,
     prompts: Any = None,
+    planner: Any = None,
     **async_kw: Any,
 ) -> Controller:
     task = task or FakeTask()
@@ -58,6 +59,7 @@ def make_controller(
         buffer=buffer,
         sampler=sampler_instance,
         prompts=prompts,
+        planner=planner,
     )
 
 

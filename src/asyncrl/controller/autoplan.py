@@ -16,7 +16,9 @@ What an answer may change (the lessons of the measurement-driven tuners):
 * only a setting that keeps the bounds (predicted), and only when the plan
   predicts a gain of at least ``min_gain`` over the setting in force - or the
   setting in force is predicted to break a bound;
-* **hysteresis**: the same setting must win ``wins_needed`` plans in a row;
+* **hysteresis**: the same setting must win ``wins_needed`` plans in a row
+  (one is enough when the window measured a broken bound and the plan
+  predicts the setting in force breaks it again: safety first);
 * the candidates are bounded moves (the planner's side of the contract);
 * the Retuner checks the derived facts again, and a setting it refuses is
   never applied (the decision says so).
@@ -83,7 +85,7 @@ class PlanResult:
 
     model: dict[str, Any]
     candidates: list[Prediction]
-    #: The best candidate that keeps the bounds (None: none does, or no data).
+    #: The best candidate that keeps the bounds, else the nearest (None: no data).
     best: Prediction | None
     #: The prediction for the setting in force (it is always a candidate).
     current: Prediction | None
@@ -199,7 +201,7 @@ class PlannedAutopilot(Autopilot):
         best, current = result.best, result.current
         if best is None or current is None:
             self._winner, self._wins = None, 0
-            return "hold", result.note or "no candidate keeps the bounds", None
+            return "hold", result.note or "no candidate", None
         if best.setting == current.setting:
             self._winner, self._wins = None, 0
             return "hold", "the setting in force is the best", None
@@ -212,7 +214,13 @@ class PlannedAutopilot(Autopilot):
         self._winner = best.setting
         why = ("the setting in force breaks a bound" if broken
                else f"predicted gain {gain:+.1%}")
-        if self._wins < self.cfg.wins_needed:
+        if not best.keeps_bounds:
+            why += " and no candidate keeps them: the nearest"
+        # Safety first: a bound the run measured broken, and the model predicts
+        # broken again, is no noise to wait out.
+        needed = 1 if not current.keeps_bounds and not measured.keeps(self.cfg) \
+            else self.cfg.wins_needed
+        if self._wins < needed:
             return "candidate", f"{why}; won {self._wins}/{self.cfg.wins_needed} plans", None
         return "apply", f"{why}; won {self._wins} plans in a row", best
 

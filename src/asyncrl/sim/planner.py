@@ -18,7 +18,8 @@ in three steps:
    measured past its first quarter; from 1,024 groups per step in cohort mode;
 3. **pick** (:func:`pick`): the most throughput among the candidates that keep
    the bounds (``objective: staleness``: the least staleness p95 within
-   ``min_gain`` of it); the autopilot adds the gain threshold and hysteresis.
+   ``min_gain`` of it); when none keeps them, the one nearest to them; the
+   autopilot adds the gain threshold and hysteresis.
 
 :class:`ModelPlanner` runs plans in a separate process (a real run: the event
 loop, the pumps and the trainer never wait for it) or inline (virtual time).
@@ -167,15 +168,29 @@ def predict(cfg: RunConfig, latency: Empirical, setting: dict[str, Any], steps: 
     return Prediction(setting, trained / span if span > 0 else 0.0, p95, waste, keeps)
 
 
-def pick(candidates: list[Prediction], objective: str, min_gain: float) -> Prediction | None:
-    """The best candidate that keeps the bounds. Throughputs within :data:`TIE`
+def excess(c: Prediction, bounds: dict[str, Any]) -> float:
+    """How far ``c`` is predicted to break the bounds (0: it keeps them), each
+    bound's excess relative to the bound."""
+    out = 0.0
+    for key, value in (("max_staleness_p95", c.staleness_p95), ("max_waste_frac", c.waste_frac)):
+        bound = bounds.get(key)
+        if bound is not None and value > bound:
+            out += (value - bound) / max(bound, 1e-3)
+    return out
+
+
+def pick(candidates: list[Prediction], objective: str, min_gain: float,
+         bounds: dict[str, Any]) -> Prediction | None:
+    """The best candidate that keeps the bounds; when none does, the one that
+    breaks them least (the setting in force is first: it wins a tie). Throughputs within :data:`TIE`
     of the top are a tie (a trainer-bound pipeline has many settings at its
     bound): the least waste, then staleness p95, then the first listed (the
     setting in force is first) wins it, so that the same setting keeps winning
     plan after plan and the hysteresis can tell a trend from noise."""
     kept = [c for c in candidates if c.keeps_bounds]
-    if not kept:
-        return None
+    if not kept:  # the nearest to the bounds: a move that breaks them less is progress
+        return min(candidates, key=lambda c: (round(excess(c, bounds), 6), -c.throughput),
+                   default=None)
     top = max(c.throughput for c in kept)
     band = min_gain if objective == "staleness" else TIE
     near = [c for c in kept if c.throughput >= (1 - band) * top]
@@ -199,7 +214,7 @@ def plan(cfg: RunConfig, request: PlanRequest, min_gain: float = 0.0) -> PlanRes
         except (SetupError, ConfigError):
             continue  # a setting the controller refuses is no candidate
     current = preds[0] if preds and preds[0].setting == request.setting else None
-    best = pick(preds, request.objective, min_gain)
+    best = pick(preds, request.objective, min_gain, request.bounds)
     return PlanResult(model, preds, best, current, time.perf_counter() - t0)
 
 
