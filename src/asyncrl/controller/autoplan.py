@@ -63,6 +63,8 @@ class PlanRequest:
     engines: int
     #: Generation slots when known (the elastic fleet's hook), else None.
     rollout_slots: int | None = None
+    #: The run's ``async_rl.sampler`` block (None: the planner's config's).
+    sampler: dict[str, Any] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,7 +146,8 @@ class PlannedAutopilot(Autopilot):
             plan_steps=cfg.plan_steps,
             records=[{k: r[k] for k in RECORD_KEYS if k in r} for r in window],
             intervals=self._intervals(window), engines=self.engines,
-            rollout_slots=self.rollout_slots)
+            rollout_slots=self.rollout_slots,
+            sampler=self.retuner.ctx.cfg.sampler.model_dump(mode="json"))
 
     def _intervals(self, window: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         """The timeline since the step before the window began, newest last: read

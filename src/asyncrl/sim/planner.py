@@ -87,7 +87,7 @@ def _required(cfg: RunConfig, window: int | None) -> int:
 
 
 def _sampler(cfg: RunConfig, window: int | None) -> Any:
-    own = cfg.async_rl.sampler
+    own = cfg.async_rl.sampler  # the run's (see _with_sampler)
     field = WINDOW_FIELD.get(getattr(own, "name", ""))
     if window is None or field is None:
         return own
@@ -199,9 +199,19 @@ def pick(candidates: list[Prediction], objective: str, min_gain: float,
     return min(near, key=lambda c: (round(c.waste_frac, 3), c.staleness_p95))
 
 
+def _with_sampler(cfg: RunConfig, request: PlanRequest) -> RunConfig:
+    """``cfg`` with the run's own sampler block (a simulation may override it)."""
+    if request.sampler is None:
+        return cfg
+    sampler = parse_sampler_config(request.sampler)
+    return cfg.model_copy(update={"async_rl": cfg.async_rl.model_copy(
+        update={"sampler": sampler})})
+
+
 def plan(cfg: RunConfig, request: PlanRequest, min_gain: float = 0.0) -> PlanResult:
     """One re-plan: fit, search, pick (the module docstring)."""
     t0 = time.perf_counter()
+    cfg = _with_sampler(cfg, request)
     model, why = fit_model(cfg, request)
     if model is None:
         return PlanResult({}, [], None, None, time.perf_counter() - t0, why)
