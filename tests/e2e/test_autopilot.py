@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 STEPS = 8
 
 
-def test_the_autopilot_retunes_a_real_run_and_the_planner_fits_it(tmp_path: Path) -> None:
+def test_the_autopilot_retunes_a_real_run_and_the_planner_fits_it(tmp_path: Path,
+                                                                   capsys) -> None:
     run_dir = tmp_path / "run"
     # Two groups in flight for eight a step: the trainer idles, so aimd raises the bound.
     code = main(["train", "--config", str(ROOT / "examples" / "long_tail.yaml"),
@@ -30,6 +31,7 @@ def test_the_autopilot_retunes_a_real_run_and_the_planner_fits_it(tmp_path: Path
                  "logging.progress=never", "logging.plots=false", "logging.tensorboard=false",
                  "checkpoint.every_steps=0"])
     assert code == 0
+    assert "autopilot       aimd: " in capsys.readouterr().out  # the end-of-run line
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["ledger"]["balanced"] and summary["steps"] == STEPS
     assert summary["autopilot"]["changes"] >= 1
