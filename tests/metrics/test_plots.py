@@ -118,6 +118,7 @@ def test_the_knobs_plot_follows_the_autopilot(tmp_path, figures) -> None:
     fig = figures["autopilot_knobs_vs_step.png"]
     inflight, capacity = fig.axes[0].get_lines()
     assert list(inflight.get_ydata()) == [8, 8, 12, 12, 12]
+    assert list(capacity.get_ydata()) == [16] * 5
     assert list(fig.axes[1].get_lines()[0].get_ydata()) == [2, 2, 2, 1, 1]
     assert {"in-flight bound", "buffer capacity", "window (right)",
             "r: autopilot knobs vs step"} <= set(_texts(fig))
