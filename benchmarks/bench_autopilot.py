@@ -116,8 +116,10 @@ def _start(cfg: RunConfig, first: Any, mode: str) -> RunConfig:
     """``cfg`` at phase 1's oracle setting with the autopilot in ``mode`` (aimd gets
     twice the capacity: it moves only the in-flight bound)."""
     capacity = 2 * first.capacity if mode == "aimd" else first.capacity
+    # aimd decides on its own defaults (every 2 steps): only the bounds are shared.
+    pilot = {k: PILOT[k] for k in ("enabled", "bounds")} if mode == "aimd" else PILOT
     return _with(cfg, max_buffered_rollouts=capacity, max_inflight_prompts=first.inflight,
-                 autopilot=AutopilotConfig(**PILOT, mode=mode))
+                 autopilot=AutopilotConfig(**pilot, mode=mode))
 
 
 def _run(cfg: RunConfig, sampler: Any) -> Any:

@@ -65,6 +65,9 @@ class PlanRequest:
     rollout_slots: int | None = None
     #: The run's ``async_rl.sampler`` block (None: the planner's config's).
     sampler: dict[str, Any] | None = None
+    #: What the newest ``replan_every_steps`` steps measured under the setting in
+    #: force (:class:`~asyncrl.controller.autopilot.WindowStats` as a dict).
+    measured: dict[str, Any] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,7 +150,8 @@ class PlannedAutopilot(Autopilot):
             records=[{k: r[k] for k in RECORD_KEYS if k in r} for r in window],
             intervals=self._intervals(window), engines=self.engines,
             rollout_slots=self.rollout_slots,
-            sampler=self.retuner.ctx.cfg.sampler.model_dump(mode="json"))
+            sampler=self.retuner.ctx.cfg.sampler.model_dump(mode="json"),
+            measured=dataclasses.asdict(WindowStats.of(records[-cfg.replan_every_steps:])))
 
     def _intervals(self, window: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         """The timeline since the step before the window began, newest last: read

@@ -16,6 +16,8 @@ in three steps:
    candidate with the same seed (common random numbers: differences are the
    settings', not the draws'), from an empty pipeline for ``plan_steps`` steps,
    measured past its first quarter; from 1,024 groups per step in cohort mode;
+   each prediction corrected by the model's bias on the setting in force
+   (:func:`corrected`: what the run measured above what the model predicted);
 3. **pick** (:func:`pick`): the most throughput among the candidates that keep
    the bounds (``objective: staleness``: the least staleness p95 within
    ``min_gain`` of it); when none keeps them, the one nearest to them; the
@@ -179,17 +181,25 @@ def excess(c: Prediction, bounds: dict[str, Any]) -> float:
     return out
 
 
+def _load(setting: dict[str, Any]) -> tuple[int, int, int]:
+    return (setting["window"] or 0, setting["max_inflight_prompts"],
+            setting["max_buffered_rollouts"])
+
+
 def pick(candidates: list[Prediction], objective: str, min_gain: float,
          bounds: dict[str, Any]) -> Prediction | None:
     """The best candidate that keeps the bounds; when none does, the one that
-    breaks them least (the setting in force is first: it wins a tie). Throughputs within :data:`TIE`
+    breaks them least (of equals, the most cautious). Throughputs within :data:`TIE`
     of the top are a tie (a trainer-bound pipeline has many settings at its
     bound): the least waste, then staleness p95, then the first listed (the
     setting in force is first) wins it, so that the same setting keeps winning
     plan after plan and the hysteresis can tell a trend from noise."""
     kept = [c for c in candidates if c.keeps_bounds]
-    if not kept:  # the nearest to the bounds: a move that breaks them less is progress
-        return min(candidates, key=lambda c: (round(excess(c, bounds), 6), -c.throughput),
+    if not kept:  # the nearest to the bounds: a move that breaks them less is progress;
+        # among equals the most cautious one (a model that cannot tell them apart on
+        # a bound the run broke must not hold: fewer groups in flight, a narrower
+        # window, a smaller buffer is what keeps staleness and waste down).
+        return min(candidates, key=lambda c: (round(excess(c, bounds), 6), _load(c.setting)),
                    default=None)
     top = max(c.throughput for c in kept)
     band = min_gain if objective == "staleness" else TIE
@@ -224,8 +234,32 @@ def plan(cfg: RunConfig, request: PlanRequest, min_gain: float = 0.0) -> PlanRes
         except (SetupError, ConfigError):
             continue  # a setting the controller refuses is no candidate
     current = preds[0] if preds and preds[0].setting == request.setting else None
+    if current is not None and request.measured is not None:
+        preds = corrected(preds, current, request.measured, request.bounds, model)
+        current = preds[0]
     best = pick(preds, request.objective, min_gain, request.bounds)
     return PlanResult(model, preds, best, current, time.perf_counter() - t0)
+
+
+def corrected(preds: list[Prediction], current: Prediction, measured: dict[str, Any],
+              bounds: dict[str, Any], model: dict[str, Any]) -> list[Prediction]:
+    """Every prediction with the model's bias on the setting in force added: the
+    staleness p95 and waste the run measured above what the model predicts for
+    the same setting (a simulation from an empty pipeline is short beside a
+    heavy tail, and the window's latencies miss the generations still running).
+    Only a bias upward is added (the bounds are kept conservatively); it is
+    recorded in ``model``."""
+    stale = max(0.0, float(measured["staleness_p95"]) - current.staleness_p95)
+    waste = max(0.0, float(measured["waste_frac"]) - current.waste_frac)
+    model["bias"] = {"staleness_p95": stale, "waste_frac": waste}
+    if not stale and not waste:
+        return preds
+    out = []
+    for p in preds:
+        fixed = dataclasses.replace(p, staleness_p95=p.staleness_p95 + stale,
+                                    waste_frac=p.waste_frac + waste)
+        out.append(dataclasses.replace(fixed, keeps_bounds=excess(fixed, bounds) == 0))
+    return out
 
 
 @dataclasses.dataclass
