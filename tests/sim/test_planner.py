@@ -6,8 +6,8 @@ moves the window where ``runtime`` cannot, and a stationary workload settles."""
 from __future__ import annotations
 
 from asyncrl.config import config_from_dict
-from asyncrl.controller.autoplan import PlanRequest
-from asyncrl.sim.planner import ModelPlanner, candidate_settings
+from asyncrl.controller.autoplan import PlanRequest, Prediction
+from asyncrl.sim.planner import ModelPlanner, candidate_settings, corrected, pick
 from asyncrl.sim.runner import simulate
 
 
@@ -87,3 +87,36 @@ def test_a_stationary_workload_settles() -> None:
                     steps=26))
     changes = [d for d in res.autopilot if d["setting"] != d["previous"]]
     assert len(res.autopilot) >= 7 and len(changes) <= 2
+
+
+def _p(inflight: int, window: int, tput: float, p95: float, waste: float = 0.0,
+       keeps: bool = True) -> Prediction:
+    return Prediction({"max_inflight_prompts": inflight, "window": window,
+                       "max_buffered_rollouts": 32}, tput, p95, waste, keeps)
+
+
+BOUNDS = {"max_staleness_p95": 4.0, "max_waste_frac": 0.05}
+
+
+def test_the_pick_keeps_the_bounds_then_breaks_them_least_and_cautiously() -> None:
+    fast_but_stale = _p(32, 3, 3.0, 6.0, keeps=False)
+    kept = [_p(24, 2, 2.0, 3.0), _p(16, 2, 2.005, 2.0, waste=0.01)]
+    # Within TIE of the top throughput: the least waste wins the tie.
+    assert pick([fast_but_stale, *kept], "throughput", 0.03, BOUNDS) is kept[0]
+    assert pick([fast_but_stale, *kept], "staleness", 0.03, BOUNDS) is kept[1]
+    # None keeps them: the nearest; of equally broken ones the most cautious.
+    broken = [_p(32, 3, 3.0, 6.0, keeps=False), _p(24, 3, 2.0, 6.0, keeps=False),
+              _p(40, 3, 3.5, 7.0, keeps=False)]
+    assert pick(broken, "throughput", 0.03, BOUNDS) is broken[1]
+
+
+def test_predictions_carry_the_bias_the_run_measured_upward_only() -> None:
+    current, other = _p(32, 3, 2.0, 4.0), _p(24, 2, 1.9, 2.0)
+    model: dict = {}
+    fixed = corrected([current, other], current, {"staleness_p95": 7.0, "waste_frac": 0.0},
+                      BOUNDS, model)
+    assert [p.staleness_p95 for p in fixed] == [7.0, 5.0] and not any(p.keeps_bounds for p in fixed)
+    assert model["bias"] == {"staleness_p95": 3.0, "waste_frac": 0.0}
+    same = corrected([current, other], current, {"staleness_p95": 1.0, "waste_frac": 0.0},
+                     BOUNDS, model)
+    assert same == [current, other]
