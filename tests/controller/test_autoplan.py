@@ -195,3 +195,13 @@ def test_the_fleet_hook_warms_up_again() -> None:
     steps = [r.step for r in planner.requests]
     assert 4 not in steps and 5 in steps  # the boundary of the change warms up again
     assert planner.requests[-1].rollout_slots == 3
+
+
+def test_what_was_measured_counts_once_the_change_has_shown() -> None:
+    """After a change, the steps measured straddle two settings: the plans get no
+    measurement (no bias correction, no safety-first cut) for two decision windows."""
+    planner = ScriptedPlanner([12, 12])
+    _run(_controller(planner, steps=7))
+    # Plans at steps 2..7; 12 applied at step 3 (its second win).
+    measured = {r.step: r.measured is not None for r in planner.requests}
+    assert measured == {2: True, 3: True, 4: False, 5: True, 6: True, 7: True}

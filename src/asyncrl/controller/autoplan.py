@@ -18,7 +18,10 @@ What an answer may change (the lessons of the measurement-driven tuners):
   setting in force is predicted to break a bound;
 * **hysteresis**: the same setting must win ``wins_needed`` plans in a row
   (one is enough when the window measured a broken bound and the plan
-  predicts the setting in force breaks it again: safety first);
+  predicts the setting in force breaks it again: safety first). What the run
+  measured counts only once the steps measured ran under the setting in force
+  (two decision windows after a change): a cut whose effect has not shown yet
+  is not cut again;
 * the candidates are bounded moves (the planner's side of the contract);
 * the Retuner checks the derived facts again, and a setting it refuses is
   never applied (the decision says so).
@@ -128,6 +131,8 @@ class PlannedAutopilot(Autopilot):
         self._wins = 0
         #: What the last plan predicted for the setting it left in force.
         self._predicted: dict[str, Any] | None = None
+        #: The step boundary of the last change this autopilot asked for.
+        self._changed_at: int | None = None
 
     def at_boundary(self, steps_done: int, records: list[dict[str, Any]], *, due: bool) -> None:
         if self._running is not None and self._running.done():
@@ -151,7 +156,16 @@ class PlannedAutopilot(Autopilot):
             intervals=self._intervals(window), engines=self.engines,
             rollout_slots=self.rollout_slots,
             sampler=self.retuner.ctx.cfg.sampler.model_dump(mode="json"),
-            measured=dataclasses.asdict(WindowStats.of(records[-cfg.replan_every_steps:])))
+            measured=(dataclasses.asdict(WindowStats.of(records[-cfg.replan_every_steps:]))
+                      if self._settled(steps_done) else None))
+
+    def _settled(self, steps_done: int) -> bool:
+        """True when the steps measured ran under the setting in force: a change
+        shows in the trained groups only once those admitted before it are gone
+        (two decision windows), and a cut whose effect has not shown yet must
+        not be cut again (aimd's drain latch, for the plan)."""
+        return (self._changed_at is None
+                or steps_done - self._changed_at >= 2 * self.cfg.replan_every_steps)
 
     def _intervals(self, window: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         """The timeline since the step before the window began, newest last: read
@@ -191,6 +205,7 @@ class PlannedAutopilot(Autopilot):
             try:
                 self.retuner.request(**_knobs(chosen.setting, self.cfg.plan_knobs))
                 changed = True
+                self._changed_at = steps_done
                 self._winner, self._wins = None, 0
             except RetuneRefused as exc:
                 action, reason = "refused", str(exc)
@@ -213,7 +228,8 @@ class PlannedAutopilot(Autopilot):
             self._winner, self._wins = None, 0
             return "hold", "the setting in force is the best", None
         gain = best.throughput / current.throughput - 1 if current.throughput > 0 else math.inf
-        broken = not current.keeps_bounds or not measured.keeps(self.cfg)
+        settled = self._settled(self._asked_at)
+        broken = not current.keeps_bounds or (settled and not measured.keeps(self.cfg))
         if gain < self.cfg.min_gain and not broken and self.cfg.objective == "throughput":
             self._winner, self._wins = None, 0
             return "hold", f"predicted gain {gain:+.1%} < min_gain {self.cfg.min_gain:g}", None
@@ -225,7 +241,7 @@ class PlannedAutopilot(Autopilot):
             why += " and no candidate keeps them: the nearest"
         # Safety first: a bound the run measured broken, and the model predicts
         # broken again, is no noise to wait out.
-        needed = 1 if not current.keeps_bounds and not measured.keeps(self.cfg) \
+        needed = 1 if not current.keeps_bounds and settled and not measured.keeps(self.cfg) \
             else self.cfg.wins_needed
         if self._wins < needed:
             return "candidate", f"{why}; won {self._wins}/{self.cfg.wins_needed} plans", None
@@ -241,13 +257,14 @@ class PlannedAutopilot(Autopilot):
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "winner": self._winner, "wins": self._wins,
-                "predicted": self._predicted}
+                "predicted": self._predicted, "changed_at": self._changed_at}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         if state.get("mode") == self.cfg.mode:
             self._winner, self._wins = state.get("winner"), int(state.get("wins", 0))
             self._predicted = state.get("predicted")
+            self._changed_at = state.get("changed_at")
 
 
 def _knobs(setting: dict[str, Any], knobs: Sequence[str]) -> dict[str, int]:
