@@ -5,7 +5,7 @@ moves the window where ``runtime`` cannot, and a stationary workload settles."""
 
 from __future__ import annotations
 
-from asyncrl.config import config_from_dict
+from asyncrl.config import AutopilotConfig, config_from_dict
 from asyncrl.controller.autoplan import PlanRequest, Prediction
 from asyncrl.sim.planner import ModelPlanner, candidate_settings, corrected, pick
 from asyncrl.sim.runner import simulate
@@ -120,3 +120,16 @@ def test_predictions_carry_the_bias_the_run_measured_upward_only() -> None:
     same = corrected([current, other], current, {"staleness_p95": 1.0, "waste_frac": 0.0},
                      BOUNDS, model)
     assert same == [current, other]
+
+
+def test_cohort_steps_record_their_staleness_histogram() -> None:
+    """A plan reads each step's staleness histogram, in cohort mode too (from
+    1,024 groups per step the planner simulates in cohort mode)."""
+    cfg = _cfg("aimd", latency=HEAVY, steps=6)
+    cohort = cfg.model_copy(update={
+        "simulate": cfg.simulate.model_copy(update={"mode": "cohort"}),
+        "async_rl": cfg.async_rl.model_copy(update={"autopilot": AutopilotConfig()})})
+    res = simulate(cohort, record_intervals=False)
+    for r in res.records:
+        assert sum(r["staleness_hist"].values()) == r["groups_trained"]
+    assert sum(sum(r["staleness_hist"].values()) for r in res.records) == res.ledger["trained"]
