@@ -156,9 +156,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", default=str(ROOT / "examples" / "sim" / "shifting.yaml"))
     parser.add_argument("--modes", default="aimd,runtime,plan")
     parser.add_argument("--no-timing", action="store_true", help="skip the planning-time rows")
+    parser.add_argument("--timing-only", action="store_true",
+                        help="only phase 1's oracle and the planning-time rows")
     args = parser.parse_args(argv)
     steps, modes = args.steps_per_phase, args.modes.split(",")
     cfg = load_config(args.config)
+    if args.timing_only:
+        first = oracle(_phase_cfg(cfg, 0, steps), steps)[0]
+        for scale in (1, 64):
+            print(f"plan mode: {plan_seconds(cfg, first, scale):.2f} s per re-plan at "
+                  f"{cfg.grpo.num_prompts_per_step * scale} groups per step")
+        return 0
     oracles = [oracle(_phase_cfg(cfg, p, steps), steps) for p in (0, 1)]
     for p, (cand, tput) in enumerate(oracles):
         print(f"oracle phase {p + 1}: {cand.label}: {tput:.3f} groups/s")
