@@ -9,17 +9,23 @@ examples/sim/shifting.yaml: 64 groups per step, lognormal latencies (median
 * **fixed**: phase 1's oracle setting run through both phases.
 * **aimd**: the same setting with ``autopilot: {enabled: true, mode: aimd}``
   (capacity doubled, so the in-flight bound has room to move above it).
+* **runtime**: the same setting with ``mode: runtime`` (the planner moves the
+  in-flight bound and the capacity; the window stays);
+* **plan**: ``mode: plan`` (the window moves too).
 
-* **stationary**: aimd on phase 1's workload alone, twice as long: its
-  throughput / the oracle's and how many re-tunes it made.
+* **stationary**: each autopilot on phase 1's workload alone, twice as long:
+  its throughput / the oracle's and how many changes it made after the warm-up.
+* **planning time**: seconds per re-plan at 64 groups per step (this workload)
+  and at 4,096 (the same workload scaled: 64x the groups and the slots).
 
 Throughput of a phase = groups trained in its steps / virtual seconds they
 took (the first phase from t = 0, the second from the end of the first). Prints
 one row per run and phase (throughput / oracle, staleness p95, waste, whether
 the bounds were kept: a ratio above 1 with a broken bound is no win), then
-``RESULT autopilot_vs_oracle_min <the worse phase's aimd / oracle>``.
-``runtime`` and the model-based plan are not implemented yet: no rows for them.
-Run: ``python benchmarks/bench_autopilot.py [--steps-per-phase N]``.
+``RESULT autopilot_vs_oracle_min <the worse phase of the best mode / oracle>``
+(the best mode: the one whose worse phase is best among those that kept the
+bounds in both phases).
+Run: ``python benchmarks/bench_autopilot.py [--steps-per-phase N] [--modes aimd,runtime,plan]``.
 """
 
 from __future__ import annotations
@@ -31,11 +37,16 @@ from typing import Any
 
 from asyncrl.config import AutopilotConfig, RunConfig, load_config
 from asyncrl.sim.frontier import candidates
+from asyncrl.sim.planner import ModelPlanner
 from asyncrl.sim.runner import simulate
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The bounds every setting must keep: staleness p95 of the trained groups, waste.
 BOUNDS = {"staleness_p95": 4, "waste_frac": 0.05}
+#: The autopilot's settings in every run (the bounds above).
+PILOT = {"enabled": True, "bounds": {"max_waste_frac": BOUNDS["waste_frac"],
+                                     "max_staleness_p95": float(BOUNDS["staleness_p95"])},
+         "warmup_steps": 2, "replan_every_steps": 5, "plan_steps": 16, "fit_steps": 8}
 
 
 def _with(cfg: RunConfig, **async_rl: Any) -> RunConfig:
@@ -101,49 +112,106 @@ def oracle(cfg: RunConfig, steps: int) -> tuple[Any, float]:
     return best
 
 
+def _start(cfg: RunConfig, first: Any, mode: str) -> RunConfig:
+    """``cfg`` at phase 1's oracle setting with the autopilot in ``mode`` (aimd gets
+    twice the capacity: it moves only the in-flight bound)."""
+    capacity = 2 * first.capacity if mode == "aimd" else first.capacity
+    # aimd decides on its own defaults (every 2 steps): only the bounds are shared.
+    pilot = {k: PILOT[k] for k in ("enabled", "bounds")} if mode == "aimd" else PILOT
+    return _with(cfg, max_buffered_rollouts=capacity, max_inflight_prompts=first.inflight,
+                 autopilot=AutopilotConfig(**pilot, mode=mode))
+
+
+def _run(cfg: RunConfig, sampler: Any) -> Any:
+    pilot = cfg.async_rl.autopilot
+    planner = ModelPlanner(cfg, inline=True) if pilot.enabled and pilot.mode != "aimd" else None
+    return simulate(cfg, sampler_override=sampler, record_intervals=False, planner=planner)
+
+
+def _changes_after_warmup(res: Any) -> int:
+    return sum(d["setting"] != d["previous"] for d in res.autopilot)
+
+
+def plan_seconds(cfg: RunConfig, first: Any, scale: int) -> float:
+    """Mean seconds per re-plan of ``mode: plan`` on phase 1 with ``scale`` x the
+    groups per step and the slots (a few steps: two plans)."""
+    sim = cfg.simulate
+    assert sim is not None
+    n = cfg.grpo.num_prompts_per_step * scale
+    big = cfg.model_copy(update={
+        "grpo": cfg.grpo.model_copy(update={"num_prompts_per_step": n}),
+        "simulate": sim.model_copy(update={"rollout_slots": sim.rollout_slots * scale})})
+    big = _with(_phase_cfg(big, 0, 5), max_buffered_rollouts=first.capacity * scale,
+                max_inflight_prompts=first.inflight * scale,
+                min_groups_for_streaming_train=cfg.async_rl.min_groups_for_streaming_train * scale,
+                autopilot=AutopilotConfig(**{**PILOT, "replan_every_steps": 1}, mode="plan"))
+    res = _run(big, first.sampler)
+    times = [d["plan_s"] for d in res.autopilot if "plan_s" in d]
+    return sum(times) / len(times) if times else float("nan")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps-per-phase", type=int, default=200)
     parser.add_argument("--config", default=str(ROOT / "examples" / "sim" / "shifting.yaml"))
+    parser.add_argument("--modes", default="aimd,runtime,plan")
+    parser.add_argument("--no-timing", action="store_true", help="skip the planning-time rows")
+    parser.add_argument("--timing-only", action="store_true",
+                        help="only phase 1's oracle and the planning-time rows")
     args = parser.parse_args(argv)
-    steps = args.steps_per_phase
+    steps, modes = args.steps_per_phase, args.modes.split(",")
     cfg = load_config(args.config)
+    if args.timing_only:
+        first = oracle(_phase_cfg(cfg, 0, steps), steps)[0]
+        for scale in (1, 64):
+            print(f"plan mode: {plan_seconds(cfg, first, scale):.2f} s per re-plan at "
+                  f"{cfg.grpo.num_prompts_per_step * scale} groups per step")
+        return 0
     oracles = [oracle(_phase_cfg(cfg, p, steps), steps) for p in (0, 1)]
     for p, (cand, tput) in enumerate(oracles):
         print(f"oracle phase {p + 1}: {cand.label}: {tput:.3f} groups/s")
     first = oracles[0][0]
     two = _two_phase_cfg(cfg, steps)
-    fixed_cfg = _with(two, max_buffered_rollouts=first.capacity,
-                      max_inflight_prompts=first.inflight)
-    aimd_cfg = _with(two, max_buffered_rollouts=2 * first.capacity,
-                     max_inflight_prompts=first.inflight,
-                     autopilot=AutopilotConfig(enabled=True, mode="aimd",
-                                               bounds={"max_waste_frac": BOUNDS["waste_frac"],
-                                                       "max_staleness_p95":
-                                                           float(BOUNDS["staleness_p95"])}))
-    ratios: dict[str, list[float]] = {}
+    runs = [("fixed", _with(two, max_buffered_rollouts=first.capacity,
+                            max_inflight_prompts=first.inflight))]
+    runs += [(mode, _start(two, first, mode)) for mode in modes]
+    worst: dict[str, float] = {}
     print(f"{'run':<8} {'phase':>5} {'groups/s':>9} {'/oracle':>8} {'stale p95':>9} "
-          f"{'waste':>7} {'bounds kept':>11}")
-    for name, run_cfg in (("fixed", fixed_cfg), ("aimd", aimd_cfg)):
-        res = simulate(run_cfg, sampler_override=first.sampler, record_intervals=False)
+          f"{'waste':>7} {'bounds kept':>11} {'changes':>7}")
+    for name, run_cfg in runs:
+        res = _run(run_cfg, first.sampler)
+        kept_all, ratios = True, []
         for p in (0, 1):
-            facts = _phase_facts(res.records, p * steps, (p + 1) * steps)
+            lo, hi = p * steps, (p + 1) * steps
+            facts = _phase_facts(res.records, lo, hi)
             ratio = facts["throughput"] / oracles[p][1]
-            ratios.setdefault(name, []).append(ratio)
+            ratios.append(ratio)
+            kept_all &= _kept(facts)
+            changes = sum(d["setting"] != d["previous"] for d in res.autopilot
+                          if lo < d["step"] <= hi)
             print(f"{name:<8} {p + 1:>5} {facts['throughput']:>9.3f} {ratio:>8.3f} "
                   f"{facts['staleness_p95']:>9.0f} {facts['waste_frac']:>7.3f} "
-                  f"{'yes' if _kept(facts) else 'NO':>11}")
-    # Stationary: phase 1 alone, aimd from phase 1's oracle setting.
-    stat = simulate(_with(_phase_cfg(cfg, 0, 2 * steps), max_buffered_rollouts=2 * first.capacity,
-                          max_inflight_prompts=first.inflight,
-                          autopilot=aimd_cfg.async_rl.autopilot),
-                    sampler_override=first.sampler, record_intervals=False)
-    facts = _phase_facts(stat.records, 0, 2 * steps)
-    print(f"stationary (phase 1 for {2 * steps} steps) aimd: {facts['throughput'] / oracles[0][1]:.3f}"
-          f" of the oracle, {len(stat.retunes)} re-tunes (all after the warm-up),"
-          f" staleness p95 {facts['staleness_p95']:.0f}, waste {facts['waste_frac']:.3f}")
-    print(f"RESULT fixed_vs_oracle_min {min(ratios['fixed']):.4f}")
-    print(f"RESULT autopilot_vs_oracle_min {min(ratios['aimd']):.4f}")
+                  f"{'yes' if _kept(facts) else 'NO':>11} {changes:>7}")
+        if res.autopilot:
+            print(f"         {res.autopilot_line()}")
+        if name != "fixed" and kept_all:
+            worst[name] = min(ratios)
+    # Stationary: phase 1 alone, twice as long, from phase 1's oracle setting.
+    for mode in modes:
+        stat = _run(_start(_phase_cfg(cfg, 0, 2 * steps), first, mode), first.sampler)
+        facts = _phase_facts(stat.records, 0, 2 * steps)
+        print(f"stationary (phase 1 for {2 * steps} steps) {mode}: "
+              f"{facts['throughput'] / oracles[0][1]:.3f} of the oracle, "
+              f"{_changes_after_warmup(stat)} changes after the warm-up, staleness p95 "
+              f"{facts['staleness_p95']:.0f}, waste {facts['waste_frac']:.3f}")
+    if not args.no_timing and "plan" in modes:
+        for scale in (1, 64):
+            n = cfg.grpo.num_prompts_per_step * scale
+            print(f"plan mode: {plan_seconds(cfg, first, scale):.2f} s per re-plan at {n} "
+                  f"groups per step")
+    best = max(worst, key=lambda k: worst[k]) if worst else None
+    print(f"best mode (kept the bounds in both phases): {best}")
+    print(f"RESULT autopilot_vs_oracle_min {worst[best] if best else float('nan'):.4f}")
     return 0
 
 

@@ -40,6 +40,7 @@ def make_controller(
     sampler_instance: Any = None,
     prompts: Any = None,
     dynamic_sampling: dict[str, Any] | None = None,
+    planner: Any = None,
     **async_kw: Any,
 ) -> Controller:
     task = task or FakeTask()
@@ -59,6 +60,7 @@ def make_controller(
         buffer=buffer,
         sampler=sampler_instance,
         prompts=prompts,
+        planner=planner,
     )
 
 

@@ -5,6 +5,7 @@ hang, lose a group or break a bound once the change took effect."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import random
 
@@ -12,12 +13,41 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from asyncrl.controller.autoplan import PlanRequest, PlanResult, Prediction
 from asyncrl.errors import RetuneRefused, SetupError
 from asyncrl.sim.clock import run_virtual
 from tests.controller.conftest import FORGIVING, make_controller
 from tests.controller.test_deadlock_freedom import SAMPLER_WINDOW_KEY
 from tests.controller.test_deterministic import PinnedEngine
 from tests.fakes import FakeEngine, FakeTrainer
+
+
+class RandomPlanner:
+    """A planner whose every plan is a random setting predicted to win big (a
+    shrink of window and capacity as likely as a raise; some the Retuner refuses)."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+        self.requests: list[PlanRequest] = []
+        self.last: dict | None = None
+
+    def submit(self, request: PlanRequest) -> concurrent.futures.Future:
+        self.requests.append(request)
+        rng, cur = self.rng, request.setting
+        setting = {"max_inflight_prompts": rng.randint(1, 12),
+                   "window": rng.randint(0, 3) if "window" in request.knobs else cur["window"],
+                   "max_buffered_rollouts": rng.randint(1, 24)}
+        if self.last is not None and rng.random() < 0.5:  # a second win in a row
+            setting = self.last
+        self.last = setting
+        current = Prediction(cur, 1.0, 0.0, 0.0, True)
+        best = Prediction(setting, 2.0, 0.0, 0.0, True)
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        future.set_result(PlanResult({}, [current, best], best, current, 0.0))
+        return future
+
+    def close(self) -> None:
+        pass
 
 
 class BoundChecker:
@@ -75,10 +105,17 @@ def setups(draw):
         "failure_rate": draw(st.sampled_from([0.0, 0.0, 0.2])),
         "step_time": draw(st.sampled_from([0.1, 1.0, 5.0])),
         "replan_p": draw(st.sampled_from([0.0, 0.2, 0.5, 1.0])),
-        # The aimd autopilot on top of the random re-plans (both go through the Retuner).
-        "autopilot": draw(st.sampled_from([None, {"enabled": True, "warmup_steps": 0,
-                                                  "replan_every_steps": 1, "increase": 3,
-                                                  "bounds": {"max_waste_frac": 0.1}}])),
+        # The aimd autopilot, or a model-based one whose plans are random settings
+        # (shrinks of window and capacity included; those the Retuner refuses are
+        # recorded, never applied), on top of the random re-plans (all go through
+        # the Retuner).
+        "autopilot": draw(st.sampled_from([
+            None, {"enabled": True, "warmup_steps": 0, "replan_every_steps": 1, "increase": 3,
+                   "bounds": {"max_waste_frac": 0.1}},
+            {"enabled": True, "mode": "plan", "warmup_steps": 0, "replan_every_steps": 1,
+             "wins_needed": 1, "min_gain": 0.0},
+            {"enabled": True, "mode": "runtime", "warmup_steps": 1, "replan_every_steps": 2,
+             "wins_needed": 2, "min_gain": 0.0}])),
     }
 
 
@@ -106,9 +143,11 @@ def test_random_replans_never_hang_lose_a_group_or_break_a_bound(setup) -> None:
         if rng.random() < setup["replan_p"]:
             replans.append(ctl.retune(**_random_setting(rng, ctl, per_step, min_chunk)))
 
+    pilot = setup["autopilot"]
+    planner = RandomPlanner(rng) if pilot and pilot.get("mode") in ("plan", "runtime") else None
     try:
         ctl = make_controller(
-            setup["sampler"],
+            setup["sampler"], planner=planner,
             engines=[FakeEngine(latency, fail=fail) for _ in range(setup["engines"])],
             trainer=FakeTrainer(step_time=setup["step_time"]), steps=steps,
             per_step=per_step, capacity=setup["capacity"], min_chunk=min_chunk,
@@ -129,6 +168,13 @@ def test_random_replans_never_hang_lose_a_group_or_break_a_bound(setup) -> None:
     assert staleness_breaks == []
     if setup["autopilot"] is None:
         assert len(ctl.retuner.applied) == len(replans)
+    if planner is not None:
+        assert planner.requests and all(
+            d["action"] in ("apply", "candidate", "hold", "refused")
+            for d in ctl.autopilot.decisions)
+        if pilot["mode"] == "runtime":
+            assert all("window" not in r.knobs for r in planner.requests)
+        event(f"{pilot['mode']}: {ctl.autopilot.changes} changes")
     event("ran with re-tunes applied" if ctl.retuner.applied else "ran without a re-tune")
 
 

@@ -108,3 +108,19 @@ def test_the_training_curves_show_what_the_run_logged(tmp_path, figures) -> None
         tops[x] = max(tops.get(x, 0.0), bar.get_y() + bar.get_height())
     assert tops == pytest.approx(dict.fromkeys(range(5), 3.0))
     assert "training (forward/backward)" in _texts(figures["step_time_vs_step.png"])
+
+
+def test_the_knobs_plot_follows_the_autopilot(tmp_path, figures) -> None:
+    records = [{"step": s, "autopilot/max_inflight_prompts": 8.0 + 4 * (s >= 2),
+                "autopilot/max_buffered_rollouts": 16.0, "autopilot/window": 2.0 - (s >= 3)}
+               for s in range(5)]
+    plots.plot_training_curves(records, tmp_path, run_name="r")
+    fig = figures["autopilot_knobs_vs_step.png"]
+    inflight, capacity = fig.axes[0].get_lines()
+    assert list(inflight.get_ydata()) == [8, 8, 12, 12, 12]
+    assert list(capacity.get_ydata()) == [16] * 5
+    assert list(fig.axes[1].get_lines()[0].get_ydata()) == [2, 2, 2, 1, 1]
+    assert {"in-flight bound", "buffer capacity", "window (right)",
+            "r: autopilot knobs vs step"} <= set(_texts(fig))
+    plots.plot_training_curves([{"step": 0, "train/loss": 1.0}], tmp_path)
+    assert "autopilot_knobs_vs_step.png" in figures  # (only from the first call)

@@ -89,6 +89,22 @@ def test_table_plots_and_run_dir(config_file, tmp_path, capsys) -> None:
         assert (run_dir / name).is_file(), name
 
 
+def test_the_autopilot_is_on_record_in_the_output_and_the_run_dir(config_file, tmp_path,
+                                                                 capsys) -> None:
+    run_dir = tmp_path / "run"
+    assert main(["simulate", "--config", str(config_file), "--run-dir", str(run_dir),
+                 "--steps", "8", "async_rl.autopilot.enabled=true",
+                 "async_rl.autopilot.mode=runtime", "async_rl.autopilot.plan_steps=4",
+                 "async_rl.autopilot.warmup_steps=2", "async_rl.autopilot.replan_every_steps=3"
+                 ]) == 0
+    out = capsys.readouterr().out
+    assert "autopilot (runtime): 2 decisions" in out
+    rows = [json.loads(line) for line in
+            (run_dir / "autopilot_in_order.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [5, 8] and all("candidates" in r for r in rows)
+    assert (run_dir / "autopilot_knobs_in_order.png").is_file()
+
+
 def test_config_without_simulate_block_is_an_error(tmp_path, capsys) -> None:
     path = tmp_path / "train.yaml"
     path.write_text(yaml.safe_dump({k: v for k, v in CONFIG.items() if k != "simulate"}))

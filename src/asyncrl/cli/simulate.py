@@ -156,7 +156,8 @@ def run(args: argparse.Namespace) -> int:
         if names is None:
             if on_start is not None:
                 on_start(getattr(cfg.async_rl.sampler, "name", "policy"))
-            results = [simulate(cfg, steps=steps, base_dir=base_dir, on_step=on_step)]
+            results = [simulate(cfg, steps=steps, base_dir=base_dir, on_step=on_step,
+                                planner=_planner(cfg))]
         else:
             results = compare(cfg, names, steps=steps, base_dir=base_dir,
                               on_start=on_start, on_step=on_step)
@@ -181,8 +182,21 @@ def run(args: argparse.Namespace) -> int:
     console.print(results[0].bound.describe())
     console.print("efficiency = bound step time / achieved step time; "
                   "waste = (evicted + aborted) / dispatched groups")
+    for result in results:
+        if result.autopilot:
+            console.print(result.autopilot_line(), markup=False, soft_wrap=True)
     console.print(f"wrote {run_dir}/ ({_written_text(written)})", markup=False)
     return 0
+
+
+def _planner(cfg: Any) -> Any:
+    """The model-based autopilot's planner, answering at once (virtual time)."""
+    pilot = cfg.async_rl.autopilot
+    if not pilot.enabled or pilot.mode == "aimd":
+        return None
+    from asyncrl.sim.planner import ModelPlanner
+
+    return ModelPlanner(cfg, inline=True)
 
 
 def run_frontier(args: argparse.Namespace, cfg: Any) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import functools
 import math
+from typing import Any
 
 from rich.console import Console
 
@@ -45,18 +46,25 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("--overwrite applies to a new --run-dir (a fork with --resume); "
                               f"--resume {args.resume} alone continues that run in place")
         summary = resume_run(args.resume, args.overrides, fork_to=args.run_dir,
-                             overwrite=args.overwrite)
+                             overwrite=args.overwrite, planner_factory=_planner)
     else:
         from asyncrl.run.train import train
 
         cfg = load_config(args.config, args.overrides)
-        summary = train(cfg, args.run_dir, overwrite=args.overwrite)
+        summary = train(cfg, args.run_dir, overwrite=args.overwrite, planner_factory=_planner)
     if summary is None:  # a resume with nothing left to do
         return 0
     print_summary(console, summary)
     if summary.get("resume_command"):  # plain print: one line, whatever the terminal width
         print(f"resume with     {summary['resume_command']}")
     return STOP_EXIT_CODES.get(summary["stop_reason"], 0)
+
+
+def _planner(cfg: Any) -> Any:
+    """The model-based autopilot's planner: the simulator, in a process of its own."""
+    from asyncrl.sim.planner import ModelPlanner
+
+    return ModelPlanner(cfg)
 
 
 def print_summary(console: Console, summary: dict) -> None:
@@ -98,6 +106,13 @@ def print_summary(console: Console, summary: dict) -> None:
         say(f"dynamic sampling {sampling['filtered']} groups filtered ({sampling['replaced']} "
             f"replaced, {sampling['absorbed_by_surplus']} absorbed by the over-sampled "
             f"surplus); {sampling['generated_per_trained']:.2f} generated per trained group")
+    pilot = summary.get("autopilot")
+    if pilot:
+        final = pilot["final"]
+        say(f"autopilot       {pilot['mode']}: {pilot['changes']} changes; final in-flight "
+            f"{final['max_inflight_prompts']}"
+            + (f" window {final['window']}" if final.get("window") is not None else "")
+            + f" capacity {final['max_buffered_rollouts']}  (autopilot.jsonl)")
     say(f"run directory   {summary['run_dir']}")
     best = summary.get("best_checkpoint")
     if best:

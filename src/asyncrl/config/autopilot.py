@@ -1,9 +1,10 @@
 """The ``async_rl.autopilot`` block: re-tune the staleness contract while the
 run goes on (docs/autopilot.md; the mechanics are asyncrl.controller.retune).
 
-Only ``mode: aimd`` exists so far: additive increase / multiplicative decrease
-of the in-flight bound from what each step measured (the trainer's idle
-fraction against the staleness and waste bounds).
+Three modes: ``aimd`` (additive increase / multiplicative decrease of the
+in-flight bound from what each step measured), ``runtime`` (a model of the
+run, re-fitted from its own recent steps, plans the in-flight bound and the
+capacity; the window stays) and ``plan`` (the same, and the window moves too).
 """
 
 from __future__ import annotations
@@ -27,11 +28,35 @@ class AutopilotBounds(Block):
     max_waste_frac: Fraction | None = 0.05
 
 
+#: What the model-based modes may change (``runtime`` never moves the window).
+Knob = Literal["max_inflight_prompts", "window", "max_buffered_rollouts"]
+
+
 class AutopilotConfig(Block):
     enabled: bool = False
-    #: ``aimd``: the in-flight bound only, from measured trainer idle vs staleness/waste.
-    mode: Literal["aimd"] = "aimd"
+    #: ``aimd``: the in-flight bound only, from measured trainer idle vs staleness/waste;
+    #: ``runtime``: planned with the re-fitted model, window fixed; ``plan``: all knobs.
+    mode: Literal["aimd", "runtime", "plan"] = "aimd"
+    #: What a plan maximises among the settings that keep the bounds: groups
+    #: trained per second, or (``staleness``) the least staleness p95 within
+    #: ``min_gain`` of the best throughput.
+    objective: Literal["throughput", "staleness"] = "throughput"
     bounds: AutopilotBounds = Field(default_factory=AutopilotBounds)
+    #: The knobs a plan may move (``runtime`` leaves ``window`` out whatever this says).
+    knobs: list[Knob] = Field(default_factory=lambda: ["max_inflight_prompts", "window",
+                                                       "max_buffered_rollouts"])
+    #: A plan's setting is applied only when it predicts at least this relative
+    #: gain over the setting in force, and wins ``wins_needed`` re-plans in a row.
+    min_gain: NonNegFloat = 0.03
+    wins_needed: PosInt = 2
+    #: Bounded moves: per re-plan, the in-flight bound and the capacity move by at
+    #: most this fraction (at least one group), the window by at most one version.
+    max_move: OpenFraction = 0.25
+    #: Steps each candidate is simulated for (the first quarter is left out as the
+    #: simulation's own warm-up).
+    plan_steps: PosInt = 24
+    #: Steps of the run the model is fitted on (a sliding window; the newest).
+    fit_steps: PosInt = 8
     #: Steps measured per decision (the window); one decision every so many steps.
     replan_every_steps: PosInt = 2
     #: Steps ignored at the start (and after a resume): start-up is not the workload.
@@ -53,7 +78,15 @@ class AutopilotConfig(Block):
         if self.max_inflight is not None and self.max_inflight < self.min_inflight:
             raise ValueError(f"max_inflight={self.max_inflight} is below min_inflight="
                              f"{self.min_inflight}; raise max_inflight or lower min_inflight")
+        if not self.knobs:
+            raise ValueError("knobs is empty: list what the autopilot may change, e.g. "
+                             "knobs: [max_inflight_prompts, max_buffered_rollouts]")
         return self
 
+    @property
+    def plan_knobs(self) -> tuple[str, ...]:
+        """The knobs a plan moves: ``knobs`` less the window in ``runtime`` mode."""
+        return tuple(k for k in self.knobs if not (self.mode == "runtime" and k == "window"))
 
-__all__ = ["AutopilotBounds", "AutopilotConfig"]
+
+__all__ = ["AutopilotBounds", "AutopilotConfig", "Knob"]

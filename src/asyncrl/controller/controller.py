@@ -32,7 +32,7 @@ from asyncrl._util import supervision
 from asyncrl._util.compat import BaseExceptionGroup, TaskGroup
 from asyncrl.buffer import RolloutBuffer
 from asyncrl.config import AsyncRLConfig, GRPOConfig
-from asyncrl.controller.autopilot import Autopilot
+from asyncrl.controller.autoplan import Planner, build_autopilot
 from asyncrl.controller.context import RunContext
 from asyncrl.controller.determinism import Determinism, NoDeterminism
 from asyncrl.controller.dispatch import Dispatcher
@@ -105,13 +105,14 @@ class Controller:
         buffer: RolloutBuffer | None = None,
         sampler: PromptGroupSampler | None = None,
         prompts: PromptSource | None = None,
+        planner: Planner | None = None,
     ) -> None:
         """Roles given as instances are used as they are; the others are built as
         ``asyncrl train`` builds them: the scorer from the task's reward config,
         the buffer (``async_rl.max_buffered_rollouts``) and sampler
         (``async_rl.sampler``, over ``buffer``), the prompts from
         ``task.prompt_source(seed)``. A ``sampler`` given comes with the
-        ``buffer`` it was built over. ``asyncrl.build_controller(config)``
+        ``buffer`` it was built over; ``planner``: the autopilot's (``controller.autoplan``). ``asyncrl.build_controller(config)``
         (:mod:`asyncrl.run.assemble`) also builds the engines and the trainer from a
         config, and closes them after the run."""
         if not engines:
@@ -169,8 +170,9 @@ class Controller:
         self.fleet = FleetControl(self.ctx, self.engines, self.capabilities,
                                   self.dispatcher.attempts.load.__getitem__,
                                   lambda: self.dispatcher.max_inflight)
-        self.autopilot = (Autopilot(async_rl.autopilot, self.retuner)
-                          if async_rl.autopilot.enabled else None)
+        self.autopilot = build_autopilot(async_rl.autopilot, self.retuner, planner, len(engines))
+        if self.autopilot is not None:  # a fleet change re-plans on the new fleet
+            self.fleet.on_change.append(self.autopilot.fleet_changed)
         self._running = False
         self.watchdog: StallWatchdog | None = None
         #: False when the run ended through an error or a cancellation that did not
@@ -329,6 +331,8 @@ class Controller:
                                    f"{type(engine).__name__}.abort")
         if self._owns_scorer:
             await _best_effort(self.scorer.close(), "closing the reward pool")
+        if self.autopilot is not None:  # a planner's process ends with the run
+            self.autopilot.close()
         summary = self.summary()
         for sink in self.sinks:
             try:
@@ -367,9 +371,9 @@ class Controller:
         Taken between steps (``on_step_end``, after :meth:`read_partials`) or after
         :meth:`run` returned. Ready groups keep their payloads and stamps (also
         those of an interrupted step); in-flight groups keep their prompt, stamp,
-        attempt count and the tokens they had; queued prompts are kept too. Only live groups are stored: the size does not grow with the
-        length of the run. Every value is plain JSON-able data.
-        """
+        attempt count and the tokens they had; queued prompts are kept too; the
+        re-tuned setting and the autopilot's state. Only live groups are stored
+        (the size does not grow with the run); every value is plain JSON data."""
         ready = sorted((s for s in (*self.buffer.slots(), *self.train_pump.taken) if s.ready),
                        key=lambda s: s.dispatch_seq)
         stats = self.ctx.stats
@@ -388,6 +392,7 @@ class Controller:
             "ledger": self.ledger.state_dict(),
             "stats": stats.state_dict(elapsed),
             "retune": self.retuner.state_dict(),
+            "autopilot": self.autopilot.state_dict() if self.autopilot is not None else None,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -406,6 +411,8 @@ class Controller:
         self.sampler.set_dispatch_index(int(state["dispatch"]["admitted"]))
         if "retune" in state:  # the re-tuned bound and capacity (the slots must fit)
             self.retuner.load_state_dict(state["retune"])
+        if self.autopilot is not None and state.get("autopilot"):  # its counts and latches
+            self.autopilot.load_state_dict(state["autopilot"])
         self.buffer.load_state_dict({
             "next_seq": int(state["next_seq"]),
             "slots": [{**r, "ready": True, "payload": rollout_from_dict(r["payload"])}
@@ -438,6 +445,7 @@ class Controller:
             "dynamic_sampling": dynamic_summary(self.ctx.dynamic, self.sampler, self.grpo,
                                                 self.ledger.counts()["trained"]),
             **self.ctx.stats.totals(self._elapsed()),
+            **({"autopilot": self.autopilot.summary()} if self.autopilot is not None else {}),
         }
 
     def _prompt_accounts(self) -> dict[str, Any]:

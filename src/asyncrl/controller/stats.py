@@ -5,7 +5,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from asyncrl._util.bounded import KEEP
@@ -218,6 +218,8 @@ class RunStats:
         self.completions: collections.Counter[str] = collections.Counter()
         self.completion_len_max = 0
         self.completion_len_min: int | None = None
+        #: Called for every step record; their numbers join it (``autopilot/*``).
+        self.extras: list[Callable[[], dict[str, float]]] = []
 
     def start(self, now: float) -> None:
         self.t0 = now - self.elapsed_before
@@ -328,6 +330,8 @@ class RunStats:
             record[f"train/{key}"] = sum(n * x for n, x in vals) / weight
         for key, value in step_metrics.items():
             record[f"train/{key}"] = value
+        for extra in self.extras:
+            record.update(extra())
         self.records.append(record)
         return record
 

@@ -12,8 +12,15 @@ from typing import Any, TypedDict
 __all__ = ["RunDirSummary", "RunSummary"]
 
 
-class RunSummary(TypedDict):
-    """What :meth:`~asyncrl.controller.Controller.summary` returns."""
+class _Optional(TypedDict, total=False):
+    #: With ``async_rl.autopilot``: its mode, the changes it made, the decisions
+    #: kept and the final setting.
+    autopilot: dict[str, Any]
+
+
+class RunSummary(_Optional):
+    """What :meth:`~asyncrl.controller.Controller.summary` returns (``autopilot``
+    only when the autopilot is on)."""
 
     steps: int
     trainer_version: int

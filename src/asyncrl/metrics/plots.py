@@ -114,7 +114,35 @@ def plot_training_curves(records: Sequence[dict[str, Any]], out_dir: Path,
         paths.append(_plot_lengths(records, out_dir / "completion_len_vs_step.png", run_name))
     if any("time/train_s" in r for r in records):
         paths.append(_plot_time_split(records, out_dir / "step_time_vs_step.png", run_name))
+    if any(AUTOPILOT_KNOBS[0][0] in r for r in records):
+        paths.append(plot_knobs(records, out_dir / "autopilot_knobs_vs_step.png", run_name))
     return paths
+
+
+#: The knobs the autopilot moves, as step records hold them (``autopilot/*``).
+AUTOPILOT_KNOBS = (("autopilot/max_inflight_prompts", "in-flight bound"),
+                   ("autopilot/max_buffered_rollouts", "buffer capacity"),
+                   ("autopilot/window", "window (right)"))
+
+
+def plot_knobs(records: Sequence[dict[str, Any]], out: Path, run_name: str = "") -> Path:
+    """The staleness contract's knobs over the run (``async_rl.autopilot``): the
+    in-flight bound and the capacity in groups, the window on its own axis."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for key, label in AUTOPILOT_KNOBS[:2]:
+        ax.step(*_series(records, key), where="post", lw=1.5, label=label)
+    ax.set_xlabel("training step")
+    ax.set_ylabel("groups")
+    window = ax.twinx()
+    window.step(*_series(records, AUTOPILOT_KNOBS[2][0]), where="post", color="gray", ls="--",
+                lw=1.2, label=AUTOPILOT_KNOBS[2][1])
+    window.set_ylabel("window (versions)")
+    ax.set_title(_titled(run_name, "autopilot knobs vs step"))
+    ax.grid(alpha=0.3)
+    handles, more = ax.get_legend_handles_labels(), window.get_legend_handles_labels()
+    ax.legend(handles[0] + more[0], handles[1] + more[1], loc="best", fontsize="small")
+    return _save(fig, out)
 
 
 def _plot_lengths(records: Sequence[dict[str, Any]], out: Path, run_name: str) -> Path:

@@ -24,7 +24,9 @@ from asyncrl.run.lock import LOCK_FILE, RunDirInUse, live_holder
 
 #: What a run writes into its directory (docs/design.md, "What a run writes"); --overwrite deletes these only.
 RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json", "timeline.json", "ledger.jsonl",
-             "vllm.log")
+             "vllm.log", "autopilot.jsonl")
+#: The autopilot's decisions, one JSON object a line (docs/autopilot.md).
+AUTOPILOT_FILE = "autopilot.jsonl"
 RUN_DIRS = ("checkpoints", "tb", "plots", "final", "vllm_model", "wandb")
 
 
@@ -124,8 +126,8 @@ def fork_run_dir(source: Path, target: Path, checkpoint: Path) -> None:
     """Start ``target`` as a copy of run ``source`` up to ``checkpoint``.
 
     Copied: the checkpoint (so the fork can be resumed before it writes its
-    own), ``metrics.jsonl`` and ``ledger.jsonl`` (the resumed run cuts both back
-    to the checkpoint) and the TensorBoard events. ``source`` is not changed.
+    own), ``metrics.jsonl``, ``ledger.jsonl`` and ``autopilot.jsonl`` (the
+    resumed run cuts them back to the checkpoint) and the TensorBoard events. ``source`` is not changed.
     """
     root = checkpoint_root(target)
     root.mkdir(parents=True, exist_ok=True)
@@ -137,7 +139,7 @@ def fork_run_dir(source: Path, target: Path, checkpoint: Path) -> None:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    for name in ("metrics.jsonl", "ledger.jsonl"):
+    for name in ("metrics.jsonl", "ledger.jsonl", AUTOPILOT_FILE):
         if (source / name).is_file():
             shutil.copyfile(source / name, target / name)
     if (source / "tb").is_dir():

@@ -30,7 +30,7 @@ import itertools
 import logging
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,7 @@ from asyncrl.checkpoint.store import list_checkpoints, set_aside_newer
 from asyncrl.config import RunConfig, config_from_dict, dump_config
 from asyncrl.config.strict_yaml import load_yaml
 from asyncrl.controller import Controller, JsonlHistory, RunDirSummary
+from asyncrl.controller.autoplan import Planner
 from asyncrl.controller.evaluation import Evaluator
 from asyncrl.engines.base import RolloutEngine
 from asyncrl.errors import CheckpointError, ConfigError, add_note
@@ -55,7 +56,13 @@ from asyncrl.run.fleet_channel import fleet_channel
 from asyncrl.run.lock import run_dir_lock
 from asyncrl.run.preflight import preflight
 from asyncrl.run.resume import config_changes, prepare_resume
-from asyncrl.run.rundir import check_run_dir, fork_run_dir, prepare_run_dir, truncate_metrics
+from asyncrl.run.rundir import (
+    AUTOPILOT_FILE,
+    check_run_dir,
+    fork_run_dir,
+    prepare_run_dir,
+    truncate_metrics,
+)
 from asyncrl.run.signals import GracefulStop, Terminated, sigterm_as_interrupt
 from asyncrl.tasks import Task, build_scorer
 from asyncrl.trainers.base import Trainer
@@ -81,6 +88,7 @@ def train(
     extra_sinks: Sequence[MetricsSink] = (),
     resume: LoadedCheckpoint | None = None,
     overwrite: bool = False,
+    planner_factory: Callable[[RunConfig], Planner] | None = None,
 ) -> RunDirSummary:
     """Run async GRPO as configured; returns the summary written to ``summary.json``.
 
@@ -94,6 +102,8 @@ def train(
     forked into another, new ``run_dir``; a checkpoint that does not load falls
     back to an older one.
     SIGINT / SIGTERM stop the run gracefully (see :mod:`asyncrl.run.signals`).
+    ``planner_factory`` builds the planner of the model-based autopilot modes
+    from the config (``asyncrl train`` gives :class:`asyncrl.sim.planner.ModelPlanner`).
     """
     began = time.monotonic()  # start-up, reported in the summary, counts from here
     with sigterm_as_interrupt():
@@ -103,6 +113,9 @@ def train(
         # Every pre-run check, before anything is written (asyncrl validate runs the same).
         checked = preflight(cfg, task=task, backends=backends)
         task, evaluator = checked.task, checked.evaluator
+        pilot = cfg.async_rl.autopilot
+        planner = (planner_factory(cfg) if planner_factory is not None and pilot.enabled
+                   and pilot.mode != "aimd" else None)
         for warning in checked.facts.get("warnings", ()):
             log.warning("%s", warning)
         # One run at a time in a directory, for the whole run (see asyncrl.run.lock).
@@ -114,12 +127,14 @@ def train(
                     cfg, task, work_dir=run_dir, policy_tokenizer=checked.tokenizer))
                 if cfg.task.rollout is not None:  # each group runs the task's rollout function
                     engines = apply_rollout(cfg.task.rollout, engines, checked.tokenizer.get(task))
-                run = _Run(cfg, run_dir, task, engines, trainer, evaluator, checked.tokenizer)
+                run = _Run(cfg, run_dir, task, engines, trainer, evaluator, checked.tokenizer,
+                           planner)
                 run.began = began
                 try:
                     snapshots = None
                     if resume is not None:
-                        resume, snapshots = _restore(cfg, task, engines, trainer, resume, run_dir)
+                        resume, snapshots = _restore(cfg, task, engines, trainer, resume, run_dir,
+                                                     planner)
                     write_text_atomic(run_dir / "config.yaml", dump_config(cfg))
                     run.build_controller(resume, extra_sinks)
                 except BaseException:
@@ -145,8 +160,11 @@ class _Run:
 
     def __init__(self, cfg: RunConfig, run_dir: Path, task: Task,
                  engines: Sequence[RolloutEngine], trainer: Trainer,
-                 evaluator: Evaluator | None, tokenizer: PolicyTokenizer) -> None:
+                 evaluator: Evaluator | None, tokenizer: PolicyTokenizer,
+                 planner: Planner | None = None) -> None:
         self.cfg, self.run_dir, self.task = cfg, run_dir, task
+        self.planner = planner
+        self.journal: JsonlSink | None = None
         self.engines, self.trainer, self.evaluator = engines, trainer, evaluator
         self.tokenizer = tokenizer
         self.scorer = build_scorer(task, cfg.task)
@@ -166,6 +184,8 @@ class _Run:
             # Steps after the checkpoint were logged by the run that died; they are
             # trained again now, so their old records go.
             truncate_metrics(run_dir / "metrics.jsonl", before_step=start)
+            # The autopilot's decisions up to the checkpoint (made at steps_done <= start).
+            truncate_metrics(run_dir / AUTOPILOT_FILE, before_step=start + 1)
         sinks: list[MetricsSink] = [JsonlSink(run_dir / "metrics.jsonl",
                                               append=resume is not None)]
         if cfg.logging.tensorboard:
@@ -189,8 +209,11 @@ class _Run:
             async_rl=cfg.async_rl, seed=cfg.seed, deterministic=cfg.deterministic, sinks=sinks,
             on_step_end=CheckpointHook(run_dir, cfg.checkpoint, dump_config(cfg)),
             ledger_history=history,
-            scorer=self.scorer, evaluator=self.evaluator,
+            scorer=self.scorer, evaluator=self.evaluator, planner=self.planner,
         )
+        if self.controller.autopilot is not None:  # every decision, as it is made
+            self.journal = JsonlSink(run_dir / AUTOPILOT_FILE, append=resume is not None)
+            self.controller.autopilot.journal = self.journal.write
         if resume is not None:
             self.controller.load_state_dict(resume.controller_state)
 
@@ -303,6 +326,8 @@ class _Run:
         controller = self.controller
         assert controller is not None
         summary = RunDirSummary(**controller.summary())
+        if self.journal is not None:
+            self.journal.close()
         stop = self.stop
         # A graceful stop is the controller's own stop reason. Only a forced end (a
         # second signal, or a signal outside the loop's handlers, e.g. while the
@@ -324,7 +349,8 @@ class _Run:
 
 
 def _restore(cfg: RunConfig, task: Task, engines: Sequence[RolloutEngine], trainer: Trainer,
-             resume: LoadedCheckpoint, run_dir: Path) -> tuple[LoadedCheckpoint, Any]:
+             resume: LoadedCheckpoint, run_dir: Path,
+             planner: Planner | None = None) -> tuple[LoadedCheckpoint, Any]:
     """Load ``resume`` into the trainer (and a trial controller); when its content
     does not fit, fall back to older checkpoints of the same run, one warning each.
 
@@ -343,7 +369,7 @@ def _restore(cfg: RunConfig, task: Task, engines: Sequence[RolloutEngine], train
             # vocabulary, and the trainer would only see a size mismatch).
             Controller(task=task, engines=engines, trainer=trainer, grpo=cfg.grpo,
                        async_rl=cfg.async_rl, seed=cfg.seed, deterministic=cfg.deterministic,
-                       ).load_state_dict(ckpt.controller_state)
+                       planner=planner).load_state_dict(ckpt.controller_state)
             trainer.load_state_dict(trainer_state)
         except ConfigError:
             raise  # the config or the data is wrong, not the checkpoint: the message says so
@@ -401,7 +427,9 @@ def finish_run_dir(run_dir: Path, controller: Controller, task: Task, cfg: RunCo
 
 
 def resume_run(run_dir: str | Path, overrides: list[str], *, fork_to: str | Path | None = None,
-               overwrite: bool = False) -> RunDirSummary | None:
+               overwrite: bool = False,
+               planner_factory: Callable[[RunConfig], Planner] | None = None,
+               ) -> RunDirSummary | None:
     """``asyncrl train --resume RUN_DIR [--run-dir NEW]``: continue from the newest
     valid checkpoint, in place or forked into ``fork_to`` (RUN_DIR is then not
     changed). Returns None, changing nothing, when there is nothing left to do."""
@@ -428,7 +456,7 @@ def resume_run(run_dir: str | Path, overrides: list[str], *, fork_to: str | Path
               f"into {target}; {run_dir} is not changed")
     else:
         print(f"asyncrl: resuming {run_dir} from {ckpt.path.name} (trainer version {ckpt.step})")
-    return train(cfg, target, resume=ckpt, overwrite=overwrite)
+    return train(cfg, target, resume=ckpt, overwrite=overwrite, planner_factory=planner_factory)
 
 
 def nothing_to_do(run_dir: Path, ckpt: LoadedCheckpoint, cfg: RunConfig) -> str | None:

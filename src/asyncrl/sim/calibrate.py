@@ -149,7 +149,7 @@ def calibrate(run_dir: str | Path, overrides: Sequence[str] = ()) -> Calibration
     pauses = lat_facts.pop("pause_generation_during_sync")
     if pauses is None:  # no generation spanned a sync: what the engine is known to do
         pauses = engine_spec(cfg.policy).pauses_on_sync
-    trainer, trainer_facts = _fit_trainer(used, intervals, groups)
+    trainer, trainer_facts = fit_trainer(used, intervals, groups)
     gens = [i for i in intervals if i["kind"] == "gen"]
     engines = len({i["lane"] for i in gens}) or 1
     failed = sum(i["label"] == "failed" for i in gens)
@@ -347,7 +347,7 @@ def _fit_latency(groups: Sequence[dict[str, Any]], intervals: Sequence[dict[str,
              "concurrency_mean": _mean(busy)})
 
 
-def _fit_trainer(steps: Sequence[dict[str, Any]], intervals: Sequence[dict[str, Any]],
+def fit_trainer(steps: Sequence[dict[str, Any]], intervals: Sequence[dict[str, Any]],
                  groups: Sequence[dict[str, Any]]) -> tuple[dict[str, float], dict[str, float]]:
     chunk_s: dict[int, float] = defaultdict(float)
     sync_s: dict[int, float] = defaultdict(float)

@@ -299,6 +299,7 @@ class CohortRun:
         for w, count in by_start.items():
             self.staleness[v - w] += count
             self.step_staleness += (v - w) * count
+            self.step_hist[v - w] += count
         tokens *= n_gen
         self.tokens_trained += tokens
         self.taken += len(chunk)
@@ -377,6 +378,7 @@ class CohortRun:
 
     def _begin_step(self) -> None:
         self.taken = self.step_evicted = self.step_staleness = 0
+        self.step_hist: collections.Counter[int] = collections.Counter()
         self.step_idle = 0.0
         self.step_start = self.wait_since = self.now
 
@@ -394,6 +396,7 @@ class CohortRun:
                 "groups_trained": self.taken, "groups_evicted": self.step_evicted,
                 "groups_aborted": aborted, "trainer_idle_s": self.step_idle,
                 "staleness_mean": self.step_staleness / self.taken if self.taken else 0.0,
+                "staleness_hist": {str(k): self.step_hist[k] for k in sorted(self.step_hist)},
                 "inflight": self.inflight, "buffer_ready": self.policy.ready})
         if self.on_step is not None:
             self.on_step(self.v)

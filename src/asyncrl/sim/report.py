@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from asyncrl._util.jsonio import write_json
+from asyncrl._util.jsonio import dumps, write_json
 from asyncrl.config import RunConfig, dump_config
 from asyncrl.sim.runner import ROW_KEYS, Bound, SimResult
 
@@ -168,6 +168,17 @@ def write_run_dir(
                     title=f"{run}: {result.sampler}, staleness of trained tokens", of="tokens"))
         written.append(plot_comparison([r.row() for r in results], out / "comparison.png",
                                        title=f"{run}: policies on the same workload"))
+        for result in results:
+            if result.autopilot:
+                from asyncrl.metrics.plots import plot_knobs
+
+                written.append(plot_knobs(result.records, out / f"autopilot_knobs_"
+                                          f"{_safe_name(result.sampler)}.png", run))
+    for result in results:
+        if result.autopilot:  # every decision, as asyncrl train writes autopilot.jsonl
+            path = out / f"autopilot_{_safe_name(result.sampler)}.jsonl"
+            path.write_text("".join(dumps(d) + "\n" for d in result.autopilot))
+            written.append(path)
     payload = {
         "config": config_path,
         "bound": bound_dict(results[0].bound) if results else None,

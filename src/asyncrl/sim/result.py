@@ -106,6 +106,21 @@ class SimResult:
     trainer: SimTrainer | None = dataclasses.field(default=None, repr=False)
     #: Re-tunes applied during the run (the autopilot's, Controller.retune's).
     retunes: list[dict[str, Any]] = dataclasses.field(default_factory=list, repr=False)
+    #: The autopilot's decisions (``autopilot.jsonl``'s rows), empty when it is off.
+    autopilot: list[dict[str, Any]] = dataclasses.field(default_factory=list, repr=False)
+
+    def autopilot_line(self) -> str:
+        """One line on what the autopilot did ("" when it was off)."""
+        if not self.autopilot:
+            return ""
+        changes = [(d["step"], d["setting"]) for d in self.autopilot
+                   if d["setting"] != d["previous"]]
+        final = self.autopilot[-1]["setting"]
+        moves = "; ".join(f"step {s}: {_knobs(k)}" for s, k in changes[:6])
+        more = f"; ... {len(changes) - 6} more" if len(changes) > 6 else ""
+        return (f"autopilot ({self.autopilot[-1]['mode']}): {len(self.autopilot)} decisions, "
+                f"{len(changes)} changes{': ' + moves + more if changes else ''}; "
+                f"final {_knobs(final)}")
 
     def row(self) -> dict[str, Any]:
         """The table row: exactly :data:`ROW_KEYS`, JSON-ready (NaN becomes None)."""
@@ -191,3 +206,8 @@ def percentile(hist: dict[str, int], q: float) -> int:
     return max(int(k) for k in hist)
 
 
+def _knobs(setting: dict[str, Any]) -> str:
+    window = setting.get("window")
+    return (f"in-flight {setting['max_inflight_prompts']}"
+            + (f" window {window}" if window is not None else "")
+            + f" capacity {setting['max_buffered_rollouts']}")

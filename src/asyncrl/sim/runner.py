@@ -115,6 +115,8 @@ def simulate(
     note: str = "",
     on_step: Callable[[int], None] | None = None,
     clock: LoopKind = "jump",
+    latency: LatencyModel | None = None,
+    planner: Any = None,
 ) -> SimResult:
     """Run ``cfg``'s setup for ``steps`` (default ``simulate.steps``) steps under virtual time.
 
@@ -126,9 +128,14 @@ def simulate(
     is called with the number of finished steps after each one (progress bars).
     ``clock`` picks the virtual-time loop (see :mod:`asyncrl.sim.clock`); the
     default is the fast one, ``"looptime"`` is there to cross-check it.
+    ``latency`` replaces the model ``simulate.generation_latency_s`` describes
+    (the autopilot's planner fits one). ``planner``: the model-based autopilot's
+    (:class:`asyncrl.sim.planner.ModelPlanner` with ``inline=True``: it answers
+    at once, since the virtual clock stands still while it plans).
     """
     sim = _sim_block(cfg)
-    latency = make_latency_model(sim.generation_latency_s, base_dir=base_dir)
+    if latency is None:
+        latency = make_latency_model(sim.generation_latency_s, base_dir=base_dir)
     num_steps = steps if steps is not None else sim.steps
     if num_steps < 1:
         raise ConfigError(f"steps must be >= 1, got {num_steps}")
@@ -156,6 +163,12 @@ def simulate(
                          train_per_token_s=sim.train_per_token_s, loss=cfg.loss)
     sink = _FirstRecords()
     holder: dict[str, Controller] = {}
+    pilot = async_rl.autopilot
+    if planner is None and pilot.enabled and pilot.mode != "aimd":
+        raise ConfigError(
+            f"async_rl.autopilot.mode: {pilot.mode} plans with the simulator: pass "
+            "planner=asyncrl.sim.planner.ModelPlanner(cfg, inline=True) (asyncrl simulate "
+            "does), or simulate with mode: aimd or the autopilot off")
 
     async def _step_hook(_controller: Controller, version: int) -> None:
         if on_step is not None:
@@ -166,7 +179,7 @@ def simulate(
         controller = holder["c"] = Controller(
             task=SimTask(), engines=[engine], trainer=trainer, grpo=grpo, async_rl=async_rl,
             seed=cfg.seed, deterministic=cfg.deterministic, sinks=[sink],
-            on_step_end=_step_hook if on_step is not None else None,
+            on_step_end=_step_hook if on_step is not None else None, planner=planner,
         )
         engine.on_resize.append(controller.fleet.fleet_changed)  # what a real fleet change does
         engine.schedule_fleet()
@@ -269,6 +282,7 @@ def _result(
         engine=engine,
         trainer=trainer,
         retunes=list(controller.retuner.applied),
+        autopilot=list(controller.autopilot.decisions) if controller.autopilot else [],
     )
 
 

@@ -1,0 +1,295 @@
+"""The built-in planner of the model-based autopilot modes (``runtime``, ``plan``).
+
+A plan (:func:`plan`) answers a :class:`~asyncrl.controller.autoplan.PlanRequest`
+in three steps:
+
+1. **fit** the run's recent window (:func:`fit_model`): the trainer's costs
+   with ``--calibrate``'s fit (:func:`asyncrl.sim.calibrate.fit_trainer`: chunk
+   seconds per trained token, the optimizer step, the sync, the abort cost) and
+   the generation latency as the window's own finished generations, resampled
+   (an empirical, time-based model: it follows a workload that shifts, but
+   not the load dependence ``--calibrate``'s ``tokens`` model fits offline);
+2. **search** the settings one bounded move from the one in force
+   (:func:`candidate_settings`: the window by one version - ``plan`` mode only -,
+   the in-flight bound and the capacity by ``max_move``, alone or together; the
+   capacity never below what the window needs) on the fitted workload, every
+   candidate with the same seed (common random numbers: differences are the
+   settings', not the draws'), from an empty pipeline for ``plan_steps`` steps,
+   measured past its first quarter; from 1,024 groups per step in cohort mode;
+   each prediction corrected by the model's bias on the setting in force
+   (:func:`corrected`: what the run measured above what the model predicted);
+3. **pick** (:func:`pick`): the most throughput among the candidates that keep
+   the bounds (``objective: staleness``: the least staleness p95 within
+   ``min_gain`` of it); when none keeps them, the one nearest to them; the
+   autopilot adds the gain threshold and hysteresis.
+
+:class:`ModelPlanner` runs plans in a separate process (a real run: the event
+loop, the pumps and the trainer never wait for it) or inline (virtual time).
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import math
+import multiprocessing
+import time
+from typing import Any
+
+from asyncrl.buffer import RolloutBuffer
+from asyncrl.config import AutopilotConfig, RunConfig, SimulateConfig
+from asyncrl.controller.autoplan import PlanRequest, PlanResult, Prediction
+from asyncrl.controller.stats import hist_quantile
+from asyncrl.errors import ConfigError, SetupError
+from asyncrl.sampling import WINDOW_FIELD, create_sampler, parse_sampler_config
+from asyncrl.sim.calibrate import fit_trainer
+from asyncrl.sim.latency import Empirical
+from asyncrl.sim.runner import simulate
+
+#: Fewer finished generations in the window than this: no fit, no plan.
+MIN_GENERATIONS = 8
+#: From this many groups per step the candidates run in cohort mode.
+COHORT_FROM = 1024
+#: Predicted throughputs this close (relative) are a tie (see :func:`pick`).
+TIE = 0.005
+
+
+def fit_model(cfg: RunConfig, request: PlanRequest) -> tuple[dict[str, Any] | None, str]:
+    """The model of the request's window (a ``simulate`` block's numbers and the
+    latencies), or None and why not."""
+    gens = [i for i in request.intervals if i["kind"] == "gen" and i["label"] == "ok"]
+    if len(gens) < MIN_GENERATIONS or len(request.records) < 2:
+        return None, (f"too little data to fit: {len(gens)} finished generations and "
+                      f"{len(request.records)} steps in the window")
+    latencies = [float(i["end"]) - float(i["start"]) for i in gens]
+    records = request.records
+    groups = [{"state": "trained", "end_step": r["step"],
+               "tokens": int(r.get("rollout/trained_tokens", 0))} for r in records]
+    trainer, _ = fit_trainer(records, request.intervals, groups)
+    n_gen = cfg.grpo.num_generations_per_prompt
+    generated = sum(r.get("rollout/generated_tokens", 0) for r in records)
+    busy = n_gen * math.fsum(latencies)  # completion-seconds: tokens_per_s of each
+    sim = cfg.simulate or SimulateConfig()
+    slots = request.rollout_slots or (sim.rollout_slots if cfg.simulate is not None else
+                                      request.engines * max(
+                                          1, cfg.policy.generation.max_batch_sequences // n_gen))
+    return {**trainer, "rollout_slots": slots,
+            "tokens_per_s": generated / busy if generated and busy > 0 else sim.tokens_per_s,
+            "latency_mean_s": math.fsum(latencies) / len(latencies),
+            "latency_p95_s": sorted(latencies)[int(0.95 * (len(latencies) - 1))],
+            "generations": len(latencies), "latencies": latencies}, ""
+
+
+def _required(cfg: RunConfig, window: int | None) -> int:
+    sampler = _sampler(cfg, window)
+    n = cfg.grpo.num_prompts_per_step
+    need = create_sampler(RolloutBuffer(1), sampler).required_buffer_capacity(n)
+    return max(need or 1, cfg.async_rl.min_groups_for_streaming_train)
+
+
+def _sampler(cfg: RunConfig, window: int | None) -> Any:
+    own = cfg.async_rl.sampler  # the run's (see _with_sampler)
+    field = WINDOW_FIELD.get(getattr(own, "name", ""))
+    if window is None or field is None:
+        return own
+    return parse_sampler_config({**own.model_dump(), field: window})
+
+
+def candidate_settings(cfg: RunConfig, request: PlanRequest) -> list[dict[str, Any]]:
+    """The setting in force (first) and the bounded moves from it (see the
+    module docstring); each with a capacity the window allows."""
+    cur, knobs, m = request.setting, set(request.knobs), request.max_move
+    inflight, window, cap = (cur["max_inflight_prompts"], cur["window"],
+                             cur["max_buffered_rollouts"])
+
+    def moves(x: int, knob: str) -> list[int]:
+        if knob not in knobs:
+            return [x, x, x]
+        return [x, max(x + 1, round(x * (1 + m))), max(1, min(x - 1, round(x * (1 - m))))]
+
+    ins, caps = moves(inflight, "max_inflight_prompts"), moves(cap, "max_buffered_rollouts")
+    windows = [window]
+    if "window" in knobs and window is not None:
+        windows += [window + 1] + ([window - 1] if window > 0 else [])
+    pairs = [(0, 0), (1, 1), (2, 2), (1, 0), (2, 0), (0, 1), (0, 2)]
+    out, seen = [], set()
+    for w in windows:
+        need = _required(cfg, w)
+        for a, b in pairs if w == window else pairs[:3]:
+            c = caps[b]
+            if c < need:
+                if "max_buffered_rollouts" not in knobs:
+                    continue
+                c = need  # capacity follows the window (the Retuner's rule)
+            setting = {"max_inflight_prompts": ins[a], "window": w, "max_buffered_rollouts": c}
+            key = tuple(setting.values())
+            if key not in seen:
+                seen.add(key)
+                out.append(setting)
+    return out
+
+
+def _plan_config(cfg: RunConfig, model: dict[str, Any], steps: int) -> RunConfig:
+    sim = cfg.simulate or SimulateConfig()
+    cohort = (cfg.grpo.num_prompts_per_step >= COHORT_FROM and sim.failure_rate == 0
+              and not sim.pause_generation_during_sync and model["abort_s"] == 0)
+    block = sim.model_copy(update={
+        "steps": steps, "phases": [], "mode": "cohort" if cohort else "per_group",
+        **{k: model[k] for k in ("rollout_slots", "tokens_per_s", "train_step_s",
+                                 "train_per_token_s", "weight_sync_s", "abort_s")},
+        "train_per_group_s": 0.0})
+    async_rl = cfg.async_rl.model_copy(update={"autopilot": AutopilotConfig()})
+    return cfg.model_copy(update={"simulate": block, "async_rl": async_rl,
+                                  "deterministic": False})
+
+
+def predict(cfg: RunConfig, latency: Empirical, setting: dict[str, Any], steps: int,
+            bounds: dict[str, Any]) -> Prediction:
+    """Simulate ``setting`` on the fitted workload; measured past the first quarter."""
+    run = cfg.model_copy(update={"async_rl": cfg.async_rl.model_copy(update={
+        "max_inflight_prompts": setting["max_inflight_prompts"],
+        "max_buffered_rollouts": setting["max_buffered_rollouts"]})})
+    res = simulate(run, sampler_override=_sampler(cfg, setting["window"]), latency=latency,
+                   record_intervals=False)
+    records = res.records
+    skip = min(steps // 4, len(records) - 1)
+    part = records[skip:]
+    span = part[-1]["wall_time_s"] - (records[skip - 1]["wall_time_s"] if skip else 0.0)
+    trained = sum(r["groups_trained"] for r in part)
+    wasted = sum(r["groups_evicted"] + r["groups_aborted"] for r in part)
+    hist: collections.Counter[int] = collections.Counter()
+    for r in part:
+        hist.update({int(k): n for k, n in r["staleness_hist"].items()})
+    p95 = float(hist_quantile(hist, 0.95)) if hist else 0.0
+    waste = wasted / (wasted + trained) if wasted + trained else 0.0
+    keeps = not ((bounds.get("max_staleness_p95") is not None
+                  and p95 > bounds["max_staleness_p95"])
+                 or (bounds.get("max_waste_frac") is not None
+                     and waste > bounds["max_waste_frac"]))
+    return Prediction(setting, trained / span if span > 0 else 0.0, p95, waste, keeps)
+
+
+def excess(c: Prediction, bounds: dict[str, Any]) -> float:
+    """How far ``c`` is predicted to break the bounds (0: it keeps them), each
+    bound's excess relative to the bound."""
+    out = 0.0
+    for key, value in (("max_staleness_p95", c.staleness_p95), ("max_waste_frac", c.waste_frac)):
+        bound = bounds.get(key)
+        if bound is not None and value > bound:
+            out += (value - bound) / max(bound, 1e-3)
+    return out
+
+
+def _load(setting: dict[str, Any]) -> tuple[int, int, int]:
+    return (setting["window"] or 0, setting["max_inflight_prompts"],
+            setting["max_buffered_rollouts"])
+
+
+def pick(candidates: list[Prediction], objective: str, min_gain: float,
+         bounds: dict[str, Any]) -> Prediction | None:
+    """The best candidate that keeps the bounds; when none does, the one that
+    breaks them least (of equals, the most cautious). Throughputs within :data:`TIE`
+    of the top are a tie (a trainer-bound pipeline has many settings at its
+    bound): the least waste, then staleness p95, then the first listed (the
+    setting in force is first) wins it, so that the same setting keeps winning
+    plan after plan and the hysteresis can tell a trend from noise."""
+    kept = [c for c in candidates if c.keeps_bounds]
+    if not kept:  # the nearest to the bounds: a move that breaks them less is progress;
+        # among equals the most cautious one (a model that cannot tell them apart on
+        # a bound the run broke must not hold: fewer groups in flight, a narrower
+        # window, a smaller buffer is what keeps staleness and waste down).
+        return min(candidates, key=lambda c: (round(excess(c, bounds), 6), _load(c.setting)),
+                   default=None)
+    top = max(c.throughput for c in kept)
+    band = min_gain if objective == "staleness" else TIE
+    near = [c for c in kept if c.throughput >= (1 - band) * top]
+    if objective == "staleness":
+        return min(near, key=lambda c: (c.staleness_p95, c.waste_frac, -c.throughput))
+    return min(near, key=lambda c: (round(c.waste_frac, 3), c.staleness_p95))
+
+
+def _with_sampler(cfg: RunConfig, request: PlanRequest) -> RunConfig:
+    """``cfg`` with the run's own sampler block (a simulation may override it)."""
+    if request.sampler is None:
+        return cfg
+    sampler = parse_sampler_config(request.sampler)
+    return cfg.model_copy(update={"async_rl": cfg.async_rl.model_copy(
+        update={"sampler": sampler})})
+
+
+def plan(cfg: RunConfig, request: PlanRequest, min_gain: float = 0.0) -> PlanResult:
+    """One re-plan: fit, search, pick (the module docstring)."""
+    t0 = time.perf_counter()
+    cfg = _with_sampler(cfg, request)
+    model, why = fit_model(cfg, request)
+    if model is None:
+        return PlanResult({}, [], None, None, time.perf_counter() - t0, why)
+    latency = Empirical(tuple(model.pop("latencies")), f"the last {len(request.records)} steps")
+    base = _plan_config(cfg, model, request.plan_steps)
+    preds = []
+    for setting in candidate_settings(cfg, request):
+        try:
+            preds.append(predict(base, latency, setting, request.plan_steps, request.bounds))
+        except (SetupError, ConfigError):
+            continue  # a setting the controller refuses is no candidate
+    current = preds[0] if preds and preds[0].setting == request.setting else None
+    if current is not None and request.measured is not None:
+        preds = corrected(preds, current, request.measured, request.bounds, model)
+        current = preds[0]
+    best = pick(preds, request.objective, min_gain, request.bounds)
+    return PlanResult(model, preds, best, current, time.perf_counter() - t0)
+
+
+def corrected(preds: list[Prediction], current: Prediction, measured: dict[str, Any],
+              bounds: dict[str, Any], model: dict[str, Any]) -> list[Prediction]:
+    """Every prediction with the model's bias on the setting in force added: the
+    staleness p95 and waste the run measured above what the model predicts for
+    the same setting (a simulation from an empty pipeline is short beside a
+    heavy tail, and the window's latencies miss the generations still running).
+    Only a bias upward is added (the bounds are kept conservatively); it is
+    recorded in ``model``."""
+    stale = max(0.0, float(measured["staleness_p95"]) - current.staleness_p95)
+    waste = max(0.0, float(measured["waste_frac"]) - current.waste_frac)
+    model["bias"] = {"staleness_p95": stale, "waste_frac": waste}
+    if not stale and not waste:
+        return preds
+    out = []
+    for p in preds:
+        fixed = dataclasses.replace(p, staleness_p95=p.staleness_p95 + stale,
+                                    waste_frac=p.waste_frac + waste)
+        out.append(dataclasses.replace(fixed, keeps_bounds=excess(fixed, bounds) == 0))
+    return out
+
+
+@dataclasses.dataclass
+class ModelPlanner:
+    """:func:`plan` for one run's config, as the autopilot's
+    :class:`~asyncrl.controller.autoplan.Planner`: in a process of its own
+    (``inline=False``: ``asyncrl train``), or at once on a helper thread the
+    caller waits for (``inline=True``: virtual time, where a nested simulation
+    cannot run on the thread of the running loop and must not let time pass)."""
+
+    cfg: RunConfig
+    inline: bool = False
+    _pool: concurrent.futures.Executor | None = dataclasses.field(default=None, repr=False)
+
+    def submit(self, request: PlanRequest) -> concurrent.futures.Future[PlanResult]:
+        min_gain = self.cfg.async_rl.autopilot.min_gain
+        if self.inline:
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                future = pool.submit(plan, self.cfg, request, min_gain)
+            return future  # done: leaving the block waited for it
+        if self._pool is None:
+            # spawn: a fork of a process with torch and engine threads is unsafe.
+            self._pool = concurrent.futures.ProcessPoolExecutor(
+                1, mp_context=multiprocessing.get_context("spawn"))
+        return self._pool.submit(plan, self.cfg, request, min_gain)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+
+__all__ = ["ModelPlanner", "candidate_settings", "fit_model", "pick", "plan", "predict"]
