@@ -11,6 +11,7 @@ import pytest
 from asyncrl.errors import FleetError
 from asyncrl.sim.clock import run_virtual
 from tests.controller.conftest import make_controller
+from tests.controller.test_autoplan import ScriptedPlanner
 from tests.fakes import FakeEngine
 from tests.fleet_fakes import FleetEngine
 from tests.vtime import advance
@@ -83,6 +84,18 @@ def test_a_joining_server_holds_the_newest_weights_before_its_first_group() -> N
     assert all(start == held for start, held in on_c), on_c
     assert f"added http://c:1 at weight version {loaded}" in answers[0]["lines"]
     assert fired == [2]  # the change hook got the new slot count (one slot per member here)
+
+
+def test_a_fleet_change_makes_the_autopilot_plan_for_the_new_fleet() -> None:
+    # Its measurements so far describe the old fleet: it warms up again, and a
+    # model-based mode plans for the new slot count.
+    engine = FleetEngine(["http://a:1"], latency=10.0, tokens=4)
+    ctl = make_controller(WINDOWED, engines=[engine], steps=6, per_step=2, capacity=8,
+                          inflight=4, min_chunk=2, planner=ScriptedPlanner([]),
+                          autopilot={"enabled": True, "mode": "runtime"})
+    result, answers = _run_with(ctl, 25.0, {"op": "add", "url": "http://c:1"})
+    assert answers[0]["ok"] and result.summary["ledger"]["balanced"]
+    assert ctl.autopilot.rollout_slots == 2
 
 
 def test_status_shows_each_engine_and_a_fixed_fleet_refuses_changes() -> None:
