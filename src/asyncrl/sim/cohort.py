@@ -43,6 +43,7 @@ import heapq
 import math
 import time
 from collections.abc import Callable
+from operator import attrgetter
 from typing import Any
 
 from asyncrl.buffer import RolloutBuffer
@@ -54,7 +55,7 @@ from asyncrl.errors import ConfigError, RolloutStall
 from asyncrl.sampling import create_sampler
 from asyncrl.sim.cohort_fleet import Fleet, Group
 from asyncrl.sim.cohort_policies import GONE, READY, RUNNING, WAITING, Policy, make_policy
-from asyncrl.sim.latency import LatencyModel
+from asyncrl.sim.latency import LatencyModel, Work
 from asyncrl.sim.result import (
     Bound,
     SimResult,
@@ -133,7 +134,6 @@ class CohortRun:
         self.queue_stamp: int | None = None
         self.dispatched = 0  # groups reserved so far (the next one's dispatch number)
         self.inflight = 0
-        self.inflight_by_w: dict[int, dict[int, Group]] = {}  # start weight -> {seq: group}
         # Ledger and statistics.
         self.counts = collections.Counter[str]()
         self.staleness: collections.Counter[int] = collections.Counter()
@@ -144,47 +144,60 @@ class CohortRun:
         self.timeline: list[dict[str, Any]] = []
 
     # ------------------------------------------------------------- dispatch
-    def _place(self) -> None:
-        """Admit and reserve every prompt the bounds allow now."""
-        policy, fleet = self.policy, self.fleet
+    def _place(self) -> bool:
+        """Admit and reserve every prompt the bounds allow now; True when none can
+        be until the trainer acts (the admission gate holds the next batch or the
+        buffer, in flight + ready, is full)."""
+        policy = self.policy
         while True:
             if self.queue_next == self.queue_end:
                 d = self.admitted
                 if not policy.admits(d, self.v):
-                    return
+                    return True
                 self.admitted = d + 1
                 self.queue_next, self.queue_end = d * self.n, (d + 1) * self.n
                 self.queue_stamp = policy.stamp(d)
             inflight = self.inflight
-            if inflight >= self.cap_inflight or inflight + policy.ready >= self.capacity:
-                return
-            g = Group(self.dispatched, self.queue_next, self.queue_stamp, self.v)
-            self.dispatched += 1
-            self.queue_next += 1
-            self.inflight = inflight + 1
-            bucket = self.inflight_by_w.get(g.sw)
-            if bucket is None:
-                bucket = self.inflight_by_w[g.sw] = {}
-            bucket[g.seq] = g
-            if policy.counts_live:
-                policy.placed(g)
-            if fleet.free:
-                fleet.free -= 1
-                if fleet.slots - fleet.free > fleet.max_busy:
-                    fleet.max_busy = fleet.slots - fleet.free
-                self._start(g)
-            else:
-                fleet.waiting.append(g)
+            if inflight + policy.ready >= self.capacity:
+                return True
+            if inflight >= self.cap_inflight:
+                return False
+            self._reserve(min(self.queue_end - self.queue_next, self.cap_inflight - inflight,
+                              self.capacity - inflight - policy.ready))
 
-    def _start(self, g: Group) -> None:
-        """``g`` takes a slot now."""
-        self.fleet.attempts += 1
-        now = self.now
-        g.state, g.t0, g.held, g.since = RUNNING, now, self.v, len(self.updates)
-        work = g.work = self.fleet.first.at(g.prompt)
-        heapq.heappush(self.heap, (now + work.latency, g.seq, g))
+    def _reserve(self, k: int) -> None:
+        """The next ``k`` queued prompts are reserved now, in order: as many as
+        there are free slots start, the others wait for one (FIFO)."""
+        seq, prompt, stamp, v = self.dispatched, self.queue_next, self.queue_stamp, self.v
+        self.dispatched += k
+        self.queue_next += k
+        self.inflight += k
+        groups = [Group(seq + i, prompt + i, stamp, v) for i in range(k)]
+        policy, fleet = self.policy, self.fleet
+        if policy.counts_live:
+            for g in groups:
+                policy.placed(g)
+        start = min(k, fleet.free)
+        if start:
+            fleet.free -= start
+            fleet.max_busy = max(fleet.max_busy, fleet.slots - fleet.free)
+            # Free slots mean nobody waits: these prompts are the next to start.
+            self._start(groups[:start] if start < k else groups, fleet.first.run(prompt, start))
+        if start < k:
+            fleet.waiting.extend(groups[start:])
+
+    def _start(self, groups: list[Group], works: list[Work]) -> None:
+        """``groups`` take a slot now; ``works`` are their first attempts."""
+        fleet = self.fleet
+        fleet.attempts += len(groups)
+        now, v, since = self.now, self.v, len(self.updates)
+        heap, push = self.heap, heapq.heappush
+        for g, work in zip(groups, works):
+            g.state, g.t0, g.held, g.since, g.work = RUNNING, now, v, since, work
+            push(heap, (now + work.latency, g.seq, g))
         if self.record_intervals:
-            g.slot = self.fleet.slot_ids.pop()
+            for g in groups:
+                g.slot = fleet.slot_ids.pop()
 
     def _free_slot(self, g: Group, outcome: str) -> None:
         fleet = self.fleet
@@ -196,48 +209,66 @@ class CohortRun:
         while fleet.waiting:
             nxt = fleet.waiting.popleft()
             if nxt.state == WAITING:
-                self._start(nxt)
+                self._start([nxt], [fleet.first.at(nxt.prompt)])
                 return
         fleet.free += 1
 
-    def _finish(self, g: Group) -> None:
-        """``g`` generated its last token: its slot frees, it is ready."""
-        fleet = self.fleet
-        if fleet.waiting or self.record_intervals:
-            self._free_slot(g, "ok")
-        else:  # nobody waits for the slot
-            fleet.busy_slot_s += self.now - g.t0
-            fleet.free += 1
-        work, updates = g.work, self.updates
-        assert work is not None
-        spans = ((g.held, work.longest),) if g.since == len(updates) else \
-            version_spans(work.longest, work, g.t0, g.held, updates[g.since:])
-        g.spans, g.ew = spans, spans[-1][0]
-        g.state = READY
-        self.inflight -= 1
-        bucket = self.inflight_by_w[g.sw]
-        del bucket[g.seq]
-        if not bucket:
-            del self.inflight_by_w[g.sw]
-        self.policy.add_ready(g)
+    def _finish_until(self, limit: float) -> None:
+        """Every group whose last token comes by ``limit`` finishes, in (time,
+        dispatch) order: its slot frees and it is ready. The trainer does not act
+        meanwhile (the caller's invariant), so nothing else happens in between."""
+        heap, updates, fleet = self.heap, self.updates, self.fleet
+        n_updates = len(updates)  # no sync lands while groups finish
+        pop, add_ready, spans_of = heapq.heappop, self.policy.add_ready, version_spans
+        slow = self.record_intervals
+        finished = 0
+        while heap and heap[0][0] <= limit:
+            now, _, g = pop(heap)
+            if g.state != RUNNING:  # aborted meanwhile
+                continue
+            if slow or fleet.waiting:
+                self.now = now
+                self._free_slot(g, "ok")
+            else:  # nobody waits for the slot
+                fleet.busy_slot_s += now - g.t0
+                fleet.free += 1
+            work, since = g.work, g.since
+            # No update landed while it generated: one span, no search.
+            spans = ((g.held, work.longest),) if since == n_updates else \
+                spans_of(work.longest, work, g.t0, g.held, updates[since:])
+            g.spans, g.ew = spans, spans[-1][0]
+            g.state = READY
+            finished += 1
+            add_ready(g)
+        self.inflight -= finished
+        self.now = limit
 
     def _abort_hopeless(self) -> int:
-        """After a sync: abort the in-flight groups the policy calls hopeless."""
-        doomed = [w for w in self.inflight_by_w if self.policy.aborts(w, self.v)]
-        aborted = 0
-        for w in doomed:
-            for g in self.inflight_by_w.pop(w).values():
-                aborted += 1
-                self.inflight -= 1
-                if self.policy.counts_live:
-                    self.policy.left(g)
-                was = g.state
-                g.state = GONE
-                if was == RUNNING:
-                    self.fleet.aborts += 1
-                    self._free_slot(g, "aborted")
-        self.counts["aborted"] += aborted
-        return aborted
+        """After a sync: abort the in-flight groups the policy calls hopeless, in
+        dispatch order (the controller's order: by start weight, then dispatch
+        number, which is the same order since start weights never decrease)."""
+        policy, v = self.policy, self.v
+        if not (policy.aborts_inflight and self.inflight):
+            return 0
+        # In flight: the running groups (each has one event in the heap) and the
+        # ones waiting for a slot.
+        live = [g for _, _, g in self.heap if g.state == RUNNING]
+        live += [g for g in self.fleet.waiting if g.state == WAITING]
+        doomed_w = {w for w in {g.sw for g in live} if policy.aborts(w, v)}
+        if not doomed_w:
+            return 0
+        doomed = sorted((g for g in live if g.sw in doomed_w), key=attrgetter("seq"))
+        self.inflight -= len(doomed)
+        for g in doomed:
+            if policy.counts_live:
+                policy.left(g)
+            was = g.state
+            g.state = GONE
+            if was == RUNNING:
+                self.fleet.aborts += 1
+                self._free_slot(g, "aborted")
+        self.counts["aborted"] += len(doomed)
+        return len(doomed)
 
     # -------------------------------------------------------------- trainer
     def _starved(self) -> bool:
@@ -308,7 +339,11 @@ class CohortRun:
         while True:
             if self.phase == "wait":
                 self._trainer_acts()
-            self._place()
+            if self._place() and self.phase != "wait":
+                # Until the trainer's phase ends only groups finish, and a finish
+                # moves a group from in flight to ready: a full buffer stays full
+                # and a closed gate closed, so they all finish in one go.
+                self._finish_until(self.until)
             t_group = heap[0][0] if heap else inf
             if self.phase != "wait" and self.until < t_group:
                 if self._trainer_event():
@@ -317,11 +352,7 @@ class CohortRun:
             if t_group == inf:
                 raise RolloutStall(f"deadlock at step {self.v} in cohort mode: the trainer "
                                    "waits and nothing is in flight")
-            self.now = t_group
-            while heap and heap[0][0] == t_group:
-                g = heapq.heappop(heap)[2]
-                if g.state == RUNNING:
-                    self._finish(g)
+            self._finish_until(t_group)
 
     def _trainer_acts(self) -> None:
         """The waiting trainer takes chunks while it can; its next phase."""

@@ -56,6 +56,13 @@ class _Window:
                 buf.extend(self._draw(self._rng, _DRAW_BATCH))
         return buf[j]
 
+    def run(self, index: int, count: int) -> list[Any]:
+        """The items at ``index`` .. ``index + count - 1``."""
+        j = index - self._base
+        if j >= 0 and j + count <= len(self._buf):
+            return self._buf[j:j + count]
+        return [self.at(i) for i in range(index, index + count)]
+
 
 class Fleet:
     """The generation slots, FIFO, and the first attempts' latencies (what the

@@ -29,6 +29,8 @@ class Policy:
     measure = "start_weight"
     #: :meth:`placed` and :meth:`left` count the slots by start weight.
     counts_live = False
+    #: :meth:`aborts` can be true (else the run skips looking for hopeless groups).
+    aborts_inflight = False
 
     def __init__(self, window: int) -> None:
         self.window = window
@@ -147,6 +149,7 @@ class Windowed(_Ordered):
     """Any ready group whose start weight is at most ``s`` versions old; never gated."""
 
     gated = False
+    aborts_inflight = True
 
     def aborts(self, start_weight: int, v: int) -> bool:
         return start_weight < v - self.window
@@ -190,6 +193,7 @@ class WindowedEnd(Windowed):
     newest tokens' version; nothing in flight is aborted."""
 
     measure = "end_weight"
+    aborts_inflight = False
 
     def __init__(self, window: int) -> None:
         super().__init__(window)
@@ -222,6 +226,7 @@ class WeightFifo(Policy):
     in flight) is trained: its ready groups, in dispatch order."""
 
     counts_live = True
+    aborts_inflight = True
 
     def __init__(self, window: int) -> None:
         super().__init__(window)
