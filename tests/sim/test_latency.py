@@ -17,7 +17,14 @@ from asyncrl.config import (
     LognormalParams,
 )
 from asyncrl.errors import ConfigError
-from asyncrl.sim.latency import Bimodal, Constant, Empirical, Lognormal, make_latency_model
+from asyncrl.sim.latency import (
+    Bimodal,
+    Constant,
+    Empirical,
+    Lognormal,
+    Tokens,
+    make_latency_model,
+)
 
 
 def test_constant_draws_its_value_and_consumes_no_randomness() -> None:
@@ -97,3 +104,20 @@ def test_descriptions_mention_the_parameters() -> None:
     assert Constant(3.0).describe() == "constant 3s"
     assert "median 30s" in Lognormal(30.0, 0.5).describe()
     assert "8%" in Bimodal(Lognormal(1, 0), Lognormal(9, 0), 0.08).describe()
+
+
+@pytest.mark.parametrize("model", [
+    Constant(7.5), Constant(0.0), Lognormal(20.0, 1.5),
+    Bimodal(Lognormal(2.0, 0.3), Lognormal(60.0, 0.5), 0.2),
+    Empirical((0.001, 0.5, 2.5, 3.5, 1e4), "x.txt"),
+    Tokens(((100, 80.0), (7, 7.0)), 0.5, 0.01, 0.001)])
+@pytest.mark.parametrize("tokens_per_s", [1.0, 20.0, 0.3])
+def test_works_of_a_batch_are_what_work_makes_of_each(model, tokens_per_s: float) -> None:
+    # Cohort mode turns a batch of first attempts into Work at once; any
+    # difference from work() (rounding half to even, ints, the float mean)
+    # would make it drift from the per-group mode.
+    samples = model.draw(random.Random(5), 2_000)
+    expect = [model.work(sample, 1, tokens_per_s) for sample in samples]
+    got = model.works(samples, tokens_per_s)
+    assert got == expect
+    assert [tuple(map(type, w)) for w in got] == [tuple(map(type, w)) for w in expect]

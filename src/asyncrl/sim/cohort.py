@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import collections
 import heapq
+import itertools
 import math
 import time
 from collections.abc import Callable
@@ -67,6 +68,7 @@ from asyncrl.sim.result import (
 )
 from asyncrl.sim.tokens import version_spans
 
+_SPANS, _START_WEIGHT = attrgetter("spans"), attrgetter("sw")
 #: Steps whose slot occupancy and trainer intervals are kept for the timeline plot.
 TIMELINE_STEPS = 20
 #: Slots whose occupancy is kept for it (a datacenter fleet has too many to draw).
@@ -307,13 +309,11 @@ class CohortRun:
         # Token staleness per version first (a chunk spans a few versions), then
         # per completion: each group's completions are alike (time-based models).
         by_version: dict[int, int] = {}
-        by_start: dict[int, int] = {}
-        tokens = 0
-        for g in chunk:
-            by_start[g.sw] = by_start.get(g.sw, 0) + 1
-            for version, count in g.spans:
-                by_version[version] = by_version.get(version, 0) + count
-                tokens += count
+        get = by_version.get
+        for version, count in itertools.chain.from_iterable(map(_SPANS, chunk)):
+            by_version[version] = get(version, 0) + count
+        tokens = sum(by_version.values())
+        by_start = collections.Counter(map(_START_WEIGHT, chunk))
         n_gen = self.n_gen
         oldest = -1 if self.bound is None else v - self.bound
         for version, count in by_version.items():

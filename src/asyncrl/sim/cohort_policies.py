@@ -206,7 +206,7 @@ class WindowedEnd(Windowed):
 
     def add_ready(self, g: Any) -> None:
         self.ready += 1
-        self.order.push(g)
+        heapq.heappush(self.order.heap, (g.seq, g))  # order.push, inlined: once per group
         bucket = self.by_end.get(g.ew)
         if bucket is None:
             self.by_end[g.ew] = [g]
@@ -216,7 +216,7 @@ class WindowedEnd(Windowed):
     def evict(self, v: int) -> list[Any]:
         lo, out = self.floor(v), []
         for w in [w for w in self.by_end if w < lo]:
-            out.extend(g for g in self.by_end.pop(w) if g.state == READY)
+            out += [g for g in self.by_end.pop(w) if g.state == READY]
         self.ready -= len(out)
         return out
 

@@ -24,6 +24,8 @@ is a pure function of the config seed.
 
 from __future__ import annotations
 
+import functools
+import itertools
 import math
 import random
 from dataclasses import dataclass
@@ -52,6 +54,10 @@ class Work(NamedTuple):
     token_s: float
     longest: int
     mean: float
+
+
+#: ``Work`` from a tuple of its fields, in C (``Work(*fields)`` is a Python call).
+_new_work = functools.partial(tuple.__new__, Work)
 
 
 class LatencyModel:
@@ -89,6 +95,21 @@ class LatencyModel:
         latency = float(sample)
         longest = max(1, round(latency * tokens_per_s))
         return Work(latency, 0.0, latency / longest, longest, float(longest))
+
+    def works(self, samples: list[Any], tokens_per_s: float) -> list[Work]:
+        """:meth:`work` of each of ``samples`` for a group that generates alone
+        (``busy = 1``), the very same numbers computed for all at once (cohort
+        mode reads a batch of first attempts at a time). A model that overrides
+        :meth:`work` overrides this too."""
+        import numpy as np  # here: only cohort mode pays for the import
+
+        latency = np.array(samples, dtype=float)
+        # rint rounds half to even like round(); the operations are IEEE's, so
+        # each value is the one work() computes.
+        longest = np.maximum(np.rint(latency * tokens_per_s), 1.0)
+        return list(map(_new_work, zip(latency.tolist(), itertools.repeat(0.0),
+                                       (latency / longest).tolist(),
+                                       longest.astype(np.int64).tolist(), longest.tolist())))
 
     def describe(self) -> str:
         raise NotImplementedError
@@ -213,6 +234,9 @@ class Tokens(LatencyModel):
     def draw(self, rng: random.Random, k: int) -> list[Any]:
         values, n, uniform = self.lengths, len(self.lengths), rng.random
         return [values[int(uniform() * n)] for _ in range(k)]
+
+    def works(self, samples: list[Any], tokens_per_s: float) -> list[Work]:
+        return [self.work(sample, 1, tokens_per_s) for sample in samples]
 
     def work(self, sample: Any, busy: int, tokens_per_s: float) -> Work:
         longest, mean = sample
