@@ -201,3 +201,18 @@ def test_on_a_shared_fleet_tokens_carry_the_version_of_their_decode_step() -> No
 
     results = run_virtual(main(), loop="jump")
     assert [r.completions[0].versions for r in results] == [((0, 2), (1, 2))] * 2
+
+
+@pytest.mark.parametrize(("length", "base_s", "token_s", "updates", "spans"), [
+    (0, 0.0, 1.0, [(1.0, 4)], ()),  # no tokens, no spans
+    (5, 0.0, 0.0, [(1.0, 4), (2.0, 5)], ((3, 5),)),  # all sampled at once, at the start
+    (5, 0.0, 1.0, [(-1.0, 4), (2.0, 5)], ((4, 2), (5, 3))),  # an update before the start
+    # token j is sampled at (j + 1) s: the one sampled at the very instant of an
+    # update keeps the old version; updates after the last token add nothing
+    (5, 0.0, 1.0, [(1.0, 4), (2.0, 5), (5.0, 6), (9.0, 7)], ((3, 1), (4, 1), (5, 3))),
+    (5, 0.0, 1.0, [(0.5, 4), (0.9, 5), (7.0, 6)], ((5, 5),)),  # two before the first token
+    (5, 0.5, 1.0, [(11.5, 4), (11.5, 5), (14.5, 6)], ((3, 1), (5, 3), (6, 1))),  # same instant
+])
+def test_version_spans_at_the_edges(length, base_s, token_s, updates, spans) -> None:
+    work = Work(0.0, base_s, token_s, length, float(length))
+    assert version_spans(length, work, 10.0 if base_s else 0.0, 3, updates) == spans

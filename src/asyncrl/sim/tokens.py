@@ -64,26 +64,26 @@ def version_spans(length: int, work: Work, start: float, version: int,
     ``start`` holding ``version``; ``updates`` are the ``(time, new version)``
     weight updates that landed since then, in order. A token sampled at the
     very instant of an update still has the old version."""
+    token_s = work.token_s
+    if length <= 0:
+        return ()
+    if token_s <= 0:  # every token sampled at once, before any update
+        return ((version, length),)
     spans: list[tuple[int, int]] = []
     done = 0
     first = start + work.base_s
-    token_s = work.token_s
     for at, new_version in updates:
-        if done >= length:
-            break
         # Tokens sampled by ``at``: token j is sampled at first + (j + 1) * token_s
-        # (``int`` is ``floor`` here: a negative count is clamped to 0 anyway).
-        if token_s <= 0:
-            upto = length
-        else:
-            upto = int((at - first) / token_s + 1e-9)
-            upto = length if upto > length else (upto if upto > 0 else 0)
+        # (``int`` is ``floor`` here: a negative count adds nothing, as 0 would).
+        upto = int((at - first) / token_s + 1e-9)
         if upto > done:
+            if upto >= length:  # the rest was sampled before this update
+                spans.append((version, length - done))
+                return tuple(spans)
             spans.append((version, upto - done))
             done = upto
         version = new_version
-    if done < length:
-        spans.append((version, length - done))
+    spans.append((version, length - done))
     return tuple(spans)
 
 
