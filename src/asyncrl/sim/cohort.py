@@ -22,7 +22,8 @@ loop and replays the same rules on a heap of finish times:
   policy calls hopeless are aborted;
 * **tokens**: each group's tokens split into version spans where updates
   landed (:func:`asyncrl.sim.tokens.version_spans`), which give the token
-  staleness, the end weight and the masked tokens.
+  staleness, the end weight and the masked tokens (counted per trained chunk
+  at once, :func:`asyncrl.sim.tokens.tokens_by_version`).
 
 Groups that start together with latencies from one distribution form a
 cohort: their finishes are one stream of events, merged with the others by
@@ -40,7 +41,6 @@ from __future__ import annotations
 
 import collections
 import heapq
-import itertools
 import math
 import time
 from collections.abc import Callable
@@ -66,9 +66,10 @@ from asyncrl.sim.result import (
     sampler_label,
     sampler_window,
 )
-from asyncrl.sim.tokens import version_spans
+from asyncrl.sim.tokens import last_version, tokens_by_version
 
-_SPANS, _START_WEIGHT = attrgetter("spans"), attrgetter("sw")
+_START_WEIGHT, _SINCE, _UNTIL, _T0 = (attrgetter(a) for a in ("sw", "since", "until", "t0"))
+_LONGEST, _TOKEN_S, _BASE_S = (attrgetter(f"work.{a}") for a in ("longest", "token_s", "base_s"))
 #: Steps whose slot occupancy and trainer intervals are kept for the timeline plot.
 TIMELINE_STEPS = 20
 #: Slots whose occupancy is kept for it (a datacenter fleet has too many to draw).
@@ -129,6 +130,7 @@ class CohortRun:
         self.now = 0.0
         self.v = 0
         self.updates: list[tuple[float, int]] = []  # (time, version) of every sync
+        self.update_times: list[float] = []  # the same times alone
         self.heap: list[tuple[float, int, Group]] = []  # finishes of running groups
         # Dispatch: the admitted batch's prompts not yet reserved, [next, end).
         self.admitted = 0
@@ -221,7 +223,8 @@ class CohortRun:
         meanwhile (the caller's invariant), so nothing else happens in between."""
         heap, updates, fleet = self.heap, self.updates, self.fleet
         n_updates = len(updates)  # no sync lands while groups finish
-        pop, add_ready, spans_of = heapq.heappop, self.policy.add_ready, version_spans
+        pop, add_ready, newest = heapq.heappop, self.policy.add_ready, last_version
+        end_weight = self.policy.measure == "end_weight"
         slow = self.record_intervals
         finished = 0
         while heap and heap[0][0] <= limit:
@@ -234,11 +237,13 @@ class CohortRun:
             else:  # nobody waits for the slot
                 fleet.busy_slot_s += now - g.t0
                 fleet.free += 1
-            work, since = g.work, g.since
-            # No update landed while it generated: one span, no search.
-            spans = ((g.held, work.longest),) if since == n_updates else \
-                spans_of(work.longest, work, g.t0, g.held, updates[since:])
-            g.spans, g.ew = spans, spans[-1][0]
+            # Its tokens' versions are counted when it is trained (_train, a
+            # chunk at once); an end-weight policy needs the newest one now.
+            g.until = n_updates
+            if end_weight:
+                since = g.since
+                g.ew = g.held if since == n_updates else \
+                    newest(g.work.longest, g.work, g.t0, g.held, updates, since)
             g.state = READY
             finished += 1
             add_ready(g)
@@ -308,10 +313,7 @@ class CohortRun:
         v = self.v
         # Token staleness per version first (a chunk spans a few versions), then
         # per completion: each group's completions are alike (time-based models).
-        by_version: dict[int, int] = {}
-        get = by_version.get
-        for version, count in itertools.chain.from_iterable(map(_SPANS, chunk)):
-            by_version[version] = get(version, 0) + count
+        by_version = self._tokens_by_version(chunk) if chunk else {}
         tokens = sum(by_version.values())
         by_start = collections.Counter(map(_START_WEIGHT, chunk))
         n_gen = self.n_gen
@@ -327,6 +329,22 @@ class CohortRun:
         self.tokens_trained += tokens
         self.taken += len(chunk)
         return self.sim.train_per_group_s * len(chunk) + self.sim.train_per_token_s * tokens
+
+    def _tokens_by_version(self, chunk: list[Group]) -> dict[int, int]:
+        """The chunk's tokens per version (each group's version spans, summed).
+        A group holds version ``since`` when it starts: the trainer version is
+        the number of updates landed (update ``j`` makes version ``j + 1``)."""
+        import numpy as np  # here: the CLI does not pay for the import
+
+        k = len(chunk)
+
+        def column(get: Callable[[Group], Any], dtype: Any) -> Any:
+            return np.fromiter(map(get, chunk), dtype=dtype, count=k)
+
+        begin = column(_T0, float) + column(_BASE_S, float)  # start + base_s, as in version_spans
+        return tokens_by_version(column(_LONGEST, np.int64), begin, column(_TOKEN_S, float),
+                                 column(_SINCE, np.int64), column(_UNTIL, np.int64),
+                                 self.update_times)
 
     # ------------------------------------------------------------------ run
     def run(self) -> None:
@@ -409,6 +427,7 @@ class CohortRun:
         step = self.v
         self.v += 1
         self.updates.append((self.now, self.v))
+        self.update_times.append(self.now)
         aborted = self._abort_hopeless()
         self.counts["trained"] += self.taken
         self.counts["evicted"] += self.step_evicted

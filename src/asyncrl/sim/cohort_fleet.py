@@ -17,18 +17,19 @@ class Group:
     """One prompt group while it is live (reserved, in flight or ready). Only
     what it has so far is set: one is made per group, so its making is kept short."""
 
-    __slots__ = ("ew", "held", "prompt", "seq", "since", "slot", "spans", "stamp", "state",
-                 "sw", "t0", "work")
+    __slots__ = ("ew", "held", "prompt", "seq", "since", "slot", "stamp", "state", "sw", "t0",
+                 "until", "work")
     # Set when it starts: t0, work (its latency and tokens), held (the engine
     # version it starts with), since (weight updates before it started) and, while
     # a timeline is recorded, slot (which one it holds). Set when it finishes:
-    # spans (of its tokens' versions) and ew (the last span's version).
+    # until (the weight updates landed by then) and, for a policy that measures
+    # end weights, ew (its newest token's version).
     t0: float
     work: Work
     held: int
     since: int
     slot: int
-    spans: tuple[tuple[int, int], ...]
+    until: int
     ew: int
 
     def __init__(self, seq: int, prompt: int, stamp: int | None, sw: int) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from asyncrl.config import LossConfig
 from asyncrl.record import Completion, VersionSpans, counted
@@ -85,6 +86,53 @@ def version_spans(length: int, work: Work, start: float, version: int,
         version = new_version
     spans.append((version, length - done))
     return tuple(spans)
+
+
+def last_version(length: int, work: Work, start: float, version: int,
+                 updates: Sequence[tuple[float, int]], first: int = 0) -> int:
+    """The version of the last span of ``version_spans(length, work, start,
+    version, updates[first:])`` (its newest token's), read from the newest
+    update back: an update lands before the last token is sampled, or the
+    tokens before it are all there are."""
+    token_s = work.token_s
+    if token_s > 0:
+        begin = start + work.base_s
+        for i in range(len(updates) - 1, first - 1, -1):
+            at, new_version = updates[i]
+            if int((at - begin) / token_s + 1e-9) < length:  # a token comes after it
+                return new_version
+    return version
+
+
+def tokens_by_version(length: Any, begin: Any, token_s: Any, since: Any, until: Any,
+                      times: Sequence[float]) -> dict[int, int]:
+    """The tokens of many groups' :func:`version_spans` summed per version,
+    computed for all of them at once (cohort mode, per trained chunk), where
+    update ``j`` lands at ``times[j]`` and makes version ``j + 1``. Group ``i``
+    (numpy arrays, one entry per group) has ``length[i]`` tokens, samples its
+    first at ``begin[i]`` (its start + ``base_s``) and one every ``token_s[i]``,
+    holds version ``since[i]`` when it starts (the updates landed by then) and
+    sees updates ``since[i]`` to ``until[i] - 1`` land while it generates.
+
+    version_spans' rule as one matrix: a group's tokens sampled by update ``u``
+    are ``clip(int((times[u] - begin) / token_s + 1e-9), 0, length)`` (all of
+    them when ``token_s <= 0``), none before its start and all after its end;
+    its tokens of version ``u`` are the ones sampled after update ``u - 1``
+    and by update ``u``. Versions with no tokens are left out."""
+    import numpy as np  # here: only cohort mode pays for the import
+
+    lo, hi = int(since.min()), int(until.max())
+    column = np.arange(lo, hi)[None, :]
+    length = length[:, None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        sampled = np.trunc((np.asarray(times[lo:hi], dtype=float)[None, :] - begin[:, None])
+                           / token_s[:, None] + 1e-9)
+    sampled = np.clip(np.where(token_s[:, None] > 0, sampled, length), 0, length)
+    sampled = np.where(column < since[:, None], 0, np.where(column >= until[:, None], length,
+                                                            sampled))
+    cuts = np.concatenate([np.zeros_like(length), sampled.astype(np.int64), length], axis=1)
+    tokens = np.diff(cuts, axis=1).sum(axis=0).tolist()
+    return {lo + j: n for j, n in enumerate(tokens) if n}
 
 
 def completion_lengths(work: Work, n: int) -> list[int]:
