@@ -226,17 +226,19 @@ class CohortRun:
         pop, add_ready, newest = heapq.heappop, self.policy.add_ready, last_version
         end_weight = self.policy.measure == "end_weight"
         slow = self.record_intervals
-        finished = 0
+        finished = freed = 0
+        busy = fleet.busy_slot_s  # summed here in the same order as in _free_slot
         while heap and heap[0][0] <= limit:
             now, _, g = pop(heap)
             if g.state != RUNNING:  # aborted meanwhile
                 continue
             if slow or fleet.waiting:
-                self.now = now
+                fleet.busy_slot_s, self.now = busy, now
                 self._free_slot(g, "ok")
+                busy = fleet.busy_slot_s
             else:  # nobody waits for the slot
-                fleet.busy_slot_s += now - g.t0
-                fleet.free += 1
+                busy += now - g.t0
+                freed += 1
             # Its tokens' versions are counted when it is trained (_train, a
             # chunk at once); an end-weight policy needs the newest one now.
             g.until = n_updates
@@ -247,6 +249,8 @@ class CohortRun:
             g.state = READY
             finished += 1
             add_ready(g)
+        fleet.busy_slot_s = busy
+        fleet.free += freed
         self.inflight -= finished
         self.now = limit
 

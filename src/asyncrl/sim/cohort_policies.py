@@ -72,30 +72,38 @@ class Policy:
 
 
 class _SeqHeap:
-    """Ready groups in dispatch order; entries of groups no longer READY are skipped."""
+    """Ready groups in dispatch order: their dispatch numbers in a heap (an int
+    compares faster than a tuple) and the groups by number; entries of groups no
+    longer READY are skipped."""
 
-    __slots__ = ("heap",)
+    __slots__ = ("groups", "heap")
 
     def __init__(self) -> None:
-        self.heap: list[tuple[int, Any]] = []
+        self.heap: list[int] = []
+        self.groups: dict[int, Any] = {}
 
     def push(self, g: Any) -> None:
-        heapq.heappush(self.heap, (g.seq, g))
+        heapq.heappush(self.heap, g.seq)
+        self.groups[g.seq] = g
 
     def peek(self) -> Any | None:
-        heap = self.heap
-        while heap and heap[0][1].state != READY:
-            heapq.heappop(heap)
-        return heap[0][1] if heap else None
+        heap, groups = self.heap, self.groups
+        while heap and groups[heap[0]].state != READY:
+            del groups[heapq.heappop(heap)]
+        return groups[heap[0]] if heap else None
 
     def pop(self, k: int) -> list[Any]:
-        heap, out = self.heap, []
-        pop = heapq.heappop
+        heap, groups, out = self.heap, self.groups, []
+        pop, take = heapq.heappop, groups.pop
         while len(out) < k:
-            g = pop(heap)[1]
+            g = take(pop(heap))
             if g.state == READY:
                 out.append(g)
         return out
+
+    def ready(self) -> list[Any]:
+        """Every ready group held (in no particular order)."""
+        return [g for g in self.groups.values() if g.state == READY]
 
 
 class InOrder(Policy):
@@ -185,7 +193,7 @@ class _ByEndWeight:
         """Every ready group of end weight ``w`` (the bucket goes)."""
         bucket = self.buckets.pop(w)
         self.counts.pop(w, None)
-        return [g for _, g in bucket.heap if g.state == READY]
+        return bucket.ready()
 
 
 class WindowedEnd(Windowed):
@@ -206,7 +214,7 @@ class WindowedEnd(Windowed):
 
     def add_ready(self, g: Any) -> None:
         self.ready += 1
-        heapq.heappush(self.order.heap, (g.seq, g))  # order.push, inlined: once per group
+        self.order.push(g)
         bucket = self.by_end.get(g.ew)
         if bucket is None:
             self.by_end[g.ew] = [g]
