@@ -7,6 +7,7 @@ import asyncio
 import collections
 import random
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -231,8 +232,6 @@ def test_a_chunks_tokens_by_version_and_a_groups_newest_version_are_version_span
     # each group's newest version alone; both must say what version_spans says,
     # including tokens sampled at the very instant of an update, groups that
     # start or end between updates, and token_s = 0.
-    import numpy as np
-
     rng = random.Random(3)
     for _ in range(300):
         times = sorted(rng.uniform(0, 50) for _ in range(rng.randrange(0, 10)))
@@ -257,8 +256,6 @@ def test_a_chunks_tokens_by_version_and_a_groups_newest_version_are_version_span
             expect.update(dict(spans))
             assert last_version(length, work, start, since, updates[:until], since) == \
                 spans[-1][0]
-        got = tokens_by_version(
-            np.array([g[0] for g in groups]), np.array([g[2] + g[1].base_s for g in groups]),
-            np.array([g[1].token_s for g in groups]), np.array([g[3] for g in groups]),
-            np.array([g[4] for g in groups]), times)
+        got = tokens_by_version([SimpleNamespace(work=work, t0=start, since=since, until=until)
+                                 for _, work, start, since, until in groups], times)
         assert got == {version: n for version, n in expect.items() if n}

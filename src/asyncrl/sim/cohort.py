@@ -49,13 +49,20 @@ from typing import Any
 
 from asyncrl.buffer import RolloutBuffer
 from asyncrl.config import RunConfig
-from asyncrl.config.sampler import CustomSamplerConfig
 from asyncrl.controller.stats import KEEP_RECORDS, hist_quantile
 from asyncrl.controller.validation import validate_setup
-from asyncrl.errors import ConfigError, RolloutStall
+from asyncrl.errors import RolloutStall
 from asyncrl.sampling import create_sampler
 from asyncrl.sim.cohort_fleet import Fleet, Group
-from asyncrl.sim.cohort_policies import GONE, READY, RUNNING, WAITING, Policy, make_policy
+from asyncrl.sim.cohort_policies import (
+    GONE,
+    READY,
+    RUNNING,
+    WAITING,
+    Policy,
+    check,
+    make_policy,
+)
 from asyncrl.sim.latency import LatencyModel, Work
 from asyncrl.sim.result import (
     Bound,
@@ -68,39 +75,11 @@ from asyncrl.sim.result import (
 )
 from asyncrl.sim.tokens import last_version, tokens_by_version
 
-_START_WEIGHT, _SINCE, _UNTIL, _T0 = (attrgetter(a) for a in ("sw", "since", "until", "t0"))
-_LONGEST, _TOKEN_S, _BASE_S = (attrgetter(f"work.{a}") for a in ("longest", "token_s", "base_s"))
+_START_WEIGHT = attrgetter("sw")
 #: Steps whose slot occupancy and trainer intervals are kept for the timeline plot.
 TIMELINE_STEPS = 20
 #: Slots whose occupancy is kept for it (a datacenter fleet has too many to draw).
 TIMELINE_SLOTS = 64
-
-
-def check(cfg: RunConfig, sampler_cfg: Any, latency: LatencyModel) -> None:
-    """Refuse what cohort mode does not model, with the field and the fix."""
-    sim = cfg.simulate
-    assert sim is not None
-    fix = "or use simulate.mode: per_group (the real controller)"
-    problems = []
-    if isinstance(sampler_cfg, CustomSamplerConfig):
-        problems.append(f"async_rl.sampler is custom ({sampler_cfg.target}); cohort mode "
-                        "replays the built-in policies only")
-    elif getattr(sampler_cfg, "sample_freshest_first", False):
-        problems.append("async_rl.sampler.sample_freshest_first: true is not modelled")
-    if latency.load_dependent:
-        problems.append("simulate.generation_latency_s is load-dependent (tokens); cohort "
-                        "mode needs a time-based model (constant, lognormal, bimodal, empirical)")
-    if sim.failure_rate:
-        problems.append(f"simulate.failure_rate={sim.failure_rate:g}: set it to 0")
-    if sim.pause_generation_during_sync:
-        problems.append("simulate.pause_generation_during_sync: set it to false")
-    if sim.abort_s:
-        problems.append(f"simulate.abort_s={sim.abort_s:g}: set it to 0")
-    if cfg.deterministic:
-        problems.append("deterministic: true: set it to false")
-    if problems:
-        raise ConfigError("simulate.mode: cohort cannot simulate this config: "
-                          + "; ".join(problems) + f" ({fix})")
 
 
 class CohortRun:
@@ -317,7 +296,7 @@ class CohortRun:
         v = self.v
         # Token staleness per version first (a chunk spans a few versions), then
         # per completion: each group's completions are alike (time-based models).
-        by_version = self._tokens_by_version(chunk) if chunk else {}
+        by_version = tokens_by_version(chunk, self.update_times) if chunk else {}
         tokens = sum(by_version.values())
         by_start = collections.Counter(map(_START_WEIGHT, chunk))
         n_gen = self.n_gen
@@ -333,22 +312,6 @@ class CohortRun:
         self.tokens_trained += tokens
         self.taken += len(chunk)
         return self.sim.train_per_group_s * len(chunk) + self.sim.train_per_token_s * tokens
-
-    def _tokens_by_version(self, chunk: list[Group]) -> dict[int, int]:
-        """The chunk's tokens per version (each group's version spans, summed).
-        A group holds version ``since`` when it starts: the trainer version is
-        the number of updates landed (update ``j`` makes version ``j + 1``)."""
-        import numpy as np  # here: the CLI does not pay for the import
-
-        k = len(chunk)
-
-        def column(get: Callable[[Group], Any], dtype: Any) -> Any:
-            return np.fromiter(map(get, chunk), dtype=dtype, count=k)
-
-        begin = column(_T0, float) + column(_BASE_S, float)  # start + base_s, as in version_spans
-        return tokens_by_version(column(_LONGEST, np.int64), begin, column(_TOKEN_S, float),
-                                 column(_SINCE, np.int64), column(_UNTIL, np.int64),
-                                 self.update_times)
 
     # ------------------------------------------------------------------ run
     def run(self) -> None:

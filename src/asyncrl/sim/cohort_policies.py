@@ -16,6 +16,11 @@ import heapq
 from collections.abc import Iterator
 from typing import Any
 
+from asyncrl.config import RunConfig
+from asyncrl.config.sampler import CustomSamplerConfig
+from asyncrl.errors import ConfigError
+from asyncrl.sim.latency import LatencyModel
+
 #: Group states (cohort.Group.state).
 WAITING, RUNNING, READY, GONE = range(4)
 
@@ -330,7 +335,7 @@ class WeightFifoEnd(Policy):
 
 
 def make_policy(sampler_cfg: Any) -> Policy:
-    """The cohort-mode policy of a built-in sampler config (cohort.check says which)."""
+    """The cohort-mode policy of a built-in sampler config (:func:`check` says which)."""
     name = sampler_cfg.name
     if name == "in_order":
         return InOrder(sampler_cfg.max_lookahead_versions)
@@ -343,3 +348,30 @@ def make_policy(sampler_cfg: Any) -> Policy:
     if name == "weight_fifo":
         return WeightFifoEnd(window) if end else WeightFifo(window)
     raise ValueError(f"no cohort-mode policy for sampler {name!r}")
+
+
+def check(cfg: RunConfig, sampler_cfg: Any, latency: LatencyModel) -> None:
+    """Refuse what cohort mode does not model, with the field and the fix."""
+    sim = cfg.simulate
+    assert sim is not None
+    fix = "or use simulate.mode: per_group (the real controller)"
+    problems = []
+    if isinstance(sampler_cfg, CustomSamplerConfig):
+        problems.append(f"async_rl.sampler is custom ({sampler_cfg.target}); cohort mode "
+                        "replays the built-in policies only")
+    elif getattr(sampler_cfg, "sample_freshest_first", False):
+        problems.append("async_rl.sampler.sample_freshest_first: true is not modelled")
+    if latency.load_dependent:
+        problems.append("simulate.generation_latency_s is load-dependent (tokens); cohort "
+                        "mode needs a time-based model (constant, lognormal, bimodal, empirical)")
+    if sim.failure_rate:
+        problems.append(f"simulate.failure_rate={sim.failure_rate:g}: set it to 0")
+    if sim.pause_generation_during_sync:
+        problems.append("simulate.pause_generation_during_sync: set it to false")
+    if sim.abort_s:
+        problems.append(f"simulate.abort_s={sim.abort_s:g}: set it to 0")
+    if cfg.deterministic:
+        problems.append("deterministic: true: set it to false")
+    if problems:
+        raise ConfigError("simulate.mode: cohort cannot simulate this config: "
+                          + "; ".join(problems) + f" ({fix})")

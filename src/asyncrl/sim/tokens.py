@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Iterable, Sequence
+from operator import attrgetter
 from typing import Any
 
 from asyncrl.config import LossConfig
@@ -104,15 +105,14 @@ def last_version(length: int, work: Work, start: float, version: int,
     return version
 
 
-def tokens_by_version(length: Any, begin: Any, token_s: Any, since: Any, until: Any,
-                      times: Sequence[float]) -> dict[int, int]:
+def tokens_by_version(groups: Sequence[Any], times: Sequence[float]) -> dict[int, int]:
     """The tokens of many groups' :func:`version_spans` summed per version,
     computed for all of them at once (cohort mode, per trained chunk), where
-    update ``j`` lands at ``times[j]`` and makes version ``j + 1``. Group ``i``
-    (numpy arrays, one entry per group) has ``length[i]`` tokens, samples its
-    first at ``begin[i]`` (its start + ``base_s``) and one every ``token_s[i]``,
-    holds version ``since[i]`` when it starts (the updates landed by then) and
-    sees updates ``since[i]`` to ``until[i] - 1`` land while it generates.
+    update ``j`` lands at ``times[j]`` and makes version ``j + 1``. Each group
+    (:class:`asyncrl.sim.cohort_fleet.Group`) started at ``t0``, generating
+    ``work`` (``work.longest`` tokens, the first at ``t0 + work.base_s``, one
+    every ``work.token_s``), holding version ``since`` (the updates landed by
+    then), and saw updates ``since`` to ``until - 1`` land while it generated.
 
     version_spans' rule as one matrix: a group's tokens sampled by update ``u``
     are ``clip(int((times[u] - begin) / token_s + 1e-9), 0, length)`` (all of
@@ -121,6 +121,12 @@ def tokens_by_version(length: Any, begin: Any, token_s: Any, since: Any, until: 
     and by update ``u``. Versions with no tokens are left out."""
     import numpy as np  # here: only cohort mode pays for the import
 
+    def column(get: Any, dtype: Any) -> Any:
+        return np.fromiter(map(get, groups), dtype=dtype, count=len(groups))
+
+    length, token_s = column(_LONGEST, np.int64), column(_TOKEN_S, float)
+    begin = column(_T0, float) + column(_BASE_S, float)  # as version_spans adds them
+    since, until = column(_SINCE, np.int64), column(_UNTIL, np.int64)
     lo, hi = int(since.min()), int(until.max())
     column = np.arange(lo, hi)[None, :]
     length = length[:, None]
@@ -133,6 +139,10 @@ def tokens_by_version(length: Any, begin: Any, token_s: Any, since: Any, until: 
     cuts = np.concatenate([np.zeros_like(length), sampled.astype(np.int64), length], axis=1)
     tokens = np.diff(cuts, axis=1).sum(axis=0).tolist()
     return {lo + j: n for j, n in enumerate(tokens) if n}
+
+
+_T0, _SINCE, _UNTIL = attrgetter("t0"), attrgetter("since"), attrgetter("until")
+_LONGEST, _TOKEN_S, _BASE_S = (attrgetter(f"work.{a}") for a in ("longest", "token_s", "base_s"))
 
 
 def completion_lengths(work: Work, n: int) -> list[int]:
