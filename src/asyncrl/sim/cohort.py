@@ -173,10 +173,12 @@ class CohortRun:
         """``groups`` take a slot now; ``works`` are their first attempts."""
         fleet = self.fleet
         fleet.attempts += len(groups)
-        now, v, since = self.now, self.v, len(self.updates)
+        # The engine version it starts with is the number of updates landed:
+        # every sync appends one and makes the next version (v == len(updates)).
+        now, since = self.now, len(self.updates)
         heap, push = self.heap, heapq.heappush
         for g, work in zip(groups, works):
-            g.state, g.t0, g.held, g.since, g.work = RUNNING, now, v, since, work
+            g.state, g.t0, g.since, g.work = RUNNING, now, since, work
             push(heap, (now + work.latency, g.seq, g))
         if self.record_intervals:
             for g in groups:
@@ -223,8 +225,8 @@ class CohortRun:
             g.until = n_updates
             if end_weight:
                 since = g.since
-                g.ew = g.held if since == n_updates else \
-                    newest(g.work.longest, g.work, g.t0, g.held, updates, since)
+                g.ew = since if since == n_updates else \
+                    newest(g.work.longest, g.work, g.t0, since, updates, since)
             g.state = READY
             finished += 1
             add_ready(g)

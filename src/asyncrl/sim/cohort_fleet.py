@@ -17,16 +17,15 @@ class Group:
     """One prompt group while it is live (reserved, in flight or ready). Only
     what it has so far is set: one is made per group, so its making is kept short."""
 
-    __slots__ = ("ew", "held", "prompt", "seq", "since", "slot", "stamp", "state", "sw", "t0",
-                 "until", "work")
-    # Set when it starts: t0, work (its latency and tokens), held (the engine
-    # version it starts with), since (weight updates before it started) and, while
-    # a timeline is recorded, slot (which one it holds). Set when it finishes:
+    __slots__ = ("ew", "prompt", "seq", "since", "slot", "stamp", "state", "sw", "t0", "until",
+                 "work")
+    # Set when it starts: t0, work (its latency and tokens), since (the weight
+    # updates landed by then, which is the engine version it starts with) and,
+    # while a timeline is recorded, slot (which one it holds). Set when it finishes:
     # until (the weight updates landed by then) and, for a policy that measures
     # end weights, ew (its newest token's version).
     t0: float
     work: Work
-    held: int
     since: int
     slot: int
     until: int
