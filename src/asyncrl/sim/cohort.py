@@ -277,21 +277,23 @@ class CohortRun:
         """Evict, then the next chunk of the step (None: wait for groups)."""
         policy, v = self.policy, self.v
         evicted = policy.evict(v)
-        for g in evicted:
-            g.state = GONE
-            if policy.counts_live:
-                policy.left(g)
+        self._leave(evicted)
         self.step_evicted += len(evicted)
         remaining = self.n - self.taken
         have = min(policy.eligible(v), remaining)
         if have < min(self.min_chunk, remaining) and not (have and self._starved()):
             return None
         chunk = policy.take(v, have)
-        for g in chunk:
-            g.state = GONE
-            if policy.counts_live:
-                policy.left(g)
+        self._leave(chunk)
         return chunk
+
+    def _leave(self, groups: list[Group]) -> None:
+        """``groups`` leave the buffer (trained or evicted)."""
+        for g in groups:
+            g.state = GONE
+        if self.policy.counts_live:
+            for g in groups:
+                self.policy.left(g)
 
     def _train(self, chunk: list[Group]) -> float:
         """Account a trained chunk; its training time."""
