@@ -204,10 +204,11 @@ class CohortRun:
         meanwhile (the caller's invariant), so nothing else happens in between."""
         heap, updates, fleet = self.heap, self.updates, self.fleet
         n_updates = len(updates)  # no sync lands while groups finish
-        pop, add_ready, newest = heapq.heappop, self.policy.add_ready, last_version
+        pop, newest = heapq.heappop, last_version
         end_weight = self.policy.measure == "end_weight"
         slow = self.record_intervals
-        finished = freed = 0
+        ready: list[Group] = []  # finished, in order (the policy takes them at once)
+        freed = 0
         busy = fleet.busy_slot_s  # summed here in the same order as in _free_slot
         while heap and heap[0][0] <= limit:
             now, _, g = pop(heap)
@@ -220,19 +221,18 @@ class CohortRun:
             else:  # nobody waits for the slot
                 busy += now - g.t0
                 freed += 1
-            # Its tokens' versions are counted when it is trained (_train, a
-            # chunk at once); an end-weight policy needs the newest one now.
+            # Versions are counted when trained (_train); end weights are needed now.
             g.until = n_updates
             if end_weight:
                 since = g.since
                 g.ew = since if since == n_updates else \
                     newest(g.work.longest, g.work, g.t0, since, updates, since)
             g.state = READY
-            finished += 1
-            add_ready(g)
+            ready.append(g)
         fleet.busy_slot_s = busy
         fleet.free += freed
-        self.inflight -= finished
+        self.policy.add_ready(ready)
+        self.inflight -= len(ready)
         self.now = limit
 
     def _abort_hopeless(self) -> int:

@@ -13,7 +13,7 @@ groups evicted meanwhile, are skipped when they come up).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from asyncrl.config import RunConfig
@@ -63,7 +63,9 @@ class Policy:
         """``g`` left the buffer (trained, evicted or aborted)."""
         return None
 
-    def add_ready(self, g: Any) -> None:
+    def add_ready(self, groups: list[Any]) -> None:
+        """``groups`` finished, in this order (all those of one pass of the
+        event loop: one call for them)."""
         raise NotImplementedError
 
     def evict(self, v: int) -> list[Any]:
@@ -87,9 +89,11 @@ class _SeqHeap:
         self.heap: list[int] = []
         self.groups: dict[int, Any] = {}
 
-    def push(self, g: Any) -> None:
-        heapq.heappush(self.heap, g.seq)
-        self.groups[g.seq] = g
+    def push(self, groups: Iterable[Any]) -> None:
+        heap, by_seq, push = self.heap, self.groups, heapq.heappush
+        for g in groups:
+            push(heap, g.seq)
+            by_seq[g.seq] = g
 
     def peek(self) -> Any | None:
         heap, groups = self.heap, self.groups
@@ -121,9 +125,10 @@ class InOrder(Policy):
     def stamp(self, d: int) -> int | None:
         return d
 
-    def add_ready(self, g: Any) -> None:
-        self.ready += 1
-        self.by_target.setdefault(g.stamp, []).append(g)
+    def add_ready(self, groups: list[Any]) -> None:
+        self.ready += len(groups)
+        for g in groups:
+            self.by_target.setdefault(g.stamp, []).append(g)
 
     def eligible(self, v: int) -> int:
         return len(self.by_target.get(v, ()))
@@ -142,9 +147,9 @@ class _Ordered(Policy):
         super().__init__(window)
         self.order = _SeqHeap()
 
-    def add_ready(self, g: Any) -> None:
-        self.ready += 1
-        self.order.push(g)
+    def add_ready(self, groups: list[Any]) -> None:
+        self.ready += len(groups)
+        self.order.push(groups)
 
     def eligible(self, v: int) -> int:
         return self.ready
@@ -188,7 +193,7 @@ class _ByEndWeight:
         bucket = self.buckets.get(g.ew)
         if bucket is None:
             bucket = self.buckets[g.ew] = _SeqHeap()
-        bucket.push(g)
+        bucket.push((g,))
         self.counts[g.ew] = self.counts.get(g.ew, 0) + 1
 
     def below(self, lo: int) -> Iterator[int]:
@@ -217,14 +222,16 @@ class WindowedEnd(Windowed):
     def aborts(self, start_weight: int, v: int) -> bool:
         return False
 
-    def add_ready(self, g: Any) -> None:
-        self.ready += 1
-        self.order.push(g)
-        bucket = self.by_end.get(g.ew)
-        if bucket is None:
-            self.by_end[g.ew] = [g]
-        else:
-            bucket.append(g)
+    def add_ready(self, groups: list[Any]) -> None:
+        self.ready += len(groups)
+        self.order.push(groups)
+        by_end = self.by_end
+        for g in groups:
+            bucket = by_end.get(g.ew)
+            if bucket is None:
+                by_end[g.ew] = [g]
+            else:
+                bucket.append(g)
 
     def evict(self, v: int) -> list[Any]:
         lo, out = self.floor(v), []
@@ -260,10 +267,11 @@ class WeightFifo(Policy):
         else:
             del self.live[g.sw]
 
-    def add_ready(self, g: Any) -> None:
-        self.ready += 1
-        self.order.push(g)
-        self.ready_at[g.sw] = self.ready_at.get(g.sw, 0) + 1
+    def add_ready(self, groups: list[Any]) -> None:
+        self.ready += len(groups)
+        self.order.push(groups)
+        for g in groups:
+            self.ready_at[g.sw] = self.ready_at.get(g.sw, 0) + 1
 
     def _oldest(self, v: int) -> int | None:
         for w in range(self.floor(v), v + 1):
@@ -303,9 +311,10 @@ class WeightFifoEnd(Policy):
         super().__init__(window)
         self.by_end = _ByEndWeight()
 
-    def add_ready(self, g: Any) -> None:
-        self.ready += 1
-        self.by_end.add(g)
+    def add_ready(self, groups: list[Any]) -> None:
+        self.ready += len(groups)
+        for g in groups:
+            self.by_end.add(g)
 
     def _oldest(self, v: int) -> int | None:
         counts = self.by_end.counts
