@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import collections
 import heapq
+import itertools
 import math
 import time
 from collections.abc import Callable
@@ -155,7 +156,8 @@ class CohortRun:
         self.dispatched += k
         self.queue_next += k
         self.inflight += k
-        groups = [Group(seq + i, prompt + i, stamp, v) for i in range(k)]
+        groups = list(map(Group, range(seq, seq + k), range(prompt, prompt + k),
+                          itertools.repeat(stamp, k), itertools.repeat(v, k)))
         policy, fleet = self.policy, self.fleet
         if policy.counts_live:
             for g in groups:
@@ -206,7 +208,7 @@ class CohortRun:
         n_updates = len(updates)  # no sync lands while groups finish
         pop, newest = heapq.heappop, last_version
         end_weight = self.policy.measure == "end_weight"
-        slow = self.record_intervals
+        slow, waiting = self.record_intervals, fleet.waiting  # only shrinks in here
         ready: list[Group] = []  # finished, in order (the policy takes them at once)
         freed = 0
         busy = fleet.busy_slot_s  # summed here in the same order as in _free_slot
@@ -214,7 +216,7 @@ class CohortRun:
             now, _, g = pop(heap)
             if g.state != RUNNING:  # aborted meanwhile
                 continue
-            if slow or fleet.waiting:
+            if slow or waiting:
                 fleet.busy_slot_s, self.now = busy, now
                 self._free_slot(g, "ok")
                 busy = fleet.busy_slot_s
@@ -236,14 +238,12 @@ class CohortRun:
         self.now = limit
 
     def _abort_hopeless(self) -> int:
-        """After a sync: abort the in-flight groups the policy calls hopeless, in
-        dispatch order (the controller's order: by start weight, then dispatch
-        number, which is the same order since start weights never decrease)."""
+        """After a sync: abort the in-flight groups the policy calls hopeless in the
+        controller's order (start weight, dispatch number: dispatch order)."""
         policy, v = self.policy, self.v
         if not (policy.aborts_inflight and self.inflight):
             return 0
-        # In flight: the running groups (each has one event in the heap) and the
-        # ones waiting for a slot.
+        # In flight: running (one event each in the heap) or waiting for a slot.
         live = [g for _, _, g in self.heap if g.state == RUNNING]
         live += [g for g in self.fleet.waiting if g.state == WAITING]
         doomed_w = {w for w in {g.sw for g in live} if policy.aborts(w, v)}
