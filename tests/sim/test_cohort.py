@@ -113,6 +113,12 @@ def test_the_window_holds_one_batch_however_far_it_reads() -> None:
     window = _Window(None, draw)
     assert [window.at(i) for i in (0, 5, 4095, 4096, 12_000)] == [0, 5, 4095, 4096, 12_000]
     assert len(window._buf) <= 4096  # the memory bound is the point
+    # A run of reads (a burst of groups starting together) across batches.
+    assert window.run(12_001, 5000) == list(range(12_001, 17_001))
+    assert window.run(20_000, 3) == [20_000, 20_001, 20_002]
+    assert len(window._buf) <= 5000 + 4096  # the longest read and one batch
+    with pytest.raises(IndexError, match="handed out"):
+        window.run(12_000, 2)
 
 
 @pytest.mark.parametrize("mode", ["per_group", "cohort"])

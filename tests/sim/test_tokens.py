@@ -4,8 +4,10 @@ masks, and the long-tail acceptance workload (virtual time, so it is fast)."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import random
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -15,7 +17,14 @@ from asyncrl.sim.clock import run_virtual
 from asyncrl.sim.latency import Constant, Tokens, Work
 from asyncrl.sim.runner import simulate
 from asyncrl.sim.sharing import SharedDecoder
-from asyncrl.sim.tokens import Placeholders, completion_lengths, count_masked, version_spans
+from asyncrl.sim.tokens import (
+    Placeholders,
+    completion_lengths,
+    count_masked,
+    last_version,
+    tokens_by_version,
+    version_spans,
+)
 from asyncrl.trainers.masks import MaskStats, token_masks
 from asyncrl.types import Completion, GenerationRequest, GroupResult, Prompt, Rollout
 from tests.sim.helpers import sim_config
@@ -201,3 +210,52 @@ def test_on_a_shared_fleet_tokens_carry_the_version_of_their_decode_step() -> No
 
     results = run_virtual(main(), loop="jump")
     assert [r.completions[0].versions for r in results] == [((0, 2), (1, 2))] * 2
+
+
+@pytest.mark.parametrize(("length", "base_s", "token_s", "updates", "spans"), [
+    (0, 0.0, 1.0, [(1.0, 4)], ()),  # no tokens, no spans
+    (5, 0.0, 0.0, [(1.0, 4), (2.0, 5)], ((3, 5),)),  # all sampled at once, at the start
+    (5, 0.0, 1.0, [(-1.0, 4), (2.0, 5)], ((4, 2), (5, 3))),  # an update before the start
+    # token j is sampled at (j + 1) s: the one sampled at the very instant of an
+    # update keeps the old version; updates after the last token add nothing
+    (5, 0.0, 1.0, [(1.0, 4), (2.0, 5), (5.0, 6), (9.0, 7)], ((3, 1), (4, 1), (5, 3))),
+    (5, 0.0, 1.0, [(0.5, 4), (0.9, 5), (7.0, 6)], ((5, 5),)),  # two before the first token
+    (5, 0.5, 1.0, [(11.5, 4), (11.5, 5), (14.5, 6)], ((3, 1), (5, 3), (6, 1))),  # same instant
+])
+def test_version_spans_at_the_edges(length, base_s, token_s, updates, spans) -> None:
+    work = Work(0.0, base_s, token_s, length, float(length))
+    assert version_spans(length, work, 10.0 if base_s else 0.0, 3, updates) == spans
+
+
+def test_a_chunks_tokens_by_version_and_a_groups_newest_version_are_version_spans() -> None:
+    # Cohort mode counts a trained chunk's tokens per version at once and reads
+    # each group's newest version alone; both must say what version_spans says,
+    # including tokens sampled at the very instant of an update, groups that
+    # start or end between updates, and token_s = 0.
+    rng = random.Random(3)
+    for _ in range(300):
+        times = sorted(rng.uniform(0, 50) for _ in range(rng.randrange(0, 10)))
+        updates = [(at, j + 1) for j, at in enumerate(times)]
+        groups = []
+        for _ in range(rng.randrange(1, 20)):
+            since = rng.randrange(0, len(times) + 1)
+            until = rng.randrange(since, len(times) + 1)
+            length = rng.choice([1, 2, 5, 40, 1000])
+            token_s = rng.choice([0.0, 0.01, 0.1, 1.0, 1 / 3, rng.random()])
+            base_s = rng.choice([0.0, 0.3])
+            start = (times[since - 1] if since else 0.0) + rng.random()
+            if until > since and token_s and rng.random() < 0.3:  # a token on an update
+                start = times[until - 1] - base_s - rng.randrange(0, length + 1) * token_s
+            if since < len(times):
+                start = min(start, times[since])
+            groups.append((length, Work(0.0, base_s, token_s, length, float(length)), start,
+                           since, until))
+        expect: collections.Counter[int] = collections.Counter()
+        for length, work, start, since, until in groups:
+            spans = version_spans(length, work, start, since, updates[since:until])
+            expect.update(dict(spans))
+            assert last_version(length, work, start, since, updates[:until], since) == \
+                spans[-1][0]
+        got = tokens_by_version([SimpleNamespace(work=work, t0=start, since=since, until=until)
+                                 for _, work, start, since, until in groups], times)
+        assert got == {version: n for version, n in expect.items() if n}

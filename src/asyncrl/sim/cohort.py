@@ -22,7 +22,8 @@ loop and replays the same rules on a heap of finish times:
   policy calls hopeless are aborted;
 * **tokens**: each group's tokens split into version spans where updates
   landed (:func:`asyncrl.sim.tokens.version_spans`), which give the token
-  staleness, the end weight and the masked tokens.
+  staleness, the end weight and the masked tokens (counted per trained chunk
+  at once, :func:`asyncrl.sim.tokens.tokens_by_version`).
 
 Groups that start together with latencies from one distribution form a
 cohort: their finishes are one stream of events, merged with the others by
@@ -41,69 +42,40 @@ from __future__ import annotations
 
 import collections
 import heapq
+import itertools
 import math
 import time
 from collections.abc import Callable
+from operator import attrgetter
 from typing import Any
 
 from asyncrl.buffer import RolloutBuffer
 from asyncrl.config import RunConfig
-from asyncrl.config.sampler import CustomSamplerConfig
-from asyncrl.controller.stats import KEEP_RECORDS, hist_quantile
+from asyncrl.controller.stats import KEEP_RECORDS
 from asyncrl.controller.validation import validate_setup
-from asyncrl.errors import ConfigError, RolloutStall
+from asyncrl.errors import RolloutStall
 from asyncrl.sampling import create_sampler
 from asyncrl.sim.cohort_fleet import Fleet, Group
-from asyncrl.sim.cohort_policies import GONE, READY, RUNNING, WAITING, Policy, make_policy
-from asyncrl.sim.latency import LatencyModel
-from asyncrl.sim.result import (
-    Bound,
-    SimResult,
-    efficiency_of,
-    fewer_gc_passes,
-    percentile,
-    sampler_label,
-    sampler_window,
+from asyncrl.sim.cohort_policies import (
+    GONE,
+    READY,
+    RUNNING,
+    WAITING,
+    Policy,
+    check,
+    make_policy,
 )
-from asyncrl.sim.tokens import version_spans
+from asyncrl.sim.latency import LatencyModel, Work
+from asyncrl.sim.result import (
+    fewer_gc_passes,
+)
+from asyncrl.sim.tokens import last_version, tokens_by_version
 
+_START_WEIGHT = attrgetter("sw")
 #: Steps whose slot occupancy and trainer intervals are kept for the timeline plot.
 TIMELINE_STEPS = 20
 #: Slots whose occupancy is kept for it (a datacenter fleet has too many to draw).
 TIMELINE_SLOTS = 64
-
-
-def check(cfg: RunConfig, sampler_cfg: Any, latency: LatencyModel) -> None:
-    """Refuse what cohort mode does not model, with the field and the fix."""
-    sim = cfg.simulate
-    assert sim is not None
-    fix = "or use simulate.mode: per_group (the real controller)"
-    problems = []
-    if isinstance(sampler_cfg, CustomSamplerConfig):
-        problems.append(f"async_rl.sampler is custom ({sampler_cfg.target}); cohort mode "
-                        "replays the built-in policies only")
-    elif getattr(sampler_cfg, "sample_freshest_first", False):
-        problems.append("async_rl.sampler.sample_freshest_first: true is not modelled")
-    if latency.load_dependent:
-        problems.append("simulate.generation_latency_s is load-dependent (tokens); cohort "
-                        "mode needs a time-based model (constant, lognormal, bimodal, empirical)")
-    if sim.failure_rate:
-        problems.append(f"simulate.failure_rate={sim.failure_rate:g}: set it to 0")
-    if sim.filter_rate:
-        problems.append(f"simulate.filter_rate={sim.filter_rate:g}: set it to 0 (cohort "
-                        "mode has no dynamic-sampling filter)")
-    if cfg.grpo.dynamic_sampling.batch_multiplier != 1.0:
-        problems.append("grpo.dynamic_sampling.batch_multiplier="
-                        f"{cfg.grpo.dynamic_sampling.batch_multiplier:g}: set it to 1")
-    if sim.pause_generation_during_sync:
-        problems.append("simulate.pause_generation_during_sync: set it to false")
-    if sim.abort_s:
-        problems.append(f"simulate.abort_s={sim.abort_s:g}: set it to 0")
-    if cfg.deterministic:
-        problems.append("deterministic: true: set it to false")
-    if problems:
-        raise ConfigError("simulate.mode: cohort cannot simulate this config: "
-                          + "; ".join(problems) + f" ({fix})")
 
 
 class CohortRun:
@@ -133,6 +105,7 @@ class CohortRun:
         self.now = 0.0
         self.v = 0
         self.updates: list[tuple[float, int]] = []  # (time, version) of every sync
+        self.update_times: list[float] = []  # the same times alone
         self.heap: list[tuple[float, int, Group]] = []  # finishes of running groups
         # Dispatch: the admitted batch's prompts not yet reserved, [next, end).
         self.admitted = 0
@@ -140,7 +113,6 @@ class CohortRun:
         self.queue_stamp: int | None = None
         self.dispatched = 0  # groups reserved so far (the next one's dispatch number)
         self.inflight = 0
-        self.inflight_by_w: dict[int, dict[int, Group]] = {}  # start weight -> {seq: group}
         # Ledger and statistics.
         self.counts = collections.Counter[str]()
         self.staleness: collections.Counter[int] = collections.Counter()
@@ -151,47 +123,63 @@ class CohortRun:
         self.timeline: list[dict[str, Any]] = []
 
     # ------------------------------------------------------------- dispatch
-    def _place(self) -> None:
-        """Admit and reserve every prompt the bounds allow now."""
-        policy, fleet = self.policy, self.fleet
+    def _place(self) -> bool:
+        """Admit and reserve every prompt the bounds allow now; True when none can
+        be until the trainer acts (the admission gate holds the next batch or the
+        buffer, in flight + ready, is full)."""
+        policy = self.policy
         while True:
             if self.queue_next == self.queue_end:
                 d = self.admitted
                 if not policy.admits(d, self.v):
-                    return
+                    return True
                 self.admitted = d + 1
                 self.queue_next, self.queue_end = d * self.n, (d + 1) * self.n
                 self.queue_stamp = policy.stamp(d)
             inflight = self.inflight
-            if inflight >= self.cap_inflight or inflight + policy.ready >= self.capacity:
-                return
-            g = Group(self.dispatched, self.queue_next, self.queue_stamp, self.v)
-            self.dispatched += 1
-            self.queue_next += 1
-            self.inflight = inflight + 1
-            bucket = self.inflight_by_w.get(g.sw)
-            if bucket is None:
-                bucket = self.inflight_by_w[g.sw] = {}
-            bucket[g.seq] = g
-            if policy.counts_live:
-                policy.placed(g)
-            if fleet.free:
-                fleet.free -= 1
-                if fleet.slots - fleet.free > fleet.max_busy:
-                    fleet.max_busy = fleet.slots - fleet.free
-                self._start(g)
-            else:
-                fleet.waiting.append(g)
+            if inflight + policy.ready >= self.capacity:
+                return True
+            if inflight >= self.cap_inflight:
+                return False
+            self._reserve(min(self.queue_end - self.queue_next, self.cap_inflight - inflight,
+                              self.capacity - inflight - policy.ready))
 
-    def _start(self, g: Group) -> None:
-        """``g`` takes a slot now."""
-        self.fleet.attempts += 1
-        now = self.now
-        g.state, g.t0, g.held, g.since = RUNNING, now, self.v, len(self.updates)
-        work = g.work = self.fleet.first.at(g.prompt)
-        heapq.heappush(self.heap, (now + work.latency, g.seq, g))
+    def _reserve(self, k: int) -> None:
+        """The next ``k`` queued prompts are reserved now, in order: as many as
+        there are free slots start, the others wait for one (FIFO)."""
+        seq, prompt, stamp, v = self.dispatched, self.queue_next, self.queue_stamp, self.v
+        self.dispatched += k
+        self.queue_next += k
+        self.inflight += k
+        groups = list(map(Group, range(seq, seq + k), range(prompt, prompt + k),
+                          itertools.repeat(stamp, k), itertools.repeat(v, k)))
+        policy, fleet = self.policy, self.fleet
+        if policy.counts_live:
+            for g in groups:
+                policy.placed(g)
+        start = min(k, fleet.free)
+        if start:
+            fleet.free -= start
+            fleet.max_busy = max(fleet.max_busy, fleet.slots - fleet.free)
+            # Free slots mean nobody waits: these prompts are the next to start.
+            self._start(groups[:start] if start < k else groups, fleet.first.run(prompt, start))
+        if start < k:
+            fleet.waiting.extend(groups[start:])
+
+    def _start(self, groups: list[Group], works: list[Work]) -> None:
+        """``groups`` take a slot now; ``works`` are their first attempts."""
+        fleet = self.fleet
+        fleet.attempts += len(groups)
+        # The engine version it starts with is the number of updates landed:
+        # every sync appends one and makes the next version (v == len(updates)).
+        now, since = self.now, len(self.updates)
+        heap, push = self.heap, heapq.heappush
+        for g, work in zip(groups, works):
+            g.state, g.t0, g.since, g.work = RUNNING, now, since, work
+            push(heap, (now + work.latency, g.seq, g))
         if self.record_intervals:
-            g.slot = self.fleet.slot_ids.pop()
+            for g in groups:
+                g.slot = fleet.slot_ids.pop()
 
     def _free_slot(self, g: Group, outcome: str) -> None:
         fleet = self.fleet
@@ -203,48 +191,71 @@ class CohortRun:
         while fleet.waiting:
             nxt = fleet.waiting.popleft()
             if nxt.state == WAITING:
-                self._start(nxt)
+                self._start([nxt], [fleet.first.at(nxt.prompt)])
                 return
         fleet.free += 1
 
-    def _finish(self, g: Group) -> None:
-        """``g`` generated its last token: its slot frees, it is ready."""
-        fleet = self.fleet
-        if fleet.waiting or self.record_intervals:
-            self._free_slot(g, "ok")
-        else:  # nobody waits for the slot
-            fleet.busy_slot_s += self.now - g.t0
-            fleet.free += 1
-        work, updates = g.work, self.updates
-        assert work is not None
-        spans = ((g.held, work.longest),) if g.since == len(updates) else \
-            version_spans(work.longest, work, g.t0, g.held, updates[g.since:])
-        g.spans, g.ew = spans, spans[-1][0]
-        g.state = READY
-        self.inflight -= 1
-        bucket = self.inflight_by_w[g.sw]
-        del bucket[g.seq]
-        if not bucket:
-            del self.inflight_by_w[g.sw]
-        self.policy.add_ready(g)
+    def _finish_until(self, limit: float) -> None:
+        """Every group whose last token comes by ``limit`` finishes, in (time,
+        dispatch) order: its slot frees and it is ready. The trainer does not act
+        meanwhile (the caller's invariant), so nothing else happens in between."""
+        heap, updates, fleet = self.heap, self.updates, self.fleet
+        n_updates = len(updates)  # no sync lands while groups finish
+        pop, newest = heapq.heappop, last_version
+        end_weight = self.policy.measure == "end_weight"
+        slow, waiting = self.record_intervals, fleet.waiting  # only shrinks in here
+        ready: list[Group] = []  # finished, in order (the policy takes them at once)
+        freed = 0
+        busy = fleet.busy_slot_s  # summed here in the same order as in _free_slot
+        while heap and heap[0][0] <= limit:
+            now, _, g = pop(heap)
+            if g.state != RUNNING:  # aborted meanwhile
+                continue
+            if slow or waiting:
+                fleet.busy_slot_s, self.now = busy, now
+                self._free_slot(g, "ok")
+                busy = fleet.busy_slot_s
+            else:  # nobody waits for the slot
+                busy += now - g.t0
+                freed += 1
+            # Versions are counted when trained (_train); end weights are needed now.
+            g.until = n_updates
+            if end_weight:
+                since = g.since
+                g.ew = since if since == n_updates else \
+                    newest(g.work.longest, g.work, g.t0, since, updates, since)
+            g.state = READY
+            ready.append(g)
+        fleet.busy_slot_s = busy
+        fleet.free += freed
+        self.policy.add_ready(ready)
+        self.inflight -= len(ready)
+        self.now = limit
 
     def _abort_hopeless(self) -> int:
-        """After a sync: abort the in-flight groups the policy calls hopeless."""
-        doomed = [w for w in self.inflight_by_w if self.policy.aborts(w, self.v)]
-        aborted = 0
-        for w in doomed:
-            for g in self.inflight_by_w.pop(w).values():
-                aborted += 1
-                self.inflight -= 1
-                if self.policy.counts_live:
-                    self.policy.left(g)
-                was = g.state
-                g.state = GONE
-                if was == RUNNING:
-                    self.fleet.aborts += 1
-                    self._free_slot(g, "aborted")
-        self.counts["aborted"] += aborted
-        return aborted
+        """After a sync: abort the in-flight groups the policy calls hopeless in the
+        controller's order (start weight, dispatch number: dispatch order)."""
+        policy, v = self.policy, self.v
+        if not (policy.aborts_inflight and self.inflight):
+            return 0
+        # In flight: running (one event each in the heap) or waiting for a slot.
+        live = [g for _, _, g in self.heap if g.state == RUNNING]
+        live += [g for g in self.fleet.waiting if g.state == WAITING]
+        doomed_w = {w for w in {g.sw for g in live} if policy.aborts(w, v)}
+        if not doomed_w:
+            return 0
+        doomed = sorted((g for g in live if g.sw in doomed_w), key=attrgetter("seq"))
+        self.inflight -= len(doomed)
+        for g in doomed:
+            if policy.counts_live:
+                policy.left(g)
+            was = g.state
+            g.state = GONE
+            if was == RUNNING:
+                self.fleet.aborts += 1
+                self._free_slot(g, "aborted")
+        self.counts["aborted"] += len(doomed)
+        return len(doomed)
 
     # -------------------------------------------------------------- trainer
     def _starved(self) -> bool:
@@ -261,35 +272,32 @@ class CohortRun:
         """Evict, then the next chunk of the step (None: wait for groups)."""
         policy, v = self.policy, self.v
         evicted = policy.evict(v)
-        for g in evicted:
-            g.state = GONE
-            if policy.counts_live:
-                policy.left(g)
+        self._leave(evicted)
         self.step_evicted += len(evicted)
         remaining = self.n - self.taken
         have = min(policy.eligible(v), remaining)
         if have < min(self.min_chunk, remaining) and not (have and self._starved()):
             return None
         chunk = policy.take(v, have)
-        for g in chunk:
-            g.state = GONE
-            if policy.counts_live:
-                policy.left(g)
+        self._leave(chunk)
         return chunk
+
+    def _leave(self, groups: list[Group]) -> None:
+        """``groups`` leave the buffer (trained or evicted)."""
+        for g in groups:
+            g.state = GONE
+        if self.policy.counts_live:
+            for g in groups:
+                self.policy.left(g)
 
     def _train(self, chunk: list[Group]) -> float:
         """Account a trained chunk; its training time."""
         v = self.v
         # Token staleness per version first (a chunk spans a few versions), then
         # per completion: each group's completions are alike (time-based models).
-        by_version: dict[int, int] = {}
-        by_start: dict[int, int] = {}
-        tokens = 0
-        for g in chunk:
-            by_start[g.sw] = by_start.get(g.sw, 0) + 1
-            for version, count in g.spans:
-                by_version[version] = by_version.get(version, 0) + count
-                tokens += count
+        by_version = tokens_by_version(chunk, self.update_times) if chunk else {}
+        tokens = sum(by_version.values())
+        by_start = collections.Counter(map(_START_WEIGHT, chunk))
         n_gen = self.n_gen
         oldest = -1 if self.bound is None else v - self.bound
         for version, count in by_version.items():
@@ -316,7 +324,11 @@ class CohortRun:
         while True:
             if self.phase == "wait":
                 self._trainer_acts()
-            self._place()
+            if self._place() and self.phase != "wait":
+                # Until the trainer's phase ends only groups finish, and a finish
+                # moves a group from in flight to ready: a full buffer stays full
+                # and a closed gate closed, so they all finish in one go.
+                self._finish_until(self.until)
             t_group = heap[0][0] if heap else inf
             if self.phase != "wait" and self.until < t_group:
                 if self._trainer_event():
@@ -325,11 +337,7 @@ class CohortRun:
             if t_group == inf:
                 raise RolloutStall(f"deadlock at step {self.v} in cohort mode: the trainer "
                                    "waits and nothing is in flight")
-            self.now = t_group
-            while heap and heap[0][0] == t_group:
-                g = heapq.heappop(heap)[2]
-                if g.state == RUNNING:
-                    self._finish(g)
+            self._finish_until(t_group)
 
     def _trainer_acts(self) -> None:
         """The waiting trainer takes chunks while it can; its next phase."""
@@ -387,6 +395,7 @@ class CohortRun:
         step = self.v
         self.v += 1
         self.updates.append((self.now, self.v))
+        self.update_times.append(self.now)
         aborted = self._abort_hopeless()
         self.counts["trained"] += self.taken
         self.counts["evicted"] += self.step_evicted
@@ -439,51 +448,4 @@ def simulate_cohort(cfg: RunConfig, sampler_cfg: Any, latency: LatencyModel, ste
     return run, time.perf_counter() - t0
 
 
-def cohort_result(cfg: RunConfig, sampler_cfg: Any, latency: LatencyModel, steps: int, *,
-                  bound: Bound, note: str = "", record_intervals: bool = True,
-                  on_step: Callable[[int], None] | None = None) -> SimResult:
-    """:func:`asyncrl.sim.runner.simulate` in cohort mode: the same :class:`SimResult`."""
-    run, wall = simulate_cohort(cfg, sampler_cfg, latency, steps,
-                                record_intervals=record_intervals, on_step=on_step)
-    sim = run.sim
-    elapsed, done = run.now, run.v
-    c = run.counts
-    pending = run.inflight + run.policy.ready
-    ledger = {"dispatched": run.dispatched, "trained": c["trained"], "evicted": c["evicted"],
-              "aborted": c["aborted"], "failed": 0, "failed_infra": 0, "failed_data": 0,
-              "filtered": 0, "pending": pending,
-              "balanced": run.dispatched == (c["trained"] + c["evicted"] + c["aborted"]
-                                              + pending)}
-    efficiency, note = efficiency_of(bound, done, elapsed, c["aborted"],
-                                     "; ".join(x for x in (note, "cohort mode") if x))
-    hist = {str(k): n for k, n in sorted(run.staleness.items())}
-    tokens = run.token_staleness
-    n_tokens = sum(tokens.values())
-    n_groups = sum(run.staleness.values())
-    timeline = [*run.timeline, *({"kind": "gen", "lane": 0, "start": a, "end": b, "label": o}
-                                 for a, b, o in run.fleet.intervals)]
-    return SimResult(
-        sampler=sampler_label(sampler_cfg), window=sampler_window(sampler_cfg), steps=done,
-        virtual_time_s=elapsed,
-        steps_per_hour=3600.0 * done / elapsed if elapsed > 0 else math.inf,
-        efficiency=efficiency,
-        trainer_idle_frac=run.idle_total / elapsed if elapsed > 0 else 0.0,
-        generator_util=(run.fleet.busy_slot_s / (sim.rollout_slots * elapsed)
-                        if elapsed > 0 else 0.0),
-        staleness_mean=(sum(k * n for k, n in run.staleness.items()) / n_groups
-                        if n_groups else 0.0),
-        staleness_p95=percentile(hist, 0.95), staleness_max=max(run.staleness, default=0),
-        token_staleness_mean=(sum(k * n for k, n in tokens.items()) / n_tokens
-                              if n_tokens else 0.0),
-        token_staleness_p95=hist_quantile(tokens, 0.95) if n_tokens else 0,
-        token_staleness_max=max(tokens, default=0),
-        waste_frac=(c["evicted"] + c["aborted"]) / run.dispatched if run.dispatched else 0.0,
-        masked_token_frac=run.tokens_masked / run.tokens_trained if run.tokens_trained else 0.0,
-        bound=bound, ledger=ledger, stop_reason="max_num_steps", wall_s=wall, note=note,
-        records=run.records, staleness_hist=hist,
-        token_staleness_hist={str(k): n for k, n in sorted(tokens.items())},
-        timeline=timeline, engine=run.fleet, trainer=None,  # type: ignore[arg-type]
-    )
-
-
-__all__ = ["CohortRun", "Fleet", "check", "cohort_result", "simulate_cohort"]
+__all__ = ["CohortRun", "Fleet", "check", "simulate_cohort"]

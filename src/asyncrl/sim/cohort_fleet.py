@@ -14,26 +14,31 @@ from asyncrl.sim.latency import LatencyModel, Work
 
 
 class Group:
-    """One prompt group while it is live (reserved, in flight or ready)."""
+    """One prompt group while it is live (reserved, in flight or ready). Only
+    what it has so far is set: one is made per group, so its making is kept short."""
 
-    __slots__ = ("ew", "held", "prompt", "seq", "since", "slot", "spans", "stamp", "state",
-                 "sw", "t0", "work")
+    __slots__ = ("ew", "prompt", "seq", "since", "slot", "stamp", "state", "sw", "t0", "until",
+                 "work")
+    # Set when it starts: t0, work (its latency and tokens), since (the weight
+    # updates landed by then, which is the engine version it starts with) and,
+    # while a timeline is recorded, slot (which one it holds). Set when it finishes:
+    # until (the weight updates landed by then) and, for a policy that measures
+    # end weights, ew (its newest token's version).
+    t0: float
+    work: Work
+    since: int
+    slot: int
+    until: int
+    ew: int
 
     def __init__(self, seq: int, prompt: int, stamp: int | None, sw: int) -> None:
         self.seq, self.prompt, self.stamp, self.sw = seq, prompt, stamp, sw
         self.state = WAITING
-        self.t0 = 0.0
-        self.work: Work | None = None  # its latency and tokens (set when it starts)
-        self.held = sw  # engine version when it started generating
-        self.since = 0  # weight updates before it started
-        self.ew = sw
-        self.spans: tuple[tuple[int, int], ...] = ()
-        self.slot = -1  # which slot it holds, when the timeline is recorded
 
 
 class _Window:
     """A seeded stream read at increasing indexes only: what was handed out is
-    forgotten, so memory stays one batch however long the run."""
+    forgotten, so memory stays one batch (and one read) however long the run."""
 
     __slots__ = ("_base", "_buf", "_draw", "_rng")
 
@@ -43,18 +48,22 @@ class _Window:
         self._base = 0  # the index of _buf[0]
 
     def at(self, index: int) -> Any:
+        return self.run(index, 1)[0]
+
+    def run(self, index: int, count: int) -> list[Any]:
+        """The items at ``index`` .. ``index + count - 1``."""
         j = index - self._base
         if j < 0:
             raise IndexError(f"index {index} was handed out already")
         buf = self._buf
-        if j >= len(buf):
-            done = len(buf)  # every index below ``index`` is done: forget them
-            del buf[:]
+        if j + count > len(buf):
+            done = min(j, len(buf))  # every index below ``index`` is done: forget them
+            del buf[:done]
             self._base += done
             j -= done
-            while j >= len(buf):
+            while j + count > len(buf):
                 buf.extend(self._draw(self._rng, _DRAW_BATCH))
-        return buf[j]
+        return buf[j:j + count]
 
 
 class Fleet:
@@ -94,5 +103,4 @@ class Fleet:
         return self.latency.work(self._replay.at(prompt_id), 1, self.tokens_per_s).latency
 
     def _draw_work(self, rng: Any, k: int) -> list[Work]:
-        work, tokens_per_s = self.latency.work, self.tokens_per_s
-        return [work(sample, 1, tokens_per_s) for sample in self.latency.draw(rng, k)]
+        return self.latency.works(self.latency.draw(rng, k), self.tokens_per_s)

@@ -13,8 +13,13 @@ groups evicted meanwhile, are skipped when they come up).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
+
+from asyncrl.config import RunConfig
+from asyncrl.config.sampler import CustomSamplerConfig
+from asyncrl.errors import ConfigError
+from asyncrl.sim.latency import LatencyModel
 
 #: Group states (cohort.Group.state).
 WAITING, RUNNING, READY, GONE = range(4)
@@ -29,6 +34,8 @@ class Policy:
     measure = "start_weight"
     #: :meth:`placed` and :meth:`left` count the slots by start weight.
     counts_live = False
+    #: :meth:`aborts` can be true (else the run skips looking for hopeless groups).
+    aborts_inflight = False
 
     def __init__(self, window: int) -> None:
         self.window = window
@@ -56,7 +63,9 @@ class Policy:
         """``g`` left the buffer (trained, evicted or aborted)."""
         return None
 
-    def add_ready(self, g: Any) -> None:
+    def add_ready(self, groups: list[Any]) -> None:
+        """``groups`` finished, in this order (all those of one pass of the
+        event loop: one call for them)."""
         raise NotImplementedError
 
     def evict(self, v: int) -> list[Any]:
@@ -70,30 +79,40 @@ class Policy:
 
 
 class _SeqHeap:
-    """Ready groups in dispatch order; entries of groups no longer READY are skipped."""
+    """Ready groups in dispatch order: their dispatch numbers in a heap (an int
+    compares faster than a tuple) and the groups by number; entries of groups no
+    longer READY are skipped."""
 
-    __slots__ = ("heap",)
+    __slots__ = ("groups", "heap")
 
     def __init__(self) -> None:
-        self.heap: list[tuple[int, Any]] = []
+        self.heap: list[int] = []
+        self.groups: dict[int, Any] = {}
 
-    def push(self, g: Any) -> None:
-        heapq.heappush(self.heap, (g.seq, g))
+    def push(self, groups: Iterable[Any]) -> None:
+        heap, by_seq, push = self.heap, self.groups, heapq.heappush
+        for g in groups:
+            push(heap, g.seq)
+            by_seq[g.seq] = g
 
     def peek(self) -> Any | None:
-        heap = self.heap
-        while heap and heap[0][1].state != READY:
-            heapq.heappop(heap)
-        return heap[0][1] if heap else None
+        heap, groups = self.heap, self.groups
+        while heap and groups[heap[0]].state != READY:
+            del groups[heapq.heappop(heap)]
+        return groups[heap[0]] if heap else None
 
     def pop(self, k: int) -> list[Any]:
-        heap, out = self.heap, []
-        pop = heapq.heappop
+        heap, groups, out = self.heap, self.groups, []
+        pop, take = heapq.heappop, groups.pop
         while len(out) < k:
-            g = pop(heap)[1]
+            g = take(pop(heap))
             if g.state == READY:
                 out.append(g)
         return out
+
+    def ready(self) -> list[Any]:
+        """Every ready group held (in no particular order)."""
+        return [g for g in self.groups.values() if g.state == READY]
 
 
 class InOrder(Policy):
@@ -106,9 +125,10 @@ class InOrder(Policy):
     def stamp(self, d: int) -> int | None:
         return d
 
-    def add_ready(self, g: Any) -> None:
-        self.ready += 1
-        self.by_target.setdefault(g.stamp, []).append(g)
+    def add_ready(self, groups: list[Any]) -> None:
+        self.ready += len(groups)
+        for g in groups:
+            self.by_target.setdefault(g.stamp, []).append(g)
 
     def eligible(self, v: int) -> int:
         return len(self.by_target.get(v, ()))
@@ -127,9 +147,9 @@ class _Ordered(Policy):
         super().__init__(window)
         self.order = _SeqHeap()
 
-    def add_ready(self, g: Any) -> None:
-        self.ready += 1
-        self.order.push(g)
+    def add_ready(self, groups: list[Any]) -> None:
+        self.ready += len(groups)
+        self.order.push(groups)
 
     def eligible(self, v: int) -> int:
         return self.ready
@@ -147,6 +167,7 @@ class Windowed(_Ordered):
     """Any ready group whose start weight is at most ``s`` versions old; never gated."""
 
     gated = False
+    aborts_inflight = True
 
     def aborts(self, start_weight: int, v: int) -> bool:
         return start_weight < v - self.window
@@ -172,7 +193,7 @@ class _ByEndWeight:
         bucket = self.buckets.get(g.ew)
         if bucket is None:
             bucket = self.buckets[g.ew] = _SeqHeap()
-        bucket.push(g)
+        bucket.push((g,))
         self.counts[g.ew] = self.counts.get(g.ew, 0) + 1
 
     def below(self, lo: int) -> Iterator[int]:
@@ -182,7 +203,7 @@ class _ByEndWeight:
         """Every ready group of end weight ``w`` (the bucket goes)."""
         bucket = self.buckets.pop(w)
         self.counts.pop(w, None)
-        return [g for _, g in bucket.heap if g.state == READY]
+        return bucket.ready()
 
 
 class WindowedEnd(Windowed):
@@ -190,6 +211,7 @@ class WindowedEnd(Windowed):
     newest tokens' version; nothing in flight is aborted."""
 
     measure = "end_weight"
+    aborts_inflight = False
 
     def __init__(self, window: int) -> None:
         super().__init__(window)
@@ -200,19 +222,21 @@ class WindowedEnd(Windowed):
     def aborts(self, start_weight: int, v: int) -> bool:
         return False
 
-    def add_ready(self, g: Any) -> None:
-        self.ready += 1
-        self.order.push(g)
-        bucket = self.by_end.get(g.ew)
-        if bucket is None:
-            self.by_end[g.ew] = [g]
-        else:
-            bucket.append(g)
+    def add_ready(self, groups: list[Any]) -> None:
+        self.ready += len(groups)
+        self.order.push(groups)
+        by_end = self.by_end
+        for g in groups:
+            bucket = by_end.get(g.ew)
+            if bucket is None:
+                by_end[g.ew] = [g]
+            else:
+                bucket.append(g)
 
     def evict(self, v: int) -> list[Any]:
         lo, out = self.floor(v), []
         for w in [w for w in self.by_end if w < lo]:
-            out.extend(g for g in self.by_end.pop(w) if g.state == READY)
+            out += [g for g in self.by_end.pop(w) if g.state == READY]
         self.ready -= len(out)
         return out
 
@@ -222,6 +246,7 @@ class WeightFifo(Policy):
     in flight) is trained: its ready groups, in dispatch order."""
 
     counts_live = True
+    aborts_inflight = True
 
     def __init__(self, window: int) -> None:
         super().__init__(window)
@@ -242,10 +267,11 @@ class WeightFifo(Policy):
         else:
             del self.live[g.sw]
 
-    def add_ready(self, g: Any) -> None:
-        self.ready += 1
-        self.order.push(g)
-        self.ready_at[g.sw] = self.ready_at.get(g.sw, 0) + 1
+    def add_ready(self, groups: list[Any]) -> None:
+        self.ready += len(groups)
+        self.order.push(groups)
+        for g in groups:
+            self.ready_at[g.sw] = self.ready_at.get(g.sw, 0) + 1
 
     def _oldest(self, v: int) -> int | None:
         for w in range(self.floor(v), v + 1):
@@ -285,9 +311,10 @@ class WeightFifoEnd(Policy):
         super().__init__(window)
         self.by_end = _ByEndWeight()
 
-    def add_ready(self, g: Any) -> None:
-        self.ready += 1
-        self.by_end.add(g)
+    def add_ready(self, groups: list[Any]) -> None:
+        self.ready += len(groups)
+        for g in groups:
+            self.by_end.add(g)
 
     def _oldest(self, v: int) -> int | None:
         counts = self.by_end.counts
@@ -317,7 +344,7 @@ class WeightFifoEnd(Policy):
 
 
 def make_policy(sampler_cfg: Any) -> Policy:
-    """The cohort-mode policy of a built-in sampler config (cohort.check says which)."""
+    """The cohort-mode policy of a built-in sampler config (:func:`check` says which)."""
     name = sampler_cfg.name
     if name == "in_order":
         return InOrder(sampler_cfg.max_lookahead_versions)
@@ -330,3 +357,36 @@ def make_policy(sampler_cfg: Any) -> Policy:
     if name == "weight_fifo":
         return WeightFifoEnd(window) if end else WeightFifo(window)
     raise ValueError(f"no cohort-mode policy for sampler {name!r}")
+
+
+def check(cfg: RunConfig, sampler_cfg: Any, latency: LatencyModel) -> None:
+    """Refuse what cohort mode does not model, with the field and the fix."""
+    sim = cfg.simulate
+    assert sim is not None
+    fix = "or use simulate.mode: per_group (the real controller)"
+    problems = []
+    if isinstance(sampler_cfg, CustomSamplerConfig):
+        problems.append(f"async_rl.sampler is custom ({sampler_cfg.target}); cohort mode "
+                        "replays the built-in policies only")
+    elif getattr(sampler_cfg, "sample_freshest_first", False):
+        problems.append("async_rl.sampler.sample_freshest_first: true is not modelled")
+    if latency.load_dependent:
+        problems.append("simulate.generation_latency_s is load-dependent (tokens); cohort "
+                        "mode needs a time-based model (constant, lognormal, bimodal, empirical)")
+    if sim.failure_rate:
+        problems.append(f"simulate.failure_rate={sim.failure_rate:g}: set it to 0")
+    if sim.filter_rate:
+        problems.append(f"simulate.filter_rate={sim.filter_rate:g}: set it to 0 (cohort "
+                        "mode has no dynamic-sampling filter)")
+    if cfg.grpo.dynamic_sampling.batch_multiplier != 1.0:
+        problems.append("grpo.dynamic_sampling.batch_multiplier="
+                        f"{cfg.grpo.dynamic_sampling.batch_multiplier:g}: set it to 1")
+    if sim.pause_generation_during_sync:
+        problems.append("simulate.pause_generation_during_sync: set it to false")
+    if sim.abort_s:
+        problems.append(f"simulate.abort_s={sim.abort_s:g}: set it to 0")
+    if cfg.deterministic:
+        problems.append("deterministic: true: set it to false")
+    if problems:
+        raise ConfigError("simulate.mode: cohort cannot simulate this config: "
+                          + "; ".join(problems) + f" ({fix})")

@@ -32,7 +32,7 @@ from asyncrl.sampling import (
 )
 from asyncrl.sim.backends import SimEngine, SimTask, SimTrainer
 from asyncrl.sim.clock import LoopKind, run_virtual
-from asyncrl.sim.cohort import cohort_result
+from asyncrl.sim.cohort_result import cohort_result
 from asyncrl.sim.latency import LatencyModel, make_latency_model
 from asyncrl.sim.result import (
     ROW_KEYS,

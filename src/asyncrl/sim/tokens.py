@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Iterable, Sequence
+from operator import attrgetter
+from typing import Any
 
 from asyncrl.config import LossConfig
 from asyncrl.record import Completion, VersionSpans, counted
@@ -64,27 +66,83 @@ def version_spans(length: int, work: Work, start: float, version: int,
     ``start`` holding ``version``; ``updates`` are the ``(time, new version)``
     weight updates that landed since then, in order. A token sampled at the
     very instant of an update still has the old version."""
+    token_s = work.token_s
+    if length <= 0:
+        return ()
+    if token_s <= 0:  # every token sampled at once, before any update
+        return ((version, length),)
     spans: list[tuple[int, int]] = []
     done = 0
     first = start + work.base_s
-    token_s = work.token_s
     for at, new_version in updates:
-        if done >= length:
-            break
         # Tokens sampled by ``at``: token j is sampled at first + (j + 1) * token_s
-        # (``int`` is ``floor`` here: a negative count is clamped to 0 anyway).
-        if token_s <= 0:
-            upto = length
-        else:
-            upto = int((at - first) / token_s + 1e-9)
-            upto = length if upto > length else (upto if upto > 0 else 0)
+        # (``int`` is ``floor`` here: a negative count adds nothing, as 0 would).
+        upto = int((at - first) / token_s + 1e-9)
         if upto > done:
+            if upto >= length:  # the rest was sampled before this update
+                spans.append((version, length - done))
+                return tuple(spans)
             spans.append((version, upto - done))
             done = upto
         version = new_version
-    if done < length:
-        spans.append((version, length - done))
+    spans.append((version, length - done))
     return tuple(spans)
+
+
+def last_version(length: int, work: Work, start: float, version: int,
+                 updates: Sequence[tuple[float, int]], first: int = 0) -> int:
+    """The version of the last span of ``version_spans(length, work, start,
+    version, updates[first:])`` (its newest token's), read from the newest
+    update back: an update lands before the last token is sampled, or the
+    tokens before it are all there are."""
+    token_s = work.token_s
+    if token_s > 0:
+        begin = start + work.base_s
+        for i in range(len(updates) - 1, first - 1, -1):
+            at, new_version = updates[i]
+            if int((at - begin) / token_s + 1e-9) < length:  # a token comes after it
+                return new_version
+    return version
+
+
+def tokens_by_version(groups: Sequence[Any], times: Sequence[float]) -> dict[int, int]:
+    """The tokens of many groups' :func:`version_spans` summed per version,
+    computed for all of them at once (cohort mode, per trained chunk), where
+    update ``j`` lands at ``times[j]`` and makes version ``j + 1``. Each group
+    (:class:`asyncrl.sim.cohort_fleet.Group`) started at ``t0``, generating
+    ``work`` (``work.longest`` tokens, the first at ``t0 + work.base_s``, one
+    every ``work.token_s``), holding version ``since`` (the updates landed by
+    then), and saw updates ``since`` to ``until - 1`` land while it generated.
+
+    version_spans' rule as one matrix: a group's tokens sampled by update ``u``
+    are ``clip(int((times[u] - begin) / token_s + 1e-9), 0, length)`` (all of
+    them when ``token_s <= 0``), none before its start and all after its end;
+    its tokens of version ``u`` are the ones sampled after update ``u - 1``
+    and by update ``u``. Versions with no tokens are left out."""
+    import numpy as np  # here: only cohort mode pays for the import
+
+    def column(get: Any, dtype: Any) -> Any:
+        return np.fromiter(map(get, groups), dtype=dtype, count=len(groups))
+
+    length, token_s = column(_LONGEST, np.int64), column(_TOKEN_S, float)
+    begin = column(_T0, float) + column(_BASE_S, float)  # as version_spans adds them
+    since, until = column(_SINCE, np.int64), column(_UNTIL, np.int64)
+    lo, hi = int(since.min()), int(until.max())
+    column = np.arange(lo, hi)[None, :]
+    length = length[:, None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        sampled = np.trunc((np.asarray(times[lo:hi], dtype=float)[None, :] - begin[:, None])
+                           / token_s[:, None] + 1e-9)
+    sampled = np.clip(np.where(token_s[:, None] > 0, sampled, length), 0, length)
+    sampled = np.where(column < since[:, None], 0, np.where(column >= until[:, None], length,
+                                                            sampled))
+    cuts = np.concatenate([np.zeros_like(length), sampled.astype(np.int64), length], axis=1)
+    tokens = np.diff(cuts, axis=1).sum(axis=0).tolist()
+    return {lo + j: n for j, n in enumerate(tokens) if n}
+
+
+_T0, _SINCE, _UNTIL = attrgetter("t0"), attrgetter("since"), attrgetter("until")
+_LONGEST, _TOKEN_S, _BASE_S = (attrgetter(f"work.{a}") for a in ("longest", "token_s", "base_s"))
 
 
 def completion_lengths(work: Work, n: int) -> list[int]:
