@@ -94,15 +94,17 @@ def print_summary(console: Console, summary: dict) -> None:
     if summary.get("groups_continued"):
         say(f"continued       {summary['groups_continued']} groups from the tokens they had "
             "at the stop")
-    # filtered: only with dynamic sampling on (a filter-less run has none to show).
+    # filtered: only with a dynamic-sampling filter (a run without one has none to
+    # show; its summary's entry holds just `filter: none` and the batch size).
+    sampling = summary.get("dynamic_sampling") or {}
+    filtering = sampling.get("filter", "none") != "none"
     states = ("dispatched", "trained", "evicted", "aborted", "failed",
-              *(("filtered",) if summary.get("dynamic_sampling") else ()), "pending")
+              *(("filtered",) if filtering else ()), "pending")
     say(
         "ledger          " + "  ".join(f"{k} {ledger[k]}" for k in states)
         + ("  [green]balanced[/green]" if ledger["balanced"] else "  [red]UNBALANCED[/red]")
     )
-    sampling = summary.get("dynamic_sampling")
-    if sampling:
+    if filtering:
         say(f"dynamic sampling {sampling['filtered']} groups filtered ({sampling['replaced']} "
             f"replaced, {sampling['absorbed_by_surplus']} absorbed by the over-sampled "
             f"surplus); {sampling['generated_per_trained']:.2f} generated per trained group")
