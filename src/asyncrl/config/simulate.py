@@ -132,12 +132,8 @@ class SimulateConfig(Block):
 
     @model_validator(mode="after")
     def _phases_in_order(self) -> SimulateConfig:
-        steps = [p.at_step for p in self.phases]
-        if steps != sorted(set(steps)):
-            raise ValueError(f"phases: at_step must strictly increase, got {steps}")
-        if self.phases and self.mode == "cohort":
-            raise ValueError("phases need mode: per_group (the cohort mode replays one "
-                             "latency model); set simulate.mode: per_group")
+        _schedule([p.at_step for p in self.phases], self.mode, "phases: at_step",
+                  "phases need", "the cohort mode replays one latency model")
         if self.phases and self.generation_latency_s.distribution in ("tokens", "empirical"):
             raise ValueError("phases need a time-based simulate.generation_latency_s "
                              "(constant, lognormal or bimodal), got "
@@ -146,12 +142,8 @@ class SimulateConfig(Block):
 
     @model_validator(mode="after")
     def _fleet_in_order(self) -> SimulateConfig:
-        times = [c.at_s for c in self.fleet]
-        if times != sorted(set(times)):
-            raise ValueError(f"fleet: at_s must strictly increase, got {times}")
-        if self.fleet and self.mode == "cohort":
-            raise ValueError("a fleet schedule needs mode: per_group (the cohort mode has a "
-                             "fixed fleet); set simulate.mode: per_group")
+        _schedule([c.at_s for c in self.fleet], self.mode, "fleet: at_s",
+                  "a fleet schedule needs", "the cohort mode has a fixed fleet")
         return self
 
     def slot_seconds(self, until: float) -> float:
@@ -164,3 +156,11 @@ class SimulateConfig(Block):
             total += slots * (change.at_s - since)
             since, slots = change.at_s, change.rollout_slots
         return total + slots * max(until - since, 0.0)
+
+
+def _schedule(at: list[float], mode: str, key: str, needs: str, why: str) -> None:
+    """A schedule (``phases``, ``fleet``): changes in time order, per-group mode only."""
+    if at != sorted(set(at)):
+        raise ValueError(f"{key} must strictly increase, got {at}")
+    if at and mode == "cohort":
+        raise ValueError(f"{needs} mode: per_group ({why}); set simulate.mode: per_group")
