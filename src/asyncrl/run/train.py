@@ -266,6 +266,7 @@ class _Run:
                 async with fleet_channel(self.run_dir, controller.fleet.handle):
                     await controller.run()
             except Exception as exc:
+                await self._finish_pending_write()
                 if controller.stopped_at_safe_point:  # the state is whole: keep it
                     await self._checkpoint_at_error(exc)
                 raise
@@ -295,6 +296,19 @@ class _Run:
             await hook.write_final(controller)
         else:
             await hook.flush()  # a periodic write in flight ends (or fails) with the run
+
+    async def _finish_pending_write(self) -> None:
+        """A periodic checkpoint still being written when an error stops the run
+        (a rank killed mid-write, seen under load) was captured whole: it is
+        finished before the run ends, else the resume the error suggests finds
+        no checkpoint. Its own failure is logged, never raised over the error."""
+        hook = self.controller.on_step_end if self.controller is not None else None
+        if not isinstance(hook, CheckpointHook):
+            return
+        try:
+            await hook.flush()
+        except Exception as exc:
+            log.warning("the checkpoint being written when the run stopped failed: %r", exc)
 
     async def _checkpoint_at_error(self, error: BaseException) -> None:
         """A fatal error stopped the pumps at a safe point: checkpoint that state,
