@@ -151,9 +151,9 @@ def test_a_deadline_start_up_used_up_is_named_in_the_stop_message() -> None:
     late.step_done()
     assert late.must_stop()
     assert late.message(1) == (
-        "checkpoint.save_by allows 60s, but start-up took 75s: the deadline had passed before "
-        "the first step; stopped after step 1 with a checkpoint (exit code 75). Raise "
-        "checkpoint.save_by well above the start-up time")
+        "checkpoint.save_by deadline: it allows 60s, but start-up took 75s: the deadline had "
+        "passed before the first step; stopped after step 1 with a checkpoint (exit code 75). "
+        "Raise checkpoint.save_by well above the start-up time")
 
 
 def test_the_hook_stops_the_run_before_the_step_that_would_miss_the_deadline(

@@ -92,8 +92,8 @@ class SaveBy:
 
     def message(self, version: int) -> str:
         if self.startup_s is not None:
-            return (f"checkpoint.save_by allows {self.limit_s:.0f}s, but start-up took "
-                    f"{self.startup_s:.0f}s: the deadline had passed before the first step; "
+            return (f"checkpoint.save_by deadline: it allows {self.limit_s:.0f}s, but start-up "
+                    f"took {self.startup_s:.0f}s: the deadline had passed before the first step; "
                     f"stopped after step {version} with a checkpoint (exit code {EXIT_CODE}). "
                     "Raise checkpoint.save_by well above the start-up time")
         left = self.at - self.clock()
