@@ -178,3 +178,16 @@ async def test_contract_holds_with_retuning_at_random_step_boundaries(
         for slot in list(buf.slots()):
             if not slot.ready and rng.random() < 0.5:
                 buf.commit(slot.group_id, payload=None, end_weight=v)
+
+
+async def test_a_shrink_before_the_first_admission_holds_nothing() -> None:
+    # No group started under the old window (async_rl.autopilot.reuse applies a
+    # profile's setting then): the new one is in force at once.
+    sampler = InOrderSampler(RolloutBuffer(12), max_lookahead_versions=2)
+    sampler.set_window(1, version=0)
+    assert sampler.window_in_force(0) == 1 and sampler.required_buffer_capacity(4) == 8
+    # Once a batch was admitted, a group may be on its way: the shrink holds.
+    admitted = InOrderSampler(RolloutBuffer(12), max_lookahead_versions=2)
+    assert await admitted.admit(trainer_version=TrainerVersion(0)) == 0
+    admitted.set_window(1, version=0)
+    assert admitted.window_in_force(0) == 2 and admitted.required_buffer_capacity(4) == 12

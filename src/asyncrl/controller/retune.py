@@ -29,10 +29,11 @@ import dataclasses
 import logging
 from typing import Any
 
+from asyncrl.config import AsyncRLConfig, GRPOConfig
 from asyncrl.controller.context import RunContext
 from asyncrl.controller.dispatch import Dispatcher
 from asyncrl.errors import RetuneRefused
-from asyncrl.sampling import RetunableSampler
+from asyncrl.sampling import PromptGroupSampler, RetunableSampler
 
 log = logging.getLogger("asyncrl.controller")
 
@@ -53,6 +54,70 @@ def _positive(name: str, value: Any, low: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise RetuneRefused(f"re-tune: {name} must be an integer >= {low}, got {value!r}")
     return value
+
+
+def configured_setting(sampler: PromptGroupSampler, cfg: AsyncRLConfig) -> Setting:
+    """The setting ``cfg`` configures (the window: None for a sampler that cannot re-tune it)."""
+    return Setting(cfg.max_inflight_prompts,
+                   sampler.window if isinstance(sampler, RetunableSampler) else None,
+                   cfg.max_buffered_rollouts)
+
+
+def checked_setting(base: Setting, sampler: PromptGroupSampler, grpo: GRPOConfig,
+                    cfg: AsyncRLConfig, *, deterministic: bool,
+                    max_inflight_prompts: int | None = None, window: int | None = None,
+                    max_buffered_rollouts: int | None = None) -> Setting:
+    """``base`` with the knobs given (None: keep ``base``'s), checked against the
+    derived facts of the setting it asks for: raises RetuneRefused when it could
+    deadlock or cannot be applied. What :meth:`Retuner.request` and ``asyncrl
+    validate`` (a profile to reuse) check."""
+    new = Setting(
+        _positive("max_inflight_prompts", max_inflight_prompts, 1)
+        if max_inflight_prompts is not None else base.max_inflight_prompts,
+        _check_window(sampler, window, deterministic) if window is not None else base.window,
+        _positive("max_buffered_rollouts", max_buffered_rollouts, 1)
+        if max_buffered_rollouts is not None else base.max_buffered_rollouts,
+    )
+    _check_capacity(new, sampler, grpo, cfg)
+    return new
+
+
+def _check_window(sampler: PromptGroupSampler, window: Any, deterministic: bool) -> int:
+    name = type(sampler).__name__
+    if not isinstance(sampler, RetunableSampler):
+        raise RetuneRefused(
+            f"re-tune: sampler {name} cannot change its window while running (it does not "
+            "implement asyncrl.sampling.RetunableSampler); leave the window knob out")
+    if deterministic:
+        raise RetuneRefused(
+            "re-tune: deterministic: true pins each batch's weight version from the window; "
+            "changing it mid-run would change which weights generate. Leave the window out "
+            "or set deterministic: false")
+    return _positive("window", window, 0)
+
+
+def _check_capacity(new: Setting, sampler: PromptGroupSampler, grpo: GRPOConfig,
+                    cfg: AsyncRLConfig) -> None:
+    n = grpo.num_prompts_per_step
+    cap = new.max_buffered_rollouts
+    required = _required(sampler, new.window, n)
+    if required is not None and cap < required:
+        raise RetuneRefused(
+            f"re-tune: max_buffered_rollouts={cap} is below the {required} slots "
+            f"{type(sampler).__name__} needs with window {new.window} and "
+            f"num_prompts_per_step={n}; ask for max_buffered_rollouts >= {required} or a "
+            "smaller window")
+    if cap < cfg.min_groups_for_streaming_train:
+        raise RetuneRefused(
+            f"re-tune: max_buffered_rollouts={cap} is below "
+            f"async_rl.min_groups_for_streaming_train={cfg.min_groups_for_streaming_train}; "
+            "the trainer would wait for more ready groups than the buffer holds")
+
+
+def _required(sampler: PromptGroupSampler, window: int | None, n: int) -> int | None:
+    if window is None or not isinstance(sampler, RetunableSampler):
+        return sampler.required_buffer_capacity(n)
+    return sampler.required_capacity_for(window, n)
 
 
 class Retuner:
@@ -85,53 +150,19 @@ class Retuner:
         """Ask for a new setting (knobs left None keep the last one asked for);
         it is applied at the next step boundary. Raises RetuneRefused, and
         changes nothing, when the setting could deadlock or cannot be applied."""
-        base = self._pending or self.target
-        new = Setting(
-            _positive("max_inflight_prompts", max_inflight_prompts, 1)
-            if max_inflight_prompts is not None else base.max_inflight_prompts,
-            self._check_window(window) if window is not None else base.window,
-            _positive("max_buffered_rollouts", max_buffered_rollouts, 1)
-            if max_buffered_rollouts is not None else base.max_buffered_rollouts,
-        )
-        self._check_capacity(new)
+        ctx = self.ctx
+        new = checked_setting(self._pending or self.target, ctx.sampler, ctx.grpo, ctx.cfg,
+                              deterministic=self.deterministic,
+                              max_inflight_prompts=max_inflight_prompts, window=window,
+                              max_buffered_rollouts=max_buffered_rollouts)
         self._pending = new
         return new
 
-    def _check_window(self, window: Any) -> int:
-        name = type(self.ctx.sampler).__name__
-        if not self._retunable:
-            raise RetuneRefused(
-                f"re-tune: sampler {name} cannot change its window while running (it does not "
-                "implement asyncrl.sampling.RetunableSampler); leave the window knob out")
-        if self.deterministic:
-            raise RetuneRefused(
-                "re-tune: deterministic: true pins each batch's weight version from the window; "
-                "changing it mid-run would change which weights generate. Leave the window out "
-                "or set deterministic: false")
-        return _positive("window", window, 0)
-
-    def _check_capacity(self, new: Setting) -> None:
-        cfg, n = self.ctx.cfg, self.ctx.grpo.num_prompts_per_step
-        cap = new.max_buffered_rollouts
-        required = self._required(new.window)
-        if required is not None and cap < required:
-            raise RetuneRefused(
-                f"re-tune: max_buffered_rollouts={cap} is below the {required} slots "
-                f"{type(self.ctx.sampler).__name__} needs with window {new.window} and "
-                f"num_prompts_per_step={n}; ask for max_buffered_rollouts >= {required} or a "
-                "smaller window")
-        if cap < cfg.min_groups_for_streaming_train:
-            raise RetuneRefused(
-                f"re-tune: max_buffered_rollouts={cap} is below "
-                f"async_rl.min_groups_for_streaming_train={cfg.min_groups_for_streaming_train}; "
-                "the trainer would wait for more ready groups than the buffer holds")
-
-    def _required(self, window: int | None) -> int | None:
-        n = self.ctx.grpo.num_prompts_per_step
-        sampler = self.ctx.sampler
-        if window is None or not self._retunable:
-            return sampler.required_buffer_capacity(n)
-        return sampler.required_capacity_for(window, n)  # type: ignore[attr-defined]
+    def start_from(self, knobs: dict[str, int]) -> Setting | None:
+        """Before the first step, nothing admitted yet (``async_rl.autopilot.reuse``):
+        ``knobs`` in force at once, through the checks of :meth:`request`."""
+        self.request(**knobs)
+        return self.at_step_boundary(self.ctx.version.value)
 
     # ------------------------------------------------------------- applying
     def at_step_boundary(self, version: int) -> Setting | None:

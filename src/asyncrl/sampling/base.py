@@ -83,7 +83,8 @@ class RetunableSampler(Protocol):
     gone: until a step boundary finds the trainer version past ``v0 + s_old``
     (``v0`` the version when it was set) **and** no slot started at a version
     ``<= v0`` left in the buffer, eviction, aborts and the derived facts keep ``s_old``, so a
-    shrink never evicts or aborts a group that was legal when it started.
+    shrink never evicts or aborts a group that was legal when it started. A
+    shrink before the first admission (no group started yet) holds nothing.
     """
 
     #: The window admission uses now (the last one set).
@@ -257,7 +258,10 @@ class BaseSampler:
             raise ValueError(f"{type(self).__name__}: window must be an integer >= 0, "
                              f"got {window!r}")
         old = self.declared_window()
-        if window < old:
+        # Before the first admission no group started under the old window, so
+        # a shrink holds nothing (a run starting from async_rl.autopilot.reuse).
+        started = self._dispatch_index > 0 or len(self.buffer) > 0
+        if window < old and started:
             # Hold the largest window any live group started under, from the
             # newest shrink on (a second shrink while one is held extends it).
             self._held = (old, version)
