@@ -42,6 +42,9 @@ def test_the_autopilot_retunes_a_real_run_and_the_planner_fits_it(tmp_path: Path
     decisions = [json.loads(line)
                  for line in (run_dir / "autopilot.jsonl").read_text().splitlines()]
     assert any(d["setting"] != d["previous"] for d in decisions)
+    # The profile a new run can start from (autopilot.reuse): the final setting.
+    assert json.loads((run_dir / "autopilot_profile.json").read_text())["setting"] == \
+        summary["autopilot"]["final"]
 
     # The planner of mode runtime, fitted to this run's own steps, in a process.
     cfg = load_config(run_dir / "config.yaml")

@@ -65,6 +65,10 @@ def run(args: argparse.Namespace) -> int:
     table.add_row("required buffer capacity",
                   f"{req} (have {facts['max_buffered_rollouts']})" if req is not None
                   else f"none (have {facts['max_buffered_rollouts']})")
+    reuse = facts.get("autopilot_reuse")
+    if reuse is not None:
+        table.add_row("autopilot starts from (reuse)",
+                      f"{reuse['knobs'] or 'the configured setting'} ({reuse['path']})")
     table.add_row("smallest step (min_step_batch_fraction)",
                   f"{facts['min_step_groups']} groups")
     for row in dynamic_sampling_rows(facts):

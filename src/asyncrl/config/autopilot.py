@@ -72,6 +72,11 @@ class AutopilotConfig(Block):
     min_inflight: PosInt = 1
     #: Upper clamp (None: the buffer capacity; a group in flight holds a slot).
     max_inflight: PosInt | None = None
+    #: Start from a profile (``autopilot_profile.json``, or a run directory holding
+    #: one) a run of the same workload wrote: the knobs in ``knobs`` begin at its
+    #: setting instead of the configured one (asyncrl.controller.profile). A
+    #: resumed run goes on with its checkpoint's setting and does not read it.
+    reuse: str | None = None
 
     @model_validator(mode="after")
     def _clamps_in_order(self) -> AutopilotConfig:
@@ -81,6 +86,12 @@ class AutopilotConfig(Block):
         if not self.knobs:
             raise ValueError("knobs is empty: list what the autopilot may change, e.g. "
                              "knobs: [max_inflight_prompts, max_buffered_rollouts]")
+        if self.reuse is not None and not self.reuse.strip():
+            raise ValueError("reuse is empty: give the path of an autopilot_profile.json (or "
+                             "of the run directory holding one), or reuse: null")
+        if self.reuse is not None and not self.enabled:
+            raise ValueError(f"reuse: {self.reuse} starts the autopilot from a profile, but "
+                             "enabled is false; set enabled: true, or reuse: null")
         return self
 
     @property

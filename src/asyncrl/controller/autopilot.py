@@ -99,6 +99,11 @@ class Autopilot:
         #: The newest decisions (every one is in the journal).
         self.decisions: collections.deque[dict[str, Any]] = collections.deque(maxlen=KEEP)
         self.journal: Journal | None = None
+        #: Where the run's profile goes (``asyncrl train``: ``autopilot_profile.json``;
+        #: asyncrl.controller.profile says when).
+        self.on_profile: Journal | None = None
+        #: The last model a plan fitted (the model-based modes), for the profile.
+        self.model: dict[str, Any] | None = None
         #: Settings applied by this autopilot over the run (a resume keeps the count).
         self.changes = 0
         #: ``steps_done`` when this run (or this resumed run) began: the warm-up

@@ -199,6 +199,7 @@ class PlannedAutopilot(Autopilot):
             self.record({**base, "action": "hold", "reason": f"plan failed: {exc!r}",
                          "setting": base["previous"]}, changed=False)
             return
+        self.model = result.model or self.model  # ({} when there was too little to fit)
         action, reason, chosen = self._choose(result, measured)
         changed = False
         if chosen is not None:

@@ -43,6 +43,7 @@ from asyncrl.controller.failure_log import causes, reported
 from asyncrl.controller.fleet import FleetControl
 from asyncrl.controller.ledger import Ledger, LedgerHistory
 from asyncrl.controller.partials import read_partials, stop_generating
+from asyncrl.controller.profile import check_reuse, save_profile, start_from_profile
 from asyncrl.controller.retune import Retuner, Setting
 from asyncrl.controller.stats import RunStats
 from asyncrl.controller.summary import RunSummary
@@ -171,6 +172,8 @@ class Controller:
                                   self.dispatcher.attempts.load.__getitem__,
                                   lambda: self.dispatcher.max_inflight)
         self.autopilot = build_autopilot(async_rl.autopilot, self.retuner, planner, len(engines))
+        # async_rl.autopilot.reuse: read and checked now, in force before the first step.
+        self._reuse = check_reuse(sampler, grpo, async_rl, deterministic=deterministic)
         if self.autopilot is not None:  # a fleet change re-plans on the new fleet
             self.fleet.on_change.append(self.autopilot.fleet_changed)
         self._running = False
@@ -233,6 +236,8 @@ class Controller:
         ctx = self.ctx
         ctx.now = asyncio.get_running_loop().time
         ctx.stats.start(ctx.now())
+        start_from_profile(self.autopilot, self.retuner, self._reuse, self.steps_done)
+        self._reuse = None
         ctx.progress()
         self._running = True
         self.stopped_at_safe_point = False
@@ -320,7 +325,8 @@ class Controller:
         if self.autopilot is not None:
             self.autopilot.after_step(self.ctx.stats.steps_done, self.ctx.stats.records)
         # The step boundary: a re-tune asked for by the hook (or before) applies now.
-        self.retuner.at_step_boundary(version)
+        if self.retuner.at_step_boundary(version) is not None:
+            save_profile(self.autopilot, self.ctx.stats.steps_done)  # the setting in force
 
     async def _shutdown(self, *, check_balance: bool) -> None:
         """Tell the engines to drop what is still in flight; groups stay pending."""
@@ -332,6 +338,7 @@ class Controller:
         if self._owns_scorer:
             await _best_effort(self.scorer.close(), "closing the reward pool")
         if self.autopilot is not None:  # a planner's process ends with the run
+            save_profile(self.autopilot, self.steps_done)
             self.autopilot.close()
         summary = self.summary()
         for sink in self.sinks:
@@ -413,6 +420,7 @@ class Controller:
             self.retuner.load_state_dict(state["retune"])
         if self.autopilot is not None and state.get("autopilot"):  # its counts and latches
             self.autopilot.load_state_dict(state["autopilot"])
+        self._reuse = None  # a resumed run goes on with its own setting, not a profile's
         self.buffer.load_state_dict({
             "next_seq": int(state["next_seq"]),
             "slots": [{**r, "ready": True, "payload": rollout_from_dict(r["payload"])}

@@ -25,7 +25,9 @@ model weights are built or loaded.
   (:mod:`asyncrl.run.protocols`);
 * the sampler, built as the controller builds it (a ``custom`` one included),
   and its derived facts: plausible values, a buffer large enough, a pinned
-  weight version in deterministic mode (:func:`~asyncrl.controller.validation.validate_setup`).
+  weight version in deterministic mode (:func:`~asyncrl.controller.validation.validate_setup`);
+* ``async_rl.autopilot.reuse``: a profile of the same sampler and groups per
+  step whose setting passes the re-tune checks (:func:`~asyncrl.controller.profile.check_reuse`).
 
 On the Ray backend the device and the model path are the workers' to check:
 the driver may run on a machine without the GPU or the file system they use.
@@ -39,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from asyncrl.buffer import RolloutBuffer
 from asyncrl.controller.evaluation import Evaluator, build_evaluation, eval_metrics
+from asyncrl.controller.profile import check_reuse
 from asyncrl.controller.stats import STEP_METRICS
 from asyncrl.controller.validation import derived_facts, failure_warnings, validate_setup
 from asyncrl.engines.specs import context_cap, engine_spec
@@ -139,9 +142,13 @@ def preflight(cfg: RunConfig, *, task: Task | None = None,
     capacity = cfg.async_rl.max_buffered_rollouts
     sampler = create_sampler(RolloutBuffer(capacity), cfg.async_rl.sampler)
     validate_setup(sampler, cfg.grpo, cfg.async_rl, deterministic=cfg.deterministic)
+    # async_rl.autopilot.reuse: the profile, and its setting through the Retuner's checks.
+    reuse = check_reuse(sampler, cfg.grpo, cfg.async_rl, deterministic=cfg.deterministic)
     build_filter(cfg.grpo.dynamic_sampling)  # a custom filter loads and is a GroupFilter
     facts = derived_facts(sampler, cfg.grpo)
     facts["max_buffered_rollouts"] = capacity
+    if reuse is not None:  # the knobs the run starts with, where they differ from the config
+        facts["autopilot_reuse"] = {"path": str(reuse.path), "knobs": reuse.knobs}
     facts.update(context)
     facts["min_step_groups"] = cfg.async_rl.rollout_failure.step_floor(cfg.grpo.num_prompts_per_step)
     facts["warnings"] = [*failure_warnings(cfg.grpo, cfg.async_rl),

@@ -119,6 +119,17 @@ def prepare_resume(run_dir: str | Path, overrides: list[str]) -> tuple[RunConfig
     return cfg, ckpt
 
 
+def without_reuse(cfg: RunConfig) -> RunConfig:
+    """``cfg`` with ``async_rl.autopilot.reuse`` off: a resumed run goes on with
+    its checkpoint's setting, so a profile to start from is not even read."""
+    pilot = cfg.async_rl.autopilot
+    if pilot.reuse is None:
+        return cfg
+    autopilot = pilot.model_copy(update={"reuse": None})
+    return cfg.model_copy(update={"async_rl": cfg.async_rl.model_copy(
+        update={"autopilot": autopilot})})
+
+
 def _mapping(text: str, source: str) -> dict[str, Any]:
     tree = load_yaml(text, source)
     if not isinstance(tree, dict):

@@ -17,9 +17,12 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from asyncrl._util.jsonio import dumps, read_jsonl, write_text_atomic
+from asyncrl._util.jsonio import dumps, read_jsonl, write_json, write_text_atomic
 from asyncrl.checkpoint.store import checkpoint_root, list_checkpoints
+from asyncrl.controller.autopilot import Autopilot
+from asyncrl.controller.profile import PROFILE_FILE
 from asyncrl.errors import ConfigError
+from asyncrl.metrics import JsonlSink
 from asyncrl.run.lock import LOCK_FILE, RunDirInUse, live_holder
 
 #: What a run writes into its directory (docs/design.md, "What a run writes"); --overwrite deletes these only.
@@ -27,6 +30,9 @@ RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json", "timeline.json", "l
              "vllm.log", "autopilot.jsonl")
 #: The autopilot's decisions, one JSON object a line (docs/autopilot.md).
 AUTOPILOT_FILE = "autopilot.jsonl"
+#: (The autopilot's profile, PROFILE_FILE, is no RUN_FILE: a new run may start
+#: from the profile of the run it overwrites, async_rl.autopilot.reuse, and
+#: writes its own before its first step.)
 RUN_DIRS = ("checkpoints", "tb", "plots", "final", "vllm_model", "wandb")
 
 
@@ -144,6 +150,19 @@ def fork_run_dir(source: Path, target: Path, checkpoint: Path) -> None:
             shutil.copyfile(source / name, target / name)
     if (source / "tb").is_dir():
         shutil.copytree(source / "tb", target / "tb", dirs_exist_ok=True)
+
+
+def autopilot_files(pilot: Autopilot | None, run_dir: Path, *,
+                    append: bool) -> JsonlSink | None:
+    """With the autopilot on: every decision to ``autopilot.jsonl`` as it is made
+    (``append``: a resumed run's), and its profile to ``autopilot_profile.json``
+    whenever it is written (docs/autopilot.md). Returns the journal to close."""
+    if pilot is None:
+        return None
+    journal = JsonlSink(run_dir / AUTOPILOT_FILE, append=append)
+    pilot.journal = journal.write
+    pilot.on_profile = lambda profile: write_json(run_dir / PROFILE_FILE, profile, indent=2)
+    return journal
 
 
 def truncate_metrics(path: Path, *, before_step: int) -> None:

@@ -55,9 +55,10 @@ from asyncrl.run.export import export_final
 from asyncrl.run.fleet_channel import fleet_channel
 from asyncrl.run.lock import run_dir_lock
 from asyncrl.run.preflight import preflight
-from asyncrl.run.resume import config_changes, prepare_resume
+from asyncrl.run.resume import config_changes, prepare_resume, without_reuse
 from asyncrl.run.rundir import (
     AUTOPILOT_FILE,
+    autopilot_files,
     check_run_dir,
     fork_run_dir,
     prepare_run_dir,
@@ -106,6 +107,7 @@ def train(
     from the config (``asyncrl train`` gives :class:`asyncrl.sim.planner.ModelPlanner`).
     """
     began = time.monotonic()  # start-up, reported in the summary, counts from here
+    cfg = without_reuse(cfg) if resume else cfg  # resumed: the checkpoint's setting wins
     with sigterm_as_interrupt():
         home = resume.path.parent.parent if resume is not None else None
         fresh = home is None or (run_dir is not None and Path(run_dir).resolve() != home.resolve())
@@ -186,8 +188,7 @@ class _Run:
             truncate_metrics(run_dir / "metrics.jsonl", before_step=start)
             # The autopilot's decisions up to the checkpoint (made at steps_done <= start).
             truncate_metrics(run_dir / AUTOPILOT_FILE, before_step=start + 1)
-        sinks: list[MetricsSink] = [JsonlSink(run_dir / "metrics.jsonl",
-                                              append=resume is not None)]
+        sinks: list[MetricsSink] = [JsonlSink(run_dir / "metrics.jsonl", append=bool(resume))]
         if cfg.logging.tensorboard:
             sinks.append(TensorBoardSink(run_dir / "tb", purge_step=start if resume else None))
         progress = progress_sink(cfg.logging.progress, cfg.grpo.max_num_steps, start_step=start,
@@ -211,9 +212,8 @@ class _Run:
             ledger_history=history,
             scorer=self.scorer, evaluator=self.evaluator, planner=self.planner,
         )
-        if self.controller.autopilot is not None:  # every decision, as it is made
-            self.journal = JsonlSink(run_dir / AUTOPILOT_FILE, append=resume is not None)
-            self.controller.autopilot.journal = self.journal.write
+        self.journal = autopilot_files(self.controller.autopilot, run_dir,
+                                       append=resume is not None)
         if resume is not None:
             self.controller.load_state_dict(resume.controller_state)
 

@@ -164,9 +164,11 @@ def sweep(
     for i, cand in enumerate([mine, *grid]):
         if on_start is not None:
             on_start(cand.label)
+        # A grid point is its own setting: it does not start from a profile to reuse.
         run_cfg = cfg if i == 0 else cfg.model_copy(update={"async_rl": cfg.async_rl.model_copy(
             update={"max_buffered_rollouts": cand.capacity,
-                    "max_inflight_prompts": cand.inflight})})
+                    "max_inflight_prompts": cand.inflight,
+                    "autopilot": cfg.async_rl.autopilot.model_copy(update={"reuse": None})})})
         try:
             result = simulate(run_cfg, sampler_override=None if i == 0 else cand.sampler,
                               steps=steps, base_dir=base_dir, record_intervals=False,

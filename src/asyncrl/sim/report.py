@@ -10,6 +10,7 @@ from typing import Any
 
 from asyncrl._util.jsonio import dumps, write_json
 from asyncrl.config import RunConfig, dump_config
+from asyncrl.controller.profile import PROFILE_FILE
 from asyncrl.sim.runner import ROW_KEYS, Bound, SimResult
 
 #: Steps shown in a pump timeline plot: enough to see the pipeline's rhythm,
@@ -179,6 +180,11 @@ def write_run_dir(
             path = out / f"autopilot_{_safe_name(result.sampler)}.jsonl"
             path.write_text("".join(dumps(d) + "\n" for d in result.autopilot))
             written.append(path)
+        if result.profile is not None:  # what async_rl.autopilot.reuse reads
+            name = PROFILE_FILE if len(results) == 1 else \
+                f"autopilot_profile_{_safe_name(result.sampler)}.json"
+            write_json(out / name, result.profile, indent=2)
+            written.append(out / name)
     payload = {
         "config": config_path,
         "bound": bound_dict(results[0].bound) if results else None,

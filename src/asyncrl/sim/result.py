@@ -108,18 +108,22 @@ class SimResult:
     retunes: list[dict[str, Any]] = dataclasses.field(default_factory=list, repr=False)
     #: The autopilot's decisions (``autopilot.jsonl``'s rows), empty when it is off.
     autopilot: list[dict[str, Any]] = dataclasses.field(default_factory=list, repr=False)
+    #: The autopilot's profile at the end (``autopilot_profile.json``), None when it is off.
+    profile: dict[str, Any] | None = dataclasses.field(default=None, repr=False)
 
     def autopilot_line(self) -> str:
         """One line on what the autopilot did ("" when it was off)."""
         if not self.autopilot:
             return ""
         changes = [(d["step"], d["setting"]) for d in self.autopilot
-                   if d["setting"] != d["previous"]]
+                   if d["setting"] != d["previous"] and d["action"] != "reuse"]
         final = self.autopilot[-1]["setting"]
+        start = "".join(f"started from a profile at {_knobs(d['setting'])}; "
+                        for d in self.autopilot if d["action"] == "reuse")
         moves = "; ".join(f"step {s}: {_knobs(k)}" for s, k in changes[:6])
         more = f"; ... {len(changes) - 6} more" if len(changes) > 6 else ""
         return (f"autopilot ({self.autopilot[-1]['mode']}): {len(self.autopilot)} decisions, "
-                f"{len(changes)} changes{': ' + moves + more if changes else ''}; "
+                f"{start}{len(changes)} changes{': ' + moves + more if changes else ''}; "
                 f"final {_knobs(final)}")
 
     def row(self) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from typing import Any
 from asyncrl.buffer import RolloutBuffer
 from asyncrl.config import RunConfig, SimulateConfig
 from asyncrl.controller import Controller
+from asyncrl.controller.profile import profile_of
 from asyncrl.controller.stats import KEEP_RECORDS
 from asyncrl.errors import ConfigError
 from asyncrl.metrics import MemorySink
@@ -283,6 +284,7 @@ def _result(
         trainer=trainer,
         retunes=list(controller.retuner.applied),
         autopilot=list(controller.autopilot.decisions) if controller.autopilot else [],
+        profile=profile_of(controller.autopilot, steps) if controller.autopilot else None,
     )
 
 
