@@ -13,6 +13,7 @@ import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from asyncrl.engines.capabilities import EnginePressure
 from asyncrl.errors import GenerationError, RewardError
 from asyncrl.types import Completion, GenerationRequest, GroupAborted, GroupResult, Prompt, Rollout
 from tests.vtime import advance
@@ -167,6 +168,32 @@ class FakeEngine:
 
     async def close(self) -> None:
         return None
+
+
+class PressuredEngine(FakeEngine):
+    """A FakeEngine that reports its load (``asyncrl.engines.ReportsPressure``)
+    as a batching engine with room for ``room`` groups would: groups beyond it
+    wait, the KV-cache usage is the fraction of the room in use, and each group
+    that starts while ``preempt_over`` or more generate preempts one (thrash)."""
+
+    def __init__(self, latency: Latency | float = 1.0, *, room: int,
+                 preempt_over: int | None = None) -> None:
+        super().__init__(latency)
+        self.room = room
+        self.preempt_over = preempt_over
+        self.preemptions = 0
+        self.reads = 0
+
+    async def generate(self, request: GenerationRequest) -> GroupResult:
+        if self.preempt_over is not None and self.active >= self.preempt_over:
+            self.preemptions += 1
+        return await super().generate(request)
+
+    async def pressure(self) -> EnginePressure:
+        self.reads += 1
+        running = min(self.active, self.room)
+        return EnginePressure(running, self.active - running, running / self.room,
+                              self.preemptions)
 
 
 class FakeTrainer:

@@ -60,7 +60,7 @@ def test_validate_lists_each_optional_capability_as_present_or_absent() -> None:
         "present: none; absent: final_state_dict, sharded_state_dict")
     assert rows["engine (local) capabilities"] == (
         "present: abort, device; absent: invalidate_cache, snapshot, healthy, pinned_versions, "
-        "retained_weights, fleet")
+        "retained_weights, fleet, pressure")
 
 
 def test_validate_prints_the_capabilities_of_the_task_trainer_and_engine(tmp_path,
@@ -74,7 +74,7 @@ def test_validate_prints_the_capabilities_of_the_task_trainer_and_engine(tmp_pat
             "bind_tokenizer, needs_policy_tokenizer, pooled_reward, prepare_reward, records") in out
     assert "trainer capabilities present: final_state_dict; absent: sharded_state_dict" in out
     assert ("engine (local) capabilities present: abort, invalidate_cache, snapshot, "
-            "pinned_versions, retained_weights, device; absent: healthy, fleet") in out
+            "pinned_versions, retained_weights, device; absent: healthy, fleet, pressure") in out
     assert "staleness measured on" in out and "start_weight" in out
 
 

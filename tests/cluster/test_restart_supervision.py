@@ -95,3 +95,27 @@ def test_killing_an_actor_once_ray_is_shut_down_starts_no_new_instance() -> None
     ray.shutdown()  # as after a run's end (a no-op when none runs)
     kill_actor(object())
     assert not ray.is_initialized()
+
+
+def test_a_workers_load_is_passed_on_where_its_engine_reports_it() -> None:
+    """The proxy declares ``pressure`` from the worker's engine and forwards it
+    (None from a worker that is gone)."""
+    from types import SimpleNamespace
+
+    from asyncrl.engines import EnginePressure
+
+    load = EnginePressure(3, 1, 0.5, 2)
+
+    async def answer() -> EnginePressure:
+        return load
+
+    actor = SimpleNamespace(pressure=SimpleNamespace(remote=answer))
+    engine = RayEngine(WorkerPool(weights=None, version=0), 0, spawn=None, actor=actor,
+                       info={"pid": 1, "node_id": "n", "version": 0,
+                             "capabilities": {"abort": True, "pressure": True}},
+                       max_restarts=0, startup_timeout_s=10.0)
+    assert engine.capabilities.pressure
+    assert run_virtual(engine.pressure()) == load
+    engine.state = LOST
+    assert run_virtual(engine.pressure()) is None
+    assert not make_engine(0, None).capabilities.pressure  # a worker that does not say

@@ -36,6 +36,8 @@ class FakeServer:
         self.hold_reload: asyncio.Event | None = None
         self.reload_started = asyncio.Event()
         self.closed = False
+        #: What ``/metrics`` answers (Prometheus text; tests set it).
+        self.metrics = ""
 
     # ------------------------------------------------- what connect() reads
     def get_sync(self, path: str, *, timeout_s: float | None = None) -> Any:
@@ -94,6 +96,12 @@ class FakeServer:
 
     async def healthy(self) -> bool:
         return self.answers
+
+    async def get_text(self, path: str, *, timeout_s: float) -> str:
+        if not self.answers:
+            raise ServerGone(f"{self.url}{path}: connection refused")
+        assert path == "/metrics", path
+        return self.metrics
 
     async def close(self) -> None:
         self.closed = True

@@ -197,6 +197,10 @@ async def test_groups_run_concurrently_abort_frees_them_and_a_sync_lands_mid_gro
     assert len(short.completion_ids[0]) == 1
     # The long groups went into vLLM together, not one after another.
     assert engine.num_unfinished_requests > 32
+    # vLLM reports its load (the aimd autopilot's signal) from its latest step.
+    load = await engine.pressure()
+    assert (load is not None and load.running + load.waiting > 0
+            and 0.0 < load.kv_cache_usage <= 1.0 and load.preemptions >= 0), load
 
     await engine.abort(["long0", "long1", "long2"])
     for task in long[:3]:

@@ -99,6 +99,10 @@ class EngineWorker:
     async def invalidate_cache(self) -> None:
         await self.engine.invalidate_cache()
 
+    async def pressure(self) -> Any:
+        """Called only where the capabilities declare it (asyncrl.engines.ReportsPressure)."""
+        return await self.engine.pressure()
+
     def loaded_versions(self) -> list[int]:
         return list(self.loaded)
 

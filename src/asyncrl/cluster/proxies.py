@@ -39,7 +39,7 @@ from typing import Any
 from asyncrl._util import supervision
 from asyncrl._util.bounded import append_bounded
 from asyncrl._util.change_signal import ChangeSignal
-from asyncrl.engines.capabilities import EngineCapabilities
+from asyncrl.engines.capabilities import EngineCapabilities, EnginePressure
 from asyncrl.errors import (
     EngineLeft,
     EngineUnavailable,
@@ -282,6 +282,13 @@ class RayEngine:
         # A restarting worker builds its caches from scratch anyway.
         if self.state in _WORKING:
             await self._call(self.actor, "invalidate_cache")
+
+    async def pressure(self) -> EnginePressure | None:
+        """The worker's engine's load (declared only where that engine reports
+        it); None from a worker that is not working."""
+        if self.state not in _WORKING:
+            return None
+        return await self._call(self.actor, "pressure")
 
     async def close(self) -> None:
         if self._closed:

@@ -2,7 +2,7 @@
 run goes on (docs/autopilot.md; the mechanics are asyncrl.controller.retune).
 
 Three modes: ``aimd`` (additive increase / multiplicative decrease of the
-in-flight bound from what each step measured), ``runtime`` (a model of the
+in-flight bound from what each step measured and the engines' load), ``runtime`` (a model of the
 run, re-fitted from its own recent steps, plans the in-flight bound and the
 capacity; the window stays) and ``plan`` (the same, and the window moves too).
 """
@@ -17,6 +17,7 @@ from asyncrl.config.blocks import Block, NonNegFloat, NonNegInt, PosInt
 
 Fraction = Annotated[StrictFloat, Field(ge=0, le=1)]
 OpenFraction = Annotated[StrictFloat, Field(gt=0, lt=1)]
+Factor = Annotated[StrictFloat, Field(gt=1)]
 
 
 class AutopilotBounds(Block):
@@ -77,12 +78,25 @@ class AutopilotConfig(Block):
     #: setting instead of the configured one (asyncrl.controller.profile). A
     #: resumed run goes on with its checkpoint's setting and does not read it.
     reuse: str | None = None
+    #: aimd reads the engines' load where they report it (vLLM, the simulator:
+    #: asyncrl.engines.ReportsPressure); false: the step records only.
+    engine_signals: bool = True
+    #: KV-cache usage above this: trim the bound (times ``trim``).
+    kv_high: Fraction = 0.9
+    #: KV-cache usage below this while the trainer idles: grow the bound by
+    #: ``grow_factor`` instead of ``increase`` groups.
+    kv_low: Fraction = 0.5
+    grow_factor: Factor = 1.5
+    trim: OpenFraction = 0.9
 
     @model_validator(mode="after")
     def _clamps_in_order(self) -> AutopilotConfig:
         if self.max_inflight is not None and self.max_inflight < self.min_inflight:
             raise ValueError(f"max_inflight={self.max_inflight} is below min_inflight="
                              f"{self.min_inflight}; raise max_inflight or lower min_inflight")
+        if self.kv_low >= self.kv_high:
+            raise ValueError(f"kv_low={self.kv_low} is not below kv_high={self.kv_high}; "
+                             "lower kv_low or raise kv_high")
         if not self.knobs:
             raise ValueError("knobs is empty: list what the autopilot may change, e.g. "
                              "knobs: [max_inflight_prompts, max_buffered_rollouts]")

@@ -10,24 +10,37 @@ keeps - and the ``aimd`` rule itself. The model-based modes are
 :class:`asyncrl.controller.autoplan.PlannedAutopilot`.
 
 ``mode: aimd`` moves only the in-flight bound, as prime-rl's adaptive
-concurrency does, but clocked by training steps and driven by what the
-staleness contract costs rather than by KV-cache pressure:
+concurrency does, clocked by training steps and driven by what the staleness
+contract costs and, where the engines report it, by their load
+(:class:`~asyncrl.engines.ReportsPressure`: vLLM and the simulator do):
 
 * every ``replan_every_steps`` steps after ``warmup_steps``, read the window's
-  step records: the trainer's idle fraction (``trainer_idle_s / step_time_s``),
-  the waste fraction (evicted + aborted groups per group ended) and the p95
-  of the trained groups' staleness;
+  step records - the trainer's idle fraction (``trainer_idle_s /
+  step_time_s``), the waste fraction (evicted + aborted groups per group
+  ended), the p95 of the trained groups' staleness - and the engines' pressure
+  now (requests running and waiting, KV-cache usage, preemptions so far);
 * a broken bound (waste or staleness): **decrease** - the bound times
   ``decrease``, then a *drain latch*: no further move until the groups in
   flight have fallen to the new bound (a cut whose effect has not shown yet
-  must not be cut again);
-* else, a trainer idle above ``idle_high``: **increase** by ``increase`` groups;
+  must not be cut again). Bounds are constraints: they come first;
+* else, preemptions since the last decision (the engine ran out of KV cache and
+  recomputes): **decrease** the same way (a cut);
+* else, KV-cache usage above ``kv_high``: **decrease** by ``trim`` (a trim:
+  the engine is full, not failing), with the same latch;
+* else, a trainer idle above ``idle_high``: **increase** by ``increase``
+  groups - or, while the KV-cache usage is below ``kv_low`` (room to spare),
+  by the factor ``grow_factor`` when that is more;
 * else hold. Always within ``[min_inflight, max_inflight]`` (default upper
   clamp: the buffer capacity, since each group in flight holds a slot).
+
+Engines that report nothing (or ``engine_signals: false``) leave the broken
+bound, the increase by ``increase`` groups and the hold: the step records
+alone, as before engine signals.
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import dataclasses
 import logging
@@ -38,6 +51,8 @@ from typing import Any
 from asyncrl._util.bounded import KEEP
 from asyncrl.config.autopilot import AutopilotConfig
 from asyncrl.controller.retune import Retuner, Setting
+from asyncrl.engines.base import RolloutEngine
+from asyncrl.engines.capabilities import EngineCapabilities, EnginePressure
 
 log = logging.getLogger("asyncrl.controller")
 
@@ -110,22 +125,41 @@ class Autopilot:
         #: counts from there, since a resumed run starts cold again.
         self._start: int | None = None
         self._draining_to: int | None = None
+        #: The engines' preemption counter at the last decision (None: none read yet).
+        self._preemptions: int | None = None
 
     # ------------------------------------------------------------- cadence
-    def after_step(self, steps_done: int, records: Sequence[dict[str, Any]]) -> None:
-        """Called at every step boundary (before the retuner applies what is asked)."""
+    def after_step(self, steps_done: int, records: Sequence[dict[str, Any]], *,
+                   pressure: EnginePressure | None = None) -> None:
+        """Called at every step boundary (before the retuner applies what is asked),
+        with the engines' pressure when :meth:`wants_pressure` said so."""
         if self._start is None:
             self._start = steps_done - 1
-        cfg = self.cfg
-        since = steps_done - self._start - cfg.warmup_steps
+        since = self._since(steps_done)
         if since <= 0 or self.frozen(steps_done):
             return
-        self.at_boundary(steps_done, list(records), due=since % cfg.replan_every_steps == 0)
+        self.at_boundary(steps_done, list(records),
+                         due=since % self.cfg.replan_every_steps == 0, pressure=pressure)
+
+    def wants_pressure(self, steps_done: int) -> bool:
+        """Asked by the controller just before :meth:`after_step`: whether this
+        boundary's decision reads the engines' pressure (aimd, a decision due,
+        ``engine_signals`` on) - the read waits on the engines, so only then."""
+        cfg = self.cfg
+        since = self._since(steps_done)
+        return (cfg.mode == "aimd" and cfg.engine_signals and since > 0
+                and not self.frozen(steps_done) and since % cfg.replan_every_steps == 0)
+
+    def _since(self, steps_done: int) -> int:
+        """Steps past the warm-up (a run's first boundary starts the count)."""
+        start = steps_done - 1 if self._start is None else self._start
+        return steps_done - start - self.cfg.warmup_steps
 
     def frozen(self, steps_done: int) -> bool:
         return self.cfg.freeze_after_steps is not None and steps_done > self.cfg.freeze_after_steps
 
-    def at_boundary(self, steps_done: int, records: list[dict[str, Any]], *, due: bool) -> None:
+    def at_boundary(self, steps_done: int, records: list[dict[str, Any]], *, due: bool,
+                    pressure: EnginePressure | None = None) -> None:
         """A step boundary after the warm-up; ``due``: a decision is due now."""
         if not due:
             return
@@ -133,8 +167,8 @@ class Autopilot:
         window = WindowStats.of(records[-cfg.replan_every_steps:])
         previous = self.retuner.target
         current = previous.max_inflight_prompts
-        action, reason = self._decide(window, current)
-        new = current if action == "hold" else self._clamp(self._move(action, current))
+        action, reason, proposed = self._decide(window, current, pressure)
+        new = current if action == "hold" else self._clamp(proposed)
         if new != current:
             self.retuner.request(max_inflight_prompts=new)
             if action == "decrease":
@@ -143,6 +177,7 @@ class Autopilot:
                      "previous": previous.as_dict(),
                      "setting": dataclasses.replace(previous, max_inflight_prompts=new).as_dict(),
                      "measured": dataclasses.asdict(window),
+                     "pressure": None if pressure is None else dataclasses.asdict(pressure),
                      # (the in-flight bound again, flat: what the aimd tests read)
                      "max_inflight_prompts": new, **dataclasses.asdict(window)},
                     changed=new != current)
@@ -177,8 +212,10 @@ class Autopilot:
     # ------------------------------------------------------ fleet and close
     def fleet_changed(self, rollout_slots: int) -> None:
         """The number of generation slots changed (the elastic fleet's hook): the
-        measurements so far describe another fleet, so warm up again."""
+        measurements so far describe another fleet, so warm up again (and count
+        preemptions afresh: the engines that count them changed)."""
         self._start = None
+        self._preemptions = None
 
     def close(self) -> None:
         """The run ended: release what the mode holds (a planner's process)."""
@@ -195,26 +232,43 @@ class Autopilot:
             self._draining_to = state.get("draining_to")
 
     # ---------------------------------------------------------------- aimd
-    def _decide(self, w: WindowStats, current: int) -> tuple[str, str]:
-        bounds = self.cfg.bounds
+    def _decide(self, w: WindowStats, current: int,
+                p: EnginePressure | None) -> tuple[str, str, int]:
+        """(action, reason, the bound asked for before clamping): the rules of
+        the module docstring, in their order."""
+        cfg, bounds = self.cfg, self.cfg.bounds
+        preempted = self._new_preemptions(p)  # read at every decision: the baseline moves
         if self._draining_to is not None:
             if w.inflight > self._draining_to:
-                return "hold", f"draining to {self._draining_to} ({w.inflight} in flight)"
+                return "hold", f"draining to {self._draining_to} ({w.inflight} in flight)", current
             self._draining_to = None
+        cut = math.floor(current * cfg.decrease)
         if bounds.max_waste_frac is not None and w.waste_frac > bounds.max_waste_frac:
-            return "decrease", f"waste {w.waste_frac:.3f} > {bounds.max_waste_frac:g}"
+            return "decrease", f"waste {w.waste_frac:.3f} > {bounds.max_waste_frac:g}", cut
         if bounds.max_staleness_p95 is not None and w.staleness_p95 > bounds.max_staleness_p95:
-            return "decrease", f"staleness p95 {w.staleness_p95:g} > {bounds.max_staleness_p95:g}"
-        if w.idle_frac > self.cfg.idle_high:
-            return "increase", f"trainer idle {w.idle_frac:.3f} > {self.cfg.idle_high:g}"
-        return "hold", "within bounds, trainer busy"
+            return ("decrease", f"staleness p95 {w.staleness_p95:g} > "
+                    f"{bounds.max_staleness_p95:g}", cut)
+        if preempted:
+            return "decrease", f"{preempted} preemptions since the last decision", cut
+        kv = p.kv_cache_usage if p is not None else None
+        if kv is not None and kv > cfg.kv_high:
+            return ("decrease", f"KV cache {kv:.3f} > kv_high {cfg.kv_high:g}",
+                    math.floor(current * cfg.trim))
+        if w.idle_frac > cfg.idle_high:
+            idle = f"trainer idle {w.idle_frac:.3f} > {cfg.idle_high:g}"
+            if kv is not None and kv < cfg.kv_low:
+                return ("increase", f"{idle}, KV cache {kv:.3f} < kv_low {cfg.kv_low:g}",
+                        max(current + cfg.increase, math.ceil(current * cfg.grow_factor)))
+            return "increase", idle + _kv_note(kv), current + cfg.increase
+        return "hold", "within bounds, trainer busy" + _kv_note(kv), current
 
-    def _move(self, action: str, current: int) -> int:
-        if action == "increase":
-            return current + self.cfg.increase
-        if action == "decrease":
-            return math.floor(current * self.cfg.decrease)
-        return current
+    def _new_preemptions(self, p: EnginePressure | None) -> int:
+        """Preemptions since the last decision that read them (0 the first time,
+        and when the counter went back: an engine restarted or left)."""
+        if p is None:
+            return 0
+        before, self._preemptions = self._preemptions, p.preemptions
+        return 0 if before is None else max(0, p.preemptions - before)
 
     def _clamp(self, value: int) -> int:
         cfg = self.cfg
@@ -222,4 +276,28 @@ class Autopilot:
         return max(cfg.min_inflight, min(value, max(upper, cfg.min_inflight)))
 
 
-__all__ = ["Autopilot", "Journal", "Setting", "WindowStats"]
+def _kv_note(kv: float | None) -> str:
+    return "" if kv is None else f", KV cache {kv:.3f}"
+
+
+async def read_pressure(engines: Sequence[RolloutEngine],
+                        capabilities: Sequence[EngineCapabilities]) -> EnginePressure | None:
+    """The engines' pressure as one (:meth:`EnginePressure.combine`), from those
+    that report it; None when none does. An engine whose report fails counts
+    as one that reports nothing this time (logged): the autopilot advises, it
+    must not stop the run."""
+    async def one(engine: RolloutEngine) -> EnginePressure | None:
+        try:
+            return await engine.pressure()  # type: ignore[attr-defined]
+        except Exception as exc:
+            log.warning("autopilot: %s.pressure() failed (%r); deciding without it",
+                        type(engine).__name__, exc)
+            return None
+
+    reporting = [e for e, c in zip(engines, capabilities) if c.pressure]
+    if not reporting:
+        return None
+    return EnginePressure.combine(await asyncio.gather(*(one(e) for e in reporting)))
+
+
+__all__ = ["Autopilot", "Journal", "Setting", "WindowStats", "read_pressure"]

@@ -38,6 +38,7 @@ from typing import Any, Protocol, runtime_checkable
 from asyncrl.config.autopilot import AutopilotConfig
 from asyncrl.controller.autopilot import Autopilot, WindowStats
 from asyncrl.controller.retune import Retuner, Setting
+from asyncrl.engines.capabilities import EnginePressure
 from asyncrl.errors import RetuneRefused, UsageError
 
 #: The keys of a step record a plan reads (the rest stays in the run).
@@ -134,7 +135,9 @@ class PlannedAutopilot(Autopilot):
         #: The step boundary of the last change this autopilot asked for.
         self._changed_at: int | None = None
 
-    def at_boundary(self, steps_done: int, records: list[dict[str, Any]], *, due: bool) -> None:
+    def at_boundary(self, steps_done: int, records: list[dict[str, Any]], *, due: bool,
+                    pressure: EnginePressure | None = None) -> None:
+        # (The engines' pressure is aimd's: a plan reads the step records.)
         if self._running is not None and self._running.done():
             future, self._running = self._running, None
             self._answer(steps_done, records, future)

@@ -32,6 +32,7 @@ from asyncrl._util import supervision
 from asyncrl._util.compat import BaseExceptionGroup, TaskGroup
 from asyncrl.buffer import RolloutBuffer
 from asyncrl.config import AsyncRLConfig, GRPOConfig
+from asyncrl.controller.autopilot import read_pressure
 from asyncrl.controller.autoplan import Planner, build_autopilot
 from asyncrl.controller.context import RunContext
 from asyncrl.controller.determinism import Determinism, NoDeterminism
@@ -323,7 +324,10 @@ class Controller:
         if self.on_step_end is not None:
             await self.on_step_end(self, version)
         if self.autopilot is not None:
-            self.autopilot.after_step(self.ctx.stats.steps_done, self.ctx.stats.records)
+            steps = self.ctx.stats.steps_done
+            pressure = (await read_pressure(self.engines, self.capabilities)
+                        if self.autopilot.wants_pressure(steps) else None)
+            self.autopilot.after_step(steps, self.ctx.stats.records, pressure=pressure)
         # The step boundary: a re-tune asked for by the hook (or before) applies now.
         if self.retuner.at_step_boundary(version) is not None:
             save_profile(self.autopilot, self.ctx.stats.steps_done)  # the setting in force

@@ -1,7 +1,7 @@
 """What a rollout engine must provide to the controller.
 
 Optional members (abort, cache invalidation, partial snapshots, health, pinned
-weight versions, a weights device) are the small protocols of
+weight versions, a weights device, load reports) are the small protocols of
 :mod:`asyncrl.engines.capabilities`, read once when the controller gets the
 engine.
 """

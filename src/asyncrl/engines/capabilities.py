@@ -10,7 +10,7 @@ worker's engine) declares them instead, as a ``capabilities`` attribute.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from asyncrl._util.capabilities import Capabilities
@@ -19,9 +19,11 @@ from asyncrl.types import GroupId, GroupResult
 __all__ = [
     "Aborts",
     "EngineCapabilities",
+    "EnginePressure",
     "InvalidatesCache",
     "PinsVersions",
     "ReportsHealth",
+    "ReportsPressure",
     "RetainsWeights",
     "Snapshots",
     "WeightsOnDevice",
@@ -98,6 +100,57 @@ class WeightsOnDevice(Protocol):
         ...
 
 
+@dataclasses.dataclass(frozen=True)
+class EnginePressure:
+    """How loaded an engine is, as it reports it (:class:`ReportsPressure`)."""
+
+    #: Requests (sequences) generating now.
+    running: int
+    #: Requests the engine holds but cannot run yet (waiting for capacity).
+    waiting: int
+    #: Fraction of the KV cache in use, in [0, 1]; None where the engine has no
+    #: such number.
+    kv_cache_usage: float | None
+    #: Requests the engine preempted (evicted from the KV cache to be recomputed
+    #: later) since it started: a counter that only grows.
+    preemptions: int
+
+    def __post_init__(self) -> None:
+        counts = {"running": self.running, "waiting": self.waiting,
+                  "preemptions": self.preemptions}
+        for name, value in counts.items():
+            if value < 0:
+                raise ValueError(f"EnginePressure.{name} is {value}; it counts requests and "
+                                 "must be >= 0")
+        kv = self.kv_cache_usage
+        if kv is not None and not 0.0 <= kv <= 1.0:
+            raise ValueError(f"EnginePressure.kv_cache_usage is {kv}; report the fraction of "
+                             "the KV cache in use, in [0, 1] (None: not known)")
+
+    @classmethod
+    def combine(cls, parts: Iterable[EnginePressure | None]) -> EnginePressure | None:
+        """Several engines (or servers) as one: the counts add up, the KV-cache
+        usage is the highest one reported (the fullest engine is the one that
+        thrashes); None when none reports anything."""
+        got = [p for p in parts if p is not None]
+        if not got:
+            return None
+        kv = [p.kv_cache_usage for p in got if p.kv_cache_usage is not None]
+        return cls(sum(p.running for p in got), sum(p.waiting for p in got),
+                   max(kv) if kv else None, sum(p.preemptions for p in got))
+
+
+@runtime_checkable
+class ReportsPressure(Protocol):
+    async def pressure(self) -> EnginePressure | None:
+        """Called at a step boundary by ``async_rl.autopilot`` (``mode: aimd``),
+        once per decision: how loaded the engine is now (None: it cannot say
+        now). The train pump waits for it, so it must be quick: read numbers the
+        engine keeps up to date, or one short local request (a server's
+        ``/metrics``); never block the event loop."""
+        ...
+
+
 #: Each capability (a field of EngineCapabilities) with the members it needs.
 _MEMBERS: dict[str, tuple[str, ...]] = {
     "abort": ("abort",),
@@ -108,6 +161,7 @@ _MEMBERS: dict[str, tuple[str, ...]] = {
     "retained_weights": ("retained_weights", "restore_retained"),
     "device": ("device",),
     "fleet": ("fleet",),
+    "pressure": ("pressure",),
 }
 
 
@@ -128,6 +182,8 @@ class EngineCapabilities(Capabilities):
     device: bool = False
     #: An ElasticFleet in ``fleet`` (asyncrl.engines.fleet): ``asyncrl fleet`` changes it.
     fleet: bool = False
+    #: Reports its load (:class:`ReportsPressure`): the aimd autopilot reads it.
+    pressure: bool = False
 
     @classmethod
     def of(cls, engine: Any) -> EngineCapabilities:

@@ -47,6 +47,9 @@ Modelling choices (docs/simulate.md explains them for users):
   numbers again: it changes no latency or failure draw), and holds for every
   attempt of the prompt. The real controller applies the filter, so a filtered
   group costs its generation and is replaced exactly as in a run.
+* **Pressure** (what ``autopilot.mode: aimd`` reads where vLLM reports its
+  KV-cache usage): the slots in use, the groups waiting for one, and the
+  fraction of slots in use as the KV-cache usage. Nothing is preempted.
 * **Abort** takes ``abort_s`` (the engine call, awaited by the train pump),
   then wakes each group's latency wait and frees its slot; the partial slot
   time counts as busy (the compute was spent, then wasted).
@@ -59,6 +62,7 @@ import random
 from collections.abc import Collection, Sequence
 from typing import Any
 
+from asyncrl.engines.capabilities import EnginePressure
 from asyncrl.sim.latency import LatencyModel, Work
 from asyncrl.sim.sharing import SharedDecoder
 from asyncrl.sim.slots import SlotPool
@@ -383,6 +387,14 @@ class SimEngine:
 
     async def invalidate_cache(self) -> None:
         return None
+
+    async def pressure(self) -> EnginePressure:
+        """The fleet's load, counted in groups: slots in use (running), groups
+        queued for a slot (waiting), and as the KV-cache usage a proxy - the
+        fraction of the slots in use (a full batch is a full cache). The
+        simulated fleet never preempts."""
+        busy = self._busy_now
+        return EnginePressure(busy, len(self._queued), min(1.0, busy / self.rollout_slots), 0)
 
     async def retain_weight_versions(self, versions: Collection[int]) -> None:
         """Deterministic mode: simulated weights cost nothing to keep, so every

@@ -37,6 +37,9 @@ How the protocol maps onto vLLM:
   ``snapshot`` reads them without stopping the group. A request with a
   ``prefix`` continues its completions (prompt + prefix as prompt token ids, the
   remaining ``max_new_tokens``).
+* ``pressure`` - requests running and waiting, KV-cache usage and preemptions,
+  as vLLM's scheduler reported them after its latest step (a stat logger vLLM
+  calls; :mod:`asyncrl.engines.vllm.pressure`).
 * ``close`` - shuts vLLM down; a reaper process kills its processes if this
   one dies without closing.
 """
@@ -56,6 +59,7 @@ from typing import TYPE_CHECKING, Any
 
 from asyncrl._util.bounded import append_bounded
 from asyncrl.config import GenerationConfig
+from asyncrl.engines.capabilities import EnginePressure
 from asyncrl.engines.classify import encode_prompt_or_fail, vllm_failure
 from asyncrl.engines.completions import (
     partial_result,
@@ -67,6 +71,7 @@ from asyncrl.engines.transport import WeightUpdate
 from asyncrl.engines.vllm import setup
 from asyncrl.engines.vllm import transport as transports
 from asyncrl.engines.vllm.output import VLLMOutput, quiet_import
+from asyncrl.engines.vllm.pressure import PressureGauge, stat_logger
 from asyncrl.engines.vllm.stream import Run, Sub, live_version_starts
 from asyncrl.errors import BackendLost, ConfigError, GroupAborted
 from asyncrl.policy.context_length import check_prompt_fits
@@ -113,6 +118,8 @@ class VLLMEngine:
 
         #: vLLM's own output: ``log_file`` unless asyncrl is verbose (see vllm/output.py).
         self._output = VLLMOutput(log_file)
+        #: vLLM's newest scheduler numbers (what ``pressure`` reports).
+        self._gauge = PressureGauge()
 
         self.tokenizer = tokenizer
         self.generation = generation or GenerationConfig()
@@ -132,7 +139,8 @@ class VLLMEngine:
         try:
             # In a session of its own: a terminal's Ctrl-C reaches asyncrl only.
             with setup.own_session(self._output.stream):
-                self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
+                self._llm = AsyncLLM.from_engine_args(
+                    AsyncEngineArgs(**args), stat_loggers=[stat_logger(self._gauge)])
         except Exception as exc:
             setup.Reaper(setup.descendants() - before).reap()
             self._remove_dirs()
@@ -224,6 +232,10 @@ class VLLMEngine:
         """Sequences vLLM holds (running or queued; a group counts once per
         completion); 0 once every group is done or aborted."""
         return 0 if self._closed else self._llm.get_num_unfinished_requests()
+
+    async def pressure(self) -> EnginePressure | None:
+        """vLLM's load after its latest step (:mod:`~asyncrl.engines.vllm.pressure`)."""
+        return None if self._closed else self._gauge.read()
 
     async def generate(self, request: GenerationRequest) -> GroupResult:
         if self._closed:

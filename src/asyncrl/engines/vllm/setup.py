@@ -66,10 +66,13 @@ def require_vllm() -> Any:
     return vllm
 
 
-def engine_args(policy: PolicyConfig, model_dir: str | Path, *, seed: int) -> dict[str, Any]:
+def engine_args(policy: PolicyConfig, model_dir: str | Path, *, seed: int,
+                log_stats: bool = False) -> dict[str, Any]:
     """Keyword arguments of ``vllm.AsyncEngineArgs`` for a policy: the ``policy.vllm``
     block, ``policy.vllm.engine_args`` passed through, and the fixed settings
-    (``seed``: the engine's sampling seed, :class:`~asyncrl.engines.EngineOptions`)."""
+    (``seed``: the engine's sampling seed, :class:`~asyncrl.engines.EngineOptions`).
+    ``log_stats``: vLLM keeps its Prometheus stats (a server's ``/metrics``, which
+    the ``vllm_server`` engine reads its load from); ``engine_args`` may say otherwise."""
     v = policy.vllm
     clash = sorted(set(v.engine_args) & set(OWNED_ARGS))
     if clash:
@@ -78,7 +81,7 @@ def engine_args(policy: PolicyConfig, model_dir: str | Path, *, seed: int) -> di
         fix = f"set {where} instead" if where else "asyncrl sets it and it cannot be changed"
         raise ConfigError(f"policy.vllm.engine_args.{key}: {fix}")
     args: dict[str, Any] = {
-        "disable_log_stats": True,
+        "disable_log_stats": not log_stats,
         # A progress bar per weight sync: vLLM's output with -v only.
         "use_tqdm_on_load": verbose(),
         **v.engine_args,

@@ -32,7 +32,7 @@ How the protocol maps onto the servers:
   engine raise :class:`~asyncrl.errors.BackendLost`.
 * ``close`` - stops the servers asyncrl started (their whole process groups).
 * ``fleet`` - servers join and leave while the run goes on (``asyncrl fleet``;
-  :mod:`asyncrl.engines.vllm.server.fleet`).
+  :mod:`asyncrl.engines.vllm.server.fleet`); ``pressure`` - their ``/metrics``.
 """
 
 from __future__ import annotations
@@ -50,15 +50,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from asyncrl.config import GenerationConfig
+from asyncrl.engines.capabilities import EnginePressure
 from asyncrl.engines.classify import encode_prompt_or_fail
-from asyncrl.engines.completions import (
-    partial_result,
-    refuse_pinned,
-    start_weight,
-    with_texts,
-)
+from asyncrl.engines.completions import partial_result, refuse_pinned, start_weight, with_texts
 from asyncrl.engines.transport import WeightUpdate, check_kind
 from asyncrl.engines.vllm import setup
+from asyncrl.engines.vllm.pressure import servers_pressure
 from asyncrl.engines.vllm.server.fleet import ServerFleet, Starter
 from asyncrl.engines.vllm.server.http import ServerClient, ServerGone, ServerRefused
 from asyncrl.engines.vllm.server.launch import LaunchedServer, launch
@@ -195,7 +192,7 @@ class VLLMServerEngine:
             model_dir = Path(policy.model_name_or_path).expanduser()
         else:
             model_dir = save_policy(model, tokenizer, base / "vllm_model", state_dict=weights)
-        args = setup.engine_args(policy, model_dir, seed=seed)
+        args = setup.engine_args(policy, model_dir, seed=seed, log_stats=True)
         servers = launch(model_dir, args, block.server_count, log_dir=base,
                          timeout_s=block.startup_timeout_s, env=block.env)
         try:
@@ -329,6 +326,10 @@ class VLLMServerEngine:
         async with self._sync_lock:
             await self._each_live(lambda s: s.client.post(
                 "/reset_prefix_cache", params={"reset_running_requests": "true"}))
+
+    async def pressure(self) -> EnginePressure | None:
+        """The live servers' load, from their ``/metrics`` (:mod:`~asyncrl.engines.vllm.pressure`)."""
+        return await servers_pressure(s.client for s in self._servers if s.alive)
 
     async def close(self) -> None:
         if self._closed:

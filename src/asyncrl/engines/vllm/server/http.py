@@ -1,7 +1,8 @@
 """One OpenAI-compatible vLLM server over HTTP (httpx): what the ``vllm_server``
 engine asks of it.
 
-* ``/health``, ``/v1/models`` (the served model and its ``max_model_len``);
+* ``/health``, ``/v1/models`` (the served model and its ``max_model_len``),
+  ``/metrics`` (Prometheus text: :mod:`asyncrl.engines.vllm.pressure`);
 * streamed completions (``/v1/completions`` with prompt token ids, Server-Sent
   Events), parsed into plain dicts;
 * vLLM 0.32's RL and development endpoints, which exist only on a server started
@@ -109,6 +110,17 @@ class ServerClient:
         except httpx.HTTPError:
             return False
         return response.status_code == 200
+
+    async def get_text(self, path: str, *, timeout_s: float) -> str:
+        """GET ``path`` (``/metrics``): its body as text."""
+        httpx = httpx_module()
+        try:
+            response = await self._http().get(path, timeout=timeout_s)
+        except httpx.HTTPError as exc:
+            raise ServerGone(f"{self.url}{path}: {exc!r}") from exc
+        if response.status_code >= 400:
+            raise ServerRefused(response.status_code, response.text[:500])
+        return str(response.text)
 
     async def post(self, path: str, body: dict[str, Any] | None = None, *,
                    params: dict[str, Any] | None = None) -> Any:

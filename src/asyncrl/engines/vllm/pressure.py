@@ -1,0 +1,132 @@
+"""How loaded vLLM is (:class:`~asyncrl.engines.ReportsPressure`), for both vLLM
+engines: requests running and waiting, KV-cache usage, preemptions so far.
+
+* In process (``VLLMEngine``): vLLM hands a stat logger its scheduler's
+  numbers after every engine step, on the engine's event loop (vLLM 0.32's
+  ``StatLoggerBase``; the engine passes :func:`stat_logger` to ``AsyncLLM``). The
+  :class:`PressureGauge` keeps the newest, so ``pressure()`` only reads them.
+* Over HTTP (``VLLMServerEngine``): each live server's Prometheus ``/metrics``,
+  parsed with ``prometheus_client``'s parser: ``vllm:num_requests_running``,
+  ``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc`` (a fraction,
+  despite its name) and the counter ``vllm:num_preemptions`` (sample
+  ``vllm:num_preemptions_total``), summed over vLLM's per-engine labels (the
+  highest KV-cache usage). A server that runs without stats
+  (``--disable-log-stats``; the servers asyncrl starts run with them) exports
+  none of them and reports nothing; so does a server that does not answer in
+  :data:`METRICS_TIMEOUT_S` (its health is the engine's business).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from asyncrl.engines.capabilities import EnginePressure
+from asyncrl.engines.vllm.server.http import ServerClient, ServerGone, ServerRefused
+
+log = logging.getLogger("asyncrl.engines.vllm")
+
+#: Seconds a server's ``/metrics`` may take (the train pump waits for it).
+METRICS_TIMEOUT_S = 5.0
+
+#: The Prometheus samples read, by what they count.
+SAMPLES = {"vllm:num_requests_running": "running", "vllm:num_requests_waiting": "waiting",
+           "vllm:kv_cache_usage_perc": "kv", "vllm:num_preemptions_total": "preemptions"}
+
+
+class PressureGauge:
+    """The newest scheduler numbers of an in-process vLLM, per vLLM engine core
+    (several with data parallelism), and the preemptions counted so far."""
+
+    def __init__(self) -> None:
+        self._cores: dict[int, tuple[int, int, float]] = {}
+        self._preemptions = 0
+        self._failed = False
+
+    def observe(self, core: int, scheduler: Any, iteration: Any) -> None:
+        """One engine step's stats (vLLM's ``SchedulerStats`` and ``IterationStats``,
+        either may be None). Never raises: it runs inside vLLM's output handler,
+        whose failure would stop generation."""
+        try:
+            if iteration is not None:
+                self._preemptions += int(iteration.num_preempted_reqs)
+            if scheduler is not None:
+                waiting = scheduler.num_waiting_reqs + scheduler.num_skipped_waiting_reqs
+                self._cores[core] = (int(scheduler.num_running_reqs), int(waiting),
+                                     float(scheduler.kv_cache_usage))
+        except Exception as exc:  # vLLM's stats changed shape: report nothing
+            if not self._failed:
+                log.warning("vLLM's stats are not what asyncrl reads (%r): the engine "
+                            "reports no pressure", exc)
+            self._failed = True
+
+    def read(self) -> EnginePressure | None:
+        """The newest numbers (None before vLLM's first step, or when its stats
+        could not be read)."""
+        if self._failed or not self._cores:
+            return None
+        cores = self._cores.values()
+        return EnginePressure(sum(c[0] for c in cores), sum(c[1] for c in cores),
+                              _fraction(max(c[2] for c in cores)), self._preemptions)
+
+
+def stat_logger(gauge: PressureGauge) -> Any:
+    """A per-engine-core stat logger class for ``AsyncLLM(stat_loggers=[...])``
+    that feeds ``gauge`` (imports vLLM)."""
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class GaugeLogger(StatLoggerBase):
+        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+            self.engine_index = engine_index
+
+        def record(self, scheduler_stats: Any, iteration_stats: Any,
+                   mm_cache_stats: Any = None, engine_idx: int = 0) -> None:
+            gauge.observe(engine_idx, scheduler_stats, iteration_stats)
+
+        def log_engine_initialized(self) -> None:
+            return None
+
+    return GaugeLogger
+
+
+def parse_metrics(text: str) -> EnginePressure | None:
+    """The pressure in a vLLM server's ``/metrics`` text (None: it has none)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    totals = {"running": 0.0, "waiting": 0.0, "preemptions": 0.0}
+    kv: list[float] = []
+    seen = set()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            what = SAMPLES.get(sample.name)
+            if what == "kv":
+                kv.append(sample.value)
+            elif what is not None:
+                totals[what] += sample.value
+            if what is not None:
+                seen.add(what)
+    if not {"running", "waiting"} <= seen:
+        return None
+    return EnginePressure(int(totals["running"]), int(totals["waiting"]),
+                          _fraction(max(kv)) if kv else None, int(totals["preemptions"]))
+
+
+async def servers_pressure(clients: Iterable[ServerClient]) -> EnginePressure | None:
+    """The servers' pressure as one, read from all of them at once."""
+    texts = await asyncio.gather(*(_metrics(c) for c in clients))
+    return EnginePressure.combine(parse_metrics(t) for t in texts if t is not None)
+
+
+async def _metrics(client: ServerClient) -> str | None:
+    try:
+        return await client.get_text("/metrics", timeout_s=METRICS_TIMEOUT_S)
+    except (ServerGone, ServerRefused) as exc:
+        log.debug("no /metrics from %s: %s", client.url, exc)
+        return None
+
+
+def _fraction(value: float) -> float:
+    """vLLM's KV-cache usage, kept in [0, 1] (float rounding may step past 1)."""
+    return min(1.0, max(0.0, value))
