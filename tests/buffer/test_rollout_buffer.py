@@ -78,6 +78,13 @@ async def test_slots_iterate_in_dispatch_order_with_increasing_seq() -> None:
     seqs = [s.dispatch_seq for s in slots]
     assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
     assert seqs[-1] == 4  # "y" took seq 1 and it is never reused
+    assert buf.oldest_seq() == seqs[0] == 0 and buf.next_seq == 5
+    buf.release("x")
+    assert buf.oldest_seq() == 2  # "z" (seq 2) is now the oldest slot held
+    buf.remove(["z"])  # (ready: trained)
+    buf.release("w")
+    buf.release("v")
+    assert buf.oldest_seq() is None and buf.next_seq == 5
 
 
 @virtual

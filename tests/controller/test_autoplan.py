@@ -197,11 +197,26 @@ def test_the_fleet_hook_warms_up_again() -> None:
     assert planner.requests[-1].rollout_slots == 3
 
 
-def test_what_was_measured_counts_once_the_change_has_shown() -> None:
+def test_what_was_measured_counts_once_the_groups_started_before_the_change_are_gone() -> None:
     """After a change, the steps measured straddle two settings: the plans get no
-    measurement (no bias correction, no safety-first cut) for two decision windows."""
+    measurement (no bias correction, no safety-first cut) until every group
+    dispatched before the change has ended and a decision window has passed
+    since (at least two windows). A long tail keeps such groups for several
+    steps: two windows alone would read a measurement of the old setting."""
     planner = ScriptedPlanner([12, 12])
-    _run(_controller(planner, steps=7))
-    # Plans at steps 2..7; 12 applied at step 3 (its second win).
+    ctl = _controller(planner, steps=9)
+    seen: dict[int, tuple[int | None, int]] = {}
+
+    async def watch(ctl, version: int) -> None:
+        seen[ctl.ctx.stats.steps_done] = (ctl.buffer.oldest_seq(), ctl.buffer.next_seq)
+
+    ctl.on_step_end = watch
+    _run(ctl)
+    changed = [d["step"] for d in ctl.autopilot.decisions if d["action"] == "apply"]
+    assert changed == [3]  # 12 applied at step 3 (its second win)
+    before = seen[3][1]
+    gone = min(s for s, (oldest, _) in seen.items()
+               if s > 3 and (oldest is None or oldest >= before))
     measured = {r.step: r.measured is not None for r in planner.requests}
-    assert measured == {2: True, 3: True, 4: False, 5: True, 6: True, 7: True}
+    expected = {r: r <= 3 or (r - gone >= 1 and r - 3 >= 2) for r in measured}
+    assert measured == expected and gone > 4, (measured, gone)

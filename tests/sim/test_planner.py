@@ -7,7 +7,13 @@ from __future__ import annotations
 
 from asyncrl.config import AutopilotConfig, config_from_dict
 from asyncrl.controller.autoplan import PlanRequest, Prediction
-from asyncrl.sim.planner import ModelPlanner, candidate_settings, corrected, pick
+from asyncrl.sim.planner import (
+    ModelPlanner,
+    candidate_settings,
+    corrected,
+    escape_settings,
+    pick,
+)
 from asyncrl.sim.runner import simulate
 
 
@@ -58,6 +64,26 @@ def test_candidates_are_bounded_moves_the_window_allows() -> None:
     assert {s["window"] for s in runtime} == {2} and len(runtime) == 5
 
 
+def test_escapes_reach_every_narrower_window_with_deeper_cuts() -> None:
+    """When the setting in force is predicted to break a bound, the plan also
+    weighs the settings that restore it in one move: every narrower window
+    (``plan``), the in-flight bound cut by up to three max_move steps."""
+    cfg = _cfg("plan", latency=HEAVY, sampler={"name": "in_order", "max_lookahead_versions": 3})
+    setting = {"max_inflight_prompts": 40, "window": 3, "max_buffered_rollouts": 40}
+    knobs = ("max_inflight_prompts", "window", "max_buffered_rollouts")
+    request = PlanRequest(step=5, setting=setting, knobs=knobs, bounds={},
+                          objective="throughput", max_move=0.5, plan_steps=8, records=[],
+                          intervals=[], engines=1)
+    found = escape_settings(cfg, request)
+    assert {s["window"] for s in found} == {0, 1, 2, 3}
+    assert {s["max_inflight_prompts"] for s in found} == {40, 20, 10, 5}
+    for s in found:  # in_order with lookahead s needs n (s + 1) slots
+        assert s["max_buffered_rollouts"] == max(8 * (s["window"] + 1),
+                                                 s["max_inflight_prompts"])
+    runtime = escape_settings(cfg, PlanRequest(**{**request.__dict__, "knobs": knobs[:1]}))
+    assert runtime == [{**setting, "max_inflight_prompts": n} for n in (40, 20, 10, 5)]
+
+
 def test_the_fit_recovers_the_workload_and_plans_are_deterministic() -> None:
     cfg = _cfg("plan", latency={"distribution": "constant", "value": 6.0}, steps=8)
     first, again = _run(cfg), _run(cfg)
@@ -77,6 +103,9 @@ def test_plan_moves_the_window_to_keep_a_bound_runtime_cannot() -> None:
     planned = _run(_cfg("plan", latency=HEAVY, p95=1.0, steps=16))
     windows = [d["setting"]["window"] for d in planned.autopilot]
     assert windows[-1] < 3 and planned.retunes
+    # A broken bound is restored in one move, not a version per plan.
+    first = next(d for d in planned.autopilot if d["action"] == "apply")
+    assert first["previous"]["window"] - first["setting"]["window"] >= 2
     runtime = _run(_cfg("runtime", latency=HEAVY, p95=1.0, steps=16))
     assert {d["setting"]["window"] for d in runtime.autopilot} == {3}
 

@@ -25,12 +25,7 @@ from typing import Any
 from sortedcontainers import SortedDict, SortedList
 
 from asyncrl._util.change_signal import ChangeSignal
-from asyncrl.errors import (
-    BufferStateError,
-    DuplicateGroupError,
-    GroupStateError,
-    UnknownGroupError,
-)
+from asyncrl.errors import BufferStateError, DuplicateGroupError, GroupStateError, UnknownGroupError
 from asyncrl.types import GroupId
 
 
@@ -178,6 +173,13 @@ class RolloutBuffer:
     @property
     def ready_count(self) -> int:
         return self._ready_count
+
+    @property
+    def next_seq(self) -> int:  # the dispatch_seq the next reservation gets
+        return self._next_seq
+
+    def oldest_seq(self) -> int | None:  # of the oldest slot held; O(1): dispatch order
+        return next(iter(self._slots.values())).dispatch_seq if self._slots else None
 
     @property
     def reserved_count(self) -> int:
@@ -494,7 +496,5 @@ class RolloutBuffer:
         return slot
 
     def __repr__(self) -> str:
-        return (
-            f"RolloutBuffer(capacity={self._capacity}, slots={len(self._slots)}, "
-            f"ready={self._ready_count})"
-        )
+        return (f"RolloutBuffer(capacity={self._capacity}, slots={len(self._slots)}, "
+                f"ready={self._ready_count})")

@@ -19,9 +19,10 @@ What an answer may change (the lessons of the measurement-driven tuners):
 * **hysteresis**: the same setting must win ``wins_needed`` plans in a row
   (one is enough when the window measured a broken bound and the plan
   predicts the setting in force breaks it again: safety first). What the run
-  measured counts only once the steps measured ran under the setting in force
-  (two decision windows after a change): a cut whose effect has not shown yet
-  is not cut again;
+  measured counts only once the steps measured ran under the setting in force:
+  every group dispatched before the change has ended, and a decision window
+  has passed since (at least two decision windows after the change). A cut
+  whose effect has not shown yet is not cut again;
 * the candidates are bounded moves (the planner's side of the contract);
 * the Retuner checks the derived facts again, and a setting it refuses is
   never applied (the decision says so).
@@ -132,17 +133,28 @@ class PlannedAutopilot(Autopilot):
         self._wins = 0
         #: What the last plan predicted for the setting it left in force.
         self._predicted: dict[str, Any] | None = None
-        #: The step boundary of the last change this autopilot asked for.
+        #: The step boundary of the last change this autopilot asked for, the
+        #: buffer's next dispatch seq then (every group below it started under
+        #: the setting before), and the step its last such group ended.
         self._changed_at: int | None = None
+        self._before_seq: int | None = None
+        self._gone_at: int | None = None
+        #: Whether the plan in flight was asked for with a settled measurement.
+        self._asked_settled = True
 
     def at_boundary(self, steps_done: int, records: list[dict[str, Any]], *, due: bool,
                     pressure: EnginePressure | None = None) -> None:
         # (The engines' pressure is aimd's: a plan reads the step records.)
+        if self._gone_at is None and self._before_seq is not None:
+            oldest = self.retuner.ctx.buffer.oldest_seq()
+            if oldest is None or oldest >= self._before_seq:
+                self._gone_at = steps_done
         if self._running is not None and self._running.done():
             future, self._running = self._running, None
             self._answer(steps_done, records, future)
         if due and self._running is None:
             self._asked_at = steps_done
+            self._asked_settled = self._settled(steps_done)
             self._running = self.planner.submit(self._request(steps_done, records))
             if self._running.done():  # an inline planner (virtual time): use it now
                 future, self._running = self._running, None
@@ -160,15 +172,19 @@ class PlannedAutopilot(Autopilot):
             rollout_slots=self.rollout_slots,
             sampler=self.retuner.ctx.cfg.sampler.model_dump(mode="json"),
             measured=(dataclasses.asdict(WindowStats.of(records[-cfg.replan_every_steps:]))
-                      if self._settled(steps_done) else None))
+                      if self._asked_settled else None))
 
     def _settled(self, steps_done: int) -> bool:
         """True when the steps measured ran under the setting in force: a change
-        shows in the trained groups only once those admitted before it are gone
-        (two decision windows), and a cut whose effect has not shown yet must
-        not be cut again (aimd's drain latch, for the plan)."""
-        return (self._changed_at is None
-                or steps_done - self._changed_at >= 2 * self.cfg.replan_every_steps)
+        shows in the trained groups only once those dispatched before it are
+        gone (a long tail keeps them for many steps) and a decision window has
+        passed since, and a cut whose effect has not shown yet must not be cut
+        again (aimd's drain latch, for the plan)."""
+        if self._changed_at is None:
+            return True
+        every = self.cfg.replan_every_steps
+        return (self._gone_at is not None and steps_done - self._gone_at >= every
+                and steps_done - self._changed_at >= 2 * every)
 
     def _intervals(self, window: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         """The timeline since the step before the window began, newest last: read
@@ -210,6 +226,8 @@ class PlannedAutopilot(Autopilot):
                 self.retuner.request(**_knobs(chosen.setting, self.cfg.plan_knobs))
                 changed = True
                 self._changed_at = steps_done
+                self._before_seq = self.retuner.ctx.buffer.next_seq
+                self._gone_at = None
                 self._winner, self._wins = None, 0
             except RetuneRefused as exc:
                 action, reason = "refused", str(exc)
@@ -232,7 +250,7 @@ class PlannedAutopilot(Autopilot):
             self._winner, self._wins = None, 0
             return "hold", "the setting in force is the best", None
         gain = best.throughput / current.throughput - 1 if current.throughput > 0 else math.inf
-        settled = self._settled(self._asked_at)
+        settled = self._asked_settled
         broken = not current.keeps_bounds or (settled and not measured.keeps(self.cfg))
         if gain < self.cfg.min_gain and not broken and self.cfg.objective == "throughput":
             self._winner, self._wins = None, 0
@@ -261,7 +279,8 @@ class PlannedAutopilot(Autopilot):
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "winner": self._winner, "wins": self._wins,
-                "predicted": self._predicted, "changed_at": self._changed_at}
+                "predicted": self._predicted, "changed_at": self._changed_at,
+                "before_seq": self._before_seq, "gone_at": self._gone_at}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
@@ -269,6 +288,8 @@ class PlannedAutopilot(Autopilot):
             self._winner, self._wins = state.get("winner"), int(state.get("wins", 0))
             self._predicted = state.get("predicted")
             self._changed_at = state.get("changed_at")
+            self._before_seq = state.get("before_seq")
+            self._gone_at = state.get("gone_at")
 
 
 def _knobs(setting: dict[str, Any], knobs: Sequence[str]) -> dict[str, int]:

@@ -130,6 +130,32 @@ def candidate_settings(cfg: RunConfig, request: PlanRequest) -> list[dict[str, A
     return out
 
 
+def escape_settings(cfg: RunConfig, request: PlanRequest) -> list[dict[str, Any]]:
+    """When the setting in force is predicted to break a bound: the settings
+    that may restore it in one move (a bound is a constraint, not a gain, so
+    the one-move limit of :func:`candidate_settings` does not apply): every
+    narrower window (``plan`` mode), each with the in-flight bound (and the
+    capacity, where it is a knob) cut by up to three ``max_move`` steps; the
+    capacity never below what the window needs."""
+    cur, knobs, m = request.setting, set(request.knobs), request.max_move
+    inflight, window, cap = (cur["max_inflight_prompts"], cur["window"],
+                             cur["max_buffered_rollouts"])
+    windows = [window]
+    if "window" in knobs and window is not None:
+        windows += list(range(window - 1, -1, -1))
+    cuts = [(1 - m) ** k for k in range(4)]
+    out = []
+    for w in windows:
+        need = _required(cfg, w)
+        for f in cuts:
+            i = max(1, round(inflight * f)) if "max_inflight_prompts" in knobs else inflight
+            c = max(need, round(cap * f)) if "max_buffered_rollouts" in knobs else cap
+            if c < need:
+                continue
+            out.append({"max_inflight_prompts": i, "window": w, "max_buffered_rollouts": c})
+    return out
+
+
 def _plan_config(cfg: RunConfig, model: dict[str, Any], steps: int) -> RunConfig:
     sim = cfg.simulate or SimulateConfig()
     cohort = (cfg.grpo.num_prompts_per_step >= COHORT_FROM and sim.failure_rate == 0
@@ -227,39 +253,57 @@ def plan(cfg: RunConfig, request: PlanRequest, min_gain: float = 0.0) -> PlanRes
         return PlanResult({}, [], None, None, time.perf_counter() - t0, why)
     latency = Empirical(tuple(model.pop("latencies")), f"the last {len(request.records)} steps")
     base = _plan_config(cfg, model, request.plan_steps)
-    preds = []
-    for setting in candidate_settings(cfg, request):
-        try:
-            preds.append(predict(base, latency, setting, request.plan_steps, request.bounds))
-        except (SetupError, ConfigError):
-            continue  # a setting the controller refuses is no candidate
+
+    def predicted(settings: list[dict[str, Any]]) -> list[Prediction]:
+        out = []
+        for setting in settings:
+            try:
+                out.append(predict(base, latency, setting, request.plan_steps, request.bounds))
+            except (SetupError, ConfigError):
+                continue  # a setting the controller refuses is no candidate
+        return out
+
+    preds = predicted(candidate_settings(cfg, request))
     current = preds[0] if preds and preds[0].setting == request.setting else None
+    bias = {"staleness_p95": 0.0, "waste_frac": 0.0}
     if current is not None and request.measured is not None:
-        preds = corrected(preds, current, request.measured, request.bounds, model)
+        bias = measured_bias(current, request.measured)
+        model["bias"] = bias
+        preds = [biased(p, bias, request.bounds) for p in preds]
         current = preds[0]
+    if current is not None and not current.keeps_bounds:
+        seen = [p.setting for p in preds]
+        more = [s for s in escape_settings(cfg, request) if s not in seen]
+        preds += [biased(p, bias, request.bounds) for p in predicted(more)]
     best = pick(preds, request.objective, min_gain, request.bounds)
     return PlanResult(model, preds, best, current, time.perf_counter() - t0)
 
 
+def measured_bias(current: Prediction, measured: dict[str, Any]) -> dict[str, float]:
+    """The model's bias on the setting in force: the staleness p95 and waste the
+    run measured above what the model predicts for the same setting (a
+    simulation from an empty pipeline is short beside a heavy tail, and the
+    window's latencies miss the generations still running). Only a bias upward
+    counts: the bounds are kept conservatively."""
+    return {"staleness_p95": max(0.0, float(measured["staleness_p95"]) - current.staleness_p95),
+            "waste_frac": max(0.0, float(measured["waste_frac"]) - current.waste_frac)}
+
+
+def biased(p: Prediction, bias: dict[str, float], bounds: dict[str, Any]) -> Prediction:
+    """``p`` with ``bias`` (:func:`measured_bias`) added, its bound check redone."""
+    if not bias["staleness_p95"] and not bias["waste_frac"]:
+        return p
+    fixed = dataclasses.replace(p, staleness_p95=p.staleness_p95 + bias["staleness_p95"],
+                                waste_frac=p.waste_frac + bias["waste_frac"])
+    return dataclasses.replace(fixed, keeps_bounds=excess(fixed, bounds) == 0)
+
+
 def corrected(preds: list[Prediction], current: Prediction, measured: dict[str, Any],
               bounds: dict[str, Any], model: dict[str, Any]) -> list[Prediction]:
-    """Every prediction with the model's bias on the setting in force added: the
-    staleness p95 and waste the run measured above what the model predicts for
-    the same setting (a simulation from an empty pipeline is short beside a
-    heavy tail, and the window's latencies miss the generations still running).
-    Only a bias upward is added (the bounds are kept conservatively); it is
-    recorded in ``model``."""
-    stale = max(0.0, float(measured["staleness_p95"]) - current.staleness_p95)
-    waste = max(0.0, float(measured["waste_frac"]) - current.waste_frac)
-    model["bias"] = {"staleness_p95": stale, "waste_frac": waste}
-    if not stale and not waste:
-        return preds
-    out = []
-    for p in preds:
-        fixed = dataclasses.replace(p, staleness_p95=p.staleness_p95 + stale,
-                                    waste_frac=p.waste_frac + waste)
-        out.append(dataclasses.replace(fixed, keeps_bounds=excess(fixed, bounds) == 0))
-    return out
+    """Every prediction with the model's bias on the setting in force added
+    (:func:`measured_bias`, recorded in ``model``)."""
+    bias = model["bias"] = measured_bias(current, measured)
+    return [biased(p, bias, bounds) for p in preds]
 
 
 @dataclasses.dataclass
@@ -292,4 +336,15 @@ class ModelPlanner:
             self._pool = None
 
 
-__all__ = ["ModelPlanner", "candidate_settings", "fit_model", "pick", "plan", "predict"]
+__all__ = [
+    "ModelPlanner",
+    "biased",
+    "candidate_settings",
+    "corrected",
+    "escape_settings",
+    "fit_model",
+    "measured_bias",
+    "pick",
+    "plan",
+    "predict",
+]
