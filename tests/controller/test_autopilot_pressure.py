@@ -35,7 +35,7 @@ def test_kv_above_the_high_mark_trims_even_while_the_trainer_idles() -> None:
     decision = pilot.decisions[-1]
     assert decision["action"] == "decrease" and "KV cache 0.950 > kv_high 0.9" in decision["reason"]
     assert decision["pressure"] == {"running": 4, "waiting": 0, "kv_cache_usage": 0.95,
-                                    "preemptions": 0}
+                                    "preemptions": 0, "sources": 1}
     # A trim latches like a cut: 18 still in flight above the new bound of 16.
     pilot.after_step(2, [_record(idle=5.0, inflight=18)], pressure=_load(0.95))
     assert retuner.asked == [16] and pilot.decisions[-1]["action"] == "hold"
@@ -110,7 +110,7 @@ def test_pressure_is_checked_and_combined() -> None:
         EnginePressure(1, -1, None, 0)
     both = EnginePressure.combine([_load(0.4, 3, running=2, waiting=1), None,
                                    _load(None, 1, running=5), _load(0.7, 0)])
-    assert both == EnginePressure(11, 1, 0.7, 4)
+    assert both == EnginePressure(11, 1, 0.7, 4, sources=3)
     assert EnginePressure.combine([None, None]) is None
     assert EngineCapabilities.of(PressuredEngine(room=4)).pressure
     assert not EngineCapabilities.of(FakeEngine()).pressure
@@ -195,3 +195,33 @@ def test_an_engine_that_preempts_gets_its_bound_cut() -> None:
     assert engine.reads == len(ctl.autopilot.decisions)
     calm, _ = _thrashing_run(None)
     assert {d["max_inflight_prompts"] for d in calm.autopilot.decisions} == {40}
+
+
+def test_an_engine_that_missed_a_read_brings_back_no_false_preemptions() -> None:
+    """Counters summed over another set of engines are a new baseline: a server
+    that missed one read (timeout, restart) and answers again brings its whole
+    count back, which is no preemption since the last decision."""
+    pilot, retuner = _pilot(20, decrease=0.5)
+    two = EnginePressure.combine([_load(0.3, preemptions=40), _load(0.3, preemptions=2)])
+    pilot.after_step(1, [_record(inflight=20)], pressure=two)
+    one = EnginePressure.combine([_load(0.3, preemptions=2), None])
+    pilot.after_step(2, [_record(inflight=20)], pressure=one)
+    pilot.after_step(3, [_record(inflight=20)], pressure=two)
+    assert retuner.asked == [] and {d["action"] for d in pilot.decisions} == {"hold"}
+    # The same set again, one more preemption: that is a cut.
+    more = EnginePressure.combine([_load(0.3, preemptions=41), _load(0.3, preemptions=2)])
+    pilot.after_step(4, [_record(inflight=20)], pressure=more)
+    assert retuner.asked == [10]
+
+
+def test_growth_by_the_factor_stops_at_the_last_cut() -> None:
+    """After a cut, growth by grow_factor reaches at most the bound the cut left
+    (then + increase), so a preemption cut and a growth below kv_low do not
+    alternate between the same two bounds."""
+    pilot, retuner = _pilot(40, decrease=0.5, increase=2, grow_factor=2.0)
+    pilot.after_step(1, [_record(inflight=40)], pressure=_load(0.3, preemptions=0))
+    pilot.after_step(2, [_record(inflight=40)], pressure=_load(0.3, preemptions=3))
+    assert retuner.asked == [20]  # cut; the limit is 20 now
+    pilot.after_step(3, [_record(idle=5.0, inflight=20)], pressure=_load(0.1, preemptions=3))
+    assert retuner.asked == [20, 22]  # at the limit: additive, not 40
+    assert pilot.state_dict()["grow_limit"] == 20

@@ -130,6 +130,18 @@ def test_a_refused_setting_names_the_field_and_the_fix(tmp_path: Path) -> None:
     assert "below the 12 slots" in message and "set async_rl.autopilot.reuse: null" in message
 
 
+def test_a_profile_outside_the_autopilots_clamps_is_refused(tmp_path: Path) -> None:
+    """aimd never moves the bound outside [min_inflight, max_inflight]: a profile
+    must not start it there either."""
+    path = _profile(tmp_path, setting={"max_inflight_prompts": 9})
+    with pytest.raises(ConfigError, match=r"async_rl\.autopilot\.reuse: .* starts the run with "
+                       r"max_inflight_prompts=9, outside async_rl\.autopilot's clamps "
+                       r"\[min_inflight=1, max_inflight=6\]; widen the clamps"):
+        simulate(config_from_dict(_tree(reuse=str(path), max_inflight=6)), steps=2)
+    res = simulate(config_from_dict(_tree(reuse=str(path), max_inflight=9)), steps=2)
+    assert _knobs(res.records[0])["max_inflight_prompts"] == 9
+
+
 @pytest.mark.parametrize(("changes", "fragment"), [
     ({"sampler": "windowed"}, "is a profile of sampler 'windowed', this run has "
                               "async_rl.sampler: 'in_order'"),
@@ -218,7 +230,7 @@ def test_a_resumed_run_goes_on_with_its_checkpoint_not_the_profile(tmp_path: Pat
     state = first.state_dict()
     checkpointed = first.retuner.target.as_dict()
 
-    path = _profile(tmp_path, setting={"max_inflight_prompts": 9, "window": 1,
+    path = _profile(tmp_path, setting={"max_inflight_prompts": 3, "window": 1,
                                        "max_buffered_rollouts": 8})
     resumed = _controller(6, version=4, max_inflight=5, reuse=str(path))
     resumed.load_state_dict(state)

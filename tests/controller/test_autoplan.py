@@ -158,22 +158,22 @@ def test_every_decision_is_on_record() -> None:
 
 
 def test_a_resumed_run_goes_on_with_the_setting_and_the_autopilot_state() -> None:
-    first = _controller(ScriptedPlanner([12, 12, 20]), steps=4)
+    first = _controller(ScriptedPlanner([6, 6, 4]), steps=4)
     _run(first)
     state = first.state_dict()
-    assert first.autopilot.state_dict()["wins"] == 1  # 20 won once: a candidate
-    planner = ScriptedPlanner([20])
+    assert first.autopilot.state_dict()["wins"] == 1  # 4 won once: a candidate
+    planner = ScriptedPlanner([4])
     resumed = _controller(planner, steps=9, version=4)  # the config says in-flight 8
     resumed.load_state_dict(state)
-    assert resumed.dispatcher.max_inflight == 12 and resumed.autopilot.changes == 1
+    assert resumed.dispatcher.max_inflight == 6 and resumed.autopilot.changes == 1
     _run(resumed)
-    # The resumed run ran at 12 until its first plan, after its own warm-up; there
-    # 20 won a second plan in a row (the win before the checkpoint counts).
+    # The resumed run ran at 6 until its first plan, after its own warm-up; there
+    # 4 won a second plan in a row (the win before the checkpoint counts).
     records = resumed.step_records
-    assert records[0]["step"] == 4 and records[0]["autopilot/max_inflight_prompts"] == 12
+    assert records[0]["step"] == 4 and records[0]["autopilot/max_inflight_prompts"] == 6
     assert resumed.autopilot.decisions[0]["step"] == 6
     assert resumed.autopilot.decisions[0]["action"] == "apply"
-    assert resumed.retuner.applied[0]["setting"]["max_inflight_prompts"] == 20
+    assert resumed.retuner.applied[0]["setting"]["max_inflight_prompts"] == 4
 
 
 def test_a_model_based_mode_needs_a_planner() -> None:
@@ -220,3 +220,20 @@ def test_what_was_measured_counts_once_the_groups_started_before_the_change_are_
     measured = {r.step: r.measured is not None for r in planner.requests}
     expected = {r: r <= 3 or (r - gone >= 1 and r - 3 >= 2) for r in measured}
     assert measured == expected and gone > 4, (measured, gone)
+
+
+def test_no_knob_widens_before_the_last_change_has_shown() -> None:
+    """Until the groups dispatched before a change are gone, a plan has only the
+    model (no measured bias): it may cut again, but a widening waits."""
+    planner = ScriptedPlanner([12, 12] + [16] * 10)
+    ctl = _controller(planner, steps=12)
+    _run(ctl)
+    measured = {r.step: r.measured is not None for r in planner.requests}
+    decisions = {d["step"]: d for d in ctl.autopilot.decisions}
+    held = [s for s, d in decisions.items() if d["reason"].startswith("the last change has not")]
+    assert held and not any(measured[s] for s in held)
+    applied = [s for s, d in decisions.items() if d["action"] == "apply"]
+    assert applied[0] == 3 and len(applied) == 2
+    # 16 won its plans only once settled: both wins were asked for with a measurement.
+    assert decisions[applied[1]]["setting"]["max_inflight_prompts"] == 16
+    assert measured[applied[1]] and measured[applied[1] - 1]

@@ -58,7 +58,7 @@ async def test_the_server_engine_reports_its_live_servers_together() -> None:
     try:
         assert EngineCapabilities.of(engine).pressure
         gone.answers = False  # /metrics refused: that server reports nothing
-        assert await engine.pressure() == EnginePressure(7, 1, 0.75, 2)
+        assert await engine.pressure() == EnginePressure(7, 1, 0.75, 2, sources=2)
         b.metrics = "# no vLLM stats\n"
         assert await engine.pressure() == EnginePressure(3, 1, 0.25, 2)
         a.answers = False

@@ -58,6 +58,9 @@ log = logging.getLogger("asyncrl.controller")
 
 #: Where a decision goes besides :attr:`Autopilot.decisions` (``asyncrl train``:
 #: a line of ``autopilot.jsonl``).
+#: Seconds an engine's ``pressure()`` may take before the decision goes without it.
+PRESSURE_TIMEOUT_S = 10.0
+
 Journal = Callable[[dict[str, Any]], None]
 
 
@@ -125,8 +128,12 @@ class Autopilot:
         #: counts from there, since a resumed run starts cold again.
         self._start: int | None = None
         self._draining_to: int | None = None
-        #: The engines' preemption counter at the last decision (None: none read yet).
-        self._preemptions: int | None = None
+        #: The engines' preemption counter at the last decision and how many
+        #: engines it summed (None: none read yet).
+        self._preemptions: tuple[int, int] | None = None
+        #: The bound a cut or trim left: growth by ``grow_factor`` stops there
+        #: (above it, additive only), so a cut and a growth do not alternate.
+        self._grow_limit: int | None = None
 
     # ------------------------------------------------------------- cadence
     def after_step(self, steps_done: int, records: Sequence[dict[str, Any]], *,
@@ -172,7 +179,7 @@ class Autopilot:
         if new != current:
             self.retuner.request(max_inflight_prompts=new)
             if action == "decrease":
-                self._draining_to = new
+                self._draining_to = self._grow_limit = new
         self.record({"step": steps_done, "action": action, "reason": reason,
                      "previous": previous.as_dict(),
                      "setting": dataclasses.replace(previous, max_inflight_prompts=new).as_dict(),
@@ -215,14 +222,15 @@ class Autopilot:
         measurements so far describe another fleet, so warm up again (and count
         preemptions afresh: the engines that count them changed)."""
         self._start = None
-        self._preemptions = None
+        self._preemptions = self._grow_limit = None
 
     def close(self) -> None:
         """The run ended: release what the mode holds (a planner's process)."""
 
     # --------------------------------------------------------- persistence
     def state_dict(self) -> dict[str, Any]:
-        return {"mode": self.cfg.mode, "changes": self.changes, "draining_to": self._draining_to}
+        return {"mode": self.cfg.mode, "changes": self.changes, "draining_to": self._draining_to,
+                "grow_limit": self._grow_limit}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the count of changes and the drain latch (the setting itself is
@@ -230,6 +238,7 @@ class Autopilot:
         self.changes = int(state.get("changes", 0))
         if state.get("mode") == self.cfg.mode:
             self._draining_to = state.get("draining_to")
+            self._grow_limit = state.get("grow_limit")
 
     # ---------------------------------------------------------------- aimd
     def _decide(self, w: WindowStats, current: int,
@@ -256,19 +265,24 @@ class Autopilot:
                     math.floor(current * cfg.trim))
         if w.idle_frac > cfg.idle_high:
             idle = f"trainer idle {w.idle_frac:.3f} > {cfg.idle_high:g}"
-            if kv is not None and kv < cfg.kv_low:
+            limit = self._grow_limit
+            if kv is not None and kv < cfg.kv_low and (limit is None or current < limit):
+                grown = math.ceil(current * cfg.grow_factor)
                 return ("increase", f"{idle}, KV cache {kv:.3f} < kv_low {cfg.kv_low:g}",
-                        max(current + cfg.increase, math.ceil(current * cfg.grow_factor)))
+                        max(current + cfg.increase, grown if limit is None else min(grown, limit)))
             return "increase", idle + _kv_note(kv), current + cfg.increase
         return "hold", "within bounds, trainer busy" + _kv_note(kv), current
 
     def _new_preemptions(self, p: EnginePressure | None) -> int:
         """Preemptions since the last decision that read them (0 the first time,
-        and when the counter went back: an engine restarted or left)."""
+        when the counter went back - an engine restarted - and when another set
+        of engines answered: one that missed a read brings its whole count back)."""
         if p is None:
             return 0
-        before, self._preemptions = self._preemptions, p.preemptions
-        return 0 if before is None else max(0, p.preemptions - before)
+        before, self._preemptions = self._preemptions, (p.preemptions, p.sources)
+        if before is None or before[1] != p.sources:  # another set of engines: a new baseline
+            return 0
+        return max(0, p.preemptions - before[0])
 
     def _clamp(self, value: int) -> int:
         cfg = self.cfg
@@ -288,8 +302,9 @@ async def read_pressure(engines: Sequence[RolloutEngine],
     must not stop the run."""
     async def one(engine: RolloutEngine) -> EnginePressure | None:
         try:
-            return await engine.pressure()  # type: ignore[attr-defined]
-        except Exception as exc:
+            return await asyncio.wait_for(engine.pressure(),  # type: ignore[attr-defined]
+                                          PRESSURE_TIMEOUT_S)
+        except Exception as exc:  # (a timeout too: the train pump waits for it)
             log.warning("autopilot: %s.pressure() failed (%r); deciding without it",
                         type(engine).__name__, exc)
             return None

@@ -21,8 +21,9 @@ What an answer may change (the lessons of the measurement-driven tuners):
   predicts the setting in force breaks it again: safety first). What the run
   measured counts only once the steps measured ran under the setting in force:
   every group dispatched before the change has ended, and a decision window
-  has passed since (at least two decision windows after the change). A cut
-  whose effect has not shown yet is not cut again;
+  has passed since (at least two decision windows after the change). Until
+  then a plan gets no measured bias, no safety-first cut, and may not widen
+  any knob (the model alone must not undo a cut the measurement asked for);
 * the candidates are bounded moves (the planner's side of the contract);
 * the Retuner checks the derived facts again, and a setting it refuses is
   never applied (the decision says so).
@@ -251,6 +252,11 @@ class PlannedAutopilot(Autopilot):
             return "hold", "the setting in force is the best", None
         gain = best.throughput / current.throughput - 1 if current.throughput > 0 else math.inf
         settled = self._asked_settled
+        if not settled and _widens(best.setting, current.setting):
+            # What the last change did has not shown yet: the model alone (no
+            # measured bias) must not undo a cut the measurement asked for.
+            self._winner, self._wins = None, 0
+            return "hold", "the last change has not shown yet: no widening until it has", None
         broken = not current.keeps_bounds or (settled and not measured.keeps(self.cfg))
         if gain < self.cfg.min_gain and not broken and self.cfg.objective == "throughput":
             self._winner, self._wins = None, 0
@@ -290,6 +296,12 @@ class PlannedAutopilot(Autopilot):
             self._changed_at = state.get("changed_at")
             self._before_seq = state.get("before_seq")
             self._gone_at = state.get("gone_at")
+
+
+def _widens(new: dict[str, Any], old: dict[str, Any]) -> bool:
+    """True when ``new`` raises a knob of ``old`` (more in flight, a wider
+    window, a bigger buffer)."""
+    return any(new[k] is not None and old[k] is not None and new[k] > old[k] for k in new)
 
 
 def _knobs(setting: dict[str, Any], knobs: Sequence[str]) -> dict[str, int]:

@@ -114,6 +114,9 @@ class EnginePressure:
     #: Requests the engine preempted (evicted from the KV cache to be recomputed
     #: later) since it started: a counter that only grows.
     preemptions: int
+    #: How many engines (or servers) answered for these numbers: a counter
+    #: summed over a different set of them is no continuation of the last one.
+    sources: int = 1
 
     def __post_init__(self) -> None:
         counts = {"running": self.running, "waiting": self.waiting,
@@ -137,7 +140,8 @@ class EnginePressure:
             return None
         kv = [p.kv_cache_usage for p in got if p.kv_cache_usage is not None]
         return cls(sum(p.running for p in got), sum(p.waiting for p in got),
-                   max(kv) if kv else None, sum(p.preemptions for p in got))
+                   max(kv) if kv else None, sum(p.preemptions for p in got),
+                   sum(p.sources for p in got))
 
 
 @runtime_checkable

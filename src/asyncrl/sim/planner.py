@@ -150,9 +150,9 @@ def escape_settings(cfg: RunConfig, request: PlanRequest) -> list[dict[str, Any]
         for f in cuts:
             i = max(1, round(inflight * f)) if "max_inflight_prompts" in knobs else inflight
             c = max(need, round(cap * f)) if "max_buffered_rollouts" in knobs else cap
-            if c < need:
-                continue
-            out.append({"max_inflight_prompts": i, "window": w, "max_buffered_rollouts": c})
+            setting = {"max_inflight_prompts": i, "window": w, "max_buffered_rollouts": c}
+            if c >= need and setting not in out:
+                out.append(setting)
     return out
 
 

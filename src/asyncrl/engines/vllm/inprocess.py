@@ -71,7 +71,7 @@ from asyncrl.engines.transport import WeightUpdate
 from asyncrl.engines.vllm import setup
 from asyncrl.engines.vllm import transport as transports
 from asyncrl.engines.vllm.output import VLLMOutput, quiet_import
-from asyncrl.engines.vllm.pressure import PressureGauge, stat_logger
+from asyncrl.engines.vllm.pressure import PressureGauge, stat_loggers
 from asyncrl.engines.vllm.stream import Run, Sub, live_version_starts
 from asyncrl.errors import BackendLost, ConfigError, GroupAborted
 from asyncrl.policy.context_length import check_prompt_fits
@@ -140,7 +140,7 @@ class VLLMEngine:
             # In a session of its own: a terminal's Ctrl-C reaches asyncrl only.
             with setup.own_session(self._output.stream):
                 self._llm = AsyncLLM.from_engine_args(
-                    AsyncEngineArgs(**args), stat_loggers=[stat_logger(self._gauge)])
+                    AsyncEngineArgs(**args), stat_loggers=stat_loggers(self._gauge))
         except Exception as exc:
             setup.Reaper(setup.descendants() - before).reap()
             self._remove_dirs()

@@ -3,7 +3,7 @@ engines: requests running and waiting, KV-cache usage, preemptions so far.
 
 * In process (``VLLMEngine``): vLLM hands a stat logger its scheduler's
   numbers after every engine step, on the engine's event loop (vLLM 0.32's
-  ``StatLoggerBase``; the engine passes :func:`stat_logger` to ``AsyncLLM``). The
+  ``StatLoggerBase``; the engine passes :func:`stat_loggers` to ``AsyncLLM``). The
   :class:`PressureGauge` keeps the newest, so ``pressure()`` only reads them.
 * Over HTTP (``VLLMServerEngine``): each live server's Prometheus ``/metrics``,
   parsed with ``prometheus_client``'s parser: ``vllm:num_requests_running``,
@@ -72,23 +72,30 @@ class PressureGauge:
                               _fraction(max(c[2] for c in cores)), self._preemptions)
 
 
-def stat_logger(gauge: PressureGauge) -> Any:
-    """A per-engine-core stat logger class for ``AsyncLLM(stat_loggers=[...])``
-    that feeds ``gauge`` (imports vLLM)."""
-    from vllm.v1.metrics.loggers import StatLoggerBase
+def stat_loggers(gauge: PressureGauge) -> list[Any]:
+    """The stat loggers for ``AsyncLLM(stat_loggers=...)``: one class that feeds
+    ``gauge`` (imports vLLM); none, logged, when this vLLM has no such base
+    (the engine then runs and reports no pressure)."""
+    try:
+        from vllm.v1.metrics.loggers import StatLoggerBase
+    except ImportError as exc:
+        log.warning("this vLLM has no StatLoggerBase (%r): the engine reports no pressure", exc)
+        return []
 
     class GaugeLogger(StatLoggerBase):
         def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
             self.engine_index = engine_index
 
-        def record(self, scheduler_stats: Any, iteration_stats: Any,
-                   mm_cache_stats: Any = None, engine_idx: int = 0) -> None:
+        # Loose on purpose: it runs in vLLM's output handler, and a newer vLLM
+        # that passes another argument must not stop generation.
+        def record(self, scheduler_stats: Any = None, iteration_stats: Any = None,
+                   *args: Any, engine_idx: int = 0, **kwargs: Any) -> None:
             gauge.observe(engine_idx, scheduler_stats, iteration_stats)
 
         def log_engine_initialized(self) -> None:
             return None
 
-    return GaugeLogger
+    return [GaugeLogger]
 
 
 def parse_metrics(text: str) -> EnginePressure | None:
@@ -98,6 +105,10 @@ def parse_metrics(text: str) -> EnginePressure | None:
     totals = {"running": 0.0, "waiting": 0.0, "preemptions": 0.0}
     kv: list[float] = []
     seen = set()
+    # Only the lines of the four samples (the text has every histogram too).
+    text = "\n".join(line for line in text.splitlines()
+                     if line.startswith(("vllm:num_requests_", "vllm:kv_cache_usage_perc",
+                                         "vllm:num_preemptions_total")))
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             what = SAMPLES.get(sample.name)
@@ -116,7 +127,16 @@ def parse_metrics(text: str) -> EnginePressure | None:
 async def servers_pressure(clients: Iterable[ServerClient]) -> EnginePressure | None:
     """The servers' pressure as one, read from all of them at once."""
     texts = await asyncio.gather(*(_metrics(c) for c in clients))
-    return EnginePressure.combine(parse_metrics(t) for t in texts if t is not None)
+    return EnginePressure.combine(_parsed(t) for t in texts if t is not None)
+
+
+def _parsed(text: str) -> EnginePressure | None:
+    """One server's text; one that does not parse reports nothing (the others count)."""
+    try:
+        return parse_metrics(text)
+    except ValueError as exc:
+        log.warning("a vLLM server's /metrics did not parse (%r): it reports no pressure", exc)
+        return None
 
 
 async def _metrics(client: ServerClient) -> str | None:
