@@ -140,3 +140,14 @@ def test_aimd_backs_off_when_waste_breaks_the_bound() -> None:
     actions = [d["action"] for d in ctl.autopilot.decisions]
     assert "decrease" in actions
     assert ctl.dispatcher.max_inflight < 32
+
+
+def test_a_move_the_clamp_decides_is_labelled_by_its_direction() -> None:
+    """A bound configured above the clamp (default: the buffer capacity, 32 here):
+    the first 'increase' is clamped down to 32, and says it went down and why."""
+    pilot, retuner = _pilot(40)
+    pilot.after_step(1, [_record(idle=5.0, inflight=40)])
+    decision = pilot.decisions[-1]
+    assert retuner.asked == [32] and decision["action"] == "decrease"
+    assert decision["reason"] == ("trainer idle 0.500 > 0.05; clamped to 32 (min_inflight / "
+                                  "max_inflight, by default the buffer capacity)")

@@ -140,6 +140,11 @@ def test_a_profile_outside_the_autopilots_clamps_is_refused(tmp_path: Path) -> N
         simulate(config_from_dict(_tree(reuse=str(path), max_inflight=6)), steps=2)
     res = simulate(config_from_dict(_tree(reuse=str(path), max_inflight=9)), steps=2)
     assert _knobs(res.records[0])["max_inflight_prompts"] == 9
+    # aimd's default clamp is the buffer capacity (the profile's, when it sets one).
+    big = _profile(tmp_path, setting={"max_inflight_prompts": 20})
+    with pytest.raises(ConfigError, match=r"outside async_rl\.autopilot's clamps "
+                       r"\[min_inflight=1, the buffer capacity=12\]"):
+        simulate(config_from_dict(_tree(reuse=str(big))), steps=2)
 
 
 @pytest.mark.parametrize(("changes", "fragment"), [

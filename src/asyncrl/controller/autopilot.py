@@ -176,6 +176,10 @@ class Autopilot:
         current = previous.max_inflight_prompts
         action, reason, proposed = self._decide(window, current, pressure)
         new = current if action == "hold" else self._clamp(proposed)
+        if action != "hold" and new != proposed:  # the clamp decided: say so, by direction
+            action = "increase" if new > current else "decrease" if new < current else "hold"
+            reason += (f"; clamped to {new} (min_inflight / max_inflight, by default the "
+                       "buffer capacity)")
         if new != current:
             self.retuner.request(max_inflight_prompts=new)
             if action == "decrease":

@@ -273,7 +273,7 @@ class PlannedAutopilot(Autopilot):
             else self.cfg.wins_needed
         if self._wins < needed:
             return "candidate", f"{why}; won {self._wins}/{self.cfg.wins_needed} plans", None
-        return "apply", f"{why}; won {self._wins} plans in a row", best
+        return "apply", f"{why}; won {self._wins} plan{'s' * (self._wins != 1)} in a row", best
 
     def fleet_changed(self, rollout_slots: int) -> None:
         super().fleet_changed(rollout_slots)

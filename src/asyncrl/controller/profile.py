@@ -147,14 +147,6 @@ def check_reuse(sampler: PromptGroupSampler, grpo: GRPOConfig, cfg: AsyncRLConfi
     setting = profile["setting"]
     knobs = {k: setting[k] for k in KNOBS
              if k in pilot.plan_knobs and setting.get(k) is not None and setting[k] != configured[k]}
-    inflight = knobs.get("max_inflight_prompts")
-    upper = pilot.max_inflight
-    if inflight is not None and (inflight < pilot.min_inflight
-                                 or (upper is not None and inflight > upper)):
-        raise ConfigError(
-            f"{FIELD}: {path} starts the run with max_inflight_prompts={inflight}, outside "
-            f"async_rl.autopilot's clamps [min_inflight={pilot.min_inflight}, max_inflight="
-            f"{upper}]; widen the clamps, reuse another profile, or set {FIELD}: null")
     try:
         checked_setting(Setting(**configured), sampler, grpo, cfg, deterministic=deterministic,
                         **knobs)
@@ -163,6 +155,17 @@ def check_reuse(sampler: PromptGroupSampler, grpo: GRPOConfig, cfg: AsyncRLConfi
             f"{FIELD}: {path} starts the run with {knobs}, which this setup refuses: {exc}. "
             f"Reuse a profile of this workload, change the setting the message names, or set "
             f"{FIELD}: null") from None
+    inflight = knobs.get("max_inflight_prompts")
+    upper = pilot.max_inflight
+    if upper is None and pilot.mode == "aimd":  # aimd's clamp: the buffer capacity
+        upper = knobs.get("max_buffered_rollouts", configured["max_buffered_rollouts"])
+    if inflight is not None and (inflight < pilot.min_inflight
+                                 or (upper is not None and inflight > upper)):
+        raise ConfigError(
+            f"{FIELD}: {path} starts the run with max_inflight_prompts={inflight}, outside "
+            f"async_rl.autopilot's clamps [min_inflight={pilot.min_inflight}, "
+            f"{'max_inflight' if pilot.max_inflight is not None else 'the buffer capacity'}="
+            f"{upper}]; widen the clamps, reuse another profile, or set {FIELD}: null")
     return Reuse(path, profile, knobs)
 
 

@@ -122,8 +122,10 @@ class SimResult:
                         for d in self.autopilot if d["action"] == "reuse")
         moves = "; ".join(f"step {s}: {_knobs(k)}" for s, k in changes[:6])
         more = f"; ... {len(changes) - 6} more" if len(changes) > 6 else ""
-        return (f"autopilot ({self.autopilot[-1]['mode']}): {len(self.autopilot)} decisions, "
-                f"{start}{len(changes)} changes{': ' + moves + more if changes else ''}; "
+        n = len(self.autopilot)
+        return (f"autopilot ({self.autopilot[-1]['mode']}): {n} decision{'s' * (n != 1)}, "
+                f"{start}{len(changes)} change{'s' * (len(changes) != 1)}"
+                f"{': ' + moves + more if changes else ''}; "
                 f"final {_knobs(final)}")
 
     def row(self) -> dict[str, Any]:
