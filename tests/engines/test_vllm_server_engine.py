@@ -24,6 +24,7 @@ import pytest
 from asyncrl.config import RunConfig, config_from_dict
 from asyncrl.engines import RolloutEngine, WeightTransport
 from asyncrl.engines.vllm.server.engine import VLLMServerEngine
+from asyncrl.engines.vllm.server.fleet import ServerFleet
 from asyncrl.engines.vllm.server.launch import KEY_ENV
 from asyncrl.engines.vllm.setup import descendants
 from asyncrl.errors import ConfigError, FleetError
@@ -237,14 +238,24 @@ def test_the_generate_api_labels_each_token_as_the_ordering_does(fleet, caplog):
 
 
 def fleet_changes_mid_run(engine: VLLMServerEngine, run_dir: Path, first: str, second: str,
-                          seen: dict) -> None:
+                          seen: dict, monkeypatch: pytest.MonkeyPatch) -> None:
     """Through the run's control channel (a thread calling what ``asyncrl fleet``
     calls): the first request to ``first`` after step 1 adds ``second`` before it
     goes on; the first one after step 2 removes ``first`` with ``--abort`` once
-    it has streamed its first tokens, so that group is in flight and is handed
-    over. ``seen`` gets the versions ``second`` held at its first request."""
+    it has streamed its first tokens, and streams on only once the server has
+    begun to leave, so that group is in flight and is handed over whatever the
+    machine's load (under two CPU hogs it once finished before the removal
+    landed). ``seen`` gets the versions ``second`` held at its first request."""
     server = next(s for s in engine._servers if s.client.url == first)
     original = server.client.stream
+    leaving = asyncio.Event()
+    leave = ServerFleet._leave
+
+    async def marked_leave(self, server, **how):
+        leaving.set()  # (its body marks the server draining before its first await)
+        await leave(self, server, **how)
+
+    monkeypatch.setattr(ServerFleet, "_leave", marked_leave)
 
     async def stream(path, body):
         if server.version >= 1 and "adding" not in seen:
@@ -270,6 +281,7 @@ def fleet_changes_mid_run(engine: VLLMServerEngine, run_dir: Path, first: str, s
             if server.version >= 2 and "removed" not in seen:
                 seen["removed"] = asyncio.ensure_future(asyncio.to_thread(
                     fleet_request, run_dir, {"op": "remove", "url": first, "abort": True}))
+                await leaving.wait()  # in flight until its server leaves
 
     server.client.stream = stream
 
@@ -280,7 +292,8 @@ def refused(run_dir: Path, message: dict) -> str:
     return str(refusal.value)
 
 
-def test_a_run_grows_to_two_servers_then_hands_the_first_ones_groups_over(fleet, tmp_path):
+def test_a_run_grows_to_two_servers_then_hands_the_first_ones_groups_over(fleet, tmp_path,
+                                                                          monkeypatch):
     """Issue 35's acceptance on real servers: a synchronous run on one server;
     after step 1 ``fleet add`` joins the second (at the newest weights), after
     step 2 ``fleet remove --abort`` takes the first away with a group in flight,
@@ -292,7 +305,8 @@ def test_a_run_grows_to_two_servers_then_hands_the_first_ones_groups_over(fleet,
     engine = VLLMServerEngine.for_policy(cfg.policy, model, tokenizer, seed=cfg.seed)
     trainer = GRPOTrainer.from_options(trainer_options(cfg), model=model, tokenizer=tokenizer)
     seen: dict = {}
-    fleet_changes_mid_run(engine, tmp_path / "run", fleet.urls[0], fleet.urls[1], seen)
+    fleet_changes_mid_run(engine, tmp_path / "run", fleet.urls[0], fleet.urls[1], seen,
+                          monkeypatch)
     summary = train(cfg, tmp_path / "run", backends=([engine], trainer))
     assert summary["ledger"]["balanced"] and summary["steps"] == 3
     # Refused mid-run, one line each, the run unaffected (it went on to finish).
