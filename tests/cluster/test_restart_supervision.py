@@ -119,3 +119,38 @@ def test_a_workers_load_is_passed_on_where_its_engine_reports_it() -> None:
     engine.state = LOST
     assert run_virtual(engine.pressure()) is None
     assert not make_engine(0, None).capabilities.pressure  # a worker that does not say
+
+
+def test_a_load_that_fails_because_the_worker_left_is_dropped() -> None:
+    """A weight sync racing a fleet scale-down: the worker's engine closed under
+    the load (its executor shut down). The worker left the fleet, so its load
+    does not matter and must not fail the run; on a worker that stays, it does."""
+    from types import SimpleNamespace
+
+    from ray.exceptions import RayTaskError
+
+    from asyncrl.cluster.proxies import VACANT
+
+    def actor_failing_loads(engine_box: list) -> SimpleNamespace:
+        async def update_weights(ref, version):
+            engine_box[0].state = VACANT  # the fleet's leave() runs meanwhile
+            raise RayTaskError("update_weights", "", RuntimeError(
+                "cannot schedule new futures after shutdown"))
+        return SimpleNamespace(update_weights=SimpleNamespace(remote=update_weights))
+
+    box: list = []
+    engine = RayEngine(WorkerPool(weights=None, version=0), 0, spawn=None,
+                       actor=actor_failing_loads(box),
+                       info={"pid": 1, "node_id": "n", "version": 0},
+                       max_restarts=0, startup_timeout_s=10.0)
+    box.append(engine)
+    run_virtual(engine._load(engine.actor, None, 1))  # dropped: no error
+    assert engine.state == VACANT and engine._version == 0
+
+    staying = RayEngine(WorkerPool(weights=None, version=0), 0, spawn=None,
+                        actor=actor_failing_loads([SimpleNamespace()]),
+                        info={"pid": 1, "node_id": "n", "version": 0},
+                        max_restarts=0, startup_timeout_s=10.0)
+    with pytest.raises(RayTaskError):
+        run_virtual(staying._load(staying.actor, None, 1))
+    assert staying.state == ALIVE

@@ -97,7 +97,13 @@ def test_a_synchronous_vllm_run_is_exact_on_a_pretrained_chat_model(
     bos = engine.tokenizer.bos_id
     assert all(ids[0] == bos and ids.count(bos) == 1 for ids in recorder.prompt_ids)
     assert {call[0] for call in reward_fns.CALLS} <= SUMS
-    assert len(reward_fns.CALLS) == 3 * 16 * 8  # steps x groups x completions
+    # Steps x groups x completions, and whole groups of step 3's batch: it was
+    # dispatched while step 2 trained and stays pending for a resume (16 in the
+    # ledger); those that finished before the run stopped were scored too - more
+    # of them on a busy machine (5 under two CPU hogs). Never a partial group.
+    calls, ledger = len(reward_fns.CALLS), summary["ledger"]
+    assert ledger["pending"] == 16 and calls % 8 == 0, ledger
+    assert 3 * 16 * 8 <= calls <= 8 * ledger["dispatched"], calls
 
 
 @pytest.mark.slow

@@ -134,11 +134,15 @@ async def leave(engine: RayEngine, *, abort: bool, deadline_s: float | None) -> 
     finally:
         drained.cancel()
     actor = engine.actor
-    if engine.state == DRAINING and actor is not None:
+    closing = engine.state == DRAINING and actor is not None
+    # Vacant before the worker closes: no weight load may reach an engine whose
+    # executor is shutting down (a sync during the close once failed the run);
+    # a load already on its way is dropped (RayEngine._load).
+    engine.state = VACANT
+    if closing:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(_future(actor.close.remote()), timeout=30)
         kill_actor(actor)
-    engine.state = VACANT
     engine.pool.changed.fire()
 
 

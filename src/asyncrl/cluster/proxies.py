@@ -337,6 +337,10 @@ class RayEngine:
         except RayActorError as exc:
             self._lost(actor, exc)
             return
+        except RayTaskError:
+            if self.state == VACANT or actor is not self.actor:
+                return  # the worker left the fleet while it loaded: its weights are moot
+            raise
         if actor is self.actor:
             self._version = loaded
             append_bounded(self.versions[-1], loaded)
