@@ -25,7 +25,19 @@ the bounds were kept: a ratio above 1 with a broken bound is no win), then
 ``RESULT autopilot_vs_oracle_min <the worse phase of the best mode / oracle>``
 (the best mode: the one whose worse phase is best among those that kept the
 bounds in both phases).
-With ``--seeds 0,1,2`` every seed gets its own oracles and runs; the summary\nrows give each mode's per-phase median and spread over the seeds, and the\nRESULT is the best mode's worse phase median (a mode counts only if it kept\nthe bounds in every seed).\nRun: ``python benchmarks/bench_autopilot.py [--steps-per-phase N] [--modes aimd,runtime,plan]\n[--seeds 0,1,2]``.
+With ``--seeds 0,1,2`` every seed gets its own oracles and runs; the summary
+rows give each mode's per-phase median and spread over the seeds, and the
+RESULT is the best mode's worse phase median (a mode counts only if it kept
+the bounds in every seed).
+
+* **the CPU run** (``--cpu``, or ``--cpu-only``): real training on the
+  long-tail task, the autopilot against phase 1's ``--frontier`` pick on the
+  run's own calibrated simulator (benchmarks/_autopilot_cpu.py says how);
+  ``RESULT autopilot_cpu_vs_fixed_pick <the best mode's median ratio>`` (the
+  best among the modes that kept the bounds and balanced the ledger in every run).
+
+Run: ``python benchmarks/bench_autopilot.py [--steps-per-phase N] [--modes aimd,runtime,plan]
+[--seeds 0,1,2] [--cpu | --cpu-only [--cpu-steps 80] [--cpu-repeats 3] [--cpu-modes aimd,plan]]``.
 """
 
 from __future__ import annotations
@@ -36,6 +48,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from _autopilot_cpu import cpu_run  # benchmarks/, the script's folder
 from asyncrl.config import AutopilotConfig, RunConfig, load_config
 from asyncrl.sim.frontier import candidates
 from asyncrl.sim.planner import ModelPlanner
@@ -197,10 +210,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-timing", action="store_true", help="skip the planning-time rows")
     parser.add_argument("--timing-only", action="store_true",
                         help="only phase 1's oracle and the planning-time rows")
+    cpu = parser.add_mutually_exclusive_group()
+    cpu.add_argument("--cpu", action="store_true",
+                     help="also the CPU run: real training on the long-tail task")
+    cpu.add_argument("--cpu-only", action="store_true", help="only the CPU run")
+    parser.add_argument("--cpu-config", default=str(ROOT / "examples" / "long_tail.yaml"))
+    parser.add_argument("--cpu-steps", type=int, default=80,
+                        help="training steps of each CPU run (default 80)")
+    parser.add_argument("--cpu-calibrate-steps", type=int, default=10)
+    parser.add_argument("--cpu-repeats", type=int, default=3,
+                        help="rounds of the fixed pick and each mode, one after the other "
+                             "(default 3)")
+    parser.add_argument("--cpu-modes", default="aimd,plan",
+                        help="the autopilot modes of the CPU run (default aimd,plan)")
     args = parser.parse_args(argv)
     steps, modes = args.steps_per_phase, args.modes.split(",")
     seeds = [int(x) for x in args.seeds.split(",")]
     cfg = load_config(args.config)
+    if args.cpu or args.cpu_only:
+        cpu = cpu_run(Path(args.cpu_config), steps=args.cpu_steps,
+                      calibrate_steps=args.cpu_calibrate_steps, repeats=args.cpu_repeats,
+                      modes=args.cpu_modes.split(","), pilot=PILOT, bounds=BOUNDS,
+                      oracle=oracle, sim_steps=steps)
+        ok = {m: v["median"] for m, v in cpu.items() if v["clean"]}
+        best = max(ok, key=lambda m: ok[m]) if ok else None
+        print(f"best mode of the CPU run (bounds kept, ledger balanced in every run): {best}")
+        print(f"RESULT autopilot_cpu_vs_fixed_pick {ok[best] if best else float('nan'):.4f}")
+        if args.cpu_only:
+            return 0
     if args.timing_only:
         first = oracle(_phase_cfg(cfg, 0, steps), steps)[0]
         for scale in (1, 64):
