@@ -30,11 +30,17 @@ def scale_mid_run(engine: VLLMServerEngine, run_dir: Path, seen: dict) -> None:
     """The first request after step 1 scales the fleet to 2 and waits for the
     answer (the new server started, loaded and joined) before it goes on; the
     first request after step 2 on the first server scales back to 1 with the
-    group it streams in flight (scale down drains the newest: the second)."""
+    group it streams in flight (scale down drains the newest: the second).
+    From step 3 on, the first server's requests wait for that answer (the
+    second server drained, closed and gone), so the run cannot end before it:
+    once a 5-step run ended first and the answer never came."""
     first = engine._servers[0]
     original = first.client.stream
 
     async def stream(path, body):
+        shrink = seen.get("shrunk")
+        if shrink is not None and first.version >= 3:
+            await asyncio.wait({shrink})  # the drain needs only the second server's groups
         if first.version >= 1 and "grown" not in seen:
             seen["grown"] = await asyncio.to_thread(
                 fleet_request, run_dir, {"op": "scale", "size": 2})
@@ -72,7 +78,7 @@ def test_scale_starts_a_second_server_at_the_newest_weights_and_drains_it(tmp_pa
     assert "scaled to 2" in seen["grown"], seen["grown"]
     held, newest = seen["second_first"]
     assert held == newest  # the second server's first group: at the newest weights
-    assert seen["shrunk"].done() and len(engine.urls) == 1
+    assert "scaled to 1" in seen["shrunk"].result() and len(engine.urls) == 1
     for r in records(tmp_path / "run"):  # synchronous: on-policy at every step
         assert r["staleness_max"] == 0 and r["train/logprob_mismatch_max"] <= 1e-3, r
     assert not set(descendants()) - set(before), "a server asyncrl started is still running"
