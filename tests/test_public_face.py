@@ -32,10 +32,13 @@ def quick_dict() -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------ the root
+# The simulator's path too: besides the seconds of import, torch's objects would
+# make each pass of the garbage collector in a simulated run several times longer.
 @pytest.mark.e2e
-def test_import_asyncrl_imports_no_torch_and_no_backend() -> None:
-    code = ("import sys, asyncrl; "
-            "print(sorted(m for m in ('torch', 'transformers', 'ray', 'vllm') if m in sys.modules))")
+@pytest.mark.parametrize("module", ["asyncrl", "asyncrl.sim.runner", "asyncrl.cli.simulate"])
+def test_import_asyncrl_imports_no_torch_and_no_backend(module: str) -> None:
+    code = (f"import sys, {module}; print(sorted(m for m in ('torch', 'transformers', 'ray', "
+            "'vllm') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 

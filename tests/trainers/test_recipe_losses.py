@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from asyncrl.config import LossConfig
-from asyncrl.trainers.advantages import advantages, overlong_penalty, step_advantages
+from asyncrl.trainers.advantages import advantages, step_advantages
 from asyncrl.trainers.losses import Sequences, clipped_surrogate, kl_penalty, token_losses
-from asyncrl.trainers.masks import training_rewards
+from asyncrl.trainers.masks import overlong_penalty, training_rewards
 from asyncrl.trainers.packing import aggregated
 from asyncrl.types import Completion, GroupResult, Prompt, Rollout
 

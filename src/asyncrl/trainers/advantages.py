@@ -1,4 +1,5 @@
-"""Advantages of one group's rewards, and the rewards they start from.
+"""Advantages of one group's rewards (the rewards are shaped first: see
+:func:`asyncrl.trainers.masks.shaped`).
 
 ``loss.baseline`` says what a completion's reward is compared with, and
 ``loss.scale`` what the difference is divided by:
@@ -25,7 +26,6 @@ from torch import Tensor
 
 if TYPE_CHECKING:
     from asyncrl.config import LossConfig
-    from asyncrl.types import Completion
 
 
 def group_advantages(rewards: Tensor, *, scale: bool = True, eps: float = 1e-6,
@@ -67,27 +67,4 @@ def step_advantages(rewards: list[Tensor], cfg: LossConfig, eps: float = 1e-6) -
     return [c / (std + eps) for c in centred]
 
 
-def overlong_penalty(length: int, *, limit: int, buffer: int, penalty: float) -> float:
-    """DAPO's soft overlong punishment of a completion of ``length`` tokens: 0 up to
-    ``limit - buffer``, then falling linearly, ``-penalty`` at ``limit`` (and
-    lower beyond it, as NeMo-RL and verl compute it)."""
-    return min(0.0, -(length - (limit - buffer)) / buffer * penalty)
-
-
-def shaped(reward: float, completion: Completion, cfg: LossConfig,
-           max_new_tokens: int | None) -> float:
-    """``reward``, rescaled by ``loss.reward_scaling``, plus ``loss.overlong``'s
-    penalty for ``completion``'s length (NeMo-RL's order: scale, then shape)."""
-    if cfg.reward_scaling is not None:
-        reward = cfg.reward_scaling.apply(reward)
-    over = cfg.overlong
-    if over is None:
-        return reward
-    if over.max_tokens is None and max_new_tokens is None:
-        raise ValueError("loss.overlong needs its max_tokens, or the trainer's max_new_tokens")
-    limit = over.limit(max_new_tokens or 0)
-    return reward + overlong_penalty(len(completion), limit=limit, buffer=over.buffer_tokens,
-                                     penalty=over.penalty)
-
-
-__all__ = ["advantages", "group_advantages", "overlong_penalty", "shaped", "step_advantages"]
+__all__ = ["advantages", "group_advantages", "step_advantages"]

@@ -17,7 +17,9 @@ zero_reward`` instead trains a truncated completion with reward 0
 (:func:`training_rewards`).
 
 The trainer multiplies its per-token loss by these masks; the functions are
-pure so that any trainer (or the simulator) applies exactly the same rule.
+pure so that any trainer (or the simulator) applies exactly the same rule. The
+module imports no torch: ``asyncrl simulate`` imports it, and torch's 150,000
+objects would make every pass of the garbage collector there five times longer.
 """
 
 from __future__ import annotations
@@ -25,8 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from asyncrl.config import LossConfig
-from asyncrl.trainers.advantages import shaped
-from asyncrl.types import Rollout
+from asyncrl.types import Completion, Rollout
 
 
 @dataclass
@@ -84,3 +85,26 @@ def training_rewards(rollout: Rollout, cfg: LossConfig,
         else:
             out.append(shaped(float(r), c, cfg, max_new_tokens))
     return out
+
+
+def overlong_penalty(length: int, *, limit: int, buffer: int, penalty: float) -> float:
+    """DAPO's soft overlong punishment of a completion of ``length`` tokens: 0 up to
+    ``limit - buffer``, then falling linearly, ``-penalty`` at ``limit`` (and
+    lower beyond it, as NeMo-RL and verl compute it)."""
+    return min(0.0, -(length - (limit - buffer)) / buffer * penalty)
+
+
+def shaped(reward: float, completion: Completion, cfg: LossConfig,
+           max_new_tokens: int | None) -> float:
+    """``reward``, rescaled by ``loss.reward_scaling``, plus ``loss.overlong``'s
+    penalty for ``completion``'s length (NeMo-RL's order: scale, then shape)."""
+    if cfg.reward_scaling is not None:
+        reward = cfg.reward_scaling.apply(reward)
+    over = cfg.overlong
+    if over is None:
+        return reward
+    if over.max_tokens is None and max_new_tokens is None:
+        raise ValueError("loss.overlong needs its max_tokens, or the trainer's max_new_tokens")
+    limit = over.limit(max_new_tokens or 0)
+    return reward + overlong_penalty(len(completion), limit=limit, buffer=over.buffer_tokens,
+                                     penalty=over.penalty)
