@@ -197,20 +197,26 @@ class PressuredEngine(FakeEngine):
 
 
 class FakeTrainer:
-    """Takes ``step_time`` virtual seconds per optimizer step, ``chunk_time`` per chunk."""
+    """Takes ``step_time`` virtual seconds per optimizer step, ``chunk_time`` per chunk.
+
+    It keeps every chunk it trained (``chunks``) for tests to inspect;
+    ``keep_chunks=False`` keeps none, as a real trainer does (a benchmark's
+    heap then holds only what the controller holds)."""
 
     def __init__(self, step_time: float = 1.0, chunk_time: float = 0.0,
-                 fail_at_step: int | None = None) -> None:
+                 fail_at_step: int | None = None, *, keep_chunks: bool = True) -> None:
         self.step_time = step_time
         self.chunk_time = chunk_time
         self.fail_at_step = fail_at_step
+        self.keep_chunks = keep_chunks
         self.chunks: list[tuple[int, list[Rollout]]] = []
         self.steps: list[int] = []
 
     async def train_chunk(self, rollouts: Sequence[Rollout], *, step: int) -> dict[str, float]:
         if self.fail_at_step is not None and step >= self.fail_at_step:
             raise ValueError(f"injected trainer failure at step {step}")
-        self.chunks.append((step, list(rollouts)))
+        if self.keep_chunks:
+            self.chunks.append((step, list(rollouts)))
         if self.chunk_time:
             await advance(self.chunk_time)
         return {"loss": 1.0 / (step + 1)}

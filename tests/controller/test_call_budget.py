@@ -11,12 +11,14 @@ A change that adds a call per group on the hot path shows here at once.
 from __future__ import annotations
 
 import cProfile
+import gc
 import pstats
 from pathlib import Path
 
 import asyncrl
 from asyncrl.config import AsyncRLConfig, GRPOConfig
 from asyncrl.controller import Controller
+from asyncrl.metrics import Timeline
 from asyncrl.sim.clock import run_virtual
 from tests.fakes import FakeEngine, FakeTask, FakeTrainer, InlineScorer
 
@@ -25,10 +27,11 @@ from tests.fakes import FakeEngine, FakeTask, FakeTrainer, InlineScorer
 BUDGET = 58
 
 
-def _controller(steps: int, per_step: int, capacity: int) -> Controller:
+def _controller(steps: int, per_step: int, capacity: int,
+                trainer: FakeTrainer | None = None) -> Controller:
     task = FakeTask()
     return Controller(
-        task=task, engines=[FakeEngine(0.0)], trainer=FakeTrainer(step_time=0.0),
+        task=task, engines=[FakeEngine(0.0)], trainer=trainer or FakeTrainer(step_time=0.0),
         grpo=GRPOConfig(num_prompts_per_step=per_step, num_generations_per_prompt=1,
                         max_num_steps=steps),
         async_rl=AsyncRLConfig(
@@ -59,3 +62,45 @@ def test_calls_per_group_stay_within_budget() -> None:
     assert per_group <= BUDGET, (
         f"{per_group:.1f} calls into asyncrl per group (budget {BUDGET}): something now "
         "runs once per group that did not; profile benchmarks/bench_controller_overhead.py")
+
+
+class _FreezeProbe(FakeTrainer):
+    """Reads, at every optimizer step, how many objects the collector skips."""
+
+    def __init__(self) -> None:
+        super().__init__(step_time=0.0, keep_chunks=False)
+        self.frozen: list[int] = []
+
+    async def finish_step(self, *, step: int) -> dict[str, float]:
+        self.frozen.append(gc.get_freeze_count())
+        return await super().finish_step(step=step)
+
+
+def test_the_heap_alive_before_a_run_is_out_of_the_collectors_passes_during_it() -> None:
+    # A full pass traverses every tracked object: in a real run the libraries
+    # (torch alone: ~150k objects) and the model. asyncrl._util.collector.
+    probe = _FreezeProbe()
+    ctl = _controller(steps=3, per_step=4, capacity=16, trainer=probe)
+    before = gc.get_freeze_count()
+    run_virtual(ctl.run())
+    assert len(probe.frozen) == 3 and min(probe.frozen) > before
+    assert gc.get_freeze_count() == before  # given back when the run ends
+
+
+def test_the_timeline_holds_no_object_the_collector_tracks() -> None:
+    # A long run keeps up to 500,000 intervals: tracked, each would lengthen
+    # every full pass of the collector over the heap.
+    timeline = Timeline()
+    gc.collect()
+    before = len(gc.get_objects())
+    for i in range(2000):
+        timeline.add("gen", 0, float(i), i + 0.5, "ok")
+    gc.collect()
+    assert len(gc.get_objects()) - before < 100
+    last = timeline.intervals[-1]
+    assert (last.kind, last.lane, last.start, last.end, last.label) == ("gen", 0, 1999.0,
+                                                                        1999.5, "ok")
+    assert len(timeline.intervals) == 2000 and next(reversed(timeline.intervals)) == last
+    assert [i.start for i in timeline.intervals[:2]] == [0.0, 1.0]
+    assert timeline.to_list()[0] == {"kind": "gen", "lane": 0, "start": 0.0, "end": 0.5,
+                                     "label": "ok"}

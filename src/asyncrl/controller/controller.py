@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from asyncrl._util import supervision
+from asyncrl._util.collector import frozen_heap
 from asyncrl._util.compat import BaseExceptionGroup, TaskGroup
 from asyncrl.buffer import RolloutBuffer
 from asyncrl.config import AsyncRLConfig, GRPOConfig
@@ -234,6 +235,12 @@ class Controller:
         first: :attr:`stopped_at_safe_point` is then True and :meth:`state_dict`
         can be checkpointed.
         """
+        # The heap alive before the run (libraries, model, config) is out of the
+        # garbage collector's full passes while it runs: asyncrl._util.collector.
+        with frozen_heap():
+            return await self._run()
+
+    async def _run(self) -> RunResult:
         ctx = self.ctx
         ctx.now = asyncio.get_running_loop().time
         ctx.stats.start(ctx.now())

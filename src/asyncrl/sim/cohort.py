@@ -49,6 +49,7 @@ from collections.abc import Callable
 from operator import attrgetter
 from typing import Any
 
+from asyncrl._util.collector import fewer_gc_passes
 from asyncrl.buffer import RolloutBuffer
 from asyncrl.config import RunConfig
 from asyncrl.controller.stats import KEEP_RECORDS
@@ -66,9 +67,6 @@ from asyncrl.sim.cohort_policies import (
     make_policy,
 )
 from asyncrl.sim.latency import LatencyModel, Work
-from asyncrl.sim.result import (
-    fewer_gc_passes,
-)
 from asyncrl.sim.tokens import last_version, tokens_by_version
 
 _START_WEIGHT = attrgetter("sw")

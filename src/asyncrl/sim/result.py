@@ -9,11 +9,8 @@ imports the other's internals.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import gc
 import math
-from collections.abc import Iterator
 from typing import Any
 
 from asyncrl.config.sampler import CustomSamplerConfig
@@ -159,25 +156,6 @@ def sampler_label(sampler_cfg: Any) -> str:
 def sampler_window(sampler_cfg: Any) -> int | None:
     field = WINDOW_FIELD.get(getattr(sampler_cfg, "name", ""))
     return None if field is None else int(getattr(sampler_cfg, field))
-
-
-
-@contextlib.contextmanager
-def fewer_gc_passes() -> Iterator[None]:
-    """Collect cyclic garbage less often while simulating.
-
-    A run allocates millions of short-lived objects (futures, handles, tasks)
-    while its ledger grows to one record per group; with the default
-    thresholds the collector runs about a thousand times per 1,000 steps and
-    takes ~8% of the CPU time. Larger thresholds cut that to a handful of
-    passes; the young cycles (cancelled tasks) are still collected.
-    """
-    old = gc.get_threshold()
-    gc.set_threshold(max(old[0], 50_000), max(old[1], 20), max(old[2], 50))
-    try:
-        yield
-    finally:
-        gc.set_threshold(*old)
 
 
 

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from asyncrl._util.collector import fewer_gc_passes
 from asyncrl.buffer import RolloutBuffer
 from asyncrl.config import RunConfig, SimulateConfig
 from asyncrl.controller import Controller
@@ -40,7 +41,6 @@ from asyncrl.sim.result import (
     Bound,
     SimResult,
     efficiency_of,
-    fewer_gc_passes,
     percentile,
     sampler_label,
     sampler_window,
