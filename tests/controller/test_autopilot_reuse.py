@@ -23,6 +23,7 @@ from asyncrl.errors import ConfigError, RetuneRefused
 from asyncrl.run.resume import without_reuse
 from asyncrl.sim.clock import run_virtual
 from asyncrl.sim.planner import ModelPlanner
+from asyncrl.sim.report import TABLE_COLUMNS, plain_table, table_cells
 from asyncrl.sim.runner import simulate
 from tests.controller.conftest import make_controller
 from tests.controller.test_retune import BoundChecker
@@ -108,6 +109,31 @@ def test_a_smaller_window_and_capacity_are_in_force_from_the_first_step(tmp_path
     assert _knobs(result.records[0]) == {"max_inflight_prompts": 6, "window": 1,
                                          "max_buffered_rollouts": 8}
     assert result.staleness_max <= 1 and result.stop_reason == "max_num_steps"
+
+
+def test_simulates_table_shows_the_window_the_run_ended_with(tmp_path: Path, capsys) -> None:
+    """The table's window is the configured one while it stays in force, and
+    ``configured->final`` once a re-tune (here: the profile reused) changed it;
+    results.json gives the final setting beside the configured window."""
+    config = tmp_path / "sim.yaml"
+    config.write_text(yaml.safe_dump(SIM))
+    aimd = simulate(config_from_dict(SIM), steps=4)
+    # aimd moved the in-flight bound only: the window column stays as configured.
+    assert aimd.retunes and aimd.final_setting["window"] == 2
+    assert table_cells(aimd)[TABLE_COLUMNS.index("window")] == "2"
+    setting = {"max_inflight_prompts": 6, "window": 1, "max_buffered_rollouts": 8}
+    path = _profile(tmp_path, setting=setting)
+    run_dir = tmp_path / "run"
+    assert main(["simulate", "--config", str(config), "--run-dir", str(run_dir), "--no-plots",
+                 "--steps", "4", f"async_rl.autopilot.reuse={path}"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if "in_order" in line)
+    assert row.split("│")[2].strip() == "2->1", row
+    record = json.loads((run_dir / "results.json").read_text())["results"][0]
+    assert record["window"] == 2 and record["final_setting"]["window"] == 1
+    # Never re-tuned: the table and results.json say so.
+    plain = simulate(config_from_dict(_tree(enabled=False)), steps=2)
+    assert plain.final_setting is None and plain.window_text() == "2"
+    assert "2->" not in plain_table([plain])
 
 
 def test_only_the_knobs_the_autopilot_may_move_start_from_the_profile(tmp_path: Path) -> None:

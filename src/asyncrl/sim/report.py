@@ -48,7 +48,7 @@ def table_cells(result: SimResult) -> list[str]:
     """One table row as strings, in :data:`TABLE_COLUMNS` order."""
     return [
         result.sampler,
-        "-" if result.window is None else str(result.window),
+        result.window_text(),
         fmt_duration(result.virtual_time_s),
         _num(result.steps_per_hour, 1, thousands=True),
         _pct(result.efficiency),
@@ -106,6 +106,7 @@ def result_record(result: SimResult) -> dict[str, Any]:
     return {
         **result.row(),
         "window": result.window,
+        "final_setting": result.final_setting,
         "note": result.note,
         "step_time_s": _finite(result.step_time_s),
         "stop_reason": result.stop_reason,

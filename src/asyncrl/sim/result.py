@@ -125,6 +125,21 @@ class SimResult:
                 f"{': ' + moves + more if changes else ''}; "
                 f"final {_knobs(final)}")
 
+    @property
+    def final_setting(self) -> dict[str, Any] | None:
+        """The setting in force at the end (``max_inflight_prompts``, ``window``,
+        ``max_buffered_rollouts``) when the run was re-tuned - by the autopilot,
+        from a profile it reused, or ``Controller.retune`` - and None when it ran
+        as configured."""
+        return self.retunes[-1]["setting"] if self.retunes else None
+
+    def window_text(self) -> str:
+        """The table's window: the configured one, or ``configured->final`` when
+        a re-tune left another window in force at the end."""
+        configured = "-" if self.window is None else str(self.window)
+        final = (self.final_setting or {}).get("window")
+        return configured if final is None or final == self.window else f"{configured}->{final}"
+
     def row(self) -> dict[str, Any]:
         """The table row: exactly :data:`ROW_KEYS`, JSON-ready (NaN becomes None)."""
         out: dict[str, Any] = {}
