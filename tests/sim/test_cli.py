@@ -118,6 +118,8 @@ def test_config_without_simulate_block_is_an_error(tmp_path, capsys) -> None:
     (["--steps", "0"], "--steps must be >= 1"),
     (["simulate.rollout_slots=0"], "rollout_slots"),
     (["async_rl.max_buffered_rollouts=6"], "max_buffered_rollouts=6"),
+    (["--compare", "in_order", "async_rl.autopilot.enabled=true",
+      "async_rl.autopilot.mode=plan"], "drop --compare to simulate the config's sampler"),
 ])
 def test_bad_arguments_explain_themselves(config_file, tmp_path, capsys, extra, message) -> None:
     assert main(["simulate", "--config", str(config_file), "--run-dir", str(tmp_path / "r"),
@@ -213,3 +215,26 @@ def test_no_plots_does_not_claim_plots(config_file, tmp_path, capsys) -> None:
     assert main(["simulate", "--config", str(config_file), "--run-dir", str(tmp_path / "p")]) == 0
     text = capsys.readouterr().out
     assert "comparison.png" in text and (tmp_path / "p" / "comparison.png").is_file()
+
+
+def test_help_points_to_the_autopilot_and_its_example_runs(tmp_path, capsys,
+                                                            monkeypatch) -> None:
+    """``asyncrl simulate --help`` says the simulator runs the autopilot and a
+    workload that changes mid-run, and where to read on; its example command
+    is a config the simulator accepts, with both in it."""
+    from asyncrl.cli.simulate import EPILOG
+    from asyncrl.config import load_config
+
+    with pytest.raises(SystemExit) as done:
+        main(["simulate", "--help"])
+    assert done.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())  # (argparse wraps the lines)
+    for words in ("async_rl.autopilot block", "simulate.phases", "docs/autopilot.md"):
+        assert words in out, out
+    command = EPILOG.split("e.g.: asyncrl simulate ")[1].split()
+    monkeypatch.chdir(EXAMPLES.parents[1])  # the example's path is the repository's
+    cfg = load_config(command[1], command[2:])
+    assert cfg.async_rl.autopilot.enabled and cfg.async_rl.autopilot.mode == "plan"
+    assert cfg.simulate is not None and cfg.simulate.phases
+    rows = run_json(capsys, *command, "--run-dir", str(tmp_path / "r"), "--steps", "3")
+    assert rows[0]["steps"] == 3

@@ -22,6 +22,18 @@ from asyncrl.errors import ConfigError
 #: asyncrl.sim.frontier.DEFAULT_STEPS, without importing the simulator for --help.
 FRONTIER_STEPS = 100
 
+#: The end of ``--help``: what the simulator runs besides a fixed setting
+#: (tests/sim/test_cli.py loads its example, so it stays a valid config).
+EPILOG = (
+    "Autopilot: the async_rl.autopilot block (off by default) re-tunes the run as it goes - "
+    "mode aimd the in-flight bound, runtime also the capacity, plan also the window - in "
+    "simulation (simulate.mode: per_group) as in training; with --compare, mode aimd only. "
+    "A workload that changes mid-run: simulate.phases, a list of {at_step, "
+    "generation_latency_s} with time-based latencies. See docs/autopilot.md, e.g.: "
+    "asyncrl simulate --config examples/sim/shifting.yaml async_rl.autopilot.enabled=true "
+    "async_rl.autopilot.mode=plan"
+)
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -32,6 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
             "(the config's simulate block) under virtual time, and report throughput, "
             "staleness and waste. See docs/simulate.md."
         ),
+        epilog=EPILOG,
     )
     p.add_argument("--config", metavar="FILE",
                    help="YAML run config with a simulate block (required unless --calibrate)")
@@ -148,6 +161,12 @@ def run(args: argparse.Namespace) -> int:
     if args.frontier:
         return run_frontier(args, cfg)
     names = parse_compare(args.compare)
+    pilot = cfg.async_rl.autopilot
+    if names is not None and pilot.enabled and pilot.mode != "aimd":
+        raise ConfigError(
+            f"--compare runs each policy without a planner, which async_rl.autopilot.mode: "
+            f"{pilot.mode} needs; drop --compare to simulate the config's sampler with it, or "
+            "set async_rl.autopilot.mode=aimd")
     steps = args.steps if args.steps is not None else cfg.simulate.steps
     base_dir = Path(args.config).resolve().parent
     show_progress = not args.json and sys.stderr.isatty()
