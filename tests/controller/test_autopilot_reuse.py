@@ -27,7 +27,7 @@ from asyncrl.sim.report import TABLE_COLUMNS, plain_table, table_cells
 from asyncrl.sim.runner import simulate
 from tests.controller.conftest import make_controller
 from tests.controller.test_retune import BoundChecker
-from tests.fakes import FakeEngine, FakeTrainer
+from tests.fakes import FakeEngine, FakeTask, FakeTrainer
 
 CONFIGURED = {"max_inflight_prompts": 4, "window": 2, "max_buffered_rollouts": 12}
 SIM: dict[str, Any] = {
@@ -306,3 +306,37 @@ def test_validate_and_train_check_the_profile_alike(tmp_path: Path, capsys) -> N
     assert main(["train", "--config", str(config), "--run-dir", str(run_dir), bad]) == 2
     assert "below the 16 slots" in capsys.readouterr().err
     assert not run_dir.exists(), "train wrote into the run directory before refusing"
+
+
+def _train(run_dir: Path, *, overwrite: bool = False, **pilot: Any) -> dict[str, Any]:
+    """asyncrl train with the fakes, two steps."""
+    from asyncrl.run.train import train
+
+    cfg = config_from_dict({
+        "grpo": {"num_prompts_per_step": 4, "num_generations_per_prompt": 2, "max_num_steps": 2},
+        "async_rl": {"max_buffered_rollouts": 12, "min_groups_for_streaming_train": 4,
+                     "max_inflight_prompts": 4, "autopilot": pilot},
+        "logging": {"progress": "never", "tensorboard": False},
+    })
+    return train(cfg, run_dir, overwrite=overwrite, task=FakeTask(),
+                 backends=([FakeEngine(0.0)], FakeTrainer(step_time=0.0)))
+
+
+@pytest.mark.e2e  # train() runs in real time
+def test_overwrite_leaves_no_autopilot_file_of_the_old_run(tmp_path: Path) -> None:
+    """--overwrite deletes the old run's autopilot.jsonl, knobs plot and profile
+    - a profile left behind would start a later reuse from another run's
+    setting - except the profile the new run itself starts from (reuse)."""
+    run_dir = tmp_path / "run"
+    assert _train(run_dir, enabled=True, warmup_steps=0, replan_every_steps=1)["ledger"][
+        "balanced"]
+    old = [run_dir / PROFILE_FILE, run_dir / "autopilot.jsonl",
+           run_dir / "plots" / "autopilot_knobs_vs_step.png"]
+    assert all(p.is_file() for p in old)
+    old_profile = json.loads(old[0].read_text())
+    assert _train(run_dir, overwrite=True, enabled=True, reuse=str(run_dir))["steps"] == 2
+    assert json.loads(old[0].read_text())["step"] == 2  # this run's own, from the old one's
+    assert json.loads(old[1].read_text().splitlines()[0])["reason"].startswith(
+        f"started from {old[0]} (written at step {old_profile['step']}")
+    assert _train(run_dir, overwrite=True)["steps"] == 2  # the autopilot off
+    assert not any(p.exists() for p in old), [p.name for p in old if p.exists()]

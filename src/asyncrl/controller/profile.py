@@ -98,12 +98,16 @@ def save_profile(pilot: Autopilot | None, steps_done: int) -> None:
 
 
 # ------------------------------------------------------------------ reading
+def profile_path(reuse: str | Path) -> Path:
+    """The file ``reuse`` names: itself, or a run directory's :data:`PROFILE_FILE`."""
+    path = Path(reuse)
+    return path / PROFILE_FILE if path.is_dir() else path
+
+
 def read_profile(reuse: str | Path) -> tuple[Path, dict[str, Any]]:
     """The profile at ``reuse`` (a file, or a run directory holding
     :data:`PROFILE_FILE`); a ConfigError naming :data:`FIELD` when there is none."""
-    path = Path(reuse)
-    if path.is_dir():
-        path = path / PROFILE_FILE
+    path = profile_path(reuse)
     try:
         profile = json.loads(path.read_text())
     except FileNotFoundError:
@@ -188,4 +192,4 @@ def start_from_profile(pilot: Autopilot | None, retuner: Retuner, reuse: Reuse |
 
 
 __all__ = ["FIELD", "PROFILE_FILE", "PROFILE_FORMAT", "Reuse", "check_reuse", "profile_of",
-           "read_profile", "sampler_name", "save_profile", "start_from_profile"]
+           "profile_path", "read_profile", "sampler_name", "save_profile", "start_from_profile"]

@@ -20,7 +20,7 @@ from pathlib import Path
 from asyncrl._util.jsonio import dumps, read_jsonl, write_json, write_text_atomic
 from asyncrl.checkpoint.store import checkpoint_root, list_checkpoints
 from asyncrl.controller.autopilot import Autopilot
-from asyncrl.controller.profile import PROFILE_FILE
+from asyncrl.controller.profile import PROFILE_FILE, profile_path
 from asyncrl.errors import ConfigError
 from asyncrl.metrics import JsonlSink
 from asyncrl.run.lock import LOCK_FILE, RunDirInUse, live_holder
@@ -30,9 +30,9 @@ RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json", "timeline.json", "l
              "vllm.log", "autopilot.jsonl")
 #: The autopilot's decisions, one JSON object a line (docs/autopilot.md).
 AUTOPILOT_FILE = "autopilot.jsonl"
-#: (The autopilot's profile, PROFILE_FILE, is no RUN_FILE: a new run may start
-#: from the profile of the run it overwrites, async_rl.autopilot.reuse, and
-#: writes its own before its first step.)
+#: (The autopilot's profile, PROFILE_FILE, is deleted with them unless the new
+#: run starts from it, async_rl.autopilot.reuse: that run writes its own before
+#: its first step. Left behind, a later reuse would read another run's setting.)
 RUN_DIRS = ("checkpoints", "tb", "plots", "final", "vllm_model", "wandb")
 
 
@@ -114,14 +114,19 @@ def never_trained(path: Path) -> bool:
     return not metrics.is_file() or not any("step" in r for r in read_jsonl(metrics))
 
 
-def prepare_run_dir(run_dir: str | Path | None, *, overwrite: bool = False) -> Path:
+def prepare_run_dir(run_dir: str | Path | None, *, overwrite: bool = False,
+                    reuse: str | Path | None = None) -> Path:
     """:func:`check_run_dir`, then create the directory (emptied of an old run's
     files with ``overwrite``, or when the old run never trained; nothing else in
-    it is touched)."""
+    it is touched). The old run's autopilot profile goes too, unless it is the
+    one ``reuse`` (``async_rl.autopilot.reuse``) starts the new run from."""
     path = check_run_dir(run_dir, overwrite=overwrite)
     if path.is_dir():
         for name in RUN_FILES:
             (path / name).unlink(missing_ok=True)
+        profile = path / PROFILE_FILE
+        if reuse is None or profile_path(reuse).resolve() != profile.resolve():
+            profile.unlink(missing_ok=True)
         for name in RUN_DIRS:
             shutil.rmtree(path / name, ignore_errors=True)
     path.mkdir(parents=True, exist_ok=True)
