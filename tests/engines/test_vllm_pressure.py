@@ -85,3 +85,21 @@ def test_the_in_process_gauge_keeps_the_newest_step_per_core(caplog) -> None:
         gauge.observe(0, SimpleNamespace(), None)
     assert gauge.read() is None and "reports no pressure" in caplog.text
 
+
+
+def test_the_in_process_gauge_keeps_the_highest_kv_usage_since_the_last_read() -> None:
+    """A spike between two reads counts (aimd trims above a high mark): the read
+    gives each core's highest KV-cache usage since the last one, the counts
+    stay the newest, and the next read starts over from the usage in force."""
+    gauge = PressureGauge()
+    gauge.observe(0, _stats(2, 0, 0.4), None)
+    gauge.observe(0, _stats(6, 3, 0.95), None)  # the spike ...
+    gauge.observe(1, _stats(1, 0, 0.3), None)
+    gauge.observe(0, _stats(3, 0, 0.5), None)  # ... drained before the read
+    assert gauge.read() == EnginePressure(4, 2, 0.95, 0)
+    # No step since: the usage stayed where the newest step left it.
+    assert gauge.read() == EnginePressure(4, 2, 0.5, 0)
+    gauge.observe(1, _stats(2, 0, 0.7), None)
+    gauge.observe(1, _stats(1, 0, 0.2), None)
+    assert gauge.read() == EnginePressure(4, 2, 0.7, 0)
+    assert gauge.read() == EnginePressure(4, 2, 0.5, 0)  # core 0's, now the fullest

@@ -18,7 +18,8 @@ contract costs and, where the engines report it, by their load
   step records - the trainer's idle fraction (``trainer_idle_s /
   step_time_s``), the waste fraction (evicted + aborted groups per group
   ended), the p95 of the trained groups' staleness - and the engines' pressure
-  now (requests running and waiting, KV-cache usage, preemptions so far);
+  now (requests running and waiting, KV-cache usage - where the engine can, the
+  highest since the last decision - and preemptions so far);
 * a broken bound (waste or staleness): **decrease** - the bound times
   ``decrease``, then a *drain latch*: no further move until the groups in
   flight have fallen to the new bound (a cut whose effect has not shown yet

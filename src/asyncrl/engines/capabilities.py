@@ -109,7 +109,8 @@ class EnginePressure:
     #: Requests the engine holds but cannot run yet (waiting for capacity).
     waiting: int
     #: Fraction of the KV cache in use, in [0, 1]; None where the engine has no
-    #: such number.
+    #: such number. Where the engine can, the highest since its last report (a
+    #: spike between two reads counts: the in-process vLLM engine); else now.
     kv_cache_usage: float | None
     #: Requests the engine preempted (evicted from the KV cache to be recomputed
     #: later) since it started: a counter that only grows.

@@ -37,9 +37,10 @@ How the protocol maps onto vLLM:
   ``snapshot`` reads them without stopping the group. A request with a
   ``prefix`` continues its completions (prompt + prefix as prompt token ids, the
   remaining ``max_new_tokens``).
-* ``pressure`` - requests running and waiting, KV-cache usage and preemptions,
-  as vLLM's scheduler reported them after its latest step (a stat logger vLLM
-  calls; :mod:`asyncrl.engines.vllm.pressure`).
+* ``pressure`` - requests running and waiting and preemptions as vLLM's
+  scheduler reported them after its latest step, and the highest KV-cache
+  usage since the last call (a stat logger vLLM calls;
+  :mod:`asyncrl.engines.vllm.pressure`).
 * ``close`` - shuts vLLM down; a reaper process kills its processes if this
   one dies without closing.
 """
@@ -118,7 +119,7 @@ class VLLMEngine:
 
         #: vLLM's own output: ``log_file`` unless asyncrl is verbose (see vllm/output.py).
         self._output = VLLMOutput(log_file)
-        #: vLLM's newest scheduler numbers (what ``pressure`` reports).
+        #: vLLM's newest scheduler numbers and KV-cache peak (what ``pressure`` reports).
         self._gauge = PressureGauge()
 
         self.tokenizer = tokenizer
@@ -234,7 +235,8 @@ class VLLMEngine:
         return 0 if self._closed else self._llm.get_num_unfinished_requests()
 
     async def pressure(self) -> EnginePressure | None:
-        """vLLM's load after its latest step (:mod:`~asyncrl.engines.vllm.pressure`)."""
+        """vLLM's load after its latest step, with the highest KV-cache usage
+        since the last call (:mod:`~asyncrl.engines.vllm.pressure`)."""
         return None if self._closed else self._gauge.read()
 
     async def generate(self, request: GenerationRequest) -> GroupResult:

@@ -4,13 +4,22 @@ engines: requests running and waiting, KV-cache usage, preemptions so far.
 * In process (``VLLMEngine``): vLLM hands a stat logger its scheduler's
   numbers after every engine step, on the engine's event loop (vLLM 0.32's
   ``StatLoggerBase``; the engine passes :func:`stat_loggers` to ``AsyncLLM``). The
-  :class:`PressureGauge` keeps the newest, so ``pressure()`` only reads them.
+  :class:`PressureGauge` keeps the newest requests running and waiting and the
+  *highest* KV-cache usage since the last read, so ``pressure()`` only reads
+  them: the aimd autopilot reads once per decision, steps apart, and trims above
+  a high mark, so a spike between two reads must count (the newest sample alone
+  could be taken just after it drained).
 * Over HTTP (``VLLMServerEngine``): each live server's Prometheus ``/metrics``,
   parsed with ``prometheus_client``'s parser: ``vllm:num_requests_running``,
   ``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc`` (a fraction,
   despite its name) and the counter ``vllm:num_preemptions`` (sample
   ``vllm:num_preemptions_total``), summed over vLLM's per-engine labels (the
-  highest KV-cache usage). A server that runs without stats
+  highest KV-cache usage). The KV-cache usage is a Prometheus *gauge*: the
+  server exports only its value at the moment ``/metrics`` is read (no maximum
+  over time, and polling it between decisions would be a request per interval
+  to every server), so over HTTP it is a point sample and a spike between two
+  reads is missed (one that ran out of KV cache still shows: its preemptions
+  are a counter, which the aimd rule cuts on first). A server that runs without stats
   (``--disable-log-stats``; the servers asyncrl starts run with them) exports
   none of them and reports nothing; so does a server that does not answer in
   :data:`METRICS_TIMEOUT_S` (its health is the engine's business).
@@ -38,10 +47,15 @@ SAMPLES = {"vllm:num_requests_running": "running", "vllm:num_requests_waiting": 
 
 class PressureGauge:
     """The newest scheduler numbers of an in-process vLLM, per vLLM engine core
-    (several with data parallelism), and the preemptions counted so far."""
+    (several with data parallelism), each core's highest KV-cache usage since
+    the last :meth:`read`, and the preemptions counted so far."""
 
     def __init__(self) -> None:
+        #: Per core: (running, waiting, KV-cache usage) of its newest step.
         self._cores: dict[int, tuple[int, int, float]] = {}
+        #: Per core: the highest KV-cache usage since the last read (invariant:
+        #: >= the newest step's, for every core in ``_cores``).
+        self._kv_peak: dict[int, float] = {}
         self._preemptions = 0
         self._failed = False
 
@@ -54,8 +68,9 @@ class PressureGauge:
                 self._preemptions += int(iteration.num_preempted_reqs)
             if scheduler is not None:
                 waiting = scheduler.num_waiting_reqs + scheduler.num_skipped_waiting_reqs
-                self._cores[core] = (int(scheduler.num_running_reqs), int(waiting),
-                                     float(scheduler.kv_cache_usage))
+                kv = float(scheduler.kv_cache_usage)
+                self._cores[core] = (int(scheduler.num_running_reqs), int(waiting), kv)
+                self._kv_peak[core] = max(self._kv_peak.get(core, kv), kv)
         except Exception as exc:  # vLLM's stats changed shape: report nothing
             if not self._failed:
                 log.warning("vLLM's stats are not what asyncrl reads (%r): the engine "
@@ -63,13 +78,18 @@ class PressureGauge:
             self._failed = True
 
     def read(self) -> EnginePressure | None:
-        """The newest numbers (None before vLLM's first step, or when its stats
-        could not be read)."""
+        """The newest requests running and waiting, the highest KV-cache usage
+        since the last read (of the fullest core) and the preemptions so far;
+        None before vLLM's first step, or when its stats could not be read.
+        The peaks start over from each core's newest usage: with no step
+        between two reads, the usage stayed at it."""
         if self._failed or not self._cores:
             return None
         cores = self._cores.values()
+        kv = max(self._kv_peak.values())
+        self._kv_peak = {core: c[2] for core, c in self._cores.items()}
         return EnginePressure(sum(c[0] for c in cores), sum(c[1] for c in cores),
-                              _fraction(max(c[2] for c in cores)), self._preemptions)
+                              _fraction(kv), self._preemptions)
 
 
 def stat_loggers(gauge: PressureGauge) -> list[Any]:

@@ -328,7 +328,8 @@ class VLLMServerEngine:
                 "/reset_prefix_cache", params={"reset_running_requests": "true"}))
 
     async def pressure(self) -> EnginePressure | None:
-        """The live servers' load, from their ``/metrics`` (:mod:`~asyncrl.engines.vllm.pressure`)."""
+        """The live servers' load, from their ``/metrics`` (:mod:`~asyncrl.engines.vllm.pressure`):
+        the KV-cache usage is a gauge, the value at this read only."""
         return await servers_pressure(s.client for s in self._servers if s.alive)
 
     async def close(self) -> None:
