@@ -123,9 +123,8 @@ def train(
         # One run at a time in a directory, for the whole run (see asyncrl.run.lock).
         with run_dir_lock(run_dir):
             try:
-                if fresh:  # a new run, or a fork of ``resume`` into a run directory of its own
-                    prepare_run_dir(run_dir, overwrite=overwrite,  # checked again, under the lock
-                                    reuse=pilot.reuse)
+                if fresh:  # a new run, or a fork of ``resume``; checked again, under the lock
+                    prepare_run_dir(run_dir, overwrite=overwrite, reuse=pilot.reuse)
                 engines, trainer = (backends if backends is not None else build_backends(
                     cfg, task, work_dir=run_dir, policy_tokenizer=checked.tokenizer))
                 if cfg.task.rollout is not None:  # each group runs the task's rollout function
