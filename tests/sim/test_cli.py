@@ -120,6 +120,8 @@ def test_config_without_simulate_block_is_an_error(tmp_path, capsys) -> None:
     (["async_rl.max_buffered_rollouts=6"], "max_buffered_rollouts=6"),
     (["--compare", "in_order", "async_rl.autopilot.enabled=true",
       "async_rl.autopilot.mode=plan"], "drop --compare to simulate the config's sampler"),
+    (["simulate.mode=cohort", "async_rl.autopilot.enabled=true"],
+     "set simulate.mode=per_group to simulate the autopilot"),
 ])
 def test_bad_arguments_explain_themselves(config_file, tmp_path, capsys, extra, message) -> None:
     assert main(["simulate", "--config", str(config_file), "--run-dir", str(tmp_path / "r"),

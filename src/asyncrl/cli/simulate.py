@@ -167,6 +167,12 @@ def run(args: argparse.Namespace) -> int:
             f"--compare runs each policy without a planner, which async_rl.autopilot.mode: "
             f"{pilot.mode} needs; drop --compare to simulate the config's sampler with it, or "
             "set async_rl.autopilot.mode=aimd")
+    if pilot.enabled and cfg.simulate.mode == "cohort":
+        raise ConfigError(
+            "simulate.mode: cohort runs each step's groups as one event stream and cannot "
+            "re-tune mid-run, so async_rl.autopilot would do nothing; set "
+            "simulate.mode=per_group to simulate the autopilot, or "
+            "async_rl.autopilot.enabled=false")
     steps = args.steps if args.steps is not None else cfg.simulate.steps
     base_dir = Path(args.config).resolve().parent
     show_progress = not args.json and sys.stderr.isatty()
