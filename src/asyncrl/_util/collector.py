@@ -24,6 +24,14 @@ def frozen_heap() -> Iterator[None]:
     list splice); ``gc.unfreeze`` at the end gives them back to the oldest
     generation, so any of them that became garbage is collected then. Nested
     use is harmless: an inner exit unfreezes early, which only costs speed.
+
+    No collection runs first: it would cost a full pass per run (~140 ms with
+    torch and transformers loaded; the planner simulates many runs per re-plan).
+    So cyclic garbage a previous run in the same process left (its controller,
+    the trainer it holds) stays until this run ends. Without the freeze it would
+    wait for the next full pass, which a large heap makes rare too; a process
+    that runs several trainings in a row calls ``gc.collect()`` between them to
+    give such memory back at once.
     """
     gc.freeze()
     try:
