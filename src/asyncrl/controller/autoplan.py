@@ -85,6 +85,14 @@ class Prediction:
     staleness_p95: float
     waste_frac: float
     keeps_bounds: bool
+    #: Planned from the setting in force (``asyncrl.sim.planner.predict``): the
+    #: staleness p95 of the steps from the switch on, the transition included
+    #: (``staleness_p95`` is the steady state's, past the settle point), and
+    #: how many steps after the switch it settled (None: the candidate ran from
+    #: an empty pipeline, or did not settle in time and its bounds were checked
+    #: from the switch on).
+    transition_p95: float | None = None
+    settled_after: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
