@@ -14,8 +14,10 @@ in three steps:
    the in-flight bound and the capacity by ``max_move``, alone or together; the
    capacity never below what the window needs) on the fitted workload, every
    candidate with the same seed (common random numbers: differences are the
-   settings', not the draws'), from an empty pipeline for ``plan_steps`` steps,
-   measured past its first quarter; from 1,024 groups per step in cohort mode;
+   settings', not the draws'), switched to from the setting in force after a
+   prefix that fills the pipeline (:func:`predict`: throughput from the
+   switch, the bound facts from the settle point on); from 1,024 groups per
+   step in cohort mode, from an empty pipeline (it cannot re-tune mid-run);
    each prediction corrected by the model's bias on the setting in force
    (:func:`corrected`: what the run measured above what the model predicted);
 3. **pick** (:func:`pick`): the most throughput among the candidates that keep
@@ -336,7 +338,7 @@ def plan(cfg: RunConfig, request: PlanRequest, min_gain: float = 0.0) -> PlanRes
 def measured_bias(current: Prediction, measured: dict[str, Any]) -> dict[str, float]:
     """The model's bias on the setting in force: the staleness p95 and waste the
     run measured above what the model predicts for the same setting (a
-    simulation from an empty pipeline is short beside a heavy tail, and the
+    short simulation misses part of a heavy tail, and the
     window's latencies miss the generations still running). Only a bias upward
     counts: the bounds are kept conservatively."""
     return {"staleness_p95": max(0.0, float(measured["staleness_p95"]) - current.staleness_p95),
