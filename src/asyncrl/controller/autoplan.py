@@ -180,7 +180,7 @@ class PlannedAutopilot(Autopilot):
             intervals=self._intervals(window), engines=self.engines,
             rollout_slots=self.rollout_slots,
             sampler=self.retuner.ctx.cfg.sampler.model_dump(mode="json"),
-            measured=(dataclasses.asdict(WindowStats.of(records[-cfg.replan_every_steps:]))
+            measured=(dataclasses.asdict(WindowStats.of(records[-self._measure_steps(steps_done):]))
                       if self._asked_settled else None))
 
     def _settled(self, steps_done: int) -> bool:
@@ -194,6 +194,16 @@ class PlannedAutopilot(Autopilot):
         every = self.cfg.replan_every_steps
         return (self._gone_at is not None and steps_done - self._gone_at >= every
                 and steps_done - self._changed_at >= 2 * every)
+
+    def _measure_steps(self, steps_done: int) -> int:
+        """Steps a decision's measurement spans: the fit window, but none from
+        before the last change's groups were gone; at least a decision window.
+        (A staleness p95 over a few steps is noisy: one noisy decision window
+        must not trigger a safety-first cut.)"""
+        every, span = self.cfg.replan_every_steps, self.cfg.fit_steps
+        if self._gone_at is not None:
+            span = min(span, steps_done - self._gone_at)
+        return max(every, span)
 
     def _intervals(self, window: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         """The timeline since the step before the window began, newest last: read
@@ -213,7 +223,7 @@ class PlannedAutopilot(Autopilot):
 
     def _answer(self, steps_done: int, records: list[dict[str, Any]],
                 future: concurrent.futures.Future[PlanResult]) -> None:
-        measured = WindowStats.of(records[-self.cfg.replan_every_steps:])
+        measured = WindowStats.of(records[-self._measure_steps(steps_done):])
         base = {"step": steps_done, "planned_at": self._asked_at,
                 "previous": self.retuner.target.as_dict(),
                 "measured": dataclasses.asdict(measured),
