@@ -59,7 +59,8 @@ class AutopilotConfig(Block):
     plan_steps: PosInt = 24
     #: Steps of the run the model is fitted on (a sliding window; the newest).
     fit_steps: PosInt = 8
-    #: Steps measured per decision (the window); one decision every so many steps.
+    #: One decision every so many steps; aimd measures these steps (the window),
+    #: the model-based modes ``fit_steps`` steps, at least these.
     replan_every_steps: PosInt = 2
     #: Steps ignored at the start (and after a resume): start-up is not the workload.
     warmup_steps: NonNegInt = 2

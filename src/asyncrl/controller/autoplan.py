@@ -17,8 +17,11 @@ What an answer may change (the lessons of the measurement-driven tuners):
   predicts a gain of at least ``min_gain`` over the setting in force - or the
   setting in force is predicted to break a bound;
 * **hysteresis**: the same setting must win ``wins_needed`` plans in a row
-  (one is enough when the window measured a broken bound and the plan
-  predicts the setting in force breaks it again: safety first). What the run
+  (one is enough when the run measured a broken bound and the plan
+  predicts the setting in force breaks it again: safety first). The run is
+  measured over its last ``fit_steps`` steps, at least a decision window (a
+  staleness p95 over a few steps is noise), none from before the last
+  change's groups were gone. What the run
   measured counts only once the steps measured ran under the setting in force:
   every group dispatched before the change has ended, and a decision window
   has passed since (at least two decision windows after the change). Until
@@ -71,8 +74,9 @@ class PlanRequest:
     rollout_slots: int | None = None
     #: The run's ``async_rl.sampler`` block (None: the planner's config's).
     sampler: dict[str, Any] | None = None
-    #: What the newest ``replan_every_steps`` steps measured under the setting in
-    #: force (:class:`~asyncrl.controller.autopilot.WindowStats` as a dict).
+    #: What the newest ``fit_steps`` steps (at least ``replan_every_steps``)
+    #: measured under the setting in force
+    #: (:class:`~asyncrl.controller.autopilot.WindowStats` as a dict).
     measured: dict[str, Any] | None = None
 
 
