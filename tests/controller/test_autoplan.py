@@ -7,9 +7,11 @@ is scripted (tests/sim/test_planner.py runs the simulator's)."""
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 
 import pytest
 
+from asyncrl.controller.autopilot import WindowStats
 from asyncrl.controller.autoplan import PlannedAutopilot, PlanRequest, PlanResult, Prediction
 from asyncrl.errors import UsageError
 from asyncrl.sim.clock import run_virtual
@@ -255,3 +257,32 @@ def test_no_knob_widens_before_the_last_change_has_shown() -> None:
     # 16 won its plans only once settled: both wins were asked for with a measurement.
     assert decisions[applied[1]]["setting"]["max_inflight_prompts"] == 16
     assert measured[applied[1]] and measured[applied[1] - 1]
+
+
+def test_a_decision_measures_the_fit_window_but_nothing_before_the_last_change_settled() -> None:
+    """What the run measured (the bias, the safety-first cut) spans the fit window:
+    a staleness p95 over one short decision window is noise, and one noisy window
+    must not cut the window to 0 (bench_autopilot, seed 1). After a change it
+    spans only the steps since the groups dispatched before it were gone."""
+    planner = ScriptedPlanner([12, 12])
+    ctl = _controller(planner, steps=14, fit_steps=4)
+    seen: dict[int, tuple[int | None, int]] = {}
+
+    async def watch(ctl, version: int) -> None:
+        seen[ctl.ctx.stats.steps_done] = (ctl.buffer.oldest_seq(), ctl.buffer.next_seq)
+
+    ctl.on_step_end = watch
+    _run(ctl)
+    assert [d["step"] for d in ctl.autopilot.decisions if d["action"] == "apply"] == [3]
+    gone = min(s for s, (oldest, _) in seen.items()
+               if s > 3 and (oldest is None or oldest >= seen[3][1]))
+    records = ctl.step_records
+    spans = []
+    for request in planner.requests:
+        if request.measured is None:
+            continue
+        span = max(1, min(4, request.step if request.step <= 3 else request.step - gone))
+        spans.append(span)
+        assert request.measured == dataclasses.asdict(
+            WindowStats.of(records[:request.step][-span:])), (request.step, span)
+    assert 4 in spans and any(1 < s < 4 for s in spans), spans

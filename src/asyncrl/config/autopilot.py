@@ -53,12 +53,14 @@ class AutopilotConfig(Block):
     #: Bounded moves: per re-plan, the in-flight bound and the capacity move by at
     #: most this fraction (at least one group), the window by at most one version.
     max_move: OpenFraction = 0.25
-    #: Steps each candidate is simulated for (the first quarter is left out as the
-    #: simulation's own warm-up).
+    #: Steps each candidate is measured for after the switch to it (it is switched
+    #: to after ``plan_steps // 2`` steps under the setting in force; cohort mode:
+    #: from an empty pipeline, the first quarter left out as its warm-up).
     plan_steps: PosInt = 24
     #: Steps of the run the model is fitted on (a sliding window; the newest).
     fit_steps: PosInt = 8
-    #: Steps measured per decision (the window); one decision every so many steps.
+    #: One decision every so many steps; aimd measures these steps (the window),
+    #: the model-based modes ``fit_steps`` steps, at least these.
     replan_every_steps: PosInt = 2
     #: Steps ignored at the start (and after a resume): start-up is not the workload.
     warmup_steps: NonNegInt = 2

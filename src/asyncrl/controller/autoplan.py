@@ -17,8 +17,11 @@ What an answer may change (the lessons of the measurement-driven tuners):
   predicts a gain of at least ``min_gain`` over the setting in force - or the
   setting in force is predicted to break a bound;
 * **hysteresis**: the same setting must win ``wins_needed`` plans in a row
-  (one is enough when the window measured a broken bound and the plan
-  predicts the setting in force breaks it again: safety first). What the run
+  (one is enough when the run measured a broken bound and the plan
+  predicts the setting in force breaks it again: safety first). The run is
+  measured over its last ``fit_steps`` steps, at least a decision window (a
+  staleness p95 over a few steps is noise), none from before the last
+  change's groups were gone. What the run
   measured counts only once the steps measured ran under the setting in force:
   every group dispatched before the change has ended, and a decision window
   has passed since (at least two decision windows after the change). Until
@@ -71,8 +74,9 @@ class PlanRequest:
     rollout_slots: int | None = None
     #: The run's ``async_rl.sampler`` block (None: the planner's config's).
     sampler: dict[str, Any] | None = None
-    #: What the newest ``replan_every_steps`` steps measured under the setting in
-    #: force (:class:`~asyncrl.controller.autopilot.WindowStats` as a dict).
+    #: What the newest ``fit_steps`` steps (at least ``replan_every_steps``)
+    #: measured under the setting in force
+    #: (:class:`~asyncrl.controller.autopilot.WindowStats` as a dict).
     measured: dict[str, Any] | None = None
 
 
@@ -85,6 +89,14 @@ class Prediction:
     staleness_p95: float
     waste_frac: float
     keeps_bounds: bool
+    #: Planned from the setting in force (``asyncrl.sim.planner.predict``): the
+    #: staleness p95 of the steps from the switch on, the transition included
+    #: (``staleness_p95`` is the steady state's, past the settle point), and
+    #: how many steps after the switch it settled (None: the candidate ran from
+    #: an empty pipeline, or did not settle in time and its bounds were checked
+    #: from the switch on).
+    transition_p95: float | None = None
+    settled_after: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -190,7 +202,7 @@ class PlannedAutopilot(Autopilot):
             intervals=self._intervals(window), engines=self.engines,
             rollout_slots=self.rollout_slots,
             sampler=self.retuner.ctx.cfg.sampler.model_dump(mode="json"),
-            measured=(dataclasses.asdict(WindowStats.of(records[-cfg.replan_every_steps:]))
+            measured=(dataclasses.asdict(WindowStats.of(records[-self._measure_steps(steps_done):]))
                       if self._asked_settled else None))
 
     def _settled(self, steps_done: int) -> bool:
@@ -204,6 +216,16 @@ class PlannedAutopilot(Autopilot):
         every = self.cfg.replan_every_steps
         return (self._gone_at is not None and steps_done - self._gone_at >= every
                 and steps_done - self._changed_at >= 2 * every)
+
+    def _measure_steps(self, steps_done: int) -> int:
+        """Steps a decision's measurement spans: the fit window, but none from
+        before the last change's groups were gone; at least a decision window.
+        (A staleness p95 over a few steps is noisy: one noisy decision window
+        must not trigger a safety-first cut.)"""
+        every, span = self.cfg.replan_every_steps, self.cfg.fit_steps
+        if self._gone_at is not None:
+            span = min(span, steps_done - self._gone_at)
+        return max(every, span)
 
     def _intervals(self, window: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         """The timeline since the step before the window began, newest last: read
@@ -223,7 +245,7 @@ class PlannedAutopilot(Autopilot):
 
     def _answer(self, steps_done: int, records: list[dict[str, Any]],
                 future: concurrent.futures.Future[PlanResult]) -> None:
-        measured = WindowStats.of(records[-self.cfg.replan_every_steps:])
+        measured = WindowStats.of(records[-self._measure_steps(steps_done):])
         base = {"step": steps_done, "planned_at": self._asked_at,
                 "previous": self.retuner.target.as_dict(),
                 "measured": dataclasses.asdict(measured),

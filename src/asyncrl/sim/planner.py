@@ -14,8 +14,10 @@ in three steps:
    the in-flight bound and the capacity by ``max_move``, alone or together; the
    capacity never below what the window needs) on the fitted workload, every
    candidate with the same seed (common random numbers: differences are the
-   settings', not the draws'), from an empty pipeline for ``plan_steps`` steps,
-   measured past its first quarter; from 1,024 groups per step in cohort mode;
+   settings', not the draws'), switched to from the setting in force after a
+   prefix that fills the pipeline (:func:`predict`: throughput from the
+   switch, the bound facts from the settle point on); from 1,024 groups per
+   step in cohort mode, from an empty pipeline (it cannot re-tune mid-run);
    each prediction corrected by the model's bias on the setting in force
    (:func:`corrected`: what the run measured above what the model predicted);
 3. **pick** (:func:`pick`): the most throughput among the candidates that keep
@@ -171,17 +173,67 @@ def _plan_config(cfg: RunConfig, model: dict[str, Any], steps: int) -> RunConfig
 
 
 def predict(cfg: RunConfig, latency: Empirical, setting: dict[str, Any], steps: int,
-            bounds: dict[str, Any]) -> Prediction:
-    """Simulate ``setting`` on the fitted workload; measured past the first quarter."""
-    run = cfg.model_copy(update={"async_rl": cfg.async_rl.model_copy(update={
+            bounds: dict[str, Any], *, start: dict[str, Any] | None = None) -> Prediction:
+    """Simulate ``setting`` on the fitted workload.
+
+    With ``start`` (the setting in force) the pipeline first runs
+    :func:`prefix_steps` steps under ``start`` (it fills as the run's did); then
+    ``setting`` is asked for at a step boundary, through the controller's own
+    re-tune path, as the autopilot will (``setting == start`` asks for nothing:
+    staying runs the same prefix and is measured the same way). The throughput
+    is measured over the ``steps`` steps from the switch (what the transition
+    costs counts against the candidate); the staleness p95 and waste the bounds
+    are checked on from the *settle point* on (the first step boundary at which
+    every group dispatched before the switch has ended, the autopilot's rule):
+    the new setting's steady state, not the old groups finishing. The run goes
+    on past ``steps`` (up to ``2 * steps`` after the switch) until ``steps // 2``
+    steps past the settle point are measured; when fewer than ``steps // 4``
+    are, the bounds are checked on every step from the switch on instead
+    (conservative for a narrowing; the prediction's ``settled_after`` is then
+    None). Without ``start``, or in cohort mode (it cannot re-tune mid-run),
+    ``setting`` runs from an empty pipeline for ``steps`` steps, measured past
+    the first quarter."""
+    assert cfg.simulate is not None
+    if start is None or cfg.simulate.mode != "per_group":
+        res = simulate(_with_knobs(cfg, setting), sampler_override=_sampler(cfg, setting["window"]),
+                       latency=latency, record_intervals=False, steps=steps)
+        skip = min(steps // 4, len(res.records) - 1)
+        tput, p95, waste = _facts(res.records, skip, len(res.records))
+        return Prediction(setting, tput, p95, waste, _keeps(p95, waste, bounds))
+    prefix = prefix_steps(steps)
+    res = simulate(_with_knobs(cfg, start), sampler_override=_sampler(cfg, start["window"]),
+                   latency=latency, record_intervals=False, steps=prefix + 2 * steps,
+                   retune_at=(prefix, setting), stop_after=(steps, steps // 2))
+    records, settled = res.records, res.settled_at
+    tput, moved_p95, _ = _facts(records, prefix, min(prefix + steps, len(records)))
+    if settled is not None and len(records) - settled >= max(1, steps // 4):
+        _, p95, waste = _facts(records, settled, len(records))
+    else:  # not settled in time: every step from the switch on
+        settled = None
+        _, p95, waste = _facts(records, prefix, len(records))
+    return Prediction(setting, tput, p95, waste, _keeps(p95, waste, bounds),
+                      transition_p95=moved_p95,
+                      settled_after=None if settled is None else settled - prefix)
+
+
+def prefix_steps(steps: int) -> int:
+    """Steps a prediction runs the setting in force before it changes (half of
+    ``plan_steps``, at least two): the pipeline fills as the run's did."""
+    return max(2, steps // 2)
+
+
+def _with_knobs(cfg: RunConfig, setting: dict[str, Any]) -> RunConfig:
+    return cfg.model_copy(update={"async_rl": cfg.async_rl.model_copy(update={
         "max_inflight_prompts": setting["max_inflight_prompts"],
         "max_buffered_rollouts": setting["max_buffered_rollouts"]})})
-    res = simulate(run, sampler_override=_sampler(cfg, setting["window"]), latency=latency,
-                   record_intervals=False)
-    records = res.records
-    skip = min(steps // 4, len(records) - 1)
-    part = records[skip:]
-    span = part[-1]["wall_time_s"] - (records[skip - 1]["wall_time_s"] if skip else 0.0)
+
+
+def _facts(records: list[dict[str, Any]], lo: int, hi: int) -> tuple[float, float, float]:
+    """(groups trained per second, staleness p95, waste) of ``records[lo:hi]``."""
+    part = records[lo:hi]
+    if not part:
+        return 0.0, 0.0, 0.0
+    span = part[-1]["wall_time_s"] - (records[lo - 1]["wall_time_s"] if lo else 0.0)
     trained = sum(r["groups_trained"] for r in part)
     wasted = sum(r["groups_evicted"] + r["groups_aborted"] for r in part)
     hist: collections.Counter[int] = collections.Counter()
@@ -189,11 +241,14 @@ def predict(cfg: RunConfig, latency: Empirical, setting: dict[str, Any], steps: 
         hist.update({int(k): n for k, n in r["staleness_hist"].items()})
     p95 = float(hist_quantile(hist, 0.95)) if hist else 0.0
     waste = wasted / (wasted + trained) if wasted + trained else 0.0
-    keeps = not ((bounds.get("max_staleness_p95") is not None
-                  and p95 > bounds["max_staleness_p95"])
-                 or (bounds.get("max_waste_frac") is not None
-                     and waste > bounds["max_waste_frac"]))
-    return Prediction(setting, trained / span if span > 0 else 0.0, p95, waste, keeps)
+    return trained / span if span > 0 else 0.0, p95, waste
+
+
+def _keeps(p95: float, waste: float, bounds: dict[str, Any]) -> bool:
+    return not ((bounds.get("max_staleness_p95") is not None
+                 and p95 > bounds["max_staleness_p95"])
+                or (bounds.get("max_waste_frac") is not None
+                    and waste > bounds["max_waste_frac"]))
 
 
 def excess(c: Prediction, bounds: dict[str, Any]) -> float:
@@ -252,14 +307,15 @@ def plan(cfg: RunConfig, request: PlanRequest, min_gain: float = 0.0) -> PlanRes
     if model is None:
         return PlanResult({}, [], None, None, time.perf_counter() - t0, why)
     latency = Empirical(tuple(model.pop("latencies")), f"the last {len(request.records)} steps")
-    base = _plan_config(cfg, model, request.plan_steps)
+    base = _plan_config(cfg, model, prefix_steps(request.plan_steps) + 2 * request.plan_steps)
 
     def predicted(settings: list[dict[str, Any]]) -> list[Prediction]:
         out = []
         for setting in settings:
             try:
-                out.append(predict(base, latency, setting, request.plan_steps, request.bounds))
-            except (SetupError, ConfigError):
+                out.append(predict(base, latency, setting, request.plan_steps, request.bounds,
+                                   start=request.setting))
+            except (SetupError, ConfigError):  # RetuneRefused is a SetupError
                 continue  # a setting the controller refuses is no candidate
         return out
 
@@ -282,7 +338,7 @@ def plan(cfg: RunConfig, request: PlanRequest, min_gain: float = 0.0) -> PlanRes
 def measured_bias(current: Prediction, measured: dict[str, Any]) -> dict[str, float]:
     """The model's bias on the setting in force: the staleness p95 and waste the
     run measured above what the model predicts for the same setting (a
-    simulation from an empty pipeline is short beside a heavy tail, and the
+    short simulation misses part of a heavy tail, and the
     window's latencies miss the generations still running). Only a bias upward
     counts: the bounds are kept conservatively."""
     return {"staleness_p95": max(0.0, float(measured["staleness_p95"]) - current.staleness_p95),

@@ -107,6 +107,10 @@ class SimResult:
     autopilot: list[dict[str, Any]] = dataclasses.field(default_factory=list, repr=False)
     #: The autopilot's profile at the end (``autopilot_profile.json``), None when it is off.
     profile: dict[str, Any] | None = dataclasses.field(default=None, repr=False)
+    #: With ``simulate(retune_at=(k, setting))``: the settle point, the first step
+    #: boundary after ``k`` at which every group dispatched before the switch had
+    #: left the buffer (None: not within the run, or no switch).
+    settled_at: int | None = None
 
     def autopilot_line(self) -> str:
         """One line on what the autopilot did ("" when it was off)."""

@@ -11,6 +11,7 @@ yardstick, is in :mod:`asyncrl.sim.reference`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import time
@@ -45,6 +46,7 @@ from asyncrl.sim.result import (
     sampler_label,
     sampler_window,
 )
+from asyncrl.types import StopReason
 
 #: The built-in policies ``compare`` knows, in the order the docs discuss them.
 BUILTIN_POLICIES = tuple(WINDOW_FIELD)
@@ -118,6 +120,8 @@ def simulate(
     clock: LoopKind = "jump",
     latency: LatencyModel | None = None,
     planner: Any = None,
+    retune_at: tuple[int, dict[str, Any]] | None = None,
+    stop_after: tuple[int, int] | None = None,
 ) -> SimResult:
     """Run ``cfg``'s setup for ``steps`` (default ``simulate.steps``) steps under virtual time.
 
@@ -133,6 +137,18 @@ def simulate(
     (the autopilot's planner fits one). ``planner``: the model-based autopilot's
     (:class:`asyncrl.sim.planner.ModelPlanner` with ``inline=True``: it answers
     at once, since the virtual clock stands still while it plans).
+    ``retune_at``: ``(k, setting)`` asks for ``setting`` (the re-tune knobs:
+    ``max_inflight_prompts``, ``window``, ``max_buffered_rollouts``) at the step
+    boundary after step ``k`` through :meth:`Controller.retune`, as a running
+    job's autopilot does (a setting equal to the one in force asks for nothing,
+    as an autopilot that holds); the planner simulates a change from a full
+    pipeline this way (per-group mode only). The result's ``settled_at`` is the
+    *settle point*: the first later step boundary at which every group
+    dispatched before the switch has left the buffer (the autopilot's own rule,
+    :class:`asyncrl.controller.autoplan.PlannedAutopilot`). ``stop_after``
+    (with ``retune_at``): ``(a, b)`` stops the run at the first step boundary
+    at least ``a`` steps past the switch and ``b`` past the settle point
+    (``steps`` stays the most it runs).
     """
     sim = _sim_block(cfg)
     if latency is None:
@@ -148,6 +164,9 @@ def simulate(
         async_rl = async_rl.model_copy(
             update={"sampler": parse_sampler_config(sampler_override)})
     if sim.mode == "cohort":
+        if retune_at is not None:
+            raise ConfigError("simulate(retune_at=...) needs simulate.mode: per_group "
+                              "(cohort mode cannot re-tune mid-run)")
         return cohort_result(cfg, async_rl.sampler, latency, num_steps,
                              bound=physical_bound(cfg, latency), note=note,
                              record_intervals=record_intervals, on_step=on_step)
@@ -171,7 +190,11 @@ def simulate(
             "planner=asyncrl.sim.planner.ModelPlanner(cfg, inline=True) (asyncrl simulate "
             "does), or simulate with mode: aimd or the autopilot off")
 
-    async def _step_hook(_controller: Controller, version: int) -> None:
+    switch = _Switch(*retune_at, stop_after) if retune_at is not None else None
+
+    async def _step_hook(controller: Controller, version: int) -> None:
+        if switch is not None:
+            switch.at_boundary(controller, version)
         if on_step is not None:
             on_step(version)
 
@@ -180,7 +203,8 @@ def simulate(
         controller = holder["c"] = Controller(
             task=SimTask(), engines=[engine], trainer=trainer, grpo=grpo, async_rl=async_rl,
             seed=cfg.seed, deterministic=cfg.deterministic, sinks=[sink],
-            on_step_end=_step_hook if on_step is not None else None, planner=planner,
+            on_step_end=_step_hook if on_step is not None or retune_at is not None else None,
+            planner=planner,
         )
         engine.on_resize.append(controller.fleet.fleet_changed)  # what a real fleet change does
         engine.schedule_fleet()
@@ -191,8 +215,43 @@ def simulate(
         run_virtual(_run(), loop=clock)
     wall = time.perf_counter() - t0
     controller = holder["c"]
-    return _result(controller, engine, trainer, sink, sim, physical_bound(cfg, latency), wall, note,
-                   sampler_label(async_rl.sampler), sampler_window(async_rl.sampler))
+    result = _result(controller, engine, trainer, sink, sim, physical_bound(cfg, latency), wall,
+                     note, sampler_label(async_rl.sampler), sampler_window(async_rl.sampler))
+    result.settled_at = switch.settled_at if switch is not None else None
+    return result
+
+
+@dataclasses.dataclass
+class _Switch:
+    """``simulate(retune_at=(at, setting), stop_after=...)``: the change at its
+    step boundary, then the settle point (:func:`simulate`)."""
+
+    at: int
+    setting: dict[str, Any]
+    stop_after: tuple[int, int] | None
+    #: The buffer's next dispatch seq at the switch: every group below it was
+    #: dispatched under the setting before.
+    before_seq: int | None = None
+    settled_at: int | None = None
+
+    def at_boundary(self, controller: Controller, version: int) -> None:
+        buffer = controller.buffer
+        if version == self.at:
+            self.before_seq = buffer.next_seq
+            now = controller.retuner.target.as_dict()
+            if {**now, **self.setting} != now:  # applied at this step boundary
+                controller.retune(**self.setting)
+            return
+        if self.before_seq is None:
+            return
+        if self.settled_at is None:
+            oldest = buffer.oldest_seq()
+            if oldest is None or oldest >= self.before_seq:
+                self.settled_at = version
+        if self.settled_at is not None and self.stop_after is not None:
+            after_switch, after_settle = self.stop_after
+            if version >= max(self.at + after_switch, self.settled_at + after_settle):
+                controller.request_stop(StopReason.STOPPED, "measured past the settle point")
 
 
 class _FirstRecords(MemorySink):
