@@ -32,8 +32,8 @@ def quick_dict() -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------ the root
-# The simulator's path too: besides the seconds of import, torch's objects would
-# make each pass of the garbage collector in a simulated run several times longer.
+# The simulator's path too (asyncrl simulate, the planner's process): torch would
+# add ~1.5 s to each start.
 @pytest.mark.e2e
 @pytest.mark.parametrize("module", ["asyncrl", "asyncrl.sim.runner", "asyncrl.cli.simulate"])
 def test_import_asyncrl_imports_no_torch_and_no_backend(module: str) -> None:
