@@ -80,9 +80,8 @@ class AutopilotConfig(Block):
     #: setting instead of the configured one (asyncrl.controller.profile). A
     #: resumed run goes on with its checkpoint's setting and does not read it.
     reuse: str | None = None
-    #: Read the engines' load where they report it (vLLM, the simulator:
-    #: asyncrl.engines.ReportsPressure): aimd moves the bound by it, a plan is
-    #: held from raising it while they preempt; false: the step records only.
+    #: aimd reads the engines' load where they report it (vLLM, the simulator:
+    #: asyncrl.engines.ReportsPressure); false: the step records only.
     engine_signals: bool = True
     #: KV-cache usage above this: trim the bound (times ``trim``).
     kv_high: Fraction = 0.9

@@ -151,16 +151,12 @@ class Autopilot:
 
     def wants_pressure(self, steps_done: int) -> bool:
         """Asked by the controller just before :meth:`after_step`: whether this
-        boundary's decision reads the engines' pressure (``engine_signals`` on,
-        a decision may come) - the read waits on the engines, so only then."""
+        boundary's decision reads the engines' pressure (aimd, a decision due,
+        ``engine_signals`` on) - the read waits on the engines, so only then."""
+        cfg = self.cfg
         since = self._since(steps_done)
-        return (self.cfg.engine_signals and since > 0 and not self.frozen(steps_done)
-                and self._may_decide(since))
-
-    def _may_decide(self, since: int) -> bool:
-        """Whether a decision may be taken at the boundary ``since`` steps past the
-        warm-up (aimd: when one is due)."""
-        return since % self.cfg.replan_every_steps == 0
+        return (cfg.mode == "aimd" and cfg.engine_signals and since > 0
+                and not self.frozen(steps_done) and since % cfg.replan_every_steps == 0)
 
     def _since(self, steps_done: int) -> int:
         """Steps past the warm-up (a run's first boundary starts the count)."""

@@ -154,28 +154,10 @@ class PlannedAutopilot(Autopilot):
         self._gone_at: int | None = None
         #: Whether the plan in flight was asked for with a settled measurement.
         self._asked_settled = True
-        #: Preemptions the engines reported since the last decision, and their
-        #: newest pressure (None: not read since).
-        self._preempted = 0
-        self._pressure: EnginePressure | None = None
-
-    def _may_decide(self, since: int) -> bool:
-        # A plan is asked for when due, and answered at the first boundary after
-        # it is ready: both may decide.
-        running = self._running
-        return super()._may_decide(since) or (running is not None and running.done())
 
     def at_boundary(self, steps_done: int, records: list[dict[str, Any]], *, due: bool,
                     pressure: EnginePressure | None = None) -> None:
-        # The model has no KV cache: the engines' preemptions (they ran out of it)
-        # are what it cannot predict, so they only veto more in flight.
-        if pressure is not None:
-            # The first read has no baseline: what the engines preempted so far
-            # (the warm-up's) counts, as a veto errs on the side of holding.
-            first = self._preemptions is None
-            new = self._new_preemptions(pressure)
-            self._preempted += pressure.preemptions if first else new
-            self._pressure = pressure
+        # (The engines' pressure is aimd's: a plan reads the step records.)
         if self._gone_at is None and self._before_seq is not None:
             oldest = self.retuner.ctx.buffer.oldest_seq()
             if oldest is None or oldest >= self._before_seq:
@@ -261,14 +243,6 @@ class PlannedAutopilot(Autopilot):
             return
         self.model = result.model or self.model  # ({} when there was too little to fit)
         action, reason, chosen = self._choose(result, measured)
-        preempted, self._preempted = self._preempted, 0
-        previous = base["previous"]["max_inflight_prompts"]
-        if (chosen is not None and preempted
-                and (chosen.setting.get("max_inflight_prompts") or 0) > previous):
-            action, chosen = "hold", None
-            reason += (f"; held: the engines preempted {preempted} requests since the last "
-                       "decision (out of KV cache, which the model does not see), so no "
-                       "more in flight")
         changed = False
         if chosen is not None:
             try:
@@ -283,9 +257,7 @@ class PlannedAutopilot(Autopilot):
         kept = chosen if changed else result.current
         self._predicted = kept.as_dict() if kept is not None else None
         asked = self.retuner.pending or self.retuner.target  # applied at this boundary
-        pressure, self._pressure = self._pressure, None
         self.record({**base, "action": action, "reason": reason, "setting": asked.as_dict(),
-                     "pressure": None if pressure is None else dataclasses.asdict(pressure),
                      "predicted": self._predicted, "model": result.model,
                      "candidates": [c.as_dict() for c in result.candidates],
                      "plan_s": result.plan_s}, changed=changed)
@@ -329,7 +301,6 @@ class PlannedAutopilot(Autopilot):
         super().fleet_changed(rollout_slots)
         self.rollout_slots = rollout_slots
         self._winner, self._wins = None, 0
-        self._preempted = 0
 
     def close(self) -> None:
         self.planner.close()
