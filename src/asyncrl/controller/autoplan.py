@@ -2,11 +2,13 @@
 
 Every ``replan_every_steps`` steps after the warm-up the autopilot hands a
 :class:`PlanRequest` - the setting in force, the knobs it may move, the
-bounds, and the run's own recent steps (the newest ``fit_steps`` step records
-and the timeline of the same stretch) - to a :class:`Planner`. The planner
-fits a model of the run to that window and searches the settings one bounded
-move away (``asyncrl.sim.planner`` is the built-in one: the ``--calibrate``
-fit and the simulator). Planning never blocks the run: the request is
+bounds, the run's own recent steps (the newest ``fit_steps`` step records
+and the timeline of the same stretch) and its live groups now (a
+:class:`~asyncrl.controller.snapshot.RunState`, taken only then) - to a
+:class:`Planner`. The planner fits a model of the run to that window and
+searches the settings one bounded move away, each simulated from the run's
+state (``asyncrl.sim.planner`` is the built-in one: the ``--calibrate`` fit
+and the simulator). Planning never blocks the run: the request is
 *submitted* and the answer is read at a later step boundary when it is ready
 (a planner in a process); in virtual time the planner answers at once, since
 the simulated clock does not move while it thinks.
@@ -43,6 +45,7 @@ from typing import Any, Protocol, runtime_checkable
 from asyncrl.config.autopilot import AutopilotConfig
 from asyncrl.controller.autopilot import Autopilot, WindowStats
 from asyncrl.controller.retune import Retuner, Setting
+from asyncrl.controller.snapshot import RunState, run_state
 from asyncrl.engines.capabilities import EnginePressure
 from asyncrl.errors import RetuneRefused, UsageError
 
@@ -78,6 +81,9 @@ class PlanRequest:
     #: measured under the setting in force
     #: (:class:`~asyncrl.controller.autopilot.WindowStats` as a dict).
     measured: dict[str, Any] | None = None
+    #: The run's live groups at this step boundary, which a plan starts from
+    #: (:mod:`asyncrl.controller.snapshot`; None: a request built by hand).
+    state: RunState | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,7 +191,8 @@ class PlannedAutopilot(Autopilot):
             rollout_slots=self.rollout_slots,
             sampler=self.retuner.ctx.cfg.sampler.model_dump(mode="json"),
             measured=(dataclasses.asdict(WindowStats.of(records[-self._measure_steps(steps_done):]))
-                      if self._asked_settled else None))
+                      if self._asked_settled else None),
+            state=run_state(self.retuner.ctx, self.retuner.dispatcher))
 
     def _settled(self, steps_done: int) -> bool:
         """True when the steps measured ran under the setting in force: a change

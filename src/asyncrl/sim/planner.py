@@ -14,12 +14,19 @@ in three steps:
    the in-flight bound and the capacity by ``max_move``, alone or together; the
    capacity never below what the window needs) on the fitted workload, every
    candidate with the same seed (common random numbers: differences are the
-   settings', not the draws'), switched to from the setting in force after a
-   prefix that fills the pipeline (:func:`predict`: throughput from the
-   switch, the bound facts from the settle point on); from 1,024 groups per
-   step in cohort mode, from an empty pipeline (it cannot re-tune mid-run);
-   each prediction corrected by the model's bias on the setting in force
-   (:func:`corrected`: what the run measured above what the model predicted);
+   settings', not the draws'), simulated from the run's exact state at the
+   decision (the request's :class:`~asyncrl.controller.snapshot.RunState`,
+   loaded by :mod:`asyncrl.sim.seed`: the trainer at the run's version, the
+   buffered groups, the in-flight ones running for the time they have left,
+   drawn once per plan from the fitted latencies conditioned on their ages)
+   and switched to before the first step (:func:`predict`: throughput from
+   the switch, the bound facts from the settle point on); a request without
+   a state switches after a prefix under the setting in force that fills the
+   pipeline like the run's; from 1,024 groups per step in cohort mode, from
+   an empty pipeline (it cannot re-tune mid-run nor start from a run's
+   groups); each prediction corrected by the model's bias on the setting in
+   force (:func:`corrected`: what the run measured above what the model
+   predicted);
 3. **pick** (:func:`pick`): the most throughput among the candidates that keep
    the bounds (``objective: staleness``: the least staleness p95 within
    ``min_gain`` of it); when none keeps them, the one nearest to them; the
@@ -36,6 +43,7 @@ import concurrent.futures
 import dataclasses
 import math
 import multiprocessing
+import random
 import time
 from typing import Any
 
@@ -48,6 +56,7 @@ from asyncrl.sampling import WINDOW_FIELD, create_sampler, parse_sampler_config
 from asyncrl.sim.calibrate import fit_trainer
 from asyncrl.sim.latency import Empirical
 from asyncrl.sim.runner import simulate
+from asyncrl.sim.seed import Start, start_of
 
 #: Fewer finished generations in the window than this: no fit, no plan.
 MIN_GENERATIONS = 8
@@ -173,26 +182,29 @@ def _plan_config(cfg: RunConfig, model: dict[str, Any], steps: int) -> RunConfig
 
 
 def predict(cfg: RunConfig, latency: Empirical, setting: dict[str, Any], steps: int,
-            bounds: dict[str, Any], *, start: dict[str, Any] | None = None) -> Prediction:
+            bounds: dict[str, Any], *, start: dict[str, Any] | None = None,
+            state: Start | None = None) -> Prediction:
     """Simulate ``setting`` on the fitted workload.
 
-    With ``start`` (the setting in force) the pipeline first runs
-    :func:`prefix_steps` steps under ``start`` (it fills as the run's did); then
-    ``setting`` is asked for at a step boundary, through the controller's own
-    re-tune path, as the autopilot will (``setting == start`` asks for nothing:
-    staying runs the same prefix and is measured the same way). The throughput
-    is measured over the ``steps`` steps from the switch (what the transition
-    costs counts against the candidate); the staleness p95 and waste the bounds
-    are checked on from the *settle point* on (the first step boundary at which
-    every group dispatched before the switch has ended, the autopilot's rule):
-    the new setting's steady state, not the old groups finishing. The run goes
-    on past ``steps`` (up to ``2 * steps`` after the switch) until ``steps // 2``
-    steps past the settle point are measured; when fewer than ``steps // 4``
-    are, the bounds are checked on every step from the switch on instead
-    (conservative for a narrowing; the prediction's ``settled_after`` is then
-    None). Without ``start``, or in cohort mode (it cannot re-tune mid-run),
-    ``setting`` runs from an empty pipeline for ``steps`` steps, measured past
-    the first quarter."""
+    With ``state`` (the run's state at the decision, ``start`` the setting in
+    force there) the simulation starts from the run's own groups
+    (:mod:`asyncrl.sim.seed`) and ``setting`` is asked for before its first
+    step, through the controller's own re-tune path, as the autopilot will ask
+    for it at that step boundary (``setting == start`` asks for nothing: staying
+    is measured the same way). With ``start`` alone (a request without a state)
+    the pipeline is filled first: :func:`prefix_steps` steps under ``start``,
+    then the switch. The throughput is measured over the ``steps`` steps from
+    the switch (what the transition costs counts against the candidate); the
+    staleness p95 and waste the bounds are checked on from the *settle point*
+    on (the first step boundary at which every group dispatched before the
+    switch has ended, the autopilot's rule): the new setting's steady state,
+    not the old groups finishing. The run goes on past ``steps`` (up to
+    ``2 * steps`` after the switch) until ``steps // 2`` steps past the settle
+    point are measured; when fewer than ``steps // 4`` are, the bounds are
+    checked on every step from the switch on instead (conservative for a
+    narrowing; the prediction's ``settled_after`` is then None). Without
+    either, or in cohort mode (it cannot re-tune mid-run), ``setting`` runs
+    from an empty pipeline for ``steps`` steps, measured past the first quarter."""
     assert cfg.simulate is not None
     if start is None or cfg.simulate.mode != "per_group":
         res = simulate(_with_knobs(cfg, setting), sampler_override=_sampler(cfg, setting["window"]),
@@ -200,10 +212,11 @@ def predict(cfg: RunConfig, latency: Empirical, setting: dict[str, Any], steps: 
         skip = min(steps // 4, len(res.records) - 1)
         tput, p95, waste = _facts(res.records, skip, len(res.records))
         return Prediction(setting, tput, p95, waste, _keeps(p95, waste, bounds))
-    prefix = prefix_steps(steps)
+    prefix = 0 if state is not None else prefix_steps(steps)
     res = simulate(_with_knobs(cfg, start), sampler_override=_sampler(cfg, start["window"]),
                    latency=latency, record_intervals=False, steps=prefix + 2 * steps,
-                   retune_at=(prefix, setting), stop_after=(steps, steps // 2))
+                   retune_at=(prefix, setting), stop_after=(steps, steps // 2),
+                   start_state=state)
     records, settled = res.records, res.settled_at
     tput, moved_p95, _ = _facts(records, prefix, min(prefix + steps, len(records)))
     if settled is not None and len(records) - settled >= max(1, steps // 4):
@@ -217,8 +230,9 @@ def predict(cfg: RunConfig, latency: Empirical, setting: dict[str, Any], steps: 
 
 
 def prefix_steps(steps: int) -> int:
-    """Steps a prediction runs the setting in force before it changes (half of
-    ``plan_steps``, at least two): the pipeline fills as the run's did."""
+    """Steps a prediction without the run's state runs the setting in force
+    before it changes (half of ``plan_steps``, at least two): the pipeline
+    fills like the run's."""
     return max(2, steps // 2)
 
 
@@ -308,13 +322,21 @@ def plan(cfg: RunConfig, request: PlanRequest, min_gain: float = 0.0) -> PlanRes
         return PlanResult({}, [], None, None, time.perf_counter() - t0, why)
     latency = Empirical(tuple(model.pop("latencies")), f"the last {len(request.records)} steps")
     base = _plan_config(cfg, model, prefix_steps(request.plan_steps) + 2 * request.plan_steps)
+    state = None
+    if request.state is not None and base.simulate is not None \
+            and base.simulate.mode == "per_group":
+        # Drawn once: every candidate starts from the same groups with the same
+        # time left (common random numbers).
+        state = start_of(request.state, latency.values,
+                         random.Random(f"asyncrl-plan:{cfg.seed}:{request.step}"))
+        model["inflight_at_start"] = request.state.inflight
 
     def predicted(settings: list[dict[str, Any]]) -> list[Prediction]:
         out = []
         for setting in settings:
             try:
                 out.append(predict(base, latency, setting, request.plan_steps, request.bounds,
-                                   start=request.setting))
+                                   start=request.setting, state=state))
             except (SetupError, ConfigError):  # RetuneRefused is a SetupError
                 continue  # a setting the controller refuses is no candidate
         return out
