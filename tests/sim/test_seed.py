@@ -21,7 +21,7 @@ from asyncrl.metrics import MemorySink
 from asyncrl.sim.backends import SimEngine, SimTask, SimTrainer
 from asyncrl.sim.clock import run_virtual
 from asyncrl.sim.latency import Empirical, make_latency_model
-from asyncrl.sim.planner import _facts, predict
+from asyncrl.sim.planner import ModelPlanner, _facts, predict
 from asyncrl.sim.runner import simulate
 from asyncrl.sim.seed import MIN_ABOVE, Tail, remaining, seed, start_of
 
@@ -247,3 +247,45 @@ def test_planning_from_the_state_predicts_the_next_steps_better(run_seed: int) -
     err_state = abs(from_state.throughput / truth - 1)
     err_prefix = abs(from_prefix.throughput / truth - 1)
     assert err_state < 0.05 and err_prefix > 0.15, (truth, from_state, from_prefix)
+
+
+class _Recording:
+    """The inline planner, keeping every request and its answer."""
+
+    def __init__(self, cfg) -> None:
+        self.inner = ModelPlanner(cfg, inline=True)
+        self.asked: list = []
+
+    def submit(self, request):
+        future = self.inner.submit(request)
+        self.asked.append((request, future.result()))
+        return future
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def test_the_planners_process_plans_the_same_from_the_state() -> None:
+    """A request's state crosses into the planner's process (``asyncrl train``'s
+    way) and the plan there is the one made inline: the same draws of the
+    time left, the same candidates."""
+    cfg = config_from_dict({
+        "grpo": {"num_prompts_per_step": 8, "num_generations_per_prompt": 2},
+        "async_rl": {"sampler": {"name": "ready_first", "max_staleness_versions": 3},
+                     "max_buffered_rollouts": 32, "max_inflight_prompts": 32,
+                     "min_groups_for_streaming_train": 8,
+                     "autopilot": {"enabled": True, "mode": "plan", "replan_every_steps": 3,
+                                   "plan_steps": 8, "bounds": {"max_staleness_p95": 1.0}}},
+        "simulate": {"steps": 8, "rollout_slots": 64, "train_step_s": 4.0,
+                     "weight_sync_s": 1.0, "generation_latency_s": {
+                         "distribution": "lognormal", "median": 10.0, "sigma": 1.0}}})
+    recording = _Recording(cfg)
+    simulate(cfg, planner=recording)
+    request, inline = next((r, a) for r, a in recording.asked if r.state.inflight)
+    assert inline.model["inflight_at_start"] == request.state.inflight
+    planner = ModelPlanner(cfg)
+    try:
+        result = planner.submit(request).result()
+    finally:
+        planner.close()
+    assert result.candidates == inline.candidates and result.best == inline.best
