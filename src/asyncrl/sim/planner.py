@@ -9,6 +9,10 @@ in three steps:
    the generation latency as the window's own finished generations, resampled
    (an empirical, time-based model: it follows a workload that shifts, but
    not the load dependence ``--calibrate``'s ``tokens`` model fits offline);
+   with the run's state, the groups still generating count too, as
+   right-censored observations of their ages (a Kaplan-Meier fit,
+   :mod:`asyncrl.sim.survival`: right after the latency grows, the long
+   groups have not finished yet);
 2. **search** the settings one bounded move from the one in force
    (:func:`candidate_settings`: the window by one version - ``plan`` mode only -,
    the in-flight bound and the capacity by ``max_move``, alone or together; the
@@ -57,6 +61,7 @@ from asyncrl.sim.calibrate import fit_trainer
 from asyncrl.sim.latency import Empirical
 from asyncrl.sim.runner import simulate
 from asyncrl.sim.seed import Start, start_of
+from asyncrl.sim.survival import censored_fit
 
 #: Fewer finished generations in the window than this: no fit, no plan.
 MIN_GENERATIONS = 8
@@ -73,14 +78,19 @@ def fit_model(cfg: RunConfig, request: PlanRequest) -> tuple[dict[str, Any] | No
     if len(gens) < MIN_GENERATIONS or len(request.records) < 2:
         return None, (f"too little data to fit: {len(gens)} finished generations and "
                       f"{len(request.records)} steps in the window")
-    latencies = [float(i["end"]) - float(i["start"]) for i in gens]
+    finished = [float(i["end"]) - float(i["start"]) for i in gens]
+    ages = _ages(request)
+    # With the run's state, the groups still generating count as censored
+    # observations (Kaplan-Meier): right after the latency grows, the finished
+    # ones are mostly the short ones. Without it, the finished ones as they are.
+    latencies = censored_fit(finished, ages) if ages else finished
     records = request.records
     groups = [{"state": "trained", "end_step": r["step"],
                "tokens": int(r.get("rollout/trained_tokens", 0))} for r in records]
     trainer, _ = fit_trainer(records, request.intervals, groups)
     n_gen = cfg.grpo.num_generations_per_prompt
     generated = sum(r.get("rollout/generated_tokens", 0) for r in records)
-    busy = n_gen * math.fsum(latencies)  # completion-seconds: tokens_per_s of each
+    busy = n_gen * math.fsum(finished)  # completion-seconds: tokens_per_s of each
     sim = cfg.simulate or SimulateConfig()
     slots = request.rollout_slots or (sim.rollout_slots if cfg.simulate is not None else
                                       request.engines * max(
@@ -89,7 +99,16 @@ def fit_model(cfg: RunConfig, request: PlanRequest) -> tuple[dict[str, Any] | No
             "tokens_per_s": generated / busy if generated and busy > 0 else sim.tokens_per_s,
             "latency_mean_s": math.fsum(latencies) / len(latencies),
             "latency_p95_s": sorted(latencies)[int(0.95 * (len(latencies) - 1))],
-            "generations": len(latencies), "latencies": latencies}, ""
+            "generations": len(finished), "censored": len(ages), "latencies": latencies}, ""
+
+
+def _ages(request: PlanRequest) -> list[float]:
+    """The ages of the request's groups generating a first attempt (the ones
+    whose age is known: :attr:`~asyncrl.controller.snapshot.LiveGroup.age_s`)."""
+    if request.state is None:
+        return []
+    return [g.age_s for g in request.state.groups
+            if g.end_weight is None and g.phase == "generating" and g.age_s is not None]
 
 
 def _required(cfg: RunConfig, window: int | None) -> int:

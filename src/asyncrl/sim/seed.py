@@ -123,7 +123,8 @@ def remaining(group: LiveGroup, tail: Tail, rng: random.Random) -> tuple[float, 
 
 def start_of(state: RunState, latencies: Sequence[float], rng: random.Random) -> Start:
     """``state`` with what each in-flight group has left, drawn with ``rng``
-    from the fitted ``latencies``."""
+    from the fitted ``latencies`` (the planner's fit, which already counts
+    these groups' ages as censored observations: :mod:`asyncrl.sim.survival`)."""
     tail = Tail(latencies)
     return Start(state, tuple(remaining(g, tail, rng) for g in state.groups
                               if g.end_weight is None))
