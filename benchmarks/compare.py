@@ -19,7 +19,8 @@ Every ``RESULT <name> <value>`` line a run prints is collected; the table
 shows per result the median of the rounds for base and head, the ratio
 head / base, and ``gain``: how many times better the head is (the ratio,
 inverted for costs: names ending in ``_s``, ``_ms``, ``_mb``, ``_gb``,
-``_bytes`` or ``overhead``, unless a ``_per_`` makes them a rate). The spread
+``_bytes``, ``overhead`` or ``_instructions``, unless a ``_per_`` makes them a
+rate; what follows a ``.`` names the workload and is not read). The spread
 (min-max) of each side is the noise to read the ratio against.
 
 ``--scripts each`` (default) runs each tree's own copy of a benchmark: one the
@@ -54,7 +55,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 DEFAULT_BENCHES = ("bench_simulate --steps 300", "bench_controller_overhead")
 RESULT_LINE = re.compile(r"^RESULT\s+(\S+)\s+(\S+)\s*$")
-COST_SUFFIXES = ("_ms", "_mb", "_gb", "_bytes", "overhead")
+COST_SUFFIXES = ("_ms", "_mb", "_gb", "_bytes", "overhead", "_instructions")
 
 
 @dataclasses.dataclass
@@ -105,9 +106,10 @@ def parse_results(stdout: str) -> dict[str, float]:
 
 def is_cost(name: str) -> bool:
     """Lower is better for this result (see the module docstring)."""
-    if "_per_" in name:  # a rate: groups_per_s, steps_per_wall_s
+    metric = name.split(".", 1)[0]  # what follows names the workload
+    if "_per_" in metric:  # a rate: groups_per_s, steps_per_wall_s
         return False
-    return name.endswith("_s") or name.endswith(COST_SUFFIXES)
+    return metric.endswith("_s") or metric.endswith(COST_SUFFIXES)
 
 
 def gain(name: str, base: float, head: float) -> float:

@@ -31,6 +31,10 @@ def test_results_benches_and_directions_parse() -> None:
     assert cmp.parse_results(out) == {"sim_steps_per_wall_s.balanced": 212.5, "t_s": 3.0}
     assert not cmp.is_cost("controller_groups_per_s") and not cmp.is_cost("sim_steps_per_wall_s")
     assert cmp.is_cost("sim_datacenter_1k_steps_s") and cmp.is_cost("admit_latency_p99_ms")
+    # The part after a dot names the workload: the metric decides.
+    assert cmp.is_cost("step_instructions.sim.long_tail") and cmp.is_cost("step_instructions")
+    assert not cmp.is_cost("sim_steps_per_cpu_s.training_bound")
+    assert cmp.gain("step_instructions.controller", base=30.0, head=20.0) == 1.5
     assert cmp.gain("t_s", base=4.0, head=2.0) == 2.0
     assert cmp.gain("groups_per_s", base=4.0, head=2.0) == 0.5
     runs = {"b": [cmp.Run("base", {"r_per_s": 10.0}, 0), cmp.Run("head", {"r_per_s": 30.0}, 0),
@@ -94,3 +98,28 @@ def test_a_ref_that_is_not_a_commit_is_one_clear_line(repo: Path) -> None:
     assert out.stderr.strip() == ("compare.py: BASE_REF 'no-such-ref' is not a commit of this "
                                   "repository; give a commit hash, branch or tag (git log "
                                   "--oneline)")
+
+
+def load_instructions():
+    spec = importlib.util.spec_from_file_location(
+        "bench_instructions", REPO / "benchmarks" / "bench_instructions.py")
+    module = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_instruction_counts_parse_and_take_the_set_up_out() -> None:
+    bench = load_instructions()
+    err = "==7== Events    : Ir\n==7== Collected : 3040483619\n==7==\n==7== I   refs:      3,040\n"
+    assert bench.parse_count(err) == 3040483619
+    with pytest.raises(RuntimeError, match="no instruction count"):
+        bench.parse_count("==7== something else\n")
+    # What both runs share (imports, set-up, the first LO steps) cancels out.
+    assert bench.per_step(20, 120, 3_000_000_000 + 20 * 7, 3_000_000_000 + 120 * 7) == 7
+    with pytest.raises(ValueError, match=r"HI .* must be larger"):
+        bench.per_step(120, 20, 1, 2)
+    lo = "==9== I1  misses:       44,807,065\n==9== D1  misses:       28,823,541  (21.9M rd + 6.9M wr)\n"
+    hi = "==9== I1  misses:      121,492,973\n==9== D1  misses:       79,153,596  (60.6M rd + 18.5M wr)\n"
+    assert bench.misses(lo, hi) == [("I1", 44_807_065, 121_492_973),
+                                    ("D1", 28_823_541, 79_153_596)]

@@ -155,6 +155,35 @@ def test_the_reaper_kills_what_a_dead_owner_left_unless_released(end):
             child.kill()
 
 
+#: Starts a process the way vLLM starts its engine core (multiprocessing, spawn,
+#: inside own_session), lets it end, and exits without joining it.
+SPAWNER = """
+import multiprocessing, os, time
+from multiprocessing.connection import wait
+from asyncrl.engines.vllm import setup
+
+if __name__ == "__main__":
+    with setup.own_session():
+        child = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(0,))
+        child.start()
+    print(os.getsid(child.pid) == child.pid, len(setup._SPAWNED), flush=True)
+    wait([child.sentinel])  # it ends, unreaped: vLLM's shutdown leaves its engine core so
+"""
+
+
+@pytest.mark.e2e
+def test_processes_started_in_their_own_session_leave_no_popen_running_at_exit():
+    """Neither the spawned process nor multiprocessing's resource tracker (which
+    lives until this process ends) is a Popen that the interpreter's teardown
+    finds "still running" (a ResourceWarning at every xdist worker's exit that
+    had started vLLM)."""
+    proc = subprocess.run([sys.executable, "-W", "default::ResourceWarning", "-c", SPAWNER],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "ResourceWarning" not in proc.stderr, proc.stderr
+    assert proc.stdout.split() == ["True", "1"]  # its own session; the one Popen kept
+
+
 def _blocks(path: Path, lang: str) -> list[str]:
     parts = path.read_text().split(f"```{lang}\n")[1:]
     return [part.split("```")[0] for part in parts]

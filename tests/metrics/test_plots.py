@@ -110,17 +110,57 @@ def test_the_training_curves_show_what_the_run_logged(tmp_path, figures) -> None
     assert "training (forward/backward)" in _texts(figures["step_time_vs_step.png"])
 
 
-def test_the_knobs_plot_follows_the_autopilot(tmp_path, figures) -> None:
-    records = [{"step": s, "autopilot/max_inflight_prompts": 8.0 + 4 * (s >= 2),
-                "autopilot/max_buffered_rollouts": 16.0, "autopilot/window": 2.0 - (s >= 3)}
-               for s in range(5)]
+def _knob_panels(fig) -> dict[str, object]:
+    """The knobs plot's panels by the first line of their y label."""
+    return {ax.get_ylabel().split("\n")[0]: ax for ax in fig.axes}
+
+
+def _line(ax, label_start: str):
+    (line,) = [ln for ln in ax.get_lines() if ln.get_label().startswith(label_start)]
+    return line
+
+
+def test_the_knobs_plot_gives_each_knob_its_own_panel(tmp_path, figures) -> None:
+    """In-flight bound and capacity in the hundreds, the window in single
+    versions: one panel each on a shared step axis, drawn as steps, a marker
+    per applied change, the workload's phase across every panel, and legends
+    beside the panels rather than over the lines."""
+    inflight = [192, 192, 81, 81, 310, 310]
+    capacity = [192, 192, 192, 81, 310, 310]
+    window = [2, 3, 3, 3, 3, 14]
+    records = [{"step": s, "autopilot/max_inflight_prompts": float(inflight[s]),
+                "autopilot/max_buffered_rollouts": float(capacity[s]),
+                "autopilot/window": float(window[s])} for s in range(6)]
     plots.plot_training_curves(records, tmp_path, run_name="r")
-    fig = figures["autopilot_knobs_vs_step.png"]
-    inflight, capacity = fig.axes[0].get_lines()
-    assert list(inflight.get_ydata()) == [8, 8, 12, 12, 12]
-    assert list(capacity.get_ydata()) == [16] * 5
-    assert list(fig.axes[1].get_lines()[0].get_ydata()) == [2, 2, 2, 1, 1]
-    assert {"in-flight bound", "buffer capacity", "window (right)",
-            "r: autopilot knobs vs step"} <= set(_texts(fig))
-    plots.plot_training_curves([{"step": 0, "train/loss": 1.0}], tmp_path)
-    assert "autopilot_knobs_vs_step.png" in figures  # (only from the first call)
+    assert "autopilot_knobs_vs_step.png" in figures
+    plots.plot_knobs(records, tmp_path / "k.png", "r", marks=[(3, "workload phase 2")])
+    fig = figures["k.png"]
+    panels = _knob_panels(fig)
+    assert list(panels) == ["in-flight bound", "buffer capacity", "window"]
+    top, middle, bottom = fig.axes
+    assert all(ax.get_shared_x_axes().joined(top, ax) for ax in fig.axes)
+    assert [ax.get_xlabel() for ax in fig.axes] == ["", "", "training step"]
+    assert top.get_title() == "r: autopilot knobs vs step"
+    for ax, values, changed in ((top, inflight, [2, 4]), (middle, capacity, [3, 4]),
+                                (bottom, window, [1, 5])):
+        held = _line(ax, "in force")
+        assert held.get_drawstyle() == "steps-post"
+        assert list(held.get_ydata()) == values
+        markers = _line(ax, "change applied")
+        assert list(markers.get_xdata()) == changed
+        assert list(markers.get_ydata()) == [values[s] for s in changed]
+        assert markers.get_label() == f"change applied ({len(changed)})"
+        phase = [ln for ln in ax.get_lines() if list(ln.get_xdata()) == [3, 3]]
+        assert len(phase) == 1  # the phase line crosses every panel
+        legend = ax.get_legend().get_window_extent()
+        assert legend.x0 >= ax.get_window_extent().x1  # beside the panel, not over it
+    assert "workload phase 2" in _texts(fig)
+    assert fig.get_size_inches()[1] >= 1.5 * len(fig.axes)
+
+
+def test_the_knobs_plot_without_a_window_has_two_panels(tmp_path, figures) -> None:
+    records = [{"step": s, "autopilot/max_inflight_prompts": 8.0 + 4 * (s >= 2),
+                "autopilot/max_buffered_rollouts": 16.0} for s in range(4)]
+    plots.plot_knobs(records, tmp_path / "k.png")
+    assert list(_knob_panels(figures["k.png"])) == ["in-flight bound", "buffer capacity"]
+    assert list(_line(figures["k.png"].axes[0], "change applied").get_xdata()) == [2]

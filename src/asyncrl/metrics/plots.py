@@ -119,29 +119,51 @@ def plot_training_curves(records: Sequence[dict[str, Any]], out_dir: Path,
     return paths
 
 
-#: The knobs the autopilot moves, as step records hold them (``autopilot/*``).
-AUTOPILOT_KNOBS = (("autopilot/max_inflight_prompts", "in-flight bound"),
-                   ("autopilot/max_buffered_rollouts", "buffer capacity"),
-                   ("autopilot/window", "window (right)"))
+#: The knobs the autopilot moves, as step records hold them (``autopilot/*``),
+#: with the y-axis label of each one's panel.
+AUTOPILOT_KNOBS = (("autopilot/max_inflight_prompts", "in-flight bound\n(groups)"),
+                   ("autopilot/max_buffered_rollouts", "buffer capacity\n(groups)"),
+                   ("autopilot/window", "window\n(versions)"))
 
 
-def plot_knobs(records: Sequence[dict[str, Any]], out: Path, run_name: str = "") -> Path:
-    """The staleness contract's knobs over the run (``async_rl.autopilot``): the
-    in-flight bound and the capacity in groups, the window on its own axis."""
+def knob_changes(steps: Sequence[int], values: Sequence[float]) -> list[tuple[int, float]]:
+    """(step, new value) wherever a knob's value differs from the step before:
+    where a change was applied (a record holds the setting in force during its step)."""
+    return [(s, v) for s, v, before in zip(steps[1:], values[1:], values) if v != before]
+
+
+def plot_knobs(records: Sequence[dict[str, Any]], out: Path, run_name: str = "",
+               marks: Sequence[tuple[int, str]] = ()) -> Path:
+    """The staleness contract's knobs over the run (``async_rl.autopilot``): one
+    panel per knob on a shared step axis - the in-flight bound and the capacity
+    run in the hundreds, the window in single versions, so no knob flattens
+    another - as steps (a value holds until the next change), a marker where a
+    change was applied, and ``marks`` (step, what: a workload phase, a fleet
+    change) as a dashed line across every panel."""
+    from matplotlib.ticker import MaxNLocator
+
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(6, 3.6))
-    for key, label in AUTOPILOT_KNOBS[:2]:
-        ax.step(*_series(records, key), where="post", lw=1.5, label=label)
-    ax.set_xlabel("training step")
-    ax.set_ylabel("groups")
-    window = ax.twinx()
-    window.step(*_series(records, AUTOPILOT_KNOBS[2][0]), where="post", color="gray", ls="--",
-                lw=1.2, label=AUTOPILOT_KNOBS[2][1])
-    window.set_ylabel("window (versions)")
-    ax.set_title(_titled(run_name, "autopilot knobs vs step"))
-    ax.grid(alpha=0.3)
-    handles, more = ax.get_legend_handles_labels(), window.get_legend_handles_labels()
-    ax.legend(handles[0] + more[0], handles[1] + more[1], loc="best", fontsize="small")
+    knobs = [(key, label) for key, label in AUTOPILOT_KNOBS if any(key in r for r in records)]
+    fig, axes = plt.subplots(len(knobs), 1, sharex=True, squeeze=False,
+                             figsize=(8, 0.7 + 1.7 * len(knobs)))
+    for ax, (key, label) in zip(axes[:, 0], knobs):
+        steps, values = _series(records, key)
+        ax.plot(steps, values, drawstyle="steps-post", lw=1.6, color="tab:blue",
+                label="in force")
+        changed = knob_changes(steps, values)
+        ax.plot([s for s, _ in changed], [v for _, v in changed], "o", ms=4.5,
+                color="tab:red", label=f"change applied ({len(changed)})")
+        for step, what in marks:  # named once, in the top panel's legend
+            ax.axvline(step, color="gray", ls="--", lw=1,
+                       label=what if ax is axes[0, 0] else "_nolegend_")
+        ax.set_ylabel(label)
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True, nbins=5))
+        ax.margins(y=0.15)  # a flat line stays off the frame
+        ax.grid(alpha=0.3)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small",
+                  frameon=False)
+    axes[-1, 0].set_xlabel("training step")
+    axes[0, 0].set_title(_titled(run_name, "autopilot knobs vs step"))
     return _save(fig, out)
 
 

@@ -131,6 +131,26 @@ def _safe_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "policy"
 
 
+def workload_marks(cfg: RunConfig, records: Sequence[dict[str, Any]]) -> list[tuple[int, str]]:
+    """Where the simulated workload changed, as (step, what) for the knobs plot:
+    each ``simulate.phases`` entry at its ``at_step`` (the trainer version from
+    which groups draw the new latency, the step trained at that version), each
+    ``simulate.fleet`` change at the first step that ended after its ``at_s``
+    (changes the run did not reach are left out)."""
+    sim = cfg.simulate
+    if sim is None:
+        return []
+    last = records[-1]["step"] if records else -1
+    marks = [(p.at_step, f"workload phase {i} (step {p.at_step})")
+             for i, p in enumerate(sim.phases, start=2) if p.at_step <= last]
+    for change in sim.fleet:
+        step = next((r["step"] for r in records if r.get("wall_time_s", -1.0) >= change.at_s),
+                    None)
+        if step is not None:
+            marks.append((step, f"fleet: {change.rollout_slots} slots (step {step})"))
+    return sorted(marks)
+
+
 def write_run_dir(
     results: Sequence[SimResult],
     run_dir: str | Path,
@@ -175,7 +195,8 @@ def write_run_dir(
                 from asyncrl.metrics.plots import plot_knobs
 
                 written.append(plot_knobs(result.records, out / f"autopilot_knobs_"
-                                          f"{_safe_name(result.sampler)}.png", run))
+                                          f"{_safe_name(result.sampler)}.png", run,
+                                          marks=workload_marks(cfg, result.records)))
     for result in results:
         if result.autopilot:  # every decision, as asyncrl train writes autopilot.jsonl
             path = out / f"autopilot_{_safe_name(result.sampler)}.jsonl"

@@ -144,6 +144,7 @@ class VLLMEngine:
                     AsyncEngineArgs(**args), stat_loggers=stat_loggers(self._gauge))
         except Exception as exc:
             setup.Reaper(setup.descendants() - before).reap()
+            setup.settle_spawned()
             self._remove_dirs()
             self._output.close()
             raise ConfigError(
@@ -375,6 +376,7 @@ class VLLMEngine:
                 self._reaper.reap()
             else:
                 self._reaper.release()
+            setup.settle_spawned()
             if self._former_cores is not None:
                 setup.restore_cores(self._former_cores)
             self._remove_dirs()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import importlib
 import json
 import os
@@ -201,9 +202,53 @@ if sys.stdin.buffer.read() != b"released":
 """
 
 
-#: Processes started by :func:`own_session`, kept referenced: a collected Popen of
-#: a live process would be reaped by subprocess, racing multiprocessing's own wait.
+#: Processes started by :func:`own_session`, kept referenced until multiprocessing
+#: has reaped them (:func:`settle_spawned`): a collected Popen of a live process
+#: would be reaped by subprocess, racing multiprocessing's own wait.
 _SPAWNED: list[subprocess.Popen[bytes]] = []
+
+
+def settle_spawned() -> None:
+    """Let go of the processes of :func:`own_session` that have ended.
+
+    multiprocessing waits for them, so their Popen never learns that they ended,
+    and one collected so - at the latest when the interpreter exits - warns
+    "subprocess N is still running" (ResourceWarning). ``active_children`` has
+    multiprocessing reap those of its children that exited; a Popen whose process
+    is then no child of this one any more is told so (poll finds no child to wait
+    for: returncode 0) and dropped. A process still running stays."""
+    import multiprocessing
+
+    multiprocessing.active_children()
+    for proc in list(_SPAWNED):
+        if not _unreaped_child(proc.pid):
+            proc.poll()
+            _SPAWNED.remove(proc)
+
+
+def _unreaped_child(pid: int) -> bool:
+    """``pid`` is a child of this process that nobody has waited for yet (running,
+    or ended and not reaped); WNOWAIT looks without reaping it. Without
+    ``os.waitid`` (macOS before Python 3.13) every one counts as such: kept."""
+    if not hasattr(os, "waitid"):
+        return True
+    try:
+        os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    return True
+
+
+@functools.cache
+def _settle_at_exit() -> None:
+    """Settle once more when this process exits: as a multiprocessing finalizer
+    with an exit priority below 0, it runs after multiprocessing has joined its
+    children at exit (a plain atexit handler may run before that, while a child
+    that just ended is not reaped yet) and before the interpreter's teardown
+    collects the Popens."""
+    from multiprocessing import util
+
+    util.Finalize(None, settle_spawned, exitpriority=-1)
 
 
 @contextlib.contextmanager
@@ -219,8 +264,13 @@ def own_session(output: IO[str] | None = None) -> Iterator[None]:
     stand-in with the same contract (``passfds`` kept open). Their stdout and
     stderr: ``output`` (a file), or this process's when None.
     """
-    from multiprocessing import util
+    from multiprocessing import resource_tracker, util
 
+    # multiprocessing's resource tracker lives as long as this process (and ignores
+    # SIGINT: a session of its own would change nothing). Started here, by
+    # multiprocessing itself, it is no Popen of ours that still runs at exit.
+    resource_tracker.ensure_running()
+    _settle_at_exit()
     original = util.spawnv_passfds
 
     def spawn(path: str, args: list[str], passfds: Iterable[int]) -> int:
