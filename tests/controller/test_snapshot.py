@@ -10,6 +10,8 @@ import asyncio
 import dataclasses
 import pickle
 
+import pytest
+
 from asyncrl.controller.snapshot import LiveGroup, RunState, run_state
 from asyncrl.sim.clock import run_virtual
 from tests.controller.conftest import FORGIVING, make_controller
@@ -138,4 +140,7 @@ def test_a_plan_request_carries_the_state_of_its_step_boundary() -> None:
     assert planner.requests
     for request in planner.requests:
         assert request.state == seen[request.step - 1] and request.state.version == request.step
+        # The boundary on the step records' clock: the latency fit places the
+        # in-flight groups' dispatch times on it (clock_s - age_s).
+        assert request.state.clock_s == pytest.approx(request.records[-1]["wall_time_s"])
     assert any(r.state.inflight for r in planner.requests)

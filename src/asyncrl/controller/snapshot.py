@@ -72,6 +72,11 @@ class RunState:
     groups: tuple[LiveGroup, ...]
     #: The prompts waiting for a permit or a slot, in queue order.
     queued: tuple[QueuedPrompt, ...]
+    #: The run's clock at the boundary on the step records' clock (their
+    #: ``wall_time_s``; None: not known): with it, an in-flight group's
+    #: dispatch time is ``clock_s - age_s``, which the latency fit needs to
+    #: tell the groups dispatched inside its window from the older ones.
+    clock_s: float | None = None
 
     @property
     def inflight(self) -> int:
@@ -98,7 +103,7 @@ def run_state(ctx: RunContext, dispatcher: Dispatcher) -> RunState:
                                 entry.attempts))
     queued = tuple(QueuedPrompt(e.stamp, e.batch_index, e.batch) for e in dispatcher.queue)
     return RunState(ctx.version.value, dispatcher.admitted, ctx.sampler.state_dict(),
-                    tuple(groups), queued)
+                    tuple(groups), queued, now - ctx.stats.t0)
 
 
 __all__ = ["LiveGroup", "QueuedPrompt", "RunState", "run_state"]

@@ -61,7 +61,7 @@ from asyncrl.sim.calibrate import fit_trainer
 from asyncrl.sim.latency import Empirical
 from asyncrl.sim.runner import simulate
 from asyncrl.sim.seed import Start, start_of
-from asyncrl.sim.survival import censored_fit
+from asyncrl.sim.survival import Observed, fit_latencies, observed
 
 #: Fewer finished generations in the window than this: no fit, no plan.
 MIN_GENERATIONS = 8
@@ -81,9 +81,11 @@ def fit_model(cfg: RunConfig, request: PlanRequest) -> tuple[dict[str, Any] | No
     finished = [float(i["end"]) - float(i["start"]) for i in gens]
     ages = _ages(request)
     # With the run's state, the groups still generating count as censored
-    # observations (Kaplan-Meier): right after the latency grows, the finished
-    # ones are mostly the short ones. Without it, the finished ones as they are.
-    latencies = censored_fit(finished, ages) if ages else finished
+    # observations, and every group is counted from the age it had when the
+    # window began (sim/survival.py: right after the latency grows the finished
+    # ones are mostly the short ones; the groups dispatched before the window
+    # are the long ones). Without it, the finished ones as they are.
+    latencies = fit_latencies(_observed(request, gens, ages)) if ages else finished
     records = request.records
     groups = [{"state": "trained", "end_step": r["step"],
                "tokens": int(r.get("rollout/trained_tokens", 0))} for r in records]
@@ -100,6 +102,21 @@ def fit_model(cfg: RunConfig, request: PlanRequest) -> tuple[dict[str, Any] | No
             "latency_mean_s": math.fsum(latencies) / len(latencies),
             "latency_p95_s": sorted(latencies)[int(0.95 * (len(latencies) - 1))],
             "generations": len(finished), "censored": len(ages), "latencies": latencies}, ""
+
+
+def _observed(request: PlanRequest, gens: list[dict[str, Any]],
+              ages: list[float]) -> list[Observed]:
+    """Every group the fit window saw (:class:`~asyncrl.sim.survival.Observed`):
+    the finished generations and the ages of the groups still generating, on
+    the records' clock (the window began when its first step did)."""
+    first, last = request.records[0], request.records[-1]
+    since = float(first["wall_time_s"]) - float(first.get("step_time_s") or 0.0)
+    assert request.state is not None  # ages come from the state
+    clock = request.state.clock_s
+    now = float(last["wall_time_s"]) if clock is None else clock
+    out = [observed(float(i["start"]), float(i["end"]), since, finished=True) for i in gens]
+    out += [observed(now - age, now, since, finished=False) for age in ages]
+    return out
 
 
 def _ages(request: PlanRequest) -> list[float]:
