@@ -10,9 +10,11 @@ in three steps:
    (an empirical, time-based model: it follows a workload that shifts, but
    not the load dependence ``--calibrate``'s ``tokens`` model fits offline);
    with the run's state, the groups still generating count too, as
-   right-censored observations of their ages (a Kaplan-Meier fit,
+   right-censored observations of their ages, and every group from the age it
+   had when the window began (a product-limit fit with delayed entry,
    :mod:`asyncrl.sim.survival`: right after the latency grows, the long
-   groups have not finished yet);
+   groups have not finished yet; those dispatched before the window are the
+   long ones);
 2. **search** the settings one bounded move from the one in force
    (:func:`candidate_settings`: the window by one version - ``plan`` mode only -,
    the in-flight bound and the capacity by ``max_move``, alone or together; the
