@@ -97,12 +97,18 @@ class Prediction:
     keeps_bounds: bool
     #: Planned from the setting in force (``asyncrl.sim.planner.predict``): the
     #: staleness p95 of the steps from the switch on, the transition included
-    #: (``staleness_p95`` is the steady state's, past the settle point), and
+    #: (``staleness_p95`` is the steady state's, past the settle point; from
+    #: the run's state every simulated step from the switch on, else the
+    #: ``plan_steps`` after it), and
     #: how many steps after the switch it settled (None: the candidate ran from
     #: an empty pipeline, or did not settle in time and its bounds were checked
     #: from the switch on).
     transition_p95: float | None = None
     settled_after: int | None = None
+    #: Planned from the run's state: the waste of the steps from the switch on
+    #: (with ``transition_p95``, over the whole simulated horizon; the bounds
+    #: are judged on it too). None otherwise.
+    transition_waste: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
