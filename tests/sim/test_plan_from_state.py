@@ -2,7 +2,9 @@
 switches the setting at a step boundary through the controller's own re-tune
 path and finds the settle point; the planner measures each candidate from a
 full pipeline - its throughput from the switch (the transition counts), its
-bound facts from the settle point on (the new setting's steady state)."""
+bound facts from the settle point on (the new setting's steady state). Here
+the pipeline is filled by a prefix (a request without the run's state);
+tests/sim/test_seed.py starts from the run's own groups."""
 
 from __future__ import annotations
 

@@ -2,11 +2,13 @@
 
 Every ``replan_every_steps`` steps after the warm-up the autopilot hands a
 :class:`PlanRequest` - the setting in force, the knobs it may move, the
-bounds, and the run's own recent steps (the newest ``fit_steps`` step records
-and the timeline of the same stretch) - to a :class:`Planner`. The planner
-fits a model of the run to that window and searches the settings one bounded
-move away (``asyncrl.sim.planner`` is the built-in one: the ``--calibrate``
-fit and the simulator). Planning never blocks the run: the request is
+bounds, the run's own recent steps (the newest ``fit_steps`` step records
+and the timeline of the same stretch) and its live groups now (a
+:class:`~asyncrl.controller.snapshot.RunState`, taken only then) - to a
+:class:`Planner`. The planner fits a model of the run to that window and
+searches the settings one bounded move away, each simulated from the run's
+state (``asyncrl.sim.planner`` is the built-in one: the ``--calibrate`` fit
+and the simulator). Planning never blocks the run: the request is
 *submitted* and the answer is read at a later step boundary when it is ready
 (a planner in a process); in virtual time the planner answers at once, since
 the simulated clock does not move while it thinks.
@@ -43,6 +45,7 @@ from typing import Any, Protocol, runtime_checkable
 from asyncrl.config.autopilot import AutopilotConfig
 from asyncrl.controller.autopilot import Autopilot, WindowStats
 from asyncrl.controller.retune import Retuner, Setting
+from asyncrl.controller.snapshot import RunState, run_state
 from asyncrl.engines.capabilities import EnginePressure
 from asyncrl.errors import RetuneRefused, UsageError
 
@@ -78,6 +81,9 @@ class PlanRequest:
     #: measured under the setting in force
     #: (:class:`~asyncrl.controller.autopilot.WindowStats` as a dict).
     measured: dict[str, Any] | None = None
+    #: The run's live groups at this step boundary, which a plan starts from
+    #: (:mod:`asyncrl.controller.snapshot`; None: a request built by hand).
+    state: RunState | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,12 +97,18 @@ class Prediction:
     keeps_bounds: bool
     #: Planned from the setting in force (``asyncrl.sim.planner.predict``): the
     #: staleness p95 of the steps from the switch on, the transition included
-    #: (``staleness_p95`` is the steady state's, past the settle point), and
+    #: (``staleness_p95`` is the steady state's, past the settle point; from
+    #: the run's state every simulated step from the switch on, else the
+    #: ``plan_steps`` after it), and
     #: how many steps after the switch it settled (None: the candidate ran from
     #: an empty pipeline, or did not settle in time and its bounds were checked
     #: from the switch on).
     transition_p95: float | None = None
     settled_after: int | None = None
+    #: Planned from the run's state: the waste of the steps from the switch on
+    #: (with ``transition_p95``, over the whole simulated horizon; the bounds
+    #: are judged on it too). None otherwise.
+    transition_waste: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -185,7 +197,8 @@ class PlannedAutopilot(Autopilot):
             rollout_slots=self.rollout_slots,
             sampler=self.retuner.ctx.cfg.sampler.model_dump(mode="json"),
             measured=(dataclasses.asdict(WindowStats.of(records[-self._measure_steps(steps_done):]))
-                      if self._asked_settled else None))
+                      if self._asked_settled else None),
+            state=run_state(self.retuner.ctx, self.retuner.dispatcher))
 
     def _settled(self, steps_done: int) -> bool:
         """True when the steps measured ran under the setting in force: a change

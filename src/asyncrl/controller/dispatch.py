@@ -12,7 +12,9 @@ Replacements of dropped groups (:mod:`asyncrl.controller.drops`) and of
 filtered ones (:mod:`asyncrl.controller.dynamic_sampling`) go to the front of
 the queue; groups in flight at a checkpoint come back there on resume,
 with the tokens they had then (:mod:`asyncrl.controller.partials`), and continue
-from them. Every prompt is in exactly one
+from them. A simulation that starts from a running job's state (the
+autopilot's planner) hands over the groups generating there instead, with
+their slots: :meth:`Dispatcher.adopt`. Every prompt is in exactly one
 explicit state, so the train pump can ask :meth:`Dispatcher.starved` — "can
 any group become ready before I act?" — from that state alone.
 """
@@ -22,7 +24,7 @@ from __future__ import annotations
 import collections
 import enum
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from asyncrl._util.change_signal import ChangeSignal
@@ -31,6 +33,7 @@ from asyncrl.controller.attempts import AttemptRunner, Exhausted, Fatal
 from asyncrl.controller.context import RunContext
 from asyncrl.controller.determinism import NoDeterminism
 from asyncrl.controller.entry import Entry, EntryState, entry_from_dict, entry_to_dict
+from asyncrl.controller.lookahead import Lookahead
 from asyncrl.controller.validation import groups_per_batch
 from asyncrl.engines.base import RolloutEngine
 from asyncrl.errors import BackendBug, DynamicSamplingBudgetExceeded, TooManyFailedGroups
@@ -53,36 +56,6 @@ class AdmitState(enum.Enum):
     EXHAUSTED = "exhausted"  # the prompt source is dry: nothing more to admit
 
 
-class _Source:
-    """The task's prompt source, with one prompt of lookahead (to know it is dry)."""
-
-    def __init__(self, source: PromptSource) -> None:
-        self.source = source
-        self.held: collections.deque[Prompt] = collections.deque()
-        self.exhausted = False
-        #: Prompts read from the task so far (the summary accounts for each).
-        self.drawn = 0
-
-    def peek(self) -> Prompt | None:
-        if not self.held:
-            prompt = self.pop()
-            if prompt is None:
-                return None
-            self.held.append(prompt)
-        return self.held[0]
-
-    def pop(self) -> Prompt | None:
-        # The primitive (peek is built on it): one call per prompt on the hot path.
-        if self.held:
-            return self.held.popleft()
-        prompt = None if self.exhausted else self.source.next_prompt()
-        if prompt is None:
-            self.exhausted = True
-        else:
-            self.drawn += 1
-        return prompt
-
-
 class Dispatcher:
     def __init__(
         self,
@@ -93,7 +66,7 @@ class Dispatcher:
         determinism: NoDeterminism,
     ) -> None:
         self.ctx = ctx
-        self.source = _Source(source)
+        self.source = Lookahead(source)
         self.determinism = determinism
         self.attempts = AttemptRunner(ctx, engines, scorer, determinism, self._set_state)
         self.queue: collections.deque[Entry] = collections.deque()
@@ -151,6 +124,10 @@ class Dispatcher:
     async def run_placer(self, tg: TaskGroup) -> None:
         """Give the head of the queue a permit and a slot, then start it; forever."""
         self._tg = tg
+        for entry in self.active.values():  # adopted before the run (see adopt)
+            if entry.task is None:
+                entry.task = tg.create_task(self._group(entry),
+                                            name=f"asyncrl-gen-{entry.group_id}")
         buffer = self.ctx.buffer
         while True:
             if not self.queue:
@@ -175,6 +152,16 @@ class Dispatcher:
                 if not self._batch_left:
                     self._queue_changed.fire()  # the admitter may admit the next batch
             self._reserve(entry)
+
+    def adopt(self, entries: Iterable[Entry]) -> None:
+        """Before the run: groups that were generating when a run's state was
+        taken (the planner's simulation starts from it: :mod:`asyncrl.sim.seed`),
+        each with its buffer slot reserved and its ledger record live already.
+        Each holds a permit from now on whatever the bound (it held one in that
+        run, and a shrink aborts nothing); its attempt starts with the placer."""
+        for entry in entries:
+            self.active[entry.group_id] = entry
+            self._set_state(entry, EntryState.GENERATING, 0.0)  # (stats start their clock later)
 
     def set_max_inflight(self, bound: int) -> None:
         """Re-tune the in-flight bound. No group is aborted: after a shrink no

@@ -63,6 +63,7 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 from asyncrl.engines.capabilities import EnginePressure
+from asyncrl.errors import ConfigError
 from asyncrl.sim.latency import LatencyModel, Work
 from asyncrl.sim.sharing import SharedDecoder
 from asyncrl.sim.slots import SlotPool
@@ -196,6 +197,8 @@ class SimEngine:
         self._flat_coin = _Stream(component_rng(seed, "filter"), _uniforms)
         self._flat_other = component_rng(seed, "filter-other").random
         self._running: dict[GroupId, _Run] = {}
+        #: Groups generating when the simulation started (start_from): seconds left, latency.
+        self._left: dict[GroupId, tuple[float, float]] = {}
         #: Load-dependent latency: the fleet decodes as one shared engine.
         self._decoder = (SharedDecoder(latency.seconds_per_token)
                          if latency.load_dependent else None)
@@ -248,6 +251,10 @@ class SimEngine:
         model, first, retry = self._phase()
         sample, fail = self._draw(request, first, retry)
         work = model.work(sample, self._busy_now + 1, self.tokens_per_s)
+        if self._left and gid in self._left:  # generating already: see start_from
+            left, whole = self._left.pop(gid)
+            longest = model.work(whole, 1, self.tokens_per_s).longest
+            work = Work(left, 0.0, left / longest, longest, float(longest))
         held, since = self._version, len(self._updates)
         loop = asyncio.get_running_loop()
         t0 = loop.time()
@@ -302,6 +309,19 @@ class SimEngine:
         return self._result(gid, request.num_generations, start_version,
                             work, a0, held, updates[since:] if since < len(updates) else (),
                             flat)
+
+    def start_from(self, version: int, left: dict[GroupId, tuple[float, float]]) -> None:
+        """Before the run, for a simulation that starts from a run's state
+        (:mod:`asyncrl.sim.seed`): the fleet holds weight ``version``, and the
+        groups in ``left`` were generating already: the next attempt of each
+        takes ``(seconds left, whole latency)``: its slot for the seconds left,
+        the tokens of the whole latency (their versions start at ``version``).
+        Time-based latency models only (a shared fleet's decode is not resumed)."""
+        if self.latency.load_dependent:
+            raise ConfigError("a simulation from a run's state needs a time-based latency "
+                              "model (the planner's is one), not distribution: tokens")
+        self._version = version
+        self._left = dict(left)
 
     async def update_weights(self, weights: Any, version: int) -> None:
         loop = asyncio.get_running_loop()

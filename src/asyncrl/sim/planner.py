@@ -9,21 +9,37 @@ in three steps:
    the generation latency as the window's own finished generations, resampled
    (an empirical, time-based model: it follows a workload that shifts, but
    not the load dependence ``--calibrate``'s ``tokens`` model fits offline);
+   with the run's state, the groups still generating count too, as
+   right-censored observations of their ages, and every group from the age it
+   had when the window began (a product-limit fit with delayed entry,
+   :mod:`asyncrl.sim.survival`: right after the latency grows, the long
+   groups have not finished yet; those dispatched before the window are the
+   long ones);
 2. **search** the settings one bounded move from the one in force
    (:func:`candidate_settings`: the window by one version - ``plan`` mode only -,
    the in-flight bound and the capacity by ``max_move``, alone or together; the
    capacity never below what the window needs) on the fitted workload, every
    candidate with the same seed (common random numbers: differences are the
-   settings', not the draws'), switched to from the setting in force after a
-   prefix that fills the pipeline (:func:`predict`: throughput from the
-   switch, the bound facts from the settle point on); from 1,024 groups per
-   step in cohort mode, from an empty pipeline (it cannot re-tune mid-run);
-   each prediction corrected by the model's bias on the setting in force
-   (:func:`corrected`: what the run measured above what the model predicted);
-3. **pick** (:func:`pick`): the most throughput among the candidates that keep
-   the bounds (``objective: staleness``: the least staleness p95 within
-   ``min_gain`` of it); when none keeps them, the one nearest to them; the
-   autopilot adds the gain threshold and hysteresis.
+   settings', not the draws'), simulated from the run's exact state at the
+   decision (the request's :class:`~asyncrl.controller.snapshot.RunState`,
+   loaded by :mod:`asyncrl.sim.seed`: the trainer at the run's version, the
+   buffered groups, the in-flight ones running for the time they have left,
+   drawn once per plan from the fitted latencies conditioned on their ages)
+   and switched to before the first step (:func:`predict`: throughput from
+   the switch; the bound facts from the settle point on and, from the run's
+   state, over the whole horizon from the switch as well - a switch that
+   breaks a bound the setting in force keeps is refused,
+   :func:`~asyncrl.sim.judge.judged`); a request without a state switches
+   after a prefix under the setting in force that fills the pipeline like
+   the run's (its bound facts from the settle point on only); from 1,024
+   groups per step in cohort mode, from an empty pipeline (it cannot re-tune
+   mid-run nor start from a run's groups); each prediction corrected by the
+   model's bias on the setting in force (:func:`~asyncrl.sim.judge.corrected`:
+   what the run measured above what the model predicted);
+3. **pick** (:func:`~asyncrl.sim.judge.pick`): the most throughput among
+   the candidates that keep the bounds (``objective: staleness``: the least
+   staleness p95 within ``min_gain`` of it); when none keeps them, the one
+   nearest to them; the autopilot adds the gain threshold and hysteresis.
 
 :class:`ModelPlanner` runs plans in a separate process (a real run: the event
 loop, the pumps and the trainer never wait for it) or inline (virtual time).
@@ -36,6 +52,7 @@ import concurrent.futures
 import dataclasses
 import math
 import multiprocessing
+import random
 import time
 from typing import Any
 
@@ -46,15 +63,16 @@ from asyncrl.controller.stats import hist_quantile
 from asyncrl.errors import ConfigError, SetupError
 from asyncrl.sampling import WINDOW_FIELD, create_sampler, parse_sampler_config
 from asyncrl.sim.calibrate import fit_trainer
+from asyncrl.sim.judge import biased, corrected, judged, keeps, measured_bias, pick, switch_judged
 from asyncrl.sim.latency import Empirical
 from asyncrl.sim.runner import simulate
+from asyncrl.sim.seed import Start, start_of
+from asyncrl.sim.survival import Observed, fit_latencies, observed
 
 #: Fewer finished generations in the window than this: no fit, no plan.
 MIN_GENERATIONS = 8
 #: From this many groups per step the candidates run in cohort mode.
 COHORT_FROM = 1024
-#: Predicted throughputs this close (relative) are a tie (see :func:`pick`).
-TIE = 0.005
 
 
 def fit_model(cfg: RunConfig, request: PlanRequest) -> tuple[dict[str, Any] | None, str]:
@@ -64,14 +82,21 @@ def fit_model(cfg: RunConfig, request: PlanRequest) -> tuple[dict[str, Any] | No
     if len(gens) < MIN_GENERATIONS or len(request.records) < 2:
         return None, (f"too little data to fit: {len(gens)} finished generations and "
                       f"{len(request.records)} steps in the window")
-    latencies = [float(i["end"]) - float(i["start"]) for i in gens]
+    finished = [float(i["end"]) - float(i["start"]) for i in gens]
+    ages = _ages(request)
+    # With the run's state, the groups still generating count as censored
+    # observations, and every group is counted from the age it had when the
+    # window began (sim/survival.py: right after the latency grows the finished
+    # ones are mostly the short ones; the groups dispatched before the window
+    # are the long ones). Without it, the finished ones as they are.
+    latencies = fit_latencies(_observed(request, gens, ages)) if ages else finished
     records = request.records
     groups = [{"state": "trained", "end_step": r["step"],
                "tokens": int(r.get("rollout/trained_tokens", 0))} for r in records]
     trainer, _ = fit_trainer(records, request.intervals, groups)
     n_gen = cfg.grpo.num_generations_per_prompt
     generated = sum(r.get("rollout/generated_tokens", 0) for r in records)
-    busy = n_gen * math.fsum(latencies)  # completion-seconds: tokens_per_s of each
+    busy = n_gen * math.fsum(finished)  # completion-seconds: tokens_per_s of each
     sim = cfg.simulate or SimulateConfig()
     slots = request.rollout_slots or (sim.rollout_slots if cfg.simulate is not None else
                                       request.engines * max(
@@ -80,7 +105,31 @@ def fit_model(cfg: RunConfig, request: PlanRequest) -> tuple[dict[str, Any] | No
             "tokens_per_s": generated / busy if generated and busy > 0 else sim.tokens_per_s,
             "latency_mean_s": math.fsum(latencies) / len(latencies),
             "latency_p95_s": sorted(latencies)[int(0.95 * (len(latencies) - 1))],
-            "generations": len(latencies), "latencies": latencies}, ""
+            "generations": len(finished), "censored": len(ages), "latencies": latencies}, ""
+
+
+def _observed(request: PlanRequest, gens: list[dict[str, Any]],
+              ages: list[float]) -> list[Observed]:
+    """Every group the fit window saw (:class:`~asyncrl.sim.survival.Observed`):
+    the finished generations and the ages of the groups still generating, on
+    the records' clock (the window began when its first step did)."""
+    first, last = request.records[0], request.records[-1]
+    since = float(first["wall_time_s"]) - float(first.get("step_time_s") or 0.0)
+    assert request.state is not None  # ages come from the state
+    clock = request.state.clock_s
+    now = float(last["wall_time_s"]) if clock is None else clock
+    out = [observed(float(i["start"]), float(i["end"]), since, finished=True) for i in gens]
+    out += [observed(now - age, now, since, finished=False) for age in ages]
+    return out
+
+
+def _ages(request: PlanRequest) -> list[float]:
+    """The ages of the request's groups generating a first attempt (the ones
+    whose age is known: :attr:`~asyncrl.controller.snapshot.LiveGroup.age_s`)."""
+    if request.state is None:
+        return []
+    return [g.age_s for g in request.state.groups
+            if g.end_weight is None and g.phase == "generating" and g.age_s is not None]
 
 
 def _required(cfg: RunConfig, window: int | None) -> int:
@@ -173,37 +222,43 @@ def _plan_config(cfg: RunConfig, model: dict[str, Any], steps: int) -> RunConfig
 
 
 def predict(cfg: RunConfig, latency: Empirical, setting: dict[str, Any], steps: int,
-            bounds: dict[str, Any], *, start: dict[str, Any] | None = None) -> Prediction:
+            bounds: dict[str, Any], *, start: dict[str, Any] | None = None,
+            state: Start | None = None) -> Prediction:
     """Simulate ``setting`` on the fitted workload.
 
-    With ``start`` (the setting in force) the pipeline first runs
-    :func:`prefix_steps` steps under ``start`` (it fills as the run's did); then
-    ``setting`` is asked for at a step boundary, through the controller's own
-    re-tune path, as the autopilot will (``setting == start`` asks for nothing:
-    staying runs the same prefix and is measured the same way). The throughput
-    is measured over the ``steps`` steps from the switch (what the transition
-    costs counts against the candidate); the staleness p95 and waste the bounds
-    are checked on from the *settle point* on (the first step boundary at which
-    every group dispatched before the switch has ended, the autopilot's rule):
-    the new setting's steady state, not the old groups finishing. The run goes
-    on past ``steps`` (up to ``2 * steps`` after the switch) until ``steps // 2``
-    steps past the settle point are measured; when fewer than ``steps // 4``
-    are, the bounds are checked on every step from the switch on instead
-    (conservative for a narrowing; the prediction's ``settled_after`` is then
-    None). Without ``start``, or in cohort mode (it cannot re-tune mid-run),
-    ``setting`` runs from an empty pipeline for ``steps`` steps, measured past
-    the first quarter."""
+    With ``state`` (the run's state at the decision, ``start`` the setting in
+    force there) the simulation starts from the run's own groups
+    (:mod:`asyncrl.sim.seed`) and ``setting`` is asked for before its first
+    step, through the controller's own re-tune path, as the autopilot will ask
+    for it at that step boundary (``setting == start`` asks for nothing: staying
+    is measured the same way). With ``start`` alone (a request without a state)
+    the pipeline is filled first: :func:`prefix_steps` steps under ``start``,
+    then the switch. The throughput is measured over the ``steps`` steps from
+    the switch (what the transition costs counts against the candidate); the
+    staleness p95 and waste the bounds are checked on from the *settle point*
+    on (the first step boundary at which every group dispatched before the
+    switch has ended, the autopilot's rule): the new setting's steady state,
+    not the old groups finishing; with ``state`` the transition is judged too
+    (``transition_p95``, ``transition_waste``: every step from the switch on,
+    see :func:`~asyncrl.sim.judge.judged`). The run goes on past ``steps`` (up to
+    ``2 * steps`` after the switch) until ``steps // 2`` steps past the settle
+    point are measured; when fewer than ``steps // 4`` are, the bounds are
+    checked on every step from the switch on instead (conservative for a
+    narrowing; the prediction's ``settled_after`` is then None). Without
+    either, or in cohort mode (it cannot re-tune mid-run), ``setting`` runs
+    from an empty pipeline for ``steps`` steps, measured past the first quarter."""
     assert cfg.simulate is not None
     if start is None or cfg.simulate.mode != "per_group":
         res = simulate(_with_knobs(cfg, setting), sampler_override=_sampler(cfg, setting["window"]),
                        latency=latency, record_intervals=False, steps=steps)
         skip = min(steps // 4, len(res.records) - 1)
         tput, p95, waste = _facts(res.records, skip, len(res.records))
-        return Prediction(setting, tput, p95, waste, _keeps(p95, waste, bounds))
-    prefix = prefix_steps(steps)
+        return Prediction(setting, tput, p95, waste, keeps(p95, waste, bounds))
+    prefix = 0 if state is not None else prefix_steps(steps)
     res = simulate(_with_knobs(cfg, start), sampler_override=_sampler(cfg, start["window"]),
                    latency=latency, record_intervals=False, steps=prefix + 2 * steps,
-                   retune_at=(prefix, setting), stop_after=(steps, steps // 2))
+                   retune_at=(prefix, setting), stop_after=(steps, steps // 2),
+                   start_state=state)
     records, settled = res.records, res.settled_at
     tput, moved_p95, _ = _facts(records, prefix, min(prefix + steps, len(records)))
     if settled is not None and len(records) - settled >= max(1, steps // 4):
@@ -211,14 +266,30 @@ def predict(cfg: RunConfig, latency: Empirical, setting: dict[str, Any], steps: 
     else:  # not settled in time: every step from the switch on
         settled = None
         _, p95, waste = _facts(records, prefix, len(records))
-    return Prediction(setting, tput, p95, waste, _keeps(p95, waste, bounds),
-                      transition_p95=moved_p95,
-                      settled_after=None if settled is None else settled - prefix)
+    moved_waste = None
+    if state is not None:
+        # From the run's own groups the simulated switch is the run's (the
+        # groups in flight, their ages, the queue): what it does before it
+        # settles is what the run will train, so the bounds are judged over
+        # the whole horizon from the switch, transition included (a setting
+        # whose switch breaks a bound is not taken; see judged()). The
+        # throughput stays measured over the ``steps`` from the switch - the
+        # transition's cost counts, the overrun past it (run only to reach the
+        # settle point) does not - and the settled facts are kept as well: a
+        # fresh transition must not hide a steady state that breaks a bound.
+        # (Without the state the prefix's pipeline is only like the run's:
+        # its transition is not the run's and is not judged.)
+        _, moved_p95, moved_waste = _facts(records, prefix, len(records))
+    out = Prediction(setting, tput, p95, waste, False, transition_p95=moved_p95,
+                     settled_after=None if settled is None else settled - prefix,
+                     transition_waste=moved_waste)
+    return dataclasses.replace(out, keeps_bounds=judged(out, bounds))
 
 
 def prefix_steps(steps: int) -> int:
-    """Steps a prediction runs the setting in force before it changes (half of
-    ``plan_steps``, at least two): the pipeline fills as the run's did."""
+    """Steps a prediction without the run's state runs the setting in force
+    before it changes (half of ``plan_steps``, at least two): the pipeline
+    fills like the run's."""
     return max(2, steps // 2)
 
 
@@ -244,52 +315,6 @@ def _facts(records: list[dict[str, Any]], lo: int, hi: int) -> tuple[float, floa
     return trained / span if span > 0 else 0.0, p95, waste
 
 
-def _keeps(p95: float, waste: float, bounds: dict[str, Any]) -> bool:
-    return not ((bounds.get("max_staleness_p95") is not None
-                 and p95 > bounds["max_staleness_p95"])
-                or (bounds.get("max_waste_frac") is not None
-                    and waste > bounds["max_waste_frac"]))
-
-
-def excess(c: Prediction, bounds: dict[str, Any]) -> float:
-    """How far ``c`` is predicted to break the bounds (0: it keeps them), each
-    bound's excess relative to the bound."""
-    out = 0.0
-    for key, value in (("max_staleness_p95", c.staleness_p95), ("max_waste_frac", c.waste_frac)):
-        bound = bounds.get(key)
-        if bound is not None and value > bound:
-            out += (value - bound) / max(bound, 1e-3)
-    return out
-
-
-def _load(setting: dict[str, Any]) -> tuple[int, int, int]:
-    return (setting["window"] or 0, setting["max_inflight_prompts"],
-            setting["max_buffered_rollouts"])
-
-
-def pick(candidates: list[Prediction], objective: str, min_gain: float,
-         bounds: dict[str, Any]) -> Prediction | None:
-    """The best candidate that keeps the bounds; when none does, the one that
-    breaks them least (of equals, the most cautious). Throughputs within :data:`TIE`
-    of the top are a tie (a trainer-bound pipeline has many settings at its
-    bound): the least waste, then staleness p95, then the first listed (the
-    setting in force is first) wins it, so that the same setting keeps winning
-    plan after plan and the hysteresis can tell a trend from noise."""
-    kept = [c for c in candidates if c.keeps_bounds]
-    if not kept:  # the nearest to the bounds: a move that breaks them less is progress;
-        # among equals the most cautious one (a model that cannot tell them apart on
-        # a bound the run broke must not hold: fewer groups in flight, a narrower
-        # window, a smaller buffer is what keeps staleness and waste down).
-        return min(candidates, key=lambda c: (round(excess(c, bounds), 6), _load(c.setting)),
-                   default=None)
-    top = max(c.throughput for c in kept)
-    band = min_gain if objective == "staleness" else TIE
-    near = [c for c in kept if c.throughput >= (1 - band) * top]
-    if objective == "staleness":
-        return min(near, key=lambda c: (c.staleness_p95, c.waste_frac, -c.throughput))
-    return min(near, key=lambda c: (round(c.waste_frac, 3), c.staleness_p95))
-
-
 def _with_sampler(cfg: RunConfig, request: PlanRequest) -> RunConfig:
     """``cfg`` with the run's own sampler block (a simulation may override it)."""
     if request.sampler is None:
@@ -308,13 +333,21 @@ def plan(cfg: RunConfig, request: PlanRequest, min_gain: float = 0.0) -> PlanRes
         return PlanResult({}, [], None, None, time.perf_counter() - t0, why)
     latency = Empirical(tuple(model.pop("latencies")), f"the last {len(request.records)} steps")
     base = _plan_config(cfg, model, prefix_steps(request.plan_steps) + 2 * request.plan_steps)
+    state = None
+    if request.state is not None and base.simulate is not None \
+            and base.simulate.mode == "per_group":
+        # Drawn once: every candidate starts from the same groups with the same
+        # time left (common random numbers).
+        state = start_of(request.state, latency.values,
+                         random.Random(f"asyncrl-plan:{cfg.seed}:{request.step}"))
+        model["inflight_at_start"] = request.state.inflight
 
     def predicted(settings: list[dict[str, Any]]) -> list[Prediction]:
         out = []
         for setting in settings:
             try:
                 out.append(predict(base, latency, setting, request.plan_steps, request.bounds,
-                                   start=request.setting))
+                                   start=request.setting, state=state))
             except (SetupError, ConfigError):  # RetuneRefused is a SetupError
                 continue  # a setting the controller refuses is no candidate
         return out
@@ -326,40 +359,16 @@ def plan(cfg: RunConfig, request: PlanRequest, min_gain: float = 0.0) -> PlanRes
         bias = measured_bias(current, request.measured)
         model["bias"] = bias
         preds = [biased(p, bias, request.bounds) for p in preds]
+    if current is not None:
+        preds = switch_judged(preds, preds[0], request.bounds)
         current = preds[0]
     if current is not None and not current.keeps_bounds:
         seen = [p.setting for p in preds]
         more = [s for s in escape_settings(cfg, request) if s not in seen]
-        preds += [biased(p, bias, request.bounds) for p in predicted(more)]
+        preds += switch_judged([biased(p, bias, request.bounds) for p in predicted(more)],
+                               current, request.bounds)
     best = pick(preds, request.objective, min_gain, request.bounds)
     return PlanResult(model, preds, best, current, time.perf_counter() - t0)
-
-
-def measured_bias(current: Prediction, measured: dict[str, Any]) -> dict[str, float]:
-    """The model's bias on the setting in force: the staleness p95 and waste the
-    run measured above what the model predicts for the same setting (a
-    short simulation misses part of a heavy tail, and the
-    window's latencies miss the generations still running). Only a bias upward
-    counts: the bounds are kept conservatively."""
-    return {"staleness_p95": max(0.0, float(measured["staleness_p95"]) - current.staleness_p95),
-            "waste_frac": max(0.0, float(measured["waste_frac"]) - current.waste_frac)}
-
-
-def biased(p: Prediction, bias: dict[str, float], bounds: dict[str, Any]) -> Prediction:
-    """``p`` with ``bias`` (:func:`measured_bias`) added, its bound check redone."""
-    if not bias["staleness_p95"] and not bias["waste_frac"]:
-        return p
-    fixed = dataclasses.replace(p, staleness_p95=p.staleness_p95 + bias["staleness_p95"],
-                                waste_frac=p.waste_frac + bias["waste_frac"])
-    return dataclasses.replace(fixed, keeps_bounds=excess(fixed, bounds) == 0)
-
-
-def corrected(preds: list[Prediction], current: Prediction, measured: dict[str, Any],
-              bounds: dict[str, Any], model: dict[str, Any]) -> list[Prediction]:
-    """Every prediction with the model's bias on the setting in force added
-    (:func:`measured_bias`, recorded in ``model``)."""
-    bias = model["bias"] = measured_bias(current, measured)
-    return [biased(p, bias, bounds) for p in preds]
 
 
 @dataclasses.dataclass
@@ -399,8 +408,10 @@ __all__ = [
     "corrected",
     "escape_settings",
     "fit_model",
+    "judged",
     "measured_bias",
     "pick",
     "plan",
     "predict",
+    "switch_judged",
 ]

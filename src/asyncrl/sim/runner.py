@@ -46,6 +46,7 @@ from asyncrl.sim.result import (
     sampler_label,
     sampler_window,
 )
+from asyncrl.sim.seed import Start, seed
 from asyncrl.types import StopReason
 
 #: The built-in policies ``compare`` knows, in the order the docs discuss them.
@@ -122,6 +123,7 @@ def simulate(
     planner: Any = None,
     retune_at: tuple[int, dict[str, Any]] | None = None,
     stop_after: tuple[int, int] | None = None,
+    start_state: Start | None = None,
 ) -> SimResult:
     """Run ``cfg``'s setup for ``steps`` (default ``simulate.steps``) steps under virtual time.
 
@@ -141,14 +143,21 @@ def simulate(
     ``max_inflight_prompts``, ``window``, ``max_buffered_rollouts``) at the step
     boundary after step ``k`` through :meth:`Controller.retune`, as a running
     job's autopilot does (a setting equal to the one in force asks for nothing,
-    as an autopilot that holds); the planner simulates a change from a full
-    pipeline this way (per-group mode only). The result's ``settled_at`` is the
-    *settle point*: the first later step boundary at which every group
-    dispatched before the switch has left the buffer (the autopilot's own rule,
+    as an autopilot that holds); ``k = 0``: before the first step, before
+    anything is admitted (``Retuner.start_from``). Per-group mode only. The
+    result's ``settled_at`` is the *settle point*: the steps done at the first
+    later step boundary at which every group dispatched before the switch has
+    left the buffer (the autopilot's own rule,
     :class:`asyncrl.controller.autoplan.PlannedAutopilot`). ``stop_after``
     (with ``retune_at``): ``(a, b)`` stops the run at the first step boundary
     at least ``a`` steps past the switch and ``b`` past the settle point
-    (``steps`` stays the most it runs).
+    (``steps`` stays the most it runs). ``start_state``
+    (:class:`asyncrl.sim.seed.Start`): the run starts from a running job's
+    state instead of an empty pipeline - its trainer version, its buffered and
+    in-flight groups, its queued prompts (per-group mode, a time-based latency
+    model); ``steps`` then counts from that version, and the config's knobs are
+    the setting in force there. The planner simulates each candidate this way,
+    with ``retune_at=(0, candidate)``.
     """
     sim = _sim_block(cfg)
     if latency is None:
@@ -156,17 +165,23 @@ def simulate(
     num_steps = steps if steps is not None else sim.steps
     if num_steps < 1:
         raise ConfigError(f"steps must be >= 1, got {num_steps}")
-    grpo = cfg.grpo.model_copy(update={"max_num_steps": num_steps})
+    first = start_state.state.version if start_state is not None else 0
+    grpo = cfg.grpo.model_copy(update={"max_num_steps": first + num_steps})
     # No stall watchdog: a wall-clock safety net means nothing in virtual time,
     # where a heavy-tailed latency is not a stall and a deadlock is caught exactly.
     async_rl = cfg.async_rl.model_copy(update={"stall_watchdog": None})
     if sampler_override is not None:
         async_rl = async_rl.model_copy(
             update={"sampler": parse_sampler_config(sampler_override)})
+    capacity = async_rl.max_buffered_rollouts
+    if start_state is not None:  # room for the run's slots; it follows down (seed)
+        async_rl = async_rl.model_copy(update={"max_buffered_rollouts": max(
+            capacity, len(start_state.state.groups))})
     if sim.mode == "cohort":
-        if retune_at is not None:
-            raise ConfigError("simulate(retune_at=...) needs simulate.mode: per_group "
-                              "(cohort mode cannot re-tune mid-run)")
+        if retune_at is not None or start_state is not None:
+            raise ConfigError("simulate(retune_at=..., start_state=...) needs simulate.mode: "
+                              "per_group (cohort mode cannot re-tune mid-run, nor start "
+                              "from a running job's groups)")
         return cohort_result(cfg, async_rl.sampler, latency, num_steps,
                              bound=physical_bound(cfg, latency), note=note,
                              record_intervals=record_intervals, on_step=on_step)
@@ -208,6 +223,10 @@ def simulate(
         )
         engine.on_resize.append(controller.fleet.fleet_changed)  # what a real fleet change does
         engine.schedule_fleet()
+        if start_state is not None:
+            seed(controller, engine, start_state, capacity)
+        if switch is not None:
+            switch.begin(controller)
         await controller.run()
 
     t0 = time.perf_counter()
@@ -223,34 +242,46 @@ def simulate(
 
 @dataclasses.dataclass
 class _Switch:
-    """``simulate(retune_at=(at, setting), stop_after=...)``: the change at its
-    step boundary, then the settle point (:func:`simulate`)."""
+    """``simulate(retune_at=(at, setting), stop_after=...)``: the change after
+    ``at`` steps, then the settle point (:func:`simulate`); steps are counted
+    from the trainer version the run starts at (a running job's, from a state)."""
 
     at: int
     setting: dict[str, Any]
     stop_after: tuple[int, int] | None
+    #: The trainer version the run starts at (``at`` and the settle point count from it).
+    first: int = 0
     #: The buffer's next dispatch seq at the switch: every group below it was
     #: dispatched under the setting before.
     before_seq: int | None = None
     settled_at: int | None = None
 
+    def begin(self, controller: Controller) -> None:
+        """Before the run: a switch after 0 steps applies now."""
+        self.first = controller.version.value
+        if self.at == 0:
+            self._switch(controller, lambda **knobs: controller.retuner.start_from(knobs))
+
+    def _switch(self, controller: Controller, ask: Callable[..., Any]) -> None:
+        self.before_seq = controller.buffer.next_seq
+        now = controller.retuner.target.as_dict()
+        if {**now, **self.setting} != now:
+            ask(**self.setting)
+
     def at_boundary(self, controller: Controller, version: int) -> None:
-        buffer = controller.buffer
-        if version == self.at:
-            self.before_seq = buffer.next_seq
-            now = controller.retuner.target.as_dict()
-            if {**now, **self.setting} != now:  # applied at this step boundary
-                controller.retune(**self.setting)
+        done = version - self.first
+        if done == self.at:  # applied at this step boundary
+            self._switch(controller, controller.retune)
             return
         if self.before_seq is None:
             return
         if self.settled_at is None:
-            oldest = buffer.oldest_seq()
+            oldest = controller.buffer.oldest_seq()
             if oldest is None or oldest >= self.before_seq:
-                self.settled_at = version
+                self.settled_at = done
         if self.settled_at is not None and self.stop_after is not None:
             after_switch, after_settle = self.stop_after
-            if version >= max(self.at + after_switch, self.settled_at + after_settle):
+            if done >= max(self.at + after_switch, self.settled_at + after_settle):
                 controller.request_stop(StopReason.STOPPED, "measured past the settle point")
 
 
