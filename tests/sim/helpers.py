@@ -31,6 +31,7 @@ def sim_config(
     min_chunk: int | None = None,
     seed: int = 0,
     deterministic: bool = False,
+    phases: list[dict[str, Any]] | None = None,
     **async_rl: Any,
 ) -> RunConfig:
     """A config whose buffer and in-flight bound fit ``window + 1`` steps of groups."""
@@ -58,8 +59,16 @@ def sim_config(
             "train_per_group_s": train_per_group_s,
             "failure_rate": failure_rate,
             "filter_rate": filter_rate,
+            "phases": phases or [],
         },
     })
+
+
+def plan_autopilot(p95: float, **extra: Any) -> dict[str, Any]:
+    """``async_rl.autopilot`` of mode plan for the planner's tests: a plan every
+    2 steps after 2, each candidate measured over 4 steps, staleness p95 <= ``p95``."""
+    return {"enabled": True, "mode": "plan", "replan_every_steps": 2, "warmup_steps": 2,
+            "plan_steps": 4, "bounds": {"max_staleness_p95": p95}, **extra}
 
 
 def step_ends(result) -> list[float]:

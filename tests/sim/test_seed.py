@@ -24,6 +24,7 @@ from asyncrl.sim.latency import Empirical, make_latency_model
 from asyncrl.sim.planner import ModelPlanner, _facts, predict
 from asyncrl.sim.runner import simulate
 from asyncrl.sim.seed import MIN_ABOVE, Tail, remaining, seed, start_of
+from tests.sim.helpers import plan_autopilot, sim_config
 
 
 # ------------------------------------------------------------ conditional draw
@@ -269,16 +270,10 @@ def test_the_planners_process_plans_the_same_from_the_state() -> None:
     """A request's state crosses into the planner's process (``asyncrl train``'s
     way) and the plan there is the one made inline: the same draws of the
     time left, the same candidates."""
-    cfg = config_from_dict({
-        "grpo": {"num_prompts_per_step": 8, "num_generations_per_prompt": 2},
-        "async_rl": {"sampler": {"name": "ready_first", "max_staleness_versions": 3},
-                     "max_buffered_rollouts": 32, "max_inflight_prompts": 32,
-                     "min_groups_for_streaming_train": 8,
-                     "autopilot": {"enabled": True, "mode": "plan", "replan_every_steps": 3,
-                                   "plan_steps": 8, "bounds": {"max_staleness_p95": 1.0}}},
-        "simulate": {"steps": 8, "rollout_slots": 64, "train_step_s": 4.0,
-                     "weight_sync_s": 1.0, "generation_latency_s": {
-                         "distribution": "lognormal", "median": 10.0, "sigma": 1.0}}})
+    cfg = sim_config(policy="ready_first", window=3, n=8, steps=8, slots=64,
+                     latency={"distribution": "lognormal", "median": 10.0, "sigma": 1.0},
+                     train_step_s=4.0, capacity=32, inflight=32, min_chunk=8,
+                     autopilot=plan_autopilot(1.0, replan_every_steps=3, plan_steps=8))
     recording = _Recording(cfg)
     simulate(cfg, planner=recording)
     request, inline = next((r, a) for r, a in recording.asked if r.state.inflight)

@@ -15,12 +15,12 @@ import statistics
 
 import pytest
 
-from asyncrl.config import config_from_dict
 from asyncrl.controller.autoplan import PlanResult
 from asyncrl.controller.snapshot import LiveGroup
 from asyncrl.sim.planner import ModelPlanner, _ages, _observed, fit_model
 from asyncrl.sim.runner import simulate
 from asyncrl.sim.survival import Observed, fit_latencies, observed, product_limit
+from tests.sim.helpers import plan_autopilot, sim_config
 
 
 def _plain(events: list[float], censored: list[float]) -> list[Observed]:
@@ -163,17 +163,10 @@ class _Holding:
 
 
 def _cfg():
-    return config_from_dict({
-        "grpo": {"num_prompts_per_step": 16, "num_generations_per_prompt": 2},
-        "async_rl": {"sampler": {"name": "ready_first", "max_staleness_versions": 2},
-                     "max_buffered_rollouts": 48, "max_inflight_prompts": 48,
-                     "min_groups_for_streaming_train": 4,
-                     "autopilot": {"enabled": True, "mode": "plan", "replan_every_steps": 2,
-                                   "warmup_steps": 2, "plan_steps": 4,
-                                   "bounds": {"max_staleness_p95": 2.0}}},
-        "simulate": {"steps": 24, "rollout_slots": 64, "train_step_s": 4.0,
-                     "weight_sync_s": 1.0, "generation_latency_s": {
-                         "distribution": "lognormal", "median": 10.0, "sigma": 0.1}}})
+    return sim_config(policy="ready_first", window=2, n=16, steps=24, slots=64,
+                      latency={"distribution": "lognormal", "median": 10.0, "sigma": 0.1},
+                      train_step_s=4.0, capacity=48, inflight=48, min_chunk=4,
+                      autopilot=plan_autopilot(2.0))
 
 
 def _p95(xs: list[float]) -> float:
@@ -212,19 +205,12 @@ def test_right_after_the_latency_grows_the_fit_sees_the_groups_still_running() -
     the new workload's, where the finished ones alone are below a third. The
     planner only records and holds: the run, and so what the fit sees, does not
     depend on the fit under test."""
-    cfg = config_from_dict({
-        "grpo": {"num_prompts_per_step": 16, "num_generations_per_prompt": 2},
-        "async_rl": {"sampler": {"name": "ready_first", "max_staleness_versions": 4},
-                     "max_buffered_rollouts": 80, "max_inflight_prompts": 80,
-                     "min_groups_for_streaming_train": 4,
-                     "autopilot": {"enabled": True, "mode": "plan", "replan_every_steps": 2,
-                                   "warmup_steps": 2, "plan_steps": 4, "fit_steps": 8,
-                                   "bounds": {"max_staleness_p95": 4.0}}},
-        "simulate": {"steps": 31, "rollout_slots": 128, "train_step_s": 4.0,
-                     "weight_sync_s": 1.0, "generation_latency_s": {
-                         "distribution": "lognormal", "median": 10.0, "sigma": 0.6},
-                     "phases": [{"at_step": 20, "generation_latency_s": {
-                         "distribution": "lognormal", "median": 30.0, "sigma": 1.0}}]}})
+    cfg = sim_config(policy="ready_first", window=4, n=16, steps=31, slots=128,
+                     latency={"distribution": "lognormal", "median": 10.0, "sigma": 0.6},
+                     phases=[{"at_step": 20, "generation_latency_s": {
+                         "distribution": "lognormal", "median": 30.0, "sigma": 1.0}}],
+                     train_step_s=4.0, capacity=80, inflight=80, min_chunk=4,
+                     autopilot=plan_autopilot(4.0, fit_steps=8))
     new_p95 = 30.0 * math.exp(statistics.NormalDist().inv_cdf(0.95))
     recording = _Holding()
     simulate(cfg, planner=recording)
@@ -243,17 +229,10 @@ def test_in_a_steady_run_the_planners_fit_is_the_workloads() -> None:
     from their entry (the run's clock at the boundary against the records'),
     the planner's fit is the workload's, where counted from age 0 it is more
     than 1.5 times too heavy. Over the last ten requests (medians)."""
-    cfg = config_from_dict({
-        "grpo": {"num_prompts_per_step": 16, "num_generations_per_prompt": 2},
-        "async_rl": {"sampler": {"name": "ready_first", "max_staleness_versions": 4},
-                     "max_buffered_rollouts": 96, "max_inflight_prompts": 96,
-                     "min_groups_for_streaming_train": 4,
-                     "autopilot": {"enabled": True, "mode": "plan", "replan_every_steps": 2,
-                                   "warmup_steps": 2, "plan_steps": 4, "fit_steps": 8,
-                                   "bounds": {"max_staleness_p95": 4.0}}},
-        "simulate": {"steps": 60, "rollout_slots": 128, "train_step_s": 4.0,
-                     "weight_sync_s": 1.0, "generation_latency_s": {
-                         "distribution": "lognormal", "median": 10.0, "sigma": 1.0}}})
+    cfg = sim_config(policy="ready_first", window=4, n=16, steps=60, slots=128,
+                     latency={"distribution": "lognormal", "median": 10.0, "sigma": 1.0},
+                     train_step_s=4.0, capacity=96, inflight=96, min_chunk=4,
+                     autopilot=plan_autopilot(4.0, fit_steps=8))
     want_p95 = 10.0 * math.exp(statistics.NormalDist().inv_cdf(0.95))
     recording = _Holding()
     simulate(cfg, planner=recording)
