@@ -216,6 +216,41 @@ def test_a_signal_during_start_up_says_how_to_start_again(tmp_path: Path, capsys
     assert load_latest(run).step == 3  # the interrupted start changed nothing
 
 
+# ------------------------------------- a signal while the handlers go in
+@pytest.mark.parametrize(("sig", "nth", "code"), [(signal.SIGINT, 1, 130), (signal.SIGTERM, 2, 143)])
+def test_a_signal_while_the_loop_handlers_are_installed_is_handled_once(
+        tmp_path: Path, monkeypatch, capsys, sig: int, nth: int, code: int) -> None:
+    """CI, stop 48: a SIGINT inside ``loop.add_signal_handler`` (the wakeup fd
+    already the loop's, the Python-level handler not yet swapped) reached both
+    asyncio.run's own handler (cancel the run wherever it next awaits) and the
+    loop's (a graceful stop): a summary of "a second signal" and, where the cancel
+    met groups in flight, an unbalanced ledger. The signal is sent inside that
+    window (the ``nth`` handler's), not at a random moment."""
+    config = tmp_path / "c.yaml"
+    config.write_text(CONFIG.replace("progress: lines", "progress: never"))
+    run = tmp_path / "run"
+    real, calls = signal.set_wakeup_fd, []
+
+    def set_wakeup_fd(fd: int, **kwargs):
+        previous = real(fd, **kwargs)
+        calls.append(fd)
+        if fd != -1 and len(calls) == nth:
+            os.kill(os.getpid(), sig)
+        return previous
+
+    monkeypatch.setattr(signal, "set_wakeup_fd", set_wakeup_fd)
+    argv = ["train", "--config", str(config), "--run-dir", str(run), "grpo.max_num_steps=3"]
+    assert main(argv) == code
+    monkeypatch.undo()
+    err = capsys.readouterr().err
+    assert len(calls) >= nth and "received; stopping" not in err, err  # not the loop's too
+    summary = strict_json((run / "summary.json").read_text())
+    assert summary["stop_message"] == "stopped at once by a signal outside the run's event loop"
+    assert summary["ledger"]["balanced"] and summary["steps"] == 0
+    assert main([*argv, "--overwrite"]) == 0  # as the resume hint says
+    check_nothing_lost(run, steps=3)
+
+
 # ----------------------------------------------------------- twenty SIGINTs
 def run_with_sigint_at(argv: list[str], delay: float) -> int:
     """``asyncrl`` in this process, with a real SIGINT ``delay`` seconds in."""

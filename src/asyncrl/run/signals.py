@@ -58,13 +58,24 @@ class GracefulStop:
         return len(self.received) > 1
 
     def install(self, loop: asyncio.AbstractEventLoop) -> None:
-        for sig in STOP_SIGNALS:
-            self._previous[sig] = signal.getsignal(sig)
-            loop.add_signal_handler(sig, self._on_signal, sig)
+        """The loop handles the signals from here on. A signal that lands while
+        this installs meets the handler from before (Ctrl-C's KeyboardInterrupt):
+        nothing is left installed, and it is raised here - handled once, as a
+        signal outside the loop, never also by the loop."""
+        try:
+            for sig in STOP_SIGNALS:
+                self._previous[sig] = signal.getsignal(sig)
+                loop.add_signal_handler(sig, self._on_signal, sig)
+        except BaseException:
+            # add_signal_handler has pointed the wakeup fd at the loop: the signal's
+            # byte waits there, and reaches no handler once they are removed.
+            self.uninstall(loop)
+            raise
 
     def uninstall(self, loop: asyncio.AbstractEventLoop) -> None:
         """Back to the handlers from before :meth:`install` (asyncio's own removal
-        would leave SIGTERM to the default action: death without a word)."""
+        would leave SIGTERM to the default action: death without a word). Safe to
+        call twice, and after a partial install."""
         for sig in STOP_SIGNALS:
             loop.remove_signal_handler(sig)
             previous = self._previous.pop(sig, None)

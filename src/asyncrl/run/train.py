@@ -221,8 +221,16 @@ class _Run:
         """Run the event-loop program; whatever happens, write the run directory."""
         forced: BaseException | None = None
         try:
-            asyncio.run(self._main(resume, snapshots))
-        except KeyboardInterrupt as exc:  # a signal outside the loop's handlers (wrap-up)
+            # Not asyncio.run(): its runner puts a SIGINT handler of its own in place
+            # (one that cancels the main task) until GracefulStop installs the loop's.
+            # A SIGINT inside loop.add_signal_handler - after it points the wakeup fd
+            # at the loop, before it swaps the Python-level handler - reached both: a
+            # graceful stop *and* a cancel wherever the run next awaited, which could
+            # leave the ledger unbalanced. With the interpreter's own handler there,
+            # such a signal is one KeyboardInterrupt out of install(), before any step.
+            with asyncio.Runner() as runner:
+                runner.get_loop().run_until_complete(self._main(resume, snapshots))
+        except KeyboardInterrupt as exc:  # a signal outside the loop's handlers
             forced = exc
             raise
         except asyncio.CancelledError as exc:
@@ -246,7 +254,11 @@ class _Run:
         current = asyncio.current_task()
         assert current is not None
         self.stop = GracefulStop(controller, current)
-        self.stop.install(loop)
+        try:
+            self.stop.install(loop)  # a signal inside it raises KeyboardInterrupt here
+        except BaseException:
+            await self.close()  # the backends were built: they close, however the run ends
+            raise
         try:
             if resume is not None:
                 # The engines start from the checkpoint's weights, at its version.
