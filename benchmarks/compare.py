@@ -19,7 +19,7 @@ Every ``RESULT <name> <value>`` line a run prints is collected; the table
 shows per result the median of the rounds for base and head, the ratio
 head / base, and ``gain``: how many times better the head is (the ratio,
 inverted for costs: names ending in ``_s``, ``_ms``, ``_mb``, ``_gb``,
-``_bytes``, ``overhead`` or ``_instructions``, unless a ``_per_`` makes them a
+``_bytes``, ``overhead``, ``_instructions`` or ``_bytecodes``, unless a ``_per_`` makes them a
 rate; what follows a ``.`` names the workload and is not read). The spread
 (min-max) of each side is the noise to read the ratio against.
 
@@ -55,7 +55,8 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 DEFAULT_BENCHES = ("bench_simulate --steps 300", "bench_controller_overhead")
 RESULT_LINE = re.compile(r"^RESULT\s+(\S+)\s+(\S+)\s*$")
-COST_SUFFIXES = ("_ms", "_mb", "_gb", "_bytes", "overhead", "_instructions")
+COST_SUFFIXES = ("_ms", "_mb", "_gb", "_bytes", "overhead", "_instructions",
+                 "_bytecodes")
 
 
 @dataclasses.dataclass
