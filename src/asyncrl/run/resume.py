@@ -137,3 +137,30 @@ def _mapping(text: str, source: str) -> dict[str, Any]:
                           f"{type(tree).__name__}; restore it, or delete it to resume with the "
                           "checkpoint's own config")
     return tree
+
+
+def nothing_to_do(run_dir: Path, ckpt: LoadedCheckpoint, cfg: RunConfig) -> str | None:
+    """Why resuming ``ckpt`` would train nothing (None: it would train)."""
+    steps = cfg.grpo.max_num_steps
+    at = f"{run_dir} is at step {ckpt.step} (its newest checkpoint, {ckpt.path.name})"
+    if ckpt.step >= steps:
+        where = ("has reached it" if ckpt.step == steps
+                 else "is below it (a lower max_num_steps does not undo steps)")
+        return (
+            f"asyncrl: nothing to do: {at} and grpo.max_num_steps={steps} {where}. Nothing "
+            f"was changed. To train further, raise it, e.g.:\n"
+            f"  asyncrl train --resume {run_dir} grpo.max_num_steps={ckpt.step + max(steps, 10)}"
+        )
+    state = ckpt.controller_state
+    dispatch = state.get("dispatch") or {}
+    if dispatch.get("source_exhausted") and not (
+            dispatch.get("source_held") or dispatch.get("inflight") or dispatch.get("queued")
+            or state.get("ready")):
+        setting = ("task.epochs (or task.max_prompts)" if cfg.task.name == "dataset"
+                   else "task.num_prompts")
+        return (
+            f"asyncrl: nothing to do: {at} and its task has no prompts left ({setting}). "
+            "Nothing was changed. Start a new run with more prompts to train further"
+        )
+    return None
+

@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from typing import Any
 
 from asyncrl.types import StopReason
@@ -95,6 +95,21 @@ class GracefulStop:
             print(f"\nasyncrl: {name} received again; stopping now (the newest complete "
                   "checkpoint is kept)", file=sys.stderr)
             self.task.cancel()
+
+
+def run_event_loop(main: Coroutine[Any, Any, Any]) -> Any:
+    """``asyncio.run(main)``, without the runner's own SIGINT handler.
+
+    asyncio.run puts in place a handler that cancels the main task, and it stays
+    the Python-level handler until :meth:`GracefulStop.install` swaps in the
+    loop's. A SIGINT inside ``loop.add_signal_handler`` - after it points the
+    wakeup fd at the loop, before it swaps that handler - then reached both: a
+    graceful stop *and* a cancel wherever the run next awaited, which could leave
+    groups unaccounted (CI, stop 48). With the interpreter's own handler there
+    instead, such a signal is one KeyboardInterrupt out of ``install``.
+    """
+    with asyncio.Runner() as runner:
+        return runner.get_loop().run_until_complete(main)
 
 
 @contextlib.contextmanager

@@ -55,7 +55,7 @@ from asyncrl.run.export import export_final
 from asyncrl.run.fleet_channel import fleet_channel
 from asyncrl.run.lock import run_dir_lock
 from asyncrl.run.preflight import preflight
-from asyncrl.run.resume import config_changes, prepare_resume, without_reuse
+from asyncrl.run.resume import config_changes, nothing_to_do, prepare_resume, without_reuse
 from asyncrl.run.rundir import (
     AUTOPILOT_FILE,
     autopilot_files,
@@ -64,7 +64,7 @@ from asyncrl.run.rundir import (
     prepare_run_dir,
     truncate_metrics,
 )
-from asyncrl.run.signals import GracefulStop, Terminated, sigterm_as_interrupt
+from asyncrl.run.signals import GracefulStop, Terminated, run_event_loop, sigterm_as_interrupt
 from asyncrl.tasks import Task, build_scorer
 from asyncrl.trainers.base import Trainer
 from asyncrl.types import StopReason
@@ -221,15 +221,7 @@ class _Run:
         """Run the event-loop program; whatever happens, write the run directory."""
         forced: BaseException | None = None
         try:
-            # Not asyncio.run(): its runner puts a SIGINT handler of its own in place
-            # (one that cancels the main task) until GracefulStop installs the loop's.
-            # A SIGINT inside loop.add_signal_handler - after it points the wakeup fd
-            # at the loop, before it swaps the Python-level handler - reached both: a
-            # graceful stop *and* a cancel wherever the run next awaited, which could
-            # leave the ledger unbalanced. With the interpreter's own handler there,
-            # such a signal is one KeyboardInterrupt out of install(), before any step.
-            with asyncio.Runner() as runner:
-                runner.get_loop().run_until_complete(self._main(resume, snapshots))
+            run_event_loop(self._main(resume, snapshots))
         except KeyboardInterrupt as exc:  # a signal outside the loop's handlers
             forced = exc
             raise
@@ -257,7 +249,7 @@ class _Run:
         try:
             self.stop.install(loop)  # a signal inside it raises KeyboardInterrupt here
         except BaseException:
-            await self.close()  # the backends were built: they close, however the run ends
+            await self.close()
             raise
         try:
             if resume is not None:
@@ -483,30 +475,3 @@ def resume_run(run_dir: str | Path, overrides: list[str], *, fork_to: str | Path
     else:
         print(f"asyncrl: resuming {run_dir} from {ckpt.path.name} (trainer version {ckpt.step})")
     return train(cfg, target, resume=ckpt, overwrite=overwrite, planner_factory=planner_factory)
-
-
-def nothing_to_do(run_dir: Path, ckpt: LoadedCheckpoint, cfg: RunConfig) -> str | None:
-    """Why resuming ``ckpt`` would train nothing (None: it would train)."""
-    steps = cfg.grpo.max_num_steps
-    at = f"{run_dir} is at step {ckpt.step} (its newest checkpoint, {ckpt.path.name})"
-    if ckpt.step >= steps:
-        where = ("has reached it" if ckpt.step == steps
-                 else "is below it (a lower max_num_steps does not undo steps)")
-        return (
-            f"asyncrl: nothing to do: {at} and grpo.max_num_steps={steps} {where}. Nothing "
-            f"was changed. To train further, raise it, e.g.:\n"
-            f"  asyncrl train --resume {run_dir} grpo.max_num_steps={ckpt.step + max(steps, 10)}"
-        )
-    state = ckpt.controller_state
-    dispatch = state.get("dispatch") or {}
-    if dispatch.get("source_exhausted") and not (
-            dispatch.get("source_held") or dispatch.get("inflight") or dispatch.get("queued")
-            or state.get("ready")):
-        setting = ("task.epochs (or task.max_prompts)" if cfg.task.name == "dataset"
-                   else "task.num_prompts")
-        return (
-            f"asyncrl: nothing to do: {at} and its task has no prompts left ({setting}). "
-            "Nothing was changed. Start a new run with more prompts to train further"
-        )
-    return None
-
