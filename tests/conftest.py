@@ -36,7 +36,7 @@ def _asyncrl_verbosity_restored(monkeypatch: pytest.MonkeyPatch) -> Iterator[Non
 @pytest.fixture(autouse=True)
 def _signal_handling_restored() -> Iterator[None]:
     """After each test, SIGINT and SIGTERM are handled as they were when it
-    started, and unblocked: a handler left behind (asyncio's no-op one, an
+    started, unblocked, and no signal wakeup fd is left set: a handler left behind (asyncio's no-op one, an
     ignore) or a blocked signal would make a later test's real signal do
     nothing. What a test left changed is put back, with a warning naming it.
     (A disposition the whole session inherited - an ignored SIGINT under a
@@ -52,9 +52,14 @@ def _signal_handling_restored() -> Iterator[None]:
     changed = {sig: h for sig, h in handlers.items() if signal.getsignal(sig) is not h}
     for sig, handler in changed.items():
         signal.signal(sig, handler)
-    if blocked or changed:
+    # An event loop left with signal handlers: its wakeup fd would take a later
+    # test's signals, and its close (whenever it is collected) would clear that
+    # test's own handlers.
+    wakeup_fd = signal.set_wakeup_fd(-1)
+    if blocked or changed or wakeup_fd != -1:
         left = [f"{s.name} blocked" for s in sorted(blocked)]
         left += [f"{s.name} handled otherwise" for s in sorted(changed)]
+        left += ["the signal wakeup fd set (an event loop's signal handlers)"] * (wakeup_fd != -1)
         warnings.warn(f"the test left {', '.join(left)}; put back", stacklevel=1)
 
 
