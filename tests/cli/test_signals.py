@@ -10,7 +10,6 @@ it lands anywhere: set-up, generation, training, checkpointing, wrap-up).
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import random
@@ -240,11 +239,16 @@ def test_a_signal_while_the_loop_handlers_are_installed_is_handled_once(
             os.kill(os.getpid(), sig)
         return previous
 
-    gc.collect()  # an event loop another test left unclosed closes now, not inside the run
     monkeypatch.setattr(signal, "set_wakeup_fd", set_wakeup_fd)
     argv = ["train", "--config", str(config), "--run-dir", str(run), "grpo.max_num_steps=3"]
-    assert main(argv) == code
-    monkeypatch.undo()
+    # Ctrl-C as a terminal delivers it, to Python's own handler: a session started
+    # by a backgrounded `make test` inherits SIGINT ignored, and would drop it.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        assert main(argv) == code
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        monkeypatch.undo()
     err = capsys.readouterr().err
     assert len(sent) == 1 and "received; stopping" not in err, err  # not the loop's too
     summary = strict_json((run / "summary.json").read_text())
