@@ -3,25 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-def load_bench():
-    spec = importlib.util.spec_from_file_location(
-        "bench_bytecodes", REPO / "benchmarks" / "bench_bytecodes.py")
-    module = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(module)
-    return module
+from tests.benchscripts import load_script
 
 
 def test_it_counts_each_functions_bytecodes_exactly_and_names_dataclass_inits() -> None:
-    bench = load_bench()
+    bench = load_script("bench_bytecodes")
 
     def loop(n: int) -> None:
         for _ in range(n):
@@ -42,7 +32,7 @@ def test_it_counts_each_functions_bytecodes_exactly_and_names_dataclass_inits() 
 
 def test_a_simulated_workload_profiles_the_same_twice_and_diffs_to_zero(
         tmp_path: Path, capsys) -> None:
-    bench = load_bench()
+    bench = load_script("bench_bytecodes")
     saves = [tmp_path / "a.json", tmp_path / "b.json"]
     for save in saves:
         assert bench.main(["--workloads", "balanced", "--steps", "2,4", "--top", "5",

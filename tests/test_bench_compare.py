@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 import subprocess
 import sys
@@ -10,21 +9,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.benchscripts import load_script
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "compare.py"
 
 
-def load_compare():
-    spec = importlib.util.spec_from_file_location("bench_compare", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_results_benches_and_directions_parse() -> None:
-    cmp = load_compare()
+    cmp = load_script("compare")
     assert cmp.parse_bench("benchmarks/bench_simulate.py --steps 300") == cmp.Bench(
         "bench_simulate", ["--steps", "300"])
     out = "noise\nRESULT sim_steps_per_wall_s.balanced 212.5\nRESULT x nan-ish\nRESULT t_s 3\n"
@@ -100,17 +92,8 @@ def test_a_ref_that_is_not_a_commit_is_one_clear_line(repo: Path) -> None:
                                   "--oneline)")
 
 
-def load_instructions():
-    spec = importlib.util.spec_from_file_location(
-        "bench_instructions", REPO / "benchmarks" / "bench_instructions.py")
-    module = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_instruction_counts_parse_and_take_the_set_up_out() -> None:
-    bench = load_instructions()
+    bench = load_script("bench_instructions")
     err = "==7== Events    : Ir\n==7== Collected : 3040483619\n==7==\n==7== I   refs:      3,040\n"
     assert bench.parse_count(err) == 3040483619
     with pytest.raises(RuntimeError, match="no instruction count"):

@@ -4,24 +4,16 @@ when the held-out reward first reaches the target (its runs:
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_dynamic_sampling.py"
+from tests.benchscripts import load_script
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_dynamic_sampling", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("bench_dynamic_sampling")
 
 
 def rows(evals: dict[int, float], steps: int = 10) -> list[dict]:
