@@ -42,7 +42,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_instructions import WORKLOADS, per_step
+from bench_instructions import WORKLOADS, child, per_step
 
 #: The controller's capacity here: small, so the traced runs stay short.
 CONTROLLER_CAPACITY = 100
@@ -103,29 +103,11 @@ def short_path(filename: str) -> str:
     return filename
 
 
-def run_workload(workload: str, policy: str, steps: int) -> None:
-    """``steps`` steps of ``workload``, from the working directory's tree."""
-    if workload == "controller":
-        sys.path.insert(0, str(Path.cwd()))  # the tree's own tests.fakes
-        sys.path.insert(0, str(Path.cwd() / "benchmarks"))
-        from bench_controller_overhead import run
-
-        with contextlib.suppress(SystemExit):  # it refuses to time so few steps
-            run(CONTROLLER_CAPACITY, steps)
-        return
-    from asyncrl.config import load_config
-    from asyncrl.sim.runner import compare
-
-    path = Path.cwd() / "examples" / "sim" / f"{workload}.yaml"
-    compare(load_config(path), [policy], steps=steps, base_dir=path.parent,
-            record_intervals=False)
-
-
 def profile(workload: str, policy: str, lo: int, hi: int) -> dict[str, float]:
     """Bytecodes per step by function (those that ran in the HI run's extra steps)."""
-    run_workload(workload, policy, 2)  # imports and first-call caches out of both runs
-    a = count_bytecodes(lambda: run_workload(workload, policy, lo))
-    b = count_bytecodes(lambda: run_workload(workload, policy, hi))
+    child(workload, policy, 2, CONTROLLER_CAPACITY)  # imports and first-call caches out of both runs
+    a = count_bytecodes(lambda: child(workload, policy, lo, CONTROLLER_CAPACITY))
+    b = count_bytecodes(lambda: child(workload, policy, hi, CONTROLLER_CAPACITY))
     steps = {k: per_step(lo, hi, a.get(k, 0), b.get(k, 0)) for k in set(a) | set(b)}
     return {k: v for k, v in steps.items() if v}
 

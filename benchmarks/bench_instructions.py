@@ -68,15 +68,16 @@ def misses(err_lo: str, err_hi: str) -> list[tuple[str, int, int]]:
             for key in ("I1  misses", "D1  misses") if key in lo and key in hi]
 
 
-def child(workload: str, policy: str, steps: int) -> None:
-    """Run ``steps`` steps of ``workload`` (in the process valgrind watches)."""
+def child(workload: str, policy: str, steps: int, capacity: int = CONTROLLER_CAPACITY) -> None:
+    """Run ``steps`` steps of ``workload`` (in the process valgrind watches), from
+    the working directory's tree; ``capacity``: the controller workload's buffer."""
     if workload == "controller":
         sys.path.insert(0, str(Path.cwd() / "benchmarks"))
         from bench_controller_overhead import run  # the tree's own script and fakes
 
         # A script that refuses to time so few steady steps exits after the run.
         with contextlib.suppress(SystemExit):
-            run(CONTROLLER_CAPACITY, steps)
+            run(capacity, steps)
         return
     from asyncrl.config import load_config
     from asyncrl.sim.runner import compare
