@@ -3,7 +3,8 @@
 Wall and CPU time on a shared machine spread by ±15% between runs of one tree,
 which hides a 5% change. The number of machine instructions a run executes
 does not depend on the load. Each workload runs twice under
-``valgrind --tool=callgrind`` (``PYTHONHASHSEED=0``), for ``LO`` and for
+``valgrind --tool=callgrind`` (``PYTHONHASHSEED=0``, no ``.pyc`` written, so
+both runs import alike in a fresh tree), for ``LO`` and for
 ``HI`` steps; the difference divided by ``HI - LO`` is the cost of a step with
 the imports, the set-up and the warm-up taken out.
 
@@ -91,7 +92,11 @@ def count(workload: str, policy: str, steps: int, cache_sim: bool) -> tuple[int,
     cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
            *(["--cache-sim=yes"] if cache_sim else []),
            sys.executable, __file__, "--child", workload, policy, str(steps)]
-    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    # No .pyc written by either run: in a fresh tree (compare.py's worktree) the
+    # LO run would otherwise compile every module and the HI run load them,
+    # and the difference would come out short by the compile (~5 M instructions
+    # per step of a 100-step difference). Both runs now import alike.
+    env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1"}
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
     if done.returncode != 0:
         raise SystemExit(f"{workload}, {steps} steps: the run under valgrind failed "
