@@ -3,12 +3,13 @@ continuation, the derived end weight, and plain-data round trips (checkpoints, R
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pickle
 
 import pytest
 
-from asyncrl.record import Completion, GroupResult, spans_of
+from asyncrl.record import Completion, GroupResult, built_valid, spans_of
 
 
 def test_versions_are_run_length_spans():
@@ -35,6 +36,19 @@ def test_a_broken_record_is_refused_when_it_is_made(kwargs, says):
               "finish_reason": "stop", **kwargs}
     with pytest.raises(ValueError, match=says):
         Completion(**fields)
+
+
+def test_a_record_built_valid_is_the_one_the_constructor_makes():
+    """built_valid (the simulator's records) skips the checks, not the record:
+    every field as the constructor sets it, frozen, picklable, round-tripping."""
+    ids, logprobs = [5, 6, 7], [-0.1, -0.2, -0.3]
+    made = built_valid(ids, logprobs, ((2, 1), (4, 2)), "stop")
+    assert made == Completion(ids, logprobs, ((2, 1), (4, 2)), "stop")
+    assert [getattr(made, f.name) for f in dataclasses.fields(Completion)] == \
+        [ids, logprobs, ((2, 1), (4, 2)), "stop", "", None]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.text = "x"  # type: ignore[misc]
+    assert pickle.loads(pickle.dumps(made)) == made == Completion.from_dict(made.to_dict())
 
 
 def test_a_partial_completion_continues_with_merged_spans_and_masks():

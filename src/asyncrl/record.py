@@ -183,6 +183,31 @@ class Completion:
                    None if mask is None else [int(m) for m in mask])
 
 
+def built_valid(token_ids: Sequence[int], logprobs: Sequence[float], versions: VersionSpans,
+                finish_reason: FinishReason) -> Completion:
+    """A finished completion (no text, no loss mask) that its maker built valid:
+    the :class:`Completion` it would construct, without the checks of
+    ``__post_init__``. For producers whose records hold the invariants by
+    construction and make one per generated group (the simulator, which builds
+    ~10^5 a simulated run); an engine builds its records with the constructor,
+    which checks them. The setters are the slots' own (a frozen dataclass's
+    ``__setattr__`` refuses), so the object is what ``Completion(...)`` makes."""
+    c = _NEW(Completion)
+    _SET_TOKEN_IDS(c, token_ids)
+    _SET_LOGPROBS(c, logprobs)
+    _SET_VERSIONS(c, versions)
+    _SET_FINISH_REASON(c, finish_reason)
+    _SET_TEXT(c, "")
+    _SET_LOSS_MASK(c, None)
+    return c
+
+
+_NEW = object.__new__
+(_SET_TOKEN_IDS, _SET_LOGPROBS, _SET_VERSIONS, _SET_FINISH_REASON, _SET_TEXT,
+ _SET_LOSS_MASK) = (vars(Completion)[name].__set__ for name in (
+    "token_ids", "logprobs", "versions", "finish_reason", "text", "loss_mask"))
+
+
 _TOKEN_IDS = operator.attrgetter("token_ids")
 _LOGPROBS = operator.attrgetter("logprobs")
 _TEXT = operator.attrgetter("text")
@@ -281,4 +306,4 @@ class GroupResult:
 
 
 __all__ = ["FINISH_REASONS", "Completion", "FinishReason", "GroupResult", "VersionSpans",
-           "counted", "spans_of"]
+           "built_valid", "counted", "spans_of"]

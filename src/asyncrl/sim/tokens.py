@@ -21,7 +21,7 @@ from operator import attrgetter
 from typing import Any
 
 from asyncrl.config import LossConfig
-from asyncrl.record import Completion, VersionSpans, counted
+from asyncrl.record import Completion, VersionSpans, built_valid, counted
 from asyncrl.sim.latency import Work
 from asyncrl.trainers.masks import MaskStats, token_masks
 from asyncrl.types import Rollout
@@ -183,7 +183,9 @@ class CompletionFactory:
 
     def _completion(self, length: int, spans: VersionSpans) -> Completion:
         ids, logprobs = self._zeros.views(length)
-        return Completion(ids, logprobs, spans, "stop")  # type: ignore[arg-type]
+        # Valid by construction (spans of ``length`` tokens, non-decreasing versions):
+        # the constructor's checks would cost ~15 % of a simulated group's record work.
+        return built_valid(ids, logprobs, spans, "stop")  # type: ignore[arg-type]
 
 
 def count_masked(rollout: Rollout, *, step: int, cfg: LossConfig, stats: MaskStats) -> None:
