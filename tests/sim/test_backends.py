@@ -141,6 +141,31 @@ def test_cancelling_a_generation_frees_its_slot() -> None:
     assert run_virtual(main(), loop="jump") == 55.0
 
 
+def test_cancelling_a_queued_generation_passes_its_turn_to_the_next() -> None:
+    """A group cancelled while it waits for a slot never takes one: the freed
+    slot starts the group behind it, at the instant it frees, and the fleet's
+    pressure stops counting the cancelled one as waiting."""
+    engine = SimEngine(Constant(10.0), rollout_slots=1)
+
+    async def main() -> tuple[int, int, float]:
+        loop = asyncio.get_running_loop()
+        first = asyncio.ensure_future(engine.generate(request(0)))
+        gone = asyncio.ensure_future(engine.generate(request(1)))
+        last = asyncio.ensure_future(engine.generate(request(2)))
+        await advance(1.0)
+        waiting = (await engine.pressure()).waiting
+        gone.cancel()
+        await asyncio.sleep(0)
+        waiting_after = (await engine.pressure()).waiting
+        await first
+        await last
+        return waiting, waiting_after, loop.time()
+
+    assert run_virtual(main(), loop="jump") == (2, 1, 20.0)
+    assert engine.attempts == 2 and engine.max_busy == 1
+    assert [(t0, t1) for t0, t1, _ in engine.intervals] == [(0.0, 10.0), (10.0, 20.0)]
+
+
 def test_failures_happen_after_the_latency_at_the_configured_rate() -> None:
     engine = SimEngine(Constant(2.0), rollout_slots=1000, failure_rate=0.3, seed=4)
 

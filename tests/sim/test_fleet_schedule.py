@@ -99,6 +99,30 @@ def test_slot_pool_shrink_drains_busy_slots_and_a_grow_repays_it() -> None:
     assert pool.try_take() and pool.try_take() and not pool.try_take()
 
 
+def test_slot_pool_hands_a_freed_slot_to_the_first_waiter_that_takes_it() -> None:
+    """Waiters start in arrival order, in the call that frees the slot; one that
+    declines (gone while it waited) passes the slot on; with none left it is free."""
+    pool = SlotPool(1)
+    started: list[str] = []
+
+    def waiter(name: str, takes: bool = True):
+        def start() -> bool:
+            started.append(name)
+            return takes
+        return start
+
+    assert pool.try_take()
+    for name, takes in (("gone", False), ("a", True), ("b", True)):
+        pool.wait(waiter(name, takes))
+    assert not pool.try_take()   # a waiter is first in line, even for a freed slot
+    pool.give_back()
+    assert started == ["gone", "a"]
+    pool.give_back()
+    assert started == ["gone", "a", "b"]
+    pool.give_back()             # nobody waits: the slot is free
+    assert pool.try_take() and not pool.try_take()
+
+
 def test_fleet_schedule_is_checked() -> None:
     with pytest.raises(ConfigError, match="at_s must strictly increase"):
         config_from_dict({"simulate": {"fleet": [{"at_s": 5, "rollout_slots": 2},

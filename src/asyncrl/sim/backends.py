@@ -116,14 +116,19 @@ def _wake(fut: asyncio.Future[None]) -> None:
 
 
 class _Run:
-    """A group in a slot: the future its generation waits on, and either its
-    timer (None while generation is paused) with its deadline (while paused:
-    the seconds it has left), or - decoding on a shared fleet - its join number."""
+    """One attempt of a group at the fleet: the future its generation waits on,
+    and once it holds a slot (``t0`` set) what it generates; either its timer
+    (None while generation is paused) with its deadline (while paused: the
+    seconds it has left), or - decoding on a shared fleet - its join number."""
 
-    __slots__ = ("deadline", "fut", "joined", "timer")
+    __slots__ = ("a0", "deadline", "fail", "fut", "held", "joined", "request", "since", "t0",
+                 "timer", "work")
 
-    def __init__(self, fut: asyncio.Future[None]) -> None:
+    def __init__(self, fut: asyncio.Future[None], request: GenerationRequest) -> None:
         self.fut = fut
+        self.request = request
+        #: When it took its slot (loop time); None while it waits for one.
+        self.t0: float | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.deadline = 0.0
         self.joined: int | None = None
@@ -175,7 +180,7 @@ class SimEngine:
         #: stands still now (None: it runs); see :meth:`_active`.
         self._paused_s = 0.0
         self._pause_start: float | None = None
-        self._slots = SlotPool(rollout_slots)
+        self._slots: SlotPool[_Run] = SlotPool(rollout_slots, self._start_queued)
         #: The fleet schedule, (virtual second, slots) by time: see schedule_fleet.
         self.fleet = list(fleet)
         #: Called with the new slot count after each change (the controller's
@@ -189,6 +194,8 @@ class SimEngine:
                          _Stream(component_rng(seed, f"latency-phase{at}"), model.draw),
                          _Stream(component_rng(seed, f"latency-retry-phase{at}"), model.draw))
                         for at, model in phases]
+        #: _phase() of the version held, kept current as the version moves (read per group).
+        self._phase_now = self._phase()
         self._retries_drawn = 0
         self._first_coin = _Stream(component_rng(seed, "failure"), _uniforms)
         self._retry_coin = component_rng(seed, "failure-retry").random
@@ -228,87 +235,114 @@ class SimEngine:
 
     async def generate(self, request: GenerationRequest) -> GroupResult:
         gid = request.group_id
-        slots = self._slots
-        if not slots.try_take():
-            self._queued.add(gid)
-            try:
-                await slots.take()
-            except BaseException:
-                self._abort_queued.discard(gid)
-                raise
-            finally:
-                self._queued.discard(gid)
-            if gid in self._abort_queued:
-                self._abort_queued.discard(gid)
-                slots.give_back()
-                raise GroupAborted(gid)
-        # The controller's start weight, else a pinned version (deterministic
-        # mode pins the version a group is generated with), else the one held.
-        pinned = request.weight_version
-        start_version = request.start_weight
-        if start_version is None:
-            start_version = self._version if pinned is None else pinned
-        model, first, retry = self._phase()
-        sample, fail = self._draw(request, first, retry)
-        work = model.work(sample, self._busy_now + 1, self.tokens_per_s)
-        if self._left and gid in self._left:  # generating already: see start_from
-            left, whole = self._left.pop(gid)
-            longest = model.work(whole, 1, self.tokens_per_s).longest
-            work = Work(left, 0.0, left / longest, longest, float(longest))
-        held, since = self._version, len(self._updates)
         loop = asyncio.get_running_loop()
-        t0 = loop.time()
-        run = self._running[gid] = _Run(loop.create_future())
-        if self._pause_start is None:
-            a0 = t0 - self._paused_s
-            # A shared fleet: the timer covers base_s, then the group decodes.
-            run.deadline = t0 + (work.base_s if self._decoder is not None else work.latency)
-            run.timer = loop.call_at(run.deadline, _wake, run.fut)
-        else:  # it starts when generation resumes
-            a0 = self._active(t0)
-            self._start_timer(loop, run, work.base_s if self._decoder is not None
-                              else work.latency)
-        self.attempts += 1
-        busy = self._busy_now = self._busy_now + 1
-        if busy > self.max_busy:
-            self.max_busy = busy
-        outcome = "failed" if fail else "ok"
+        run = _Run(loop.create_future(), request)
+        slots = self._slots
+        if slots.try_take():
+            self._start(run, loop)
+        else:  # a freed slot starts it (_start_queued): the task wakes when it is done
+            self._queued.add(gid)
+            slots.wait(run)
         try:
             await run.fut
             if self._decoder is not None:
                 run.fut = loop.create_future()
-                run.joined, a0 = self._decoder.join(loop, run.fut, work.longest)
-                work = Work(work.latency, 0.0, 1.0, work.longest, work.mean)  # clock: tokens
+                run.joined, run.a0 = self._decoder.join(loop, run.fut, run.work.longest)
+                work = run.work
+                run.work = Work(work.latency, 0.0, 1.0, work.longest, work.mean)  # clock: tokens
                 await run.fut
         except BaseException:
+            if run.t0 is None:  # cancelled while it waited (an abort's run never starts)
+                self._queued.discard(gid)
+                self._abort_queued.discard(gid)
+                raise
             # Aborted (GroupAborted from abort()) or cancelled by the controller:
             # the timer must not fire into a dead future.
             if run.timer is not None:
                 run.timer.cancel()
             if run.joined is not None and run.fut.cancelled():
                 self._decoder.leave(loop, run.joined)  # type: ignore[union-attr]
-            outcome = "aborted"
             self.aborts += 1
+            self._finish(run, loop, "aborted")
             raise
-        finally:
-            del self._running[gid]
-            self._busy_now -= 1
-            t1 = loop.time()
-            self.busy_slot_s += t1 - t0
-            if self.record_intervals:
-                self.intervals.append((t0, t1, outcome))
-            slots.give_back()
+        fail = run.fail
+        self._finish(run, loop, "failed" if fail else "ok")
         if fail:
             self.failures += 1
             raise GenerationError(f"simulated failure of group {gid!r} (attempt {request.attempt})")
+        # The controller's start weight, else a pinned version (deterministic
+        # mode pins the version a group is generated with), else the one held.
+        pinned = request.weight_version
+        start_version = request.start_weight
+        if start_version is None:
+            start_version = run.held if pinned is None else pinned
+        held, since = run.held, run.since
         if pinned is not None:  # deterministic mode: every token of the pinned version
             held, since = pinned, len(self._updates)
         updates = self._updates
         # One cheap branch when filter_rate is 0: the hot path stays as it was.
         flat = self.filter_rate > 0 and self.is_flat(request.prompt.prompt_id)
         return self._result(gid, request.num_generations, start_version,
-                            work, a0, held, updates[since:] if since < len(updates) else (),
+                            run.work, run.a0, held, updates[since:] if since < len(updates) else (),
                             flat)
+
+    def _start_queued(self, run: _Run) -> bool:
+        """A freed slot is handed to ``run``, which waited for one: start it, or
+        pass (False) when it is gone (cancelled, or aborted while it waited)."""
+        if run.fut.done():  # cancelled: its generate call has left the queue
+            return False
+        gid = run.request.group_id
+        self._queued.discard(gid)
+        if gid in self._abort_queued:
+            self._abort_queued.discard(gid)
+            run.fut.set_exception(GroupAborted(gid))
+            return False
+        self._start(run, asyncio.get_running_loop())
+        return True
+
+    def _start(self, run: _Run, loop: asyncio.AbstractEventLoop) -> None:
+        """``run`` takes its slot now: draw its latency and failure, note the
+        weights it starts with and arm its timer."""
+        request = run.request
+        gid = request.group_id
+        model, first, retry = self._phase_now
+        sample, run.fail = self._draw(request, first, retry)
+        work = model.work(sample, self._busy_now + 1, self.tokens_per_s)
+        if self._left and gid in self._left:  # generating already: see start_from
+            left, whole = self._left.pop(gid)
+            longest = model.work(whole, 1, self.tokens_per_s).longest
+            work = Work(left, 0.0, left / longest, longest, float(longest))
+        run.work = work
+        # The version held when generation starts, and the updates seen so far
+        # (a start version that is unset falls back on the held one).
+        run.held, run.since = self._version, len(self._updates)
+        t0 = run.t0 = loop.time()
+        self._running[gid] = run
+        if self._pause_start is None:
+            run.a0 = t0 - self._paused_s
+            # A shared fleet: the timer covers base_s, then the group decodes.
+            run.deadline = t0 + (work.base_s if self._decoder is not None else work.latency)
+            run.timer = loop.call_at(run.deadline, _wake, run.fut)
+        else:  # it starts when generation resumes
+            run.a0 = self._active(t0)
+            self._start_timer(loop, run, work.base_s if self._decoder is not None
+                              else work.latency)
+        self.attempts += 1
+        busy = self._busy_now = self._busy_now + 1
+        if busy > self.max_busy:
+            self.max_busy = busy
+
+    def _finish(self, run: _Run, loop: asyncio.AbstractEventLoop, outcome: str) -> None:
+        """``run``'s slot time is over (``outcome``: ok / failed / aborted): count
+        it and hand the slot on (which may start the next run at once)."""
+        del self._running[run.request.group_id]
+        self._busy_now -= 1
+        t1 = loop.time()
+        t0 = run.t0
+        self.busy_slot_s += t1 - t0  # type: ignore[operator]
+        if self.record_intervals:
+            self.intervals.append((t0, t1, outcome))  # type: ignore[arg-type]
+        self._slots.give_back()
 
     def start_from(self, version: int, left: dict[GroupId, tuple[float, float]]) -> None:
         """Before the run, for a simulation that starts from a run's state
@@ -321,6 +355,7 @@ class SimEngine:
             raise ConfigError("a simulation from a run's state needs a time-based latency "
                               "model (the planner's is one), not distribution: tokens")
         self._version = version
+        self._phase_now = self._phase()
         self._left = dict(left)
 
     async def update_weights(self, weights: Any, version: int) -> None:
@@ -336,6 +371,7 @@ class SimEngine:
                 self._resume(loop)
         self.syncs += 1
         self._version = version
+        self._phase_now = self._phase()
         now = loop.time()
         clock = self._decoder.service(now) if self._decoder is not None else self._active(now)
         self._updates.append((clock, version))

@@ -1,30 +1,45 @@
-"""The simulated fleet's generation slots: a counting semaphore, FIFO, with a
-synchronous fast path.
+"""The simulated fleet's generation slots: a counting semaphore, FIFO, that
+hands a freed slot straight to the longest waiter's start.
 
 ``asyncio.Semaphore`` would do, but every group of a simulation passes through
-it: its ``acquire`` is a coroutine even when a slot is free and ``locked()``
-scans the waiters. Here a free slot is taken without awaiting anything, and a
-released slot is handed straight to the longest waiter.
+it, most of them waiting (a controller keeps more groups in flight than there
+are slots): a waiter that is a future costs a task wake-up and an event-loop
+pass per group just to take its slot. Here a waiter is the group's run, and the
+call that frees a slot starts the next run then and there (``start``); the
+group's task wakes once, when its generation ends.
 """
 
 from __future__ import annotations
 
-import asyncio
 import collections
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+W = TypeVar("W")
 
 
-class SlotPool:
-    """``size`` slots; groups beyond them wait in arrival order."""
+def _call(waiter: Callable[[], bool]) -> bool:
+    return waiter()
 
-    __slots__ = ("_free", "_owed", "_waiters", "size")
 
-    def __init__(self, size: int) -> None:
+class SlotPool(Generic[W]):
+    """``size`` slots; waiters beyond them are started in arrival order.
+
+    ``start(waiter)`` runs when a slot is handed to ``waiter`` and returns
+    whether it took it (False: the waiter is gone - cancelled or aborted while
+    it waited - and the slot goes on to the next one). By default a waiter is
+    itself that callable: ``waiter()``."""
+
+    __slots__ = ("_free", "_owed", "_start", "_waiters", "size")
+
+    def __init__(self, size: int, start: Callable[[W], bool] = _call) -> None:
         self.size = size
         self._free = size
+        self._start = start
         #: Slots a shrink removed while they were busy: each is retired when
         #: its group gives it back (drain), instead of going to a waiter.
         self._owed = 0
-        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._waiters: collections.deque[W] = collections.deque()
 
     def try_take(self) -> bool:
         """Take a free slot at once (nobody waits for one); False: none is free."""
@@ -33,18 +48,10 @@ class SlotPool:
             return True
         return False
 
-    async def take(self) -> None:
-        """Wait for a slot, behind everyone who waits already."""
-        if self.try_take():
-            return
-        fut = asyncio.get_running_loop().create_future()
-        self._waiters.append(fut)
-        try:
-            await fut
-        except BaseException:
-            if fut.done() and not fut.cancelled():
-                self.give_back()  # handed a slot, then cancelled before using it
-            raise
+    def wait(self, waiter: W) -> None:
+        """Queue ``waiter`` behind everyone who waits already (after a failed
+        :meth:`try_take`); a freed slot calls ``start(waiter)`` in its turn."""
+        self._waiters.append(waiter)
 
     def resize(self, size: int) -> None:
         """Grow to ``size`` slots (new ones go to the waiters first) or shrink
@@ -63,15 +70,13 @@ class SlotPool:
         self._owed += -delta - gone
 
     def give_back(self) -> None:
-        """Free a slot: the longest waiter still waiting gets it (unless a
-        shrink retires it)."""
+        """Free a slot: the longest waiter that still wants one starts on it
+        (unless a shrink retires it)."""
         if self._owed:
             self._owed -= 1
             return
-        waiters = self._waiters
+        waiters, start = self._waiters, self._start
         while waiters:
-            fut = waiters.popleft()
-            if not fut.done():
-                fut.set_result(None)
+            if start(waiters.popleft()):
                 return
         self._free += 1
