@@ -28,7 +28,7 @@ from asyncrl.errors import (
     failure_kind,
 )
 from asyncrl.sim.clock import run_virtual
-from asyncrl.types import GenerationRequest, Prompt
+from asyncrl.types import Completion, GenerationRequest, GroupResult, Prompt
 from tests.controller.conftest import make_controller
 from tests.fakes import FakeEngine, FakeTask, FakeTrainer, InlineScorer
 from tests.vtime import advance
@@ -262,6 +262,53 @@ def test_custom_engine_untyped_error_stops_the_run_at_once_naming_the_engine() -
     record = ctl.ledger[2]
     assert record.attempts == 1 and record.state == "inflight"  # not retried; kept pending
     assert ctl.stopped_at_safe_point and ctl.steps_done < 2
+    assert ctl.summary()["ledger"]["balanced"]
+
+
+class ContractBreakingEngine(FakeEngine):
+    """An engine whose result for the first group that starts at weight 1
+    breaks the record's contract in one way (``how``), with its completions one
+    shared record or distinct ones."""
+
+    def __init__(self, how: str, shared: bool) -> None:
+        super().__init__(1.0)
+        self.how, self.shared = how, shared
+        self.broken: int | None = None
+
+    async def generate(self, request):
+        result = await super().generate(request)
+        if request.start_weight != 1 or self.broken not in (None, request.group_id):
+            return result
+        self.broken = request.group_id
+        start, n = result.start_weight, request.num_generations
+        if self.how == "count":
+            return GroupResult(result.group_id, [1], [Completion([3], [0.0], ((start, 1),),
+                                                                 "stop")] * (n + 1), start)
+        if self.how == "start_weight":
+            result.start_weight = start + 1
+            return result
+        bad = (Completion([3], [0.0], ((start, 1),), None) if self.how == "unfinished" else
+               Completion([3], [0.0], ((start - 1, 1),), "stop"))
+        good = Completion([3], [0.0], ((start, 1),), "stop")
+        result.completions = [bad] * n if self.shared else [good] * (n - 1) + [bad]
+        return result
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["one shared record", "distinct records"])
+@pytest.mark.parametrize(("how", "says"), [
+    ("unfinished", "has no finish_reason"),
+    ("old_version", "tokens of weight version 0, older than the group's start weight 1"),
+    ("count", "completions for num_generations=2"),
+    ("start_weight", "start_weight 2, but the request said 1"),
+])
+def test_an_engine_result_that_breaks_the_record_stops_the_run_naming_what(
+        how, says, shared) -> None:
+    engine = ContractBreakingEngine(how, shared)
+    ctl = make_controller(IN_ORDER, engines=[engine], steps=10)
+    with pytest.raises(BackendBug, match="it returned an invalid result") as err:
+        run_virtual(ctl.run())
+    assert says in str(err.value) and "ContractBreakingEngine" in str(err.value)
+    assert ctl.ledger[engine.broken].attempts == 1  # a bug: not retried
     assert ctl.summary()["ledger"]["balanced"]
 
 

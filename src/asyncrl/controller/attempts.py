@@ -343,27 +343,36 @@ def _checked_counts(result: GroupResult, start_weight: int, n: int) -> tuple[int
     (:meth:`~asyncrl.types.GroupResult.problem`, which names what is wrong).
     Unclassified on purpose: a result that breaks the contract is a bug of the
     engine (reported as BackendBug, naming it), not a retry."""
-    tokens = longest = 0
-    end = start_weight
-    valid = result.start_weight == start_weight and len(result.completions) == n
-    if valid:
-        for c, times in counted(result.completions):
+    completions = result.completions
+    if result.start_weight == start_weight and len(completions) == n:
+        # counted()'s test for one record shared by every completion, inline:
+        # this runs once per attempt of every group.
+        c = completions[0] if n else None
+        if c is not None and c is completions[-1] and completions.count(c) == n:
             spans = c.versions
-            if c.finish_reason is None or (spans and spans[0][0] < start_weight):
-                valid = False
-                break
-            size = len(c.token_ids)
-            tokens += size * times
-            if size > longest:
-                longest = size
-            if spans and spans[-1][0] > end:
-                end = spans[-1][0]
-    if not valid:
-        problem = result.problem(start_weight=start_weight, num_generations=n)
-        if problem is not None:
-            raise ValueError(f"it returned an invalid result: {problem} (see asyncrl.record)")
-        return (*_token_counts(result), result.end_weight)
-    return tokens, longest, end
+            if c.finish_reason is not None and not (spans and spans[0][0] < start_weight):
+                size = len(c.token_ids)
+                return size * n, size, spans[-1][0] if spans and spans[-1][0] > start_weight \
+                    else start_weight
+        else:
+            tokens = longest = 0
+            end = start_weight
+            for c, times in counted(completions):
+                spans = c.versions
+                if c.finish_reason is None or (spans and spans[0][0] < start_weight):
+                    break
+                size = len(c.token_ids)
+                tokens += size * times
+                if size > longest:
+                    longest = size
+                if spans and spans[-1][0] > end:
+                    end = spans[-1][0]
+            else:
+                return tokens, longest, end
+    problem = result.problem(start_weight=start_weight, num_generations=n)
+    if problem is not None:
+        raise ValueError(f"it returned an invalid result: {problem} (see asyncrl.record)")
+    return (*_token_counts(result), result.end_weight)
 
 
 def _token_counts(result: GroupResult) -> tuple[int, int]:

@@ -84,8 +84,6 @@ class Entry:
     #: The engine whose infra failure the next attempt should steer clear of.
     avoid: int | None = None
     aborted: bool = False
-    #: The run is ending and cancelled the group's task (it stays pending).
-    stopping: bool = False
     task: asyncio.Task[None] | None = None
     #: Tokens the group had when a run stopped (restored from a checkpoint):
     #: every attempt continues from them. None: from the prompt.
@@ -94,8 +92,8 @@ class Entry:
     #: for a checkpoint, handed back by an engine at a stop, or the finished
     #: result while it is scored): what a checkpoint keeps. None: none yet.
     partial: GroupResult | None = None
-    #: Set at a graceful stop: the engine hands its tokens back and the group
-    #: stays pending.
+    #: Set at a graceful stop, or when the run is ending and cancelled the
+    #: group's task: the engine hands its tokens back and the group stays pending.
     stopping: bool = False
 
     def kept_tokens(self) -> GroupResult | None:

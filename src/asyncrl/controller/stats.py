@@ -63,20 +63,22 @@ def read_trained(trained: Sequence[tuple[Slot, int]], step: int) -> TrainedRecor
     lengths: dict[int, int] = {}
     after = clipped = 0
     spans = []
+    hist_get, lengths_get = hist.get, lengths.get  # once per step, not per span
     for slot, _ in trained:
         rollout = slot.payload
-        rewards.extend(rollout.rewards)
+        rewards += rollout.rewards
         result = rollout.result
         start = end = result.start_weight
         for completion, times in counted(result.completions):
             size = len(completion.token_ids)
-            lengths[size] = lengths.get(size, 0) + times
+            lengths[size] = lengths_get(size, 0) + times
             if completion.finish_reason == "length":
                 clipped += times
             for version, count in completion.versions:
-                hist[step - version] = hist.get(step - version, 0) + count * times
+                age, count = step - version, count * times
+                hist[age] = hist_get(age, 0) + count
                 if version > start:
-                    after += count * times
+                    after += count
                     if version > end:
                         end = version
         spans.append(end - start)  # end: the result's end_weight
