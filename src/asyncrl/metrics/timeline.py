@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple, overload
 
@@ -17,6 +18,11 @@ class Interval(NamedTuple):
     start: float
     end: float
     label: str = ""  # outcome for "gen" (committed/failed/aborted/retry), step for train
+
+
+#: A stored row as an :class:`Interval`, made in C (``Interval._make`` is a
+#: Python call per row; a long run reads back ~10^5 rows). Rows are 5-tuples.
+_as_interval = functools.partial(tuple.__new__, Interval)
 
 
 class Timeline:
@@ -68,11 +74,11 @@ class _Intervals(Sequence[Interval]):
     def __getitem__(self, index: slice) -> list[Interval]: ...
     def __getitem__(self, index: int | slice) -> Interval | list[Interval]:
         if isinstance(index, slice):
-            return [Interval._make(row) for row in self._rows[index]]
-        return Interval._make(self._rows[index])
+            return list(map(_as_interval, self._rows[index]))
+        return _as_interval(self._rows[index])
 
     def __iter__(self) -> Iterator[Interval]:
-        return map(Interval._make, self._rows)
+        return map(_as_interval, self._rows)
 
     def __reversed__(self) -> Iterator[Interval]:
-        return map(Interval._make, reversed(self._rows))
+        return map(_as_interval, reversed(self._rows))

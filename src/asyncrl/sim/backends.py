@@ -58,7 +58,6 @@ Modelling choices (docs/simulate.md explains them for users):
 from __future__ import annotations
 
 import asyncio
-import random
 from collections.abc import Collection, Sequence
 from typing import Any
 
@@ -67,6 +66,7 @@ from asyncrl.errors import ConfigError
 from asyncrl.sim.latency import LatencyModel, Work
 from asyncrl.sim.sharing import SharedDecoder
 from asyncrl.sim.slots import SlotPool
+from asyncrl.sim.streams import Stream, component_rng, uniforms
 from asyncrl.sim.task import SimSource, SimTask
 from asyncrl.sim.tokens import CompletionFactory
 from asyncrl.sim.trainer import SimTrainer
@@ -77,37 +77,6 @@ from asyncrl.types import (
     GroupId,
     GroupResult,
 )
-
-# How many latencies are drawn per refill of a stream: amortises the call overhead.
-_DRAW_BATCH = 4096
-
-
-def component_rng(seed: int, component: str) -> random.Random:
-    """An independent stream per component, from the run seed (string seeds are
-    hashed with SHA-512 by ``random``, so this is stable across processes)."""
-    return random.Random(f"asyncrl-sim:{seed}:{component}")
-
-
-class _Stream:
-    """A seeded stream of latencies or coin flips, addressable by index."""
-
-    __slots__ = ("_draw", "_rng", "values")
-
-    def __init__(self, rng: random.Random, draw: Any) -> None:
-        self._rng = rng
-        self._draw = draw
-        self.values: list[Any] = []
-
-    def at(self, index: int) -> Any:
-        values = self.values
-        while index >= len(values):
-            values.extend(self._draw(self._rng, _DRAW_BATCH))
-        return values[index]
-
-
-def _uniforms(rng: random.Random, k: int) -> list[float]:
-    uniform = rng.random
-    return [uniform() for _ in range(k)]
 
 
 def _wake(fut: asyncio.Future[None]) -> None:
@@ -186,22 +155,22 @@ class SimEngine:
         #: Called with the new slot count after each change (the controller's
         #: fleet-change hook, so derived facts are re-checked).
         self.on_resize: list[Any] = []
-        self._first = _Stream(component_rng(seed, "latency"), latency.draw)
-        self._retry = _Stream(component_rng(seed, "latency-retry"), latency.draw)
+        self._first = Stream(component_rng(seed, "latency"), latency.draw)
+        self._retry = Stream(component_rng(seed, "latency-retry"), latency.draw)
         #: Workload phases: from weight version ``at``, the model and its streams
         #: (seeded per phase, so prompt k's draw in a phase does not depend on others).
         self._phases = [(at, model,
-                         _Stream(component_rng(seed, f"latency-phase{at}"), model.draw),
-                         _Stream(component_rng(seed, f"latency-retry-phase{at}"), model.draw))
+                         Stream(component_rng(seed, f"latency-phase{at}"), model.draw),
+                         Stream(component_rng(seed, f"latency-retry-phase{at}"), model.draw))
                         for at, model in phases]
         #: _phase() of the version held, kept current as the version moves (read per group).
         self._phase_now = self._phase()
         self._retries_drawn = 0
-        self._first_coin = _Stream(component_rng(seed, "failure"), _uniforms)
+        self._first_coin = Stream(component_rng(seed, "failure"), uniforms)
         self._retry_coin = component_rng(seed, "failure-retry").random
         #: Whether prompt k's groups come back flat (all rewards equal): the k-th
         #: draw; prompts without a numeric id draw in the order they come.
-        self._flat_coin = _Stream(component_rng(seed, "filter"), _uniforms)
+        self._flat_coin = Stream(component_rng(seed, "filter"), uniforms)
         self._flat_other = component_rng(seed, "filter-other").random
         self._running: dict[GroupId, _Run] = {}
         #: Groups generating when the simulation started (start_from): seconds left, latency.
@@ -461,15 +430,15 @@ class SimEngine:
         return None
 
     # ------------------------------------------------------------- internals
-    def _phase(self) -> tuple[LatencyModel, _Stream, _Stream]:
+    def _phase(self) -> tuple[LatencyModel, Stream, Stream]:
         """The latency model (and its streams) of the phase the held version is in."""
         for at, model, first, retry in reversed(self._phases):
             if self._version >= at:
                 return model, first, retry
         return self.latency, self._first, self._retry
 
-    def _draw(self, request: GenerationRequest, first: _Stream | None = None,
-              retry: _Stream | None = None) -> tuple[Any, bool]:
+    def _draw(self, request: GenerationRequest, first: Stream | None = None,
+              retry: Stream | None = None) -> tuple[Any, bool]:
         """Latency sample and failure of this attempt (see the module docstring),
         from the streams of the phase (default: the base workload's)."""
         first, retry = first or self._first, retry or self._retry

@@ -8,9 +8,9 @@ import collections
 from collections.abc import Callable
 from typing import Any
 
-from asyncrl.sim.backends import _DRAW_BATCH, _Stream, component_rng
 from asyncrl.sim.cohort_policies import WAITING
 from asyncrl.sim.latency import LatencyModel, Work
+from asyncrl.sim.streams import DRAW_BATCH, Stream, component_rng
 
 
 class Group:
@@ -62,7 +62,7 @@ class _Window:
             self._base += done
             j -= done
             while j + count > len(buf):
-                buf.extend(self._draw(self._rng, _DRAW_BATCH))
+                buf.extend(self._draw(self._rng, DRAW_BATCH))
         return buf[j:j + count]
 
 
@@ -79,7 +79,7 @@ class Fleet:
         # The per-group engine's draws for first attempts (common random numbers),
         # held as the Work each one means (a time-based model's ignores the load).
         self.first = _Window(component_rng(seed, "latency"), self._draw_work)
-        self._replay: _Stream | None = None
+        self._replay: Stream | None = None
         self.slots = self.free = slots
         self.waiting: collections.deque[Group] = collections.deque()
         self.max_busy = 0  # most slots busy at once
@@ -99,7 +99,7 @@ class Fleet:
         """Any prompt's first-attempt latency, drawn again from the seed (the run
         itself forgot them)."""
         if self._replay is None:
-            self._replay = _Stream(component_rng(self.seed, "latency"), self.latency.draw)
+            self._replay = Stream(component_rng(self.seed, "latency"), self.latency.draw)
         return self.latency.work(self._replay.at(prompt_id), 1, self.tokens_per_s).latency
 
     def _draw_work(self, rng: Any, k: int) -> list[Work]:
