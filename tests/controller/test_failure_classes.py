@@ -312,6 +312,39 @@ def test_an_engine_result_that_breaks_the_record_stops_the_run_naming_what(
     assert ctl.summary()["ledger"]["balanced"]
 
 
+class RecordingEngine(FakeEngine):
+    """Keeps every request it is asked to generate."""
+
+    def __init__(self) -> None:
+        super().__init__(1.0, fail=lambda r: r.prompt.prompt_id == 1 and r.attempt == 1)
+        self.requests: list[GenerationRequest] = []
+
+    async def generate(self, request):
+        self.requests.append(request)
+        return await super().generate(request)
+
+
+def test_each_attempt_asks_for_its_group_by_field() -> None:
+    """The controller builds each attempt's request positionally (cheaper, once
+    per attempt): every field lands where its name says. Prompt 1's first
+    attempt fails as infra and is retried."""
+    engine = RecordingEngine()
+    ctl = make_controller(IN_ORDER, engines=[engine], steps=3)
+    run_virtual(ctl.run())
+    by_prompt: dict[int, list[GenerationRequest]] = {}
+    for r in engine.requests:
+        by_prompt.setdefault(r.prompt.prompt_id, []).append(r)
+    for prompt_id, requests in by_prompt.items():
+        record = next(rec for rec in ctl.ledger.records() if rec.prompt_id == prompt_id)
+        assert [r.attempt for r in requests] == list(range(1, len(requests) + 1))
+        for r in requests:
+            assert (r.group_id, r.num_generations, r.start_weight) == (
+                record.group_id, ctl.grpo.num_generations_per_prompt, record.start_weight)
+            assert (r.seed, r.weight_version, r.temperature, r.top_p, r.max_new_tokens,
+                    r.prefix) == (None, None, None, None, None, None)
+    assert len(by_prompt[1]) == 2 and by_prompt[1][0].start_weight == 0
+
+
 class BuggyScorer(InlineScorer):
     async def score(self, prompt, completions):
         if prompt.prompt_id == 1:

@@ -211,17 +211,18 @@ def count_masked_chunk(rollouts: Iterable[Rollout], *, step: int, cfg: LossConfi
                 break
         else:
             for c, times in records:
-                n = len(c.token_ids)
-                cut = c.finish_reason == "length"
-                if cut and masks_truncated:
-                    masked += n * times
-                elif oldest is not None:
+                n = len(c.token_ids) * times
+                tokens += n
+                completions += times
+                if c.finish_reason == "length":
+                    truncated += times
+                    if masks_truncated:
+                        masked += n
+                        continue
+                if oldest is not None:
                     for version, count in c.versions:
                         if version < oldest:
                             masked += count * times
-                tokens += n * times
-                completions += times
-                truncated += cut * times
     stats.tokens += tokens
     stats.masked += masked
     stats.completions += completions
