@@ -265,6 +265,10 @@ def run_with_sigint_at(argv: list[str], delay: float) -> int:
         os.kill(os.getpid(), signal.SIGINT)
 
     previous = signal.signal(signal.SIGALRM, raise_sigint)
+    # SIGINT as a terminal's Ctrl-C meets it (a backgrounded `make test` hands
+    # its children SIGINT ignored, which would drop the signals that land
+    # outside the run's event loop).
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         try:
             signal.setitimer(signal.ITIMER_REAL, delay)
@@ -276,6 +280,7 @@ def run_with_sigint_at(argv: list[str], delay: float) -> int:
             code = 130
     finally:
         signal.signal(signal.SIGALRM, previous)
+        signal.signal(signal.SIGINT, previous_int)
     return code
 
 
