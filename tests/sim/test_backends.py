@@ -166,6 +166,88 @@ def test_cancelling_a_queued_generation_passes_its_turn_to_the_next() -> None:
     assert [(t0, t1) for t0, t1, _ in engine.intervals] == [(0.0, 10.0), (10.0, 20.0)]
 
 
+def test_a_queued_generation_closed_rather_than_cancelled_never_takes_a_slot() -> None:
+    """A driver that closes the coroutine (GeneratorExit at its await) instead
+    of cancelling its task: its place in the queue is given up all the same."""
+    engine = SimEngine(Constant(5.0), rollout_slots=1)
+
+    async def main() -> float:
+        loop = asyncio.get_running_loop()
+        first = asyncio.ensure_future(engine.generate(request(0)))
+        await asyncio.sleep(0)
+        closed = engine.generate(request(1))
+        closed.send(None)  # runs to its await: queued behind g0
+        closed.close()
+        await first
+        await engine.generate(request(2))  # the slot g0 freed is free: no wait
+        return loop.time()
+
+    assert run_virtual(main(), loop="jump") == 10.0
+    assert engine.attempts == 2 and engine._busy_now == 0 and not engine._running
+
+
+class FailsToStart(Constant):
+    """A latency model whose ``work`` raises for the next ``fails[0]`` groups
+    that start: they cannot start (a bug in a custom model)."""
+
+    def __init__(self, value: float) -> None:
+        super().__init__(value)
+        object.__setattr__(self, "fails", [0])
+
+    def work(self, sample, busy, tokens_per_s):
+        if self.fails[0]:
+            self.fails[0] -= 1
+            raise RuntimeError("the latency model failed")
+        return super().work(sample, busy, tokens_per_s)
+
+
+@pytest.mark.parametrize("where", ["queued", "fast path", "fleet resize"])
+def test_a_group_that_fails_to_start_gets_the_error_and_the_slot_goes_on(where) -> None:
+    """Starting a group can raise (a custom latency model): the error is that
+    group's own generate call's, never the group whose end freed the slot, nor
+    the fleet resize that added it; no slot is lost."""
+    model = FailsToStart(5.0)
+    fleet = [(1.0, 2)] if where == "fleet resize" else []
+    engine = SimEngine(model, rollout_slots=1, fleet=fleet)
+    resized: list[int] = []
+    engine.on_resize.append(resized.append)
+
+    async def main() -> list[str]:
+        loop = asyncio.get_running_loop()
+        engine.schedule_fleet()
+        outcomes: list[str] = []
+
+        async def one(i: int) -> None:
+            try:
+                await engine.generate(request(i))
+                outcomes.append(f"g{i} ok at {loop.time():g}")
+            except RuntimeError as exc:
+                outcomes.append(f"g{i} {exc} at {loop.time():g}")
+
+        if where == "fast path":
+            model.fails[0] = 1
+            first = asyncio.ensure_future(one(0))
+            await asyncio.sleep(0)
+            await asyncio.gather(first, one(1))
+            return outcomes
+        tasks = [asyncio.ensure_future(one(i)) for i in range(3)]
+        await asyncio.sleep(0)  # g0 runs, g1 and g2 queue
+        model.fails[0] = 1  # the next start (g1's) raises
+        await asyncio.gather(*tasks)
+        return outcomes
+
+    outcomes = run_virtual(main(), loop="jump")
+    if where == "fast path":
+        assert outcomes == ["g0 the latency model failed at 0", "g1 ok at 5"]
+    elif where == "queued":  # g0's end hands g1 the slot; g1 fails, g2 takes it
+        assert outcomes == ["g0 ok at 5", "g1 the latency model failed at 5", "g2 ok at 10"]
+    else:  # the resize at t=1 adds a slot for g1, which fails; g2 takes it
+        assert outcomes == ["g1 the latency model failed at 1", "g0 ok at 5", "g2 ok at 6"]
+        assert resized == [2] and engine.rollout_slots == 2
+    assert engine._busy_now == 0 and not engine._queued
+    assert engine.attempts == len([o for o in outcomes if " ok " in o])
+
+
 def test_failures_happen_after_the_latency_at_the_configured_rate() -> None:
     engine = SimEngine(Constant(2.0), rollout_slots=1000, failure_rate=0.3, seed=4)
 

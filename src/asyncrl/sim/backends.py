@@ -209,7 +209,11 @@ class SimEngine:
         run = _Run(loop.create_future(), request)
         slots = self._slots
         if slots.try_take():
-            self._start(run, loop)
+            try:
+                self._start(run, loop)
+            except BaseException:
+                slots.give_back()  # it never started: the slot is not its
+                raise
         else:  # a freed slot starts it (_start_queued): the task wakes when it is done
             self._queued.add(gid)
             slots.wait(run)
@@ -222,7 +226,8 @@ class SimEngine:
                 run.work = Work(work.latency, 0.0, 1.0, work.longest, work.mean)  # clock: tokens
                 await run.fut
         except BaseException:
-            if run.t0 is None:  # cancelled while it waited (an abort's run never starts)
+            if run.t0 is None:  # left while it waited (an abort's run never starts)
+                run.fut.cancel()  # done: the slot passes it by (a closed coroutine's was not)
                 self._queued.discard(gid)
                 self._abort_queued.discard(gid)
                 raise
@@ -267,7 +272,13 @@ class SimEngine:
             self._abort_queued.discard(gid)
             run.fut.set_exception(GroupAborted(gid))
             return False
-        self._start(run, asyncio.get_running_loop())
+        try:
+            self._start(run, asyncio.get_running_loop())
+        except Exception as exc:
+            # Raised to its own generate call, not to the caller that freed the
+            # slot (another group's end, or a fleet resize); the slot goes on.
+            run.fut.set_exception(exc)
+            return False
         return True
 
     def _start(self, run: _Run, loop: asyncio.AbstractEventLoop) -> None:
@@ -283,8 +294,7 @@ class SimEngine:
             longest = model.work(whole, 1, self.tokens_per_s).longest
             work = Work(left, 0.0, left / longest, longest, float(longest))
         run.work = work
-        # The version held when generation starts, and the updates seen so far
-        # (a start version that is unset falls back on the held one).
+        # The version held at the start and the updates seen so far (see generate).
         run.held, run.since = self._version, len(self._updates)
         t0 = run.t0 = loop.time()
         self._running[gid] = run
@@ -303,8 +313,7 @@ class SimEngine:
             self.max_busy = busy
 
     def _finish(self, run: _Run, loop: asyncio.AbstractEventLoop, outcome: str) -> None:
-        """``run``'s slot time is over (``outcome``: ok / failed / aborted): count
-        it and hand the slot on (which may start the next run at once)."""
+        """``run``'s slot time is over (ok / failed / aborted): count it, hand the slot on."""
         del self._running[run.request.group_id]
         self._busy_now -= 1
         t1 = loop.time()
