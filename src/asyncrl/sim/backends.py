@@ -12,9 +12,10 @@ Modelling choices (docs/simulate.md explains them for users):
 * **The fleet** is one :class:`SimEngine` with ``rollout_slots`` concurrent
   generation slots (a FIFO pool, :mod:`asyncrl.sim.slots`). A group holds a slot for its
   sampled latency; groups the controller dispatches beyond the free slots queue
-  in FIFO order, and the call that frees a slot starts the next one (its
-  task wakes once, when its generation ends). The controller's ``max_inflight_prompts`` is a separate,
-  earlier bound, so it may be larger (groups queue here) or smaller (slots idle).
+  in FIFO order, and the call that frees a slot starts the next one (its task
+  wakes once, when its generation ends). The controller's
+  ``max_inflight_prompts`` is a separate, earlier bound, so it may be larger
+  (groups queue here) or smaller (slots idle).
 * **Latencies are tied to prompts**: the first attempt of prompt ``k`` takes
   the ``k``-th draw of a seeded stream, whatever order groups are dispatched in.
   Comparing policies on one config therefore compares them on the very same
