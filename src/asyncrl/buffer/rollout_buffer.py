@@ -100,6 +100,11 @@ class _ReadyIndex:
         Dispatch order across buckets, or, with ``key_desc``, highest key first
         and dispatch order inside a key.
         """
+        # Nothing in range, the common answer of an eviction check: say so
+        # without building a range iterator (the first key is one cheap call).
+        buckets = self._buckets
+        if not buckets or (lo is None and hi is not None and next(iter(buckets)) > hi):
+            return []
         ordered = self._ordered
         if key_desc or self.monotone:
             stream: Iterable[Slot] = itertools.chain.from_iterable(

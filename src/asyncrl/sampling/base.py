@@ -236,6 +236,12 @@ class BaseSampler:
             return None
         return self.buffer.remove([s.group_id for s in eligible])
 
+    def _too_few_ready(self, min_prompt_groups: int) -> bool:
+        """Fewer groups are ready in the whole buffer than ``select`` must
+        return: it returns None without looking (the train pump asks after
+        every commit, and most asks find a chunk still filling)."""
+        return self.buffer.ready_count < min_prompt_groups
+
     def _evict_slots(self, slots: list[Slot]) -> int:
         return len(self.buffer.remove([s.group_id for s in slots]))
 

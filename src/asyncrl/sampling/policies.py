@@ -81,6 +81,8 @@ class InOrderSampler(BaseSampler):
         self, *, current_train_weight: int, min_prompt_groups: int, max_prompt_groups: int
     ) -> list[Slot] | None:
         self._check_bounds(min_prompt_groups, max_prompt_groups)
+        if self._too_few_ready(min_prompt_groups):
+            return None
         eligible = self.buffer.ready_by_target(current_train_weight, limit=max_prompt_groups)
         return self._take(eligible, min_prompt_groups)
 
@@ -112,6 +114,8 @@ class WeightFifoSampler(_MeasuredWindow):
         self, *, current_train_weight: int, min_prompt_groups: int, max_prompt_groups: int
     ) -> list[Slot] | None:
         self._check_bounds(min_prompt_groups, max_prompt_groups)
+        if self._too_few_ready(min_prompt_groups):
+            return None
         lo, hi = self._floor(current_train_weight), current_train_weight
         if self.staleness_of == "end_weight":
             oldest = self.buffer.min_ready_end_weight(lo, hi)
@@ -149,6 +153,8 @@ class WindowedSampler(_MeasuredWindow):
         self, *, current_train_weight: int, min_prompt_groups: int, max_prompt_groups: int
     ) -> list[Slot] | None:
         self._check_bounds(min_prompt_groups, max_prompt_groups)
+        if self._too_few_ready(min_prompt_groups):
+            return None
         eligible = self._ready_in(
             self._floor(current_train_weight),
             current_train_weight,
@@ -182,6 +188,8 @@ class ReadyFirstSampler(BaseSampler):
         self, *, current_train_weight: int, min_prompt_groups: int, max_prompt_groups: int
     ) -> list[Slot] | None:
         self._check_bounds(min_prompt_groups, max_prompt_groups)
+        if self._too_few_ready(min_prompt_groups):
+            return None
         eligible = self.buffer.ready_in_weight_range(
             None, current_train_weight, limit=max_prompt_groups
         )
