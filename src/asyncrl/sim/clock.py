@@ -22,6 +22,7 @@ Two loops provide this:
 from __future__ import annotations
 
 import asyncio
+import heapq
 import selectors
 import time
 from collections.abc import Coroutine
@@ -77,9 +78,10 @@ class _JumpSelector(selectors.DefaultSelector):
 class JumpClockLoop(asyncio.SelectorEventLoop):
     """An asyncio loop on virtual time that jumps to the next timer at once.
 
-    It uses only asyncio's public extension points: ``time()`` returns the
-    virtual clock, and the selector (see :class:`_JumpSelector`) advances it
-    instead of waiting. Real I/O (the loop's self-pipe, executor threads) is
+    ``time()`` returns the virtual clock, and the selector (see
+    :class:`_JumpSelector`) advances it instead of waiting; on the hot path
+    the loop's pass (:meth:`_run_once`) moves the clock itself and skips the
+    selector. Real I/O (the loop's self-pipe, executor threads) is
     looked at only when no callback is ready. A thread in an executor holds the
     clock for at most :attr:`THREAD_GRACE_S` real seconds (quick work takes no
     virtual time); after that, while timers are pending, the clock jumps on,
@@ -100,9 +102,69 @@ class JumpClockLoop(asyncio.SelectorEventLoop):
         selector = _JumpSelector()
         super().__init__(selector)
         selector.loop = self
+        #: Whether :meth:`_run_once` may take its lean path (see there).
+        self._lean = _LEAN_HANDLES and all(hasattr(self, name) for name in _LOOP_PARTS)
 
     def time(self) -> float:
         return self._virtual_now
+
+    def _run_once(self) -> None:
+        """One pass of the loop: the same steps as asyncio's, without the
+        selector round trip when no real I/O can matter.
+
+        asyncio's pass asks the selector to wait until the next timer, which
+        here only moves the clock; at hundreds of passes per simulated step
+        that round trip (and the general pass's bookkeeping) was a tenth of the
+        simulator's time. While no executor thread runs, no test waits for
+        :meth:`settled`, and the loop is neither stopping, in debug mode nor
+        due to rebuild its timer heap, this pass does what asyncio's would, in
+        the same order: drop cancelled timers at the heap's head, jump the clock
+        to the next timer when no callback is ready (by at most asyncio's
+        longest wait), move the due timers to the ready queue and run the
+        callbacks that were ready. Everything else goes to asyncio's pass.
+        ``tests/sim/test_clock.py`` runs simulations both ways, to the last
+        float. (It reads the loop's private queues; where they are not as
+        asyncio 3.10-3.13 keeps them, ``_lean`` is False and asyncio's pass runs.)
+        """
+        ready, scheduled = self._ready, self._scheduled  # type: ignore[attr-defined]
+        cancelled = self._timer_cancelled_count  # type: ignore[attr-defined]
+        if (not self._lean or self._stopping or self._debug  # type: ignore[attr-defined]
+                or self._executor_futures
+                or (cancelled and len(scheduled) > _REBUILD_AT
+                    and cancelled / len(scheduled) > _REBUILD_FRACTION)):
+            super()._run_once()  # type: ignore[misc]
+            return
+        while scheduled and scheduled[0]._cancelled:
+            self._timer_cancelled_count -= 1  # type: ignore[attr-defined]
+            heapq.heappop(scheduled)._scheduled = False
+        if not ready:
+            if not scheduled or self._settle_waiters:
+                super()._run_once()  # type: ignore[misc]  # idle, or settle() waits
+                return
+            # What the selector's wait would do: the clock jumps to the timer.
+            self._virtual_now += min(max(0.0, scheduled[0]._when - self._virtual_now),
+                                     _MAX_WAIT_S)
+        end = self._virtual_now + self._clock_resolution  # type: ignore[attr-defined]
+        while scheduled and scheduled[0]._when < end:
+            handle = heapq.heappop(scheduled)
+            handle._scheduled = False
+            ready.append(handle)
+        popleft = ready.popleft
+        for _ in range(len(ready)):
+            handle = popleft()
+            if not handle._cancelled:
+                handle._run()
+
+    def call_soon(self, callback: Any, *args: Any, context: Any = None) -> asyncio.Handle:
+        """asyncio's ``call_soon`` in one frame on the lean path (see
+        :meth:`_run_once`): every future and task wake-up comes through here,
+        several per simulated group, and asyncio's spends two more calls on
+        checks that hold (not closed; debug mode goes to asyncio's)."""
+        if not self._lean or self._debug or self._closed:  # type: ignore[attr-defined]
+            return super().call_soon(callback, *args, context=context)
+        handle = asyncio.Handle(callback, args, self, context)
+        self._ready.append(handle)  # type: ignore[attr-defined]
+        return handle
 
     def run_in_executor(self, executor: Any, func: Any, *args: Any) -> asyncio.Future[Any]:
         future = super().run_in_executor(executor, func, *args)
@@ -148,6 +210,24 @@ class JumpClockLoop(asyncio.SelectorEventLoop):
             "virtual time deadlock: every task is waiting, and no timer or I/O can wake any of "
             "them"
         )
+
+
+def _timer_handles_have_lean_parts() -> bool:
+    """Whether asyncio's timer handles keep the fields :meth:`JumpClockLoop._run_once`
+    reads (3.10-3.13 do)."""
+    slots = {*asyncio.Handle.__slots__, *asyncio.TimerHandle.__slots__}
+    return {"_when", "_cancelled", "_scheduled"} <= slots and hasattr(asyncio.Handle, "_run")
+
+
+#: asyncio's own constants for the same steps (base_events: its longest
+#: selector wait, and when a pass rebuilds the timer heap).
+_MAX_WAIT_S = 24 * 3600.0
+_REBUILD_AT = 100
+_REBUILD_FRACTION = 0.5
+_LEAN_HANDLES = _timer_handles_have_lean_parts()
+#: The loop's own queues, checked on the first loop made (see JumpClockLoop).
+_LOOP_PARTS = ("_ready", "_scheduled", "_timer_cancelled_count", "_stopping", "_debug",
+               "_clock_resolution", "_closed")
 
 
 def new_virtual_loop(kind: LoopKind = "looptime", *, start: float = 0.0) -> asyncio.AbstractEventLoop:
