@@ -4,6 +4,7 @@ of that moment, once; later waiters wait for the next fire)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from asyncrl._util.change_signal import _PRUNE_AT, ChangeSignal
 from tests.vtime import settle, virtual
@@ -66,10 +67,8 @@ async def test_waits_cancelled_over_and_over_without_a_fire_do_not_pile_up() -> 
     # time; the waiter list must stay bounded until the next fire.
     signal = ChangeSignal()
     for _ in range(10 * _PRUNE_AT):
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(signal.wait(), timeout=1.0)
-        except TimeoutError:
-            pass
     assert len(signal._waiters or []) <= _PRUNE_AT
     live = asyncio.create_task(asyncio.wait_for(signal.wait(), timeout=5.0))
     await settle()
