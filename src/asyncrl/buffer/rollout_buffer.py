@@ -16,15 +16,14 @@ keeps small), never a scan of the whole buffer.
 
 from __future__ import annotations
 
-import heapq
-import itertools
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from sortedcontainers import SortedDict, SortedList
+from sortedcontainers import SortedList
 
 from asyncrl._util.change_signal import ChangeSignal
+from asyncrl.buffer.ready_index import ReadyIndex
 from asyncrl.errors import BufferStateError, DuplicateGroupError, GroupStateError, UnknownGroupError
 from asyncrl.types import GroupId
 
@@ -40,84 +39,6 @@ class Slot:
     end_weight: int | None = None
     ready: bool = False
     payload: Any = field(default=None, repr=False)
-
-
-class _ReadyIndex:
-    """Ready slots bucketed by an integer key, each bucket in dispatch order.
-
-    A bucket is a plain dict ``dispatch_seq -> Slot``: adding and dropping are
-    dict operations. Slots become ready in any order, so a bucket that took a
-    slot older than its newest is put back in dispatch order (one sort, in C)
-    only when a query reads it.
-
-    ``monotone`` says the key never decreased along dispatch order (true for
-    start weights, since the trainer version only grows): then dispatch order
-    across buckets is simply key order, and a range query walks buckets lazily
-    instead of merging them.
-    """
-
-    __slots__ = ("_buckets", "_unsorted", "monotone")
-
-    def __init__(self) -> None:
-        self._buckets: SortedDict = SortedDict()  # key -> {seq: Slot}
-        self._unsorted: set[int] = set()  # keys whose bucket is out of dispatch order
-        self.monotone = True
-
-    def add(self, key: int, slot: Slot) -> None:
-        bucket = self._buckets.get(key)
-        if bucket is None:
-            self._buckets[key] = {slot.dispatch_seq: slot}
-            return
-        if slot.dispatch_seq < next(reversed(bucket)):
-            self._unsorted.add(key)
-        bucket[slot.dispatch_seq] = slot
-
-    def discard(self, key: int, slot: Slot) -> None:
-        bucket = self._buckets[key]
-        del bucket[slot.dispatch_seq]
-        if not bucket:
-            del self._buckets[key]
-            self._unsorted.discard(key)
-
-    def _ordered(self, key: int) -> dict[int, Slot]:
-        """The bucket of ``key``, in dispatch order."""
-        bucket = self._buckets[key]
-        if key in self._unsorted:
-            self._unsorted.discard(key)
-            items = sorted(bucket.items())
-            bucket.clear()
-            bucket.update(items)
-        return bucket
-
-    def keys_in(self, lo: int | None, hi: int | None, reverse: bool = False) -> Iterator[int]:
-        return self._buckets.irange(lo, hi, reverse=reverse)
-
-    def in_range(
-        self, lo: int | None, hi: int | None, *, limit: int | None, key_desc: bool = False
-    ) -> list[Slot]:
-        """Ready slots with ``lo <= key <= hi`` (None: unbounded).
-
-        Dispatch order across buckets, or, with ``key_desc``, highest key first
-        and dispatch order inside a key.
-        """
-        # Nothing in range, the common answer of an eviction check: say so
-        # without building a range iterator (the first key is one cheap call).
-        buckets = self._buckets
-        if not buckets or (lo is None and hi is not None and next(iter(buckets)) > hi):
-            return []
-        ordered = self._ordered
-        if key_desc or self.monotone:
-            stream: Iterable[Slot] = itertools.chain.from_iterable(
-                ordered(k).values() for k in self.keys_in(lo, hi, reverse=key_desc)
-            )
-        else:
-            keys = list(self.keys_in(lo, hi))
-            stream = (slot for _, slot in heapq.merge(*(ordered(k).items() for k in keys)))
-        return list(itertools.islice(stream, limit))
-
-    def count(self, key: int) -> int:
-        bucket = self._buckets.get(key)
-        return len(bucket) if bucket else 0
 
 
 class RolloutBuffer:
@@ -141,11 +62,11 @@ class RolloutBuffer:
         self._slots: dict[GroupId, Slot] = {}  # insertion order == dispatch order
         self._next_seq = 0
         self._ready_count = 0
-        self._ready_by_weight = _ReadyIndex()
-        self._ready_by_target = _ReadyIndex()
+        self._ready_by_weight = ReadyIndex()
+        self._ready_by_target = ReadyIndex()
         # Ready slots by end_weight (staleness_of: end_weight), built by the
         # first query that needs it (start_weight policies never pay for it).
-        self._ready_by_end: _ReadyIndex | None = None
+        self._ready_by_end: ReadyIndex | None = None
         # start_weight -> number of slots (ready or not) holding it
         self._weight_counts: dict[int, int] = {}
         self._all_weights = SortedList()  # the keys of _weight_counts, sorted
@@ -356,11 +277,11 @@ class RolloutBuffer:
             return weight
         return None
 
-    def _end_index(self) -> _ReadyIndex:
+    def _end_index(self) -> ReadyIndex:
         """The end-weight index, built from the ready slots on first use. Groups
         finish in any order, so dispatch order across end weights is a merge."""
         if self._ready_by_end is None:
-            index = _ReadyIndex()
+            index = ReadyIndex()
             index.monotone = False
             for slot in self._slots.values():
                 if slot.ready:
@@ -466,7 +387,7 @@ class RolloutBuffer:
             self._weight_counts[weight] = n + 1
 
     def _note_order(self, slot: Slot) -> None:
-        """Track whether keys stayed monotone in dispatch order (see _ReadyIndex)."""
+        """Track whether keys stayed monotone in dispatch order (see ReadyIndex)."""
         if len(self._slots) == 1:
             # An empty buffer has no order to violate: start afresh.
             self._ready_by_weight.monotone = self._ready_by_target.monotone = True
