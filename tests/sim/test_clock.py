@@ -3,6 +3,7 @@ the same simulation, to the last float, with and without it."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from pathlib import Path
 from typing import Any
@@ -78,3 +79,31 @@ def test_failures_retries_aborts_and_ties_simulate_the_same(
     lean, plain = _both_ways(monkeypatch, lambda: _facts(simulate(cfg, steps=20)))
     assert lean["attempts"] > lean["ledger"]["dispatched"]  # retries happened
     assert lean == plain
+
+
+@pytest.mark.parametrize("lean", [True, False])
+def test_a_callback_that_raises_goes_to_the_exception_handler(
+        lean: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(clock, "_LEAN_HANDLES", lean)
+    loop = JumpClockLoop()
+    reported: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _loop, context: reported.append(context))
+
+    def boom() -> None:
+        raise ValueError("from a callback")
+
+    async def main() -> float:
+        loop.call_soon(boom)
+        loop.call_later(2.0, boom)
+        await asyncio.sleep(3.0)  # the loop goes on after each
+        return loop.time()
+
+    try:
+        assert loop._lean is lean
+        assert loop.run_until_complete(main()) == 3.0
+    finally:
+        loop.close()
+    assert [type(c["exception"]) for c in reported] == [ValueError, ValueError]
+    assert all("Exception in callback" in c["message"] and "boom" in c["message"]
+               for c in reported)
+    assert all(isinstance(c["handle"], asyncio.Handle) for c in reported)

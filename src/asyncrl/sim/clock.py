@@ -121,7 +121,9 @@ class JumpClockLoop(asyncio.SelectorEventLoop):
         the same order: drop cancelled timers at the heap's head, jump the clock
         to the next timer when no callback is ready (by at most asyncio's
         longest wait), move the due timers to the ready queue and run the
-        callbacks that were ready. Everything else goes to asyncio's pass.
+        callbacks that were ready (a callback that raises goes to the loop's
+        exception handler, as asyncio's would). Everything else goes to
+        asyncio's pass.
         ``tests/sim/test_clock.py`` runs simulations both ways, to the last
         float. (It reads the loop's private queues; where they are not as
         asyncio 3.10-3.13 keeps them, ``_lean`` is False and asyncio's pass runs.)
@@ -152,8 +154,17 @@ class JumpClockLoop(asyncio.SelectorEventLoop):
         popleft = ready.popleft
         for _ in range(len(ready)):
             handle = popleft()
-            if not handle._cancelled:
-                handle._run()
+            if handle._cancelled:
+                continue
+            # Handle._run's body, without its call (one per callback).
+            try:
+                handle._context.run(handle._callback, *handle._args)
+            except (SystemExit, KeyboardInterrupt):
+                raise
+            except BaseException as exc:
+                self.call_exception_handler({
+                    "message": f"Exception in callback {handle!r}",
+                    "exception": exc, "handle": handle})
 
     def call_soon(self, callback: Any, *args: Any, context: Any = None) -> asyncio.Handle:
         """asyncio's ``call_soon`` in one frame on the lean path (see
@@ -216,7 +227,7 @@ def _timer_handles_have_lean_parts() -> bool:
     """Whether asyncio's timer handles keep the fields :meth:`JumpClockLoop._run_once`
     reads (3.10-3.13 do)."""
     slots = {*asyncio.Handle.__slots__, *asyncio.TimerHandle.__slots__}
-    return {"_when", "_cancelled", "_scheduled"} <= slots and hasattr(asyncio.Handle, "_run")
+    return {"_when", "_cancelled", "_scheduled", "_context", "_callback", "_args"} <= slots
 
 
 #: asyncio's own constants for the same steps (base_events: its longest
@@ -225,7 +236,7 @@ _MAX_WAIT_S = 24 * 3600.0
 _REBUILD_AT = 100
 _REBUILD_FRACTION = 0.5
 _LEAN_HANDLES = _timer_handles_have_lean_parts()
-#: The loop's own queues, checked on the first loop made (see JumpClockLoop).
+#: The loop's own fields the lean path reads, checked on each loop made.
 _LOOP_PARTS = ("_ready", "_scheduled", "_timer_cancelled_count", "_stopping", "_debug",
                "_clock_resolution", "_closed")
 
