@@ -211,16 +211,19 @@ class TrainPump:
         self._removed.clear()
         chunk = await self.ctx.sampler.select(
             current_train_weight=v, min_prompt_groups=lo, max_prompt_groups=hi) or []
-        name = type(self.ctx.sampler).__name__
         if len(chunk) > hi:
-            raise ControllerBug(f"sampler {name}.select returned {len(chunk)} groups, more than "
-                                f"max_prompt_groups={hi}")
+            raise ControllerBug(f"sampler {type(self.ctx.sampler).__name__}.select returned "
+                                f"{len(chunk)} groups, more than max_prompt_groups={hi}")
         for slot in chunk:
             if not slot.ready:
-                raise ControllerBug(f"sampler {name} selected unready group {slot.group_id!r}")
+                raise ControllerBug(f"sampler {type(self.ctx.sampler).__name__} selected "
+                                    f"unready group {slot.group_id!r}")
+        removed = self._removed
+        if not removed:  # most asks: the chunk is still filling, nothing left the buffer
+            return chunk, 0
         chosen = {id(s) for s in chunk}
-        extra = [s for s in self._removed if id(s) not in chosen]
-        self._removed.clear()
+        extra = [s for s in removed if id(s) not in chosen]
+        removed.clear()
         for slot in extra:
             self.ctx.ledger.evicted(slot.group_id, step=v)
         return chunk, len(extra)
