@@ -15,6 +15,7 @@ from asyncrl.sim import clock
 from asyncrl.sim.clock import JumpClockLoop
 from asyncrl.sim.result import SimResult
 from asyncrl.sim.runner import simulate
+from tests.vtime import advance
 
 from .helpers import sim_config
 
@@ -95,7 +96,7 @@ def test_a_callback_that_raises_goes_to_the_exception_handler(
     async def main() -> float:
         loop.call_soon(boom)
         loop.call_later(2.0, boom)
-        await asyncio.sleep(3.0)  # the loop goes on after each
+        await advance(3.0)  # the loop goes on after each
         return loop.time()
 
     try:
