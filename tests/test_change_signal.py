@@ -74,3 +74,25 @@ async def test_waits_cancelled_over_and_over_without_a_fire_do_not_pile_up() -> 
     await settle()
     signal.fire()
     await live  # the live waiter wakes on the fire, not by its timeout
+
+
+@virtual
+async def test_many_live_waiters_and_cancelled_ones_keep_the_list_bounded() -> None:
+    # Pruning must not rescan a long list of live waiters at every join (the
+    # threshold doubles), and must still drop the cancelled ones.
+    signal = ChangeSignal()
+    live = [asyncio.create_task(_wait(signal)) for _ in range(100)]
+    await settle()
+    most = 0
+    for _ in range(1000):
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(signal.wait(), timeout=1.0)
+        most = max(most, len(signal._waiters or []))
+    assert most <= 2 * (len(live) + 1)
+    signal.fire()
+    await settle()
+    assert all(task.done() and not task.cancelled() for task in live)
+
+
+async def _wait(signal: ChangeSignal) -> None:
+    await signal.wait()

@@ -4,6 +4,7 @@ the same simulation, to the last float, with and without it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 from pathlib import Path
 from typing import Any
@@ -82,29 +83,101 @@ def test_failures_retries_aborts_and_ties_simulate_the_same(
     assert lean == plain
 
 
-@pytest.mark.parametrize("lean", [True, False])
-def test_a_callback_that_raises_goes_to_the_exception_handler(
-        lean: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+def _on_a_loop(lean: bool, monkeypatch: pytest.MonkeyPatch, scenario: Any,
+               start: float = 0.0) -> tuple[Any, list[tuple[Any, ...]]]:
+    """Run ``scenario(loop, log)`` on a jump loop with the lean pass on or off;
+    its result and the log it wrote."""
     monkeypatch.setattr(clock, "_LEAN_HANDLES", lean)
-    loop = JumpClockLoop()
-    reported: list[dict[str, Any]] = []
-    loop.set_exception_handler(lambda _loop, context: reported.append(context))
+    loop = JumpClockLoop(start)
+    log: list[tuple[Any, ...]] = []
+    try:
+        assert loop._lean is lean
+        result = loop.run_until_complete(scenario(loop, log))
+    finally:
+        loop.close()
+    return result, log
 
+
+def test_a_callback_that_raises_is_reported_as_asyncio_reports_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     def boom() -> None:
         raise ValueError("from a callback")
 
-    async def main() -> float:
+    async def scenario(loop: JumpClockLoop, log: list[tuple[Any, ...]]) -> float:
+        loop.set_exception_handler(lambda _loop, context: log.append(
+            (context["message"], type(context["exception"]), type(context["handle"]))))
         loop.call_soon(boom)
         loop.call_later(2.0, boom)
         await advance(3.0)  # the loop goes on after each
         return loop.time()
 
-    try:
-        assert loop._lean is lean
-        assert loop.run_until_complete(main()) == 3.0
-    finally:
-        loop.close()
-    assert [type(c["exception"]) for c in reported] == [ValueError, ValueError]
-    assert all("Exception in callback" in c["message"] and "boom" in c["message"]
-               for c in reported)
-    assert all(isinstance(c["handle"], asyncio.Handle) for c in reported)
+    lean, plain = (_on_a_loop(flag, monkeypatch, scenario) for flag in (True, False))
+    assert lean == plain
+    assert lean[0] == 3.0 and len(lean[1]) == 2
+    assert lean[1][0][0].startswith("Exception in callback") and "boom" in lean[1][0][0]
+
+
+async def _busy_scenario(loop: JumpClockLoop, log: list[tuple[Any, ...]]) -> float:
+    """Ties, a timer heap that rebuilds, call_soon chains, a timeout, settled(),
+    an executor thread and a wait past asyncio's longest (24 h): the paths the
+    lean pass takes itself and those it hands to asyncio's."""
+    now = loop.time()
+    handles = [loop.call_at(now + 1 + i % 7, lambda i=i: log.append(("timer", i, loop.time())))
+               for i in range(150)]
+    for handle in handles[:100]:  # most of a long heap cancelled: asyncio rebuilds it
+        handle.cancel()
+
+    def chain(k: int) -> None:
+        log.append(("soon", k, loop.time()))
+        if k:
+            loop.call_soon(chain, k - 1)
+
+    loop.call_soon(chain, 4)
+    loop.call_at(now, lambda: log.append(("due now", loop.time())))
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(asyncio.Event().wait(), 2.5)
+    log.append(("timed out", loop.time()))
+    await loop.settled()
+    log.append(("settled", loop.time()))
+    log.append(("thread", await loop.run_in_executor(None, sum, [1, 2, 3]), loop.time()))
+    await advance(3 * 86_400.0)
+    log.append(("three days on", loop.time()))
+    return loop.time()
+
+
+@pytest.mark.parametrize("start", [0.0, 12_345.678])
+def test_the_paths_handed_to_asyncio_run_the_same_both_ways(
+        start: float, monkeypatch: pytest.MonkeyPatch) -> None:
+    lean, plain = (_on_a_loop(flag, monkeypatch, _busy_scenario, start)
+                   for flag in (True, False))
+    assert lean == plain
+    assert lean[0] == start + 2.5 + 3 * 86_400.0
+    timers = [e for e in lean[1] if e[0] == "timer"]
+    assert sorted(i for _, i, _ in timers) == list(range(100, 150))  # the live ones, once
+    assert all(at == start + 1 + i % 7 for _, i, at in timers)
+    assert [at for *_, at in timers] == sorted(at for *_, at in timers)
+
+
+class _Bounded(JumpClockLoop):
+    """Fails instead of spinning: a pass that runs nothing, over and over."""
+
+    def _run_once(self) -> None:
+        self.passes = getattr(self, "passes", 0) + 1
+        if self.passes > 1_000:
+            raise RuntimeError("the loop spins")
+        super()._run_once()
+
+
+@pytest.mark.parametrize("lean", [True, False])
+def test_a_timer_is_due_on_a_clock_past_two_to_the_24_seconds(
+        lean: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    # There a float step exceeds the clock resolution (now + 1e-9 == now):
+    # a timer due exactly now must still run.
+    monkeypatch.setattr(clock, "_LEAN_HANDLES", lean)
+    for start in (16_000_000.0, 17_000_000.0, 2.0**40):
+        loop = _Bounded(start)
+        try:
+            loop.run_until_complete(advance(1.0))
+            assert loop.time() == start + 1.0
+        finally:
+            loop.close()

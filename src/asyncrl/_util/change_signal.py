@@ -18,20 +18,22 @@ from __future__ import annotations
 
 import asyncio
 
-#: Waiters the list may hold before a join prunes the ones cancelled meanwhile.
+#: Waiters the list may hold before a join first prunes the ones cancelled meanwhile.
 _PRUNE_AT = 32
 
 
 class ChangeSignal:
-    __slots__ = ("_waiters",)
+    __slots__ = ("_prune_at", "_waiters")
 
     def __init__(self) -> None:
         self._waiters: list[asyncio.Future[None]] | None = None
+        self._prune_at = _PRUNE_AT
 
     def fire(self) -> None:
         waiters = self._waiters
         if waiters is not None:
             self._waiters = None
+            self._prune_at = _PRUNE_AT
             for future in waiters:
                 if not future.done():  # its waiter was cancelled
                     future.set_result(None)
@@ -44,7 +46,10 @@ class ChangeSignal:
         if waiters is None:
             self._waiters = [future]
         else:
-            if len(waiters) >= _PRUNE_AT:
+            if len(waiters) >= self._prune_at:
                 waiters[:] = [f for f in waiters if not f.done()]
+                # The live ones stay: the next prune waits for the list to double,
+                # so a join costs O(1) amortized however many tasks wait.
+                self._prune_at = max(_PRUNE_AT, 2 * len(waiters))
             waiters.append(future)
         return future

@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import math
 import selectors
 import time
+from asyncio import format_helpers
 from collections.abc import Coroutine
 from typing import Any, Literal, TypeVar
 
@@ -96,6 +98,8 @@ class JumpClockLoop(asyncio.SelectorEventLoop):
 
     def __init__(self, start: float = 0.0) -> None:
         self._virtual_now = float(start)
+        #: asyncio's clock resolution (its __init__ sets it again, to the same).
+        self._base_resolution = time.get_clock_info("monotonic").resolution
         #: Executor futures still running, with the real time each started.
         self._executor_futures: dict[asyncio.Future[Any], float] = {}
         self._settle_waiters: list[asyncio.Future[None]] = []
@@ -107,6 +111,19 @@ class JumpClockLoop(asyncio.SelectorEventLoop):
 
     def time(self) -> float:
         return self._virtual_now
+
+    @property
+    def _clock_resolution(self) -> float:
+        """How close to now a timer counts as due (asyncio's pass reads it):
+        the monotonic clock's resolution, or one float step where the virtual
+        clock has grown past it (from 2**24 s on, ``now + 1e-9 == now``, and a
+        timer due exactly now was never run: the loop spun)."""
+        now = self._virtual_now
+        return max(self._base_resolution, math.ulp(now))
+
+    @_clock_resolution.setter
+    def _clock_resolution(self, value: float) -> None:  # asyncio's __init__ sets it
+        self._base_resolution = value
 
     def _run_once(self) -> None:
         """One pass of the loop: the same steps as asyncio's, without the
@@ -124,8 +141,8 @@ class JumpClockLoop(asyncio.SelectorEventLoop):
         callbacks that were ready (a callback that raises goes to the loop's
         exception handler, as asyncio's would). Everything else goes to
         asyncio's pass.
-        ``tests/sim/test_clock.py`` runs simulations both ways, to the last
-        float. (It reads the loop's private queues; where they are not as
+        ``tests/sim/test_clock.py`` runs simulations, and a scenario that takes
+        each path handed to asyncio, both ways: the same to the last float. (It reads the loop's private queues; where they are not as
         asyncio 3.10-3.13 keeps them, ``_lean`` is False and asyncio's pass runs.)
         """
         ready, scheduled = self._ready, self._scheduled  # type: ignore[attr-defined]
@@ -146,7 +163,10 @@ class JumpClockLoop(asyncio.SelectorEventLoop):
             # What the selector's wait would do: the clock jumps to the timer.
             self._virtual_now += min(max(0.0, scheduled[0]._when - self._virtual_now),
                                      _MAX_WAIT_S)
-        end = self._virtual_now + self._clock_resolution  # type: ignore[attr-defined]
+        now = self._virtual_now
+        end = now + self._base_resolution
+        if end <= now:  # past 2**24 s the resolution is below a float step
+            end = math.nextafter(now, math.inf)
         while scheduled and scheduled[0]._when < end:
             handle = heapq.heappop(scheduled)
             handle._scheduled = False
@@ -162,9 +182,17 @@ class JumpClockLoop(asyncio.SelectorEventLoop):
             except (SystemExit, KeyboardInterrupt):
                 raise
             except BaseException as exc:
-                self.call_exception_handler({
-                    "message": f"Exception in callback {handle!r}",
-                    "exception": exc, "handle": handle})
+                self._report(handle, exc)
+
+    def _report(self, handle: asyncio.Handle, exc: BaseException) -> None:
+        """What Handle._run reports when its callback raises, word for word."""
+        source = format_helpers._format_callback_source(
+            handle._callback, handle._args)  # type: ignore[attr-defined]
+        context = {"message": f"Exception in callback {source}", "exception": exc,
+                   "handle": handle}
+        if handle._source_traceback:  # type: ignore[attr-defined]
+            context["source_traceback"] = handle._source_traceback  # type: ignore[attr-defined]
+        self.call_exception_handler(context)
 
     def call_soon(self, callback: Any, *args: Any, context: Any = None) -> asyncio.Handle:
         """asyncio's ``call_soon`` in one frame on the lean path (see
@@ -227,7 +255,9 @@ def _timer_handles_have_lean_parts() -> bool:
     """Whether asyncio's timer handles keep the fields :meth:`JumpClockLoop._run_once`
     reads (3.10-3.13 do)."""
     slots = {*asyncio.Handle.__slots__, *asyncio.TimerHandle.__slots__}
-    return {"_when", "_cancelled", "_scheduled", "_context", "_callback", "_args"} <= slots
+    return ({"_when", "_cancelled", "_scheduled", "_context", "_callback", "_args",
+             "_source_traceback"} <= slots
+            and hasattr(format_helpers, "_format_callback_source"))
 
 
 #: asyncio's own constants for the same steps (base_events: its longest
@@ -238,7 +268,7 @@ _REBUILD_FRACTION = 0.5
 _LEAN_HANDLES = _timer_handles_have_lean_parts()
 #: The loop's own fields the lean path reads, checked on each loop made.
 _LOOP_PARTS = ("_ready", "_scheduled", "_timer_cancelled_count", "_stopping", "_debug",
-               "_clock_resolution", "_closed")
+               "_closed")
 
 
 def new_virtual_loop(kind: LoopKind = "looptime", *, start: float = 0.0) -> asyncio.AbstractEventLoop:
