@@ -106,3 +106,20 @@ def test_instruction_counts_parse_and_take_the_set_up_out() -> None:
     hi = "==9== I1  misses:      121,492,973\n==9== D1  misses:       79,153,596  (60.6M rd + 18.5M wr)\n"
     assert bench.misses(lo, hi) == [("I1", 44_807_065, 121_492_973),
                                     ("D1", 28_823_541, 79_153_596)]
+
+
+def test_the_best_rounds_are_compared_beside_the_medians() -> None:
+    # Load only slows a run: the best round of each side (highest rate, lowest
+    # cost) is compared too, in the direction of each result.
+    cmp = load_script("compare")
+    runs = [cmp.Run(side, {"x_per_s": rate, "y_s": cost}, 0)
+            for side, rate, cost in [("base", 100.0, 2.0), ("head", 90.0, 2.4),
+                                     ("base", 120.0, 1.6), ("head", 150.0, 1.5),
+                                     ("base", 110.0, 1.8), ("head", 100.0, 2.2)]]
+    rows = {row["result"]: row for row in cmp.table({"bench_a": runs})}
+    assert rows["x_per_s"]["gain"] == pytest.approx(100 / 110)  # medians: head behind
+    assert rows["x_per_s"]["best_gain"] == pytest.approx(150 / 120)
+    assert rows["y_s"]["gain"] == pytest.approx(1.8 / 2.2)
+    assert rows["y_s"]["best_gain"] == pytest.approx(1.6 / 1.5)
+    header, line = cmp.render(list(rows.values())).splitlines()[:2]
+    assert "best gain" in header and line.split()[5:8] == ["0.91x", "1.25x", "100-120"]
