@@ -95,3 +95,48 @@ def test_load_state_dict_after_run_started_is_refused() -> None:
         await run
 
     run_virtual(main(), loop="jump")
+
+
+def test_a_stop_before_the_resumed_groups_are_placed_loses_none() -> None:
+    # A resumed run puts the checkpoint's in-flight groups back in the queue
+    # (live in the ledger, not yet in the buffer). A stop that lands before the
+    # placer takes them (a Ctrl-C during start-up) must count them as held, and
+    # the next resume must still train every prompt once.
+    sampler = {"name": "ready_first", "max_staleness_versions": 1}
+    steps, ckpt_step = 10, 4
+    kw = {"steps": steps, "per_step": 4, "capacity": 8, "inflight": 8}
+    saved: dict = {}
+
+    async def snapshot(ctl, version: int) -> None:
+        if version == ckpt_step:
+            saved["state"] = json.loads(json.dumps(ctl.state_dict()))
+            saved["trainer"] = ctl.trainer.state_dict()
+            ctl.request_stop()
+
+    first = make_controller(sampler, engines=[FakeEngine(lognormal_latency(1))], **kw)
+    first.on_step_end = snapshot
+    run_virtual(first.run())
+    assert saved["state"]["dispatch"]["inflight"], "the checkpoint must hold in-flight groups"
+
+    def resumed(state: dict, trainer_state: dict) -> object:
+        trainer = FakeTrainer()
+        trainer.load_state_dict(trainer_state)
+        engine = FakeEngine(lognormal_latency(2))
+        engine.weight_version = state["trainer_version"]
+        ctl = make_controller(sampler, engines=[engine], trainer=trainer,
+                              history=first.ledger.history, **kw)
+        ctl.load_state_dict(state)
+        return ctl
+
+    second = resumed(saved["state"], saved["trainer"])
+    second.request_stop()  # before the placer has run at all
+    result = run_virtual(second.run())
+    assert result.steps == ckpt_step and result.summary["ledger"]["balanced"]
+
+    third = resumed(json.loads(json.dumps(second.state_dict())), second.trainer.state_dict())
+    result = run_virtual(third.run())
+    ledger = result.summary["ledger"]
+    assert ledger["balanced"] and result.steps == steps
+    assert ledger["trained"] == steps * 4
+    ids = collections.Counter(r.prompt_id for r in third.ledger.records())
+    assert sorted(ids) == list(range(max(ids) + 1)) and set(ids.values()) == {1}

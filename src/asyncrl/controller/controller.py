@@ -363,9 +363,11 @@ class Controller:
                 raise LedgerImbalance(f"the ledger does not balance at the end of the run: {why}")
 
     def _holder_ids(self) -> set[Any]:
-        """Groups the ledger may call live: in the buffer, or in an interrupted step."""
-        return {s.group_id for s in self.buffer.slots()} | {
-            s.group_id for s in self.train_pump.taken}
+        """Groups the ledger may call live: in the buffer, in an interrupted step,
+        or queued for a slot again (a stop before the placer took them back)."""
+        return ({s.group_id for s in self.buffer.slots()}
+                | {s.group_id for s in self.train_pump.taken}
+                | self.dispatcher.queued_groups())
 
     def _describe_stall(self, stalled_for: float) -> tuple[str, bool]:
         ctx = self.ctx

@@ -438,6 +438,11 @@ class Dispatcher:
                 "spare": [p.prompt_id for p in self.ctx.drops.spares],
                 "lookahead": [p.prompt_id for p in self.source.held]}
 
+    def queued_groups(self) -> set[GroupId]:
+        """Groups the ledger has live that wait in the queue for a slot again
+        (a resumed run's in-flight groups, until the placer takes them)."""
+        return {e.group_id for e in self.queue if e.group_id is not None}
+
     def live_pins(self) -> list[int | None]:
         return [e.pin for e in (*self.queue, *self.active.values())]
 
