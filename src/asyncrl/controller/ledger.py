@@ -302,7 +302,8 @@ class Ledger:
 
     def check_balance(self, holder_ids: set[GroupId]) -> tuple[bool, str]:
         """True when every group is in exactly one state and the live ones are
-        exactly the groups the buffer (or the step being trained) still holds."""
+        exactly the groups the holders name (the buffer, the step being trained,
+        the queue's resumed groups: ``Controller._holder_ids``)."""
         problems = []
         recount = Counter(r.state for r in self._live.values())
         if any(recount[s] != self._counts[s] for s in LIVE):
