@@ -205,9 +205,9 @@ def failure_kind(exc: BaseException) -> FailureKind | None:
 
 class BackendBug(AsyncRLError, RuntimeError):
     """An engine or scorer raised an error that does not say whether it is infra
-    or data (not a :class:`RolloutFailure`): a bug in that component, named in
-    the message. Not retried; the run stops with a checkpoint. The original
-    error is the ``__cause__``."""
+    or data (not a :class:`RolloutFailure`), or a sampler raised at all: a bug
+    in that component, named in the message. Not retried; the run stops with a
+    checkpoint. The original error is the ``__cause__``."""
 
 
 class PromptTooLong(PromptError, GenerationError):

@@ -3,6 +3,10 @@ every sampler, never below the step floor, within the failure budgets."""
 
 from __future__ import annotations
 
+import collections
+import json
+import re
+
 import pytest
 
 from asyncrl.config.failures import RolloutFailureConfig
@@ -12,7 +16,7 @@ from asyncrl.errors import GenerationError, RewardError, TooManyFailedGroups
 from asyncrl.sim.clock import run_virtual
 from asyncrl.types import Prompt
 from tests.controller.conftest import make_controller
-from tests.fakes import FakeEngine, FakeTask, InlineScorer, lognormal_latency
+from tests.fakes import FakeEngine, FakeTask, FakeTrainer, InlineScorer, lognormal_latency
 
 N = 4
 SAMPLERS = [
@@ -69,6 +73,61 @@ def test_a_step_below_the_floor_stops_the_run_naming_the_budget() -> None:
         run_with_bad_prompts(SAMPLERS[0])
     assert "on_dropped_prompt: replace" in str(err.value)
     assert isinstance(err.value.__cause__, RewardError)
+
+
+BUDGETS = {
+    # One skip too many: the first prompt that fails for good stops the run.
+    "skips": {},
+    # Every prompt from 20 on fails: the third loss of a step breaks its floor of 2.
+    "floor": {"max_skipped_prompts": 1000, "min_step_batch_fraction": 0.5},
+}
+
+
+@pytest.mark.parametrize("budget", BUDGETS, ids=str)
+@pytest.mark.parametrize("sampler", SAMPLERS, ids=lambda s: s["name"])
+def test_a_run_a_budget_stopped_resumes_once_the_cause_is_fixed(sampler, budget) -> None:
+    # The reward breaks from prompt 20 on and the run stops with TooManyFailedGroups.
+    # The group that used the budget up is not dropped: it stays pending, so no step
+    # of the stopped run is cut short or left empty, and the run resumed after the
+    # fix retries it - its step does not wait for a group that will never come.
+    broken = [True]
+    task = FakeTask()
+    kw = {"per_step": N, "capacity": 3 * N, "min_chunk": 2, "steps": 12,
+          "rollout_failure": BUDGETS[budget]}
+
+    def make(**extra):
+        return make_controller(
+            sampler, task=task, **kw, **extra,
+            scorer=InlineScorer(task, fail=lambda p: broken[0] and p.prompt_id >= 20))
+
+    first = make(engines=[FakeEngine(lognormal_latency(3, sigma=0.7))])
+    with pytest.raises(TooManyFailedGroups) as err:
+        run_virtual(first.run())
+    last = int(re.search(r"prompt (\d+) \(group", str(err.value)).group(1))
+    assert first.stopped_at_safe_point and first.version.value < 12
+    assert all(r["groups_trained"] >= N // 2 for r in first.step_records), first.step_records
+    state = json.loads(json.dumps(first.state_dict()))
+    pending = {d["prompt"]["prompt_id"] for d in state["dispatch"]["inflight"]}
+    assert last in pending  # the group that used the budget up
+    assert pending == {rec.prompt_id for rec in first.ledger.records() if rec.state == "inflight"}
+
+    broken[0] = False  # the fix
+    trainer = FakeTrainer()
+    trainer.load_state_dict(first.trainer.state_dict())
+    engine = FakeEngine(lognormal_latency(4, sigma=0.7))
+    engine.weight_version = state["trainer_version"]
+    second = make(engines=[engine], trainer=trainer, history=first.ledger.history)
+    second.load_state_dict(state)
+    result = run_virtual(second.run())
+    ledger = result.summary["ledger"]
+    assert result.steps == 12 and ledger["balanced"], ledger
+    sizes = [r["groups_trained"] for r in first.step_records + second.step_records]
+    assert len(sizes) == 12 and min(sizes) >= N // 2, sizes
+    ends = collections.Counter(rec.state for rec in second.ledger.records())
+    # Only skips within the budget failed for good; the groups that stopped the run trained.
+    assert ends["failed"] == result.summary["failures"]["prompts_skipped"]
+    trained = {rec.prompt_id for rec in second.ledger.records() if rec.state == "trained"}
+    assert pending <= trained
 
 
 def test_replace_falls_back_to_shrinking_when_its_attempts_run_out() -> None:

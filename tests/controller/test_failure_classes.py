@@ -217,9 +217,10 @@ def test_data_failure_beyond_max_skipped_prompts_stops_the_run_naming_it() -> No
     assert ctl.stopped_at_safe_point
 
 
-def test_after_a_data_budget_stop_the_fixed_run_resumes_without_the_lost_group() -> None:
+def test_after_a_data_budget_stop_the_fixed_run_trains_the_group_that_stopped_it() -> None:
     # Issue 28, item 9: "fix the reward, then resume" ended in a deadlock - the
-    # failed group's step waited for it forever (its loss was not recorded).
+    # failed group's step waited for it forever. The group that used the budget up
+    # is not dropped: it stays pending, and the fixed run tries it again.
     task = FakeTask()
     ctl = make_controller(IN_ORDER, task=task, steps=3,
                           scorer=InlineScorer(task, fail=lambda p: p.prompt_id == 1),
@@ -228,6 +229,7 @@ def test_after_a_data_budget_stop_the_fixed_run_resumes_without_the_lost_group()
         run_virtual(ctl.run())
     assert ctl.stopped_at_safe_point
     state, trainer_state = ctl.state_dict(), ctl.trainer.state_dict()
+    assert 1 in [d["prompt"]["prompt_id"] for d in state["dispatch"]["inflight"]]
     trainer = FakeTrainer()
     trainer.load_state_dict(trainer_state)
     fixed = make_controller(IN_ORDER, task=task, steps=3, trainer=trainer,
@@ -237,9 +239,10 @@ def test_after_a_data_budget_stop_the_fixed_run_resumes_without_the_lost_group()
     fixed.load_state_dict(state)
     result = run_virtual(fixed.run())
     assert result.steps == 3 and result.summary["ledger"]["balanced"]
-    (failed,) = [r for r in fixed.ledger.records() if r.state == "failed"]
-    assert failed.prompt_id == 1
-    assert result.summary["ledger"]["trained"] == 3 * 4 - 1  # its step trained on 3 groups
+    assert not [r for r in fixed.ledger.records() if r.state == "failed"]
+    (group,) = [r for r in fixed.ledger.records() if r.prompt_id == 1]
+    assert group.state == "trained" and group.attempts == 3  # two before the stop, one after
+    assert result.summary["ledger"]["trained"] == 3 * 4  # every step at full size
 
 
 class BuggyEngine(FakeEngine):

@@ -85,8 +85,12 @@ def test_too_many_failures_stop_the_run_with_a_clear_error() -> None:
     assert "injected failure" in str(err.value.__cause__)
     # Stopped at a safe point: the state can be checkpointed, and it balances.
     assert ctl.stopped_at_safe_point and ctl.summary()["ledger"]["balanced"]
-    # Groups in flight when the budget ran out failed too; the budget error is raised once.
-    assert ctl.ledger.counts()["failed"] >= 4 and not getattr(err.value, "__notes__", None)
+    # The three drops the budget allows failed for good; the group that used it up
+    # (and any that failed alike before the run stopped) stays pending for a resume.
+    # The budget error is raised once.
+    counts = ctl.ledger.counts()
+    assert counts["failed"] == 3 and counts["pending"] >= 1, counts
+    assert not getattr(err.value, "__notes__", None)
 
 
 def test_trainer_exception_cancels_the_rollout_pump_and_surfaces() -> None:

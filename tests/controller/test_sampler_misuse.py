@@ -1,15 +1,20 @@
 """What the train pump does with a custom sampler that breaks select's contract
 (or bends it): a chunk too large or not ready stops the run naming the sampler;
-slots removed but not returned are counted evicted, so none goes missing."""
+slots removed but not returned are counted evicted, so none goes missing; a
+sampler that raises stops the run at a safe point, resumable once it is fixed."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from asyncrl.errors import ControllerBug
-from asyncrl.sampling import BaseSampler
+from asyncrl.buffer import RolloutBuffer
+from asyncrl.errors import BackendBug, ControllerBug
+from asyncrl.sampling import BaseSampler, InOrderSampler
 from asyncrl.sim.clock import run_virtual
 from tests.controller.conftest import make_controller
+from tests.fakes import FakeEngine, FakeTrainer, lognormal_latency
 
 
 class TakesOneDropsTheRest(BaseSampler):
@@ -85,3 +90,72 @@ def test_a_chunk_that_breaks_selects_contract_stops_the_run_naming_the_sampler(
                           inflight=6)
     with pytest.raises(ControllerBug, match=says):
         run_virtual(ctl.run())
+
+
+class Breaks(InOrderSampler):
+    """in_order, except that ``method`` raises from step 3 on; ``removing``: select
+    removes a ready group before it raises (then counted evicted)."""
+
+    def __init__(self, buffer: RolloutBuffer, method: str | None, removing: bool = False) -> None:
+        super().__init__(buffer, max_lookahead_versions=1)
+        self.method, self.removing = method, removing
+
+    async def admit(self, *, trainer_version):
+        if self.method == "admit" and trainer_version.value >= 3:
+            raise KeyError("admit broke")
+        return await super().admit(trainer_version=trainer_version)
+
+    async def select(self, *, current_train_weight, **bounds):
+        if self.method == "select" and current_train_weight >= 3:
+            ready = self.buffer.ready_in_weight_range(None, None)
+            if ready and self.removing:
+                self.buffer.remove([ready[0].group_id])
+            raise ValueError("select broke")
+        return await super().select(current_train_weight=current_train_weight, **bounds)
+
+    async def evict(self, *, current_train_weight):
+        if self.method == "evict" and current_train_weight >= 3:
+            raise RuntimeError("evict broke")
+        return await super().evict(current_train_weight=current_train_weight)
+
+
+KW = {"steps": 8, "per_step": 3, "capacity": 9, "min_chunk": 1, "inflight": 6}
+
+
+def _breaking(method: str | None, removing: bool = False, **extra):
+    buffer = RolloutBuffer(KW["capacity"])
+    return make_controller({"name": "in_order", "max_lookahead_versions": 1}, **KW, **extra,
+                           buffer=buffer, sampler_instance=Breaks(buffer, method, removing))
+
+
+@pytest.mark.parametrize("method", ["admit", "select", "evict"])
+def test_a_sampler_that_raises_stops_at_a_safe_point_and_resumes_once_fixed(method) -> None:
+    run = _breaking
+
+    first = run(method, engines=[FakeEngine(lognormal_latency(5))])
+    with pytest.raises(BackendBug, match=rf"sampler {__name__}\.Breaks raised \w+ in {method}: "
+                                         r".*Fix it, then resume") as err:
+        run_virtual(first.run())
+    assert f"{method} broke" in str(err.value.__cause__)
+    assert first.stopped_at_safe_point and 3 <= first.version.value < 8
+    summary = first.summary()
+    assert summary["ledger"]["balanced"], summary["ledger"]
+
+    state = json.loads(json.dumps(first.state_dict()))
+    trainer = FakeTrainer()
+    trainer.load_state_dict(first.trainer.state_dict())
+    engine = FakeEngine(lognormal_latency(6))
+    engine.weight_version = state["trainer_version"]
+    second = run(None, engines=[engine], trainer=trainer, history=first.ledger.history)
+    second.load_state_dict(state)
+    result = run_virtual(second.run())
+    assert result.steps == 8 and result.summary["ledger"]["balanced"]
+
+
+def test_what_a_raising_select_removed_is_counted_evicted() -> None:
+    ctl = _breaking("select", removing=True, engines=[FakeEngine(lognormal_latency(5))])
+    with pytest.raises(BackendBug, match="raised ValueError in select"):
+        run_virtual(ctl.run())
+    ledger = ctl.summary()["ledger"]
+    assert ctl.stopped_at_safe_point and ledger["balanced"] and ledger["evicted"] == 1, ledger
+

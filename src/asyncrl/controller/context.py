@@ -21,6 +21,7 @@ from asyncrl.controller.failure_log import FailureLog
 from asyncrl.controller.ledger import Ledger
 from asyncrl.controller.stats import RunStats
 from asyncrl.engines.capabilities import EngineCapabilities
+from asyncrl.errors import BackendBug
 from asyncrl.metrics import Timeline
 from asyncrl.sampling import PromptGroupSampler
 from asyncrl.types import GroupId
@@ -98,3 +99,16 @@ class RunContext:
         self.fatal.append(error)
         if self.on_fatal is not None:
             self.on_fatal(error)
+
+    def sampler_failed(self, method: str, error: Exception) -> None:
+        """The sampler's ``method`` raised: a bug in the sampler (its calls have no
+        failures to expect). The run stops at its next safe point, with a
+        checkpoint to resume from once the sampler is fixed; groups the call
+        had removed already are counted evicted by the caller."""
+        cls = type(self.sampler)
+        bug = BackendBug(
+            f"the sampler {cls.__module__}.{cls.__qualname__} raised {type(error).__name__} "
+            f"in {method}: {error}. A sampler's admit, select and evict must not raise: it "
+            "is a bug in that sampler. Fix it, then resume the run from its checkpoint")
+        bug.__cause__ = error
+        self.fail(bug, key=f"sampler {method}")

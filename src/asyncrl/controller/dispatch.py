@@ -106,7 +106,11 @@ class Dispatcher:
                 self._blocked()
                 return
             self.admit_state = AdmitState.ADMITTING
-            stamp = await ctx.sampler.admit(trainer_version=ctx.version)
+            try:
+                stamp = await ctx.sampler.admit(trainer_version=ctx.version)
+            except Exception as exc:  # a bug in the sampler: stop with a checkpoint
+                ctx.sampler_failed("admit", exc)
+                return
             pin = self.determinism.pin(self.admitted)
             self.admitted += 1
             self.admit_state = AdmitState.RUNNING
@@ -325,11 +329,28 @@ class Dispatcher:
         del self.active[entry.group_id]
 
     def _give_up(self, entry: Entry, exhausted: Exhausted) -> None:
-        """A budget ran out: record ``failed``, then replace the group or shrink its
-        step (:class:`~asyncrl.controller.drops.DropPolicy`); a failure budget used
-        up stops the run."""
+        """A budget ran out: replace the group or shrink its step
+        (:class:`~asyncrl.controller.drops.DropPolicy`), and record ``failed``.
+        A group that would use a failure budget up stops the run instead."""
         ctx = self.ctx
         gid, error = entry.group_id, exhausted.error
+        try:
+            replacement = ctx.drops.drop(entry, exhausted.kind, error, step=ctx.assembling,
+                                         draw=self._draw)
+        except TooManyFailedGroups as exc:
+            # Not dropped: the group stays pending (in flight, as a bug's group
+            # does), the checkpoint keeps it, and the run resumed after the fix
+            # tries it again with a fresh budget - its step waits for it, where a
+            # group failed for good would leave the step short. Groups still in
+            # flight when a budget ran out may use it up again before the run
+            # stops: that is the same failure, reported once.
+            if exhausted.kind == "data":
+                entry.data_failures = 0
+            else:
+                entry.infra_failures = 0
+            if not any(isinstance(e, TooManyFailedGroups) for e in ctx.fatal):
+                ctx.fail(exc)
+            return
         ctx.buffer.release(gid)
         now = ctx.now()
         ctx.ledger.failed(gid, attempts=entry.attempts, time=now, error=repr(error),
@@ -337,15 +358,6 @@ class Dispatcher:
         self._leave(entry, now)
         self._commit_all(self.determinism.dropped(gid))
         ctx.stats.group_failed()
-        try:
-            replacement = ctx.drops.drop(entry, exhausted.kind, error, step=ctx.assembling,
-                                         draw=self._draw)
-        except TooManyFailedGroups as exc:
-            # Groups still in flight when a budget ran out may use it up again
-            # before the run stops: that is the same failure, reported once.
-            if not any(isinstance(e, TooManyFailedGroups) for e in ctx.fatal):
-                ctx.fail(exc)
-            return
         ctx.failures.warn("failed for good", exhausted.key, gid,
                           "group %s failed for good (%s budget, %d attempts: %s); %s", gid,
                           exhausted.kind, entry.attempts, error,

@@ -18,7 +18,9 @@ step, and ``on_dropped_prompt`` decides:
 
 A budget that runs out raises :class:`~asyncrl.errors.TooManyFailedGroups`
 naming it, from the error that used it up; the controller then stops the run
-at its next safe point with a checkpoint.
+at its next safe point with a checkpoint. The group that would have used the
+budget up is not dropped: it stays pending, and the run resumed after the fix
+tries it again, so no step is left short of a group by the stop.
 
 The spare pool is refilled with one dispatch batch of prompts from the task
 whenever a replacement finds it below ``replacement_reserve_prompts``. Once the
@@ -118,52 +120,39 @@ class DropPolicy:
              draw: Draw) -> Entry | None:
         """``entry``'s group ran out of ``kind`` attempts while step ``step`` is being
         assembled: charge the budgets, then the replacement to queue (None: the
-        step shrank). Raises :class:`TooManyFailedGroups` when a budget runs out."""
+        step shrank).
+
+        Raises :class:`TooManyFailedGroups` when dropping the group would use a
+        budget up (a skip or a drop too many, or its step below the floor). Then
+        nothing is charged: the group is not dropped but stays pending, and the
+        checkpoint keeps it, so the run resumed after the fix tries it again
+        (with a fresh budget of attempts) and its step waits for it rather than
+        for a group that will never come."""
         rf = self.cfg
-        self._count(f"groups_failed_{kind}")
-        self.by_reason[f"{kind}: {type(error).__name__}"] += 1
-        record = {"prompt_id": entry.prompt.prompt_id, "group_id": entry.group_id,
-                  "kind": kind, "attempts": entry.attempts, "target_step": entry.stamp,
-                  "error": _first_line(error)}
-        self.recent.append(record)
         who = f"prompt {entry.prompt.prompt_id} (group {entry.group_id!r})"
         target = max(step, entry.stamp if entry.stamp is not None
                      else entry.batch_index if entry.batch_index is not None else step)
-        if kind == "data":
-            self.skipped += 1
-            self._count("prompts_skipped")
-            if self.skipped > rf.max_skipped_prompts:
-                # The run stops, its state checkpointed: the group is failed for good,
-                # so the step it was meant for trains without it once the run is
-                # resumed ("fix the reward, then resume"), rather than wait for it.
-                self.credits[target] = self.credits.get(target, 0) + 1
-                raise TooManyFailedGroups(
-                    f"{self.skipped} prompt(s) failed max_data_attempts_per_prompt="
-                    f"{rf.max_data_attempts_per_prompt} times as data, more than "
-                    f"async_rl.rollout_failure.max_skipped_prompts={rf.max_skipped_prompts}; "
-                    f"the last, {who}: {_first_line(error)}. {_fix(error)}, or raise "
-                    "max_skipped_prompts to skip such prompts") from error
-        else:
-            self.consecutive += 1
-            if self.consecutive > rf.max_consecutive_dropped_prompts:
-                self.credits[target] = self.credits.get(target, 0) + 1  # as above
-                raise TooManyFailedGroups(
-                    f"{self.consecutive} prompt(s) in a row failed "
-                    f"max_infra_attempts_per_prompt={rf.max_infra_attempts_per_prompt} times as "
-                    f"infrastructure, more than async_rl.rollout_failure."
-                    f"max_consecutive_dropped_prompts={rf.max_consecutive_dropped_prompts}; the "
-                    f"last, {who}: {_first_line(error)}. {_fix(error)}, or raise "
-                    "max_consecutive_dropped_prompts (or max_infra_attempts_per_prompt) to "
-                    "ride out an outage") from error
+        if kind == "data" and self.skipped + 1 > rf.max_skipped_prompts:
+            raise TooManyFailedGroups(
+                f"{self.skipped + 1} prompt(s) failed max_data_attempts_per_prompt="
+                f"{rf.max_data_attempts_per_prompt} times as data, more than "
+                f"async_rl.rollout_failure.max_skipped_prompts={rf.max_skipped_prompts}; "
+                f"the last, {who}: {_first_line(error)}. {_fix(error)}, or raise "
+                "max_skipped_prompts to skip such prompts") from error
+        if kind == "infra" and self.consecutive + 1 > rf.max_consecutive_dropped_prompts:
+            raise TooManyFailedGroups(
+                f"{self.consecutive + 1} prompt(s) in a row failed "
+                f"max_infra_attempts_per_prompt={rf.max_infra_attempts_per_prompt} times as "
+                f"infrastructure, more than async_rl.rollout_failure."
+                f"max_consecutive_dropped_prompts={rf.max_consecutive_dropped_prompts}; the "
+                f"last, {who}: {_first_line(error)}. {_fix(error)}, or raise "
+                "max_consecutive_dropped_prompts (or max_infra_attempts_per_prompt) to "
+                "ride out an outage") from error
+        replacement = None
         if rf.on_dropped_prompt == "replace" and entry.replacements < rf.max_replacement_attempts:
             replacement = self.replacement(entry, draw, charged=True)
-            if replacement is not None:
-                self._count("prompts_replaced")
-                record["outcome"] = "replaced"
-                return replacement
         lost = self.credits.get(target, 0) + 1
-        record["outcome"] = f"step {target} shrank"
-        if self.n - lost < self.floor:
+        if replacement is None and self.n - lost < self.floor:
             fix = ("raise max_replacement_attempts or replacement_reserve_prompts"
                    if rf.on_dropped_prompt == "replace" else "use on_dropped_prompt: replace")
             raise TooManyFailedGroups(
@@ -173,6 +162,23 @@ class DropPolicy:
                 f"{rf.min_step_batch_fraction:g}); the last lost: {who}, {kind}: "
                 f"{_first_line(error)}. Fix what fails, {fix}, or lower "
                 "min_step_batch_fraction") from error
+        # Dropped for good: charge the budgets and record it.
+        if kind == "data":
+            self.skipped += 1
+            self._count("prompts_skipped")
+        else:
+            self.consecutive += 1
+        self._count(f"groups_failed_{kind}")
+        self.by_reason[f"{kind}: {type(error).__name__}"] += 1
+        record = {"prompt_id": entry.prompt.prompt_id, "group_id": entry.group_id,
+                  "kind": kind, "attempts": entry.attempts, "target_step": entry.stamp,
+                  "error": _first_line(error)}
+        self.recent.append(record)
+        if replacement is not None:
+            self._count("prompts_replaced")
+            record["outcome"] = "replaced"
+            return replacement
+        record["outcome"] = f"step {target} shrank"
         self.credits[target] = lost
         return None
 

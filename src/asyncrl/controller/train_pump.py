@@ -96,8 +96,12 @@ class TrainPump:
                 return False
             remaining = n - len(taken)
             evicted += await self._evict(v)
+            if self._stop_request is not None:  # the sampler failed: stop at the top
+                continue
             chunk, extra = await self._select(v, min(min_chunk, remaining), remaining)
             evicted += extra
+            if not chunk and self._stop_request is not None:
+                continue
             if not chunk and self.dispatcher.starved():
                 # Nothing can arrive before this step ends (e.g. weight_fifo with fewer
                 # groups left at the oldest version than min_groups_for_streaming_train):
@@ -196,7 +200,11 @@ class TrainPump:
     # ------------------------------------------------------- sampler calls
     async def _evict(self, v: int) -> int:
         self._removed.clear()
-        count = await self.ctx.sampler.evict(current_train_weight=v)
+        try:
+            count = await self.ctx.sampler.evict(current_train_weight=v)
+        except Exception as exc:  # a bug in the sampler: stop with a checkpoint
+            self.ctx.sampler_failed("evict", exc)
+            count = -1
         removed, self._removed[:] = list(self._removed), []
         for slot in removed:
             if slot.ready:
@@ -209,8 +217,12 @@ class TrainPump:
         """The sampler's chunk, and how many slots it removed without returning
         them (counted as evicted, so none goes missing from the ledger)."""
         self._removed.clear()
-        chunk = await self.ctx.sampler.select(
-            current_train_weight=v, min_prompt_groups=lo, max_prompt_groups=hi) or []
+        try:
+            chunk = await self.ctx.sampler.select(
+                current_train_weight=v, min_prompt_groups=lo, max_prompt_groups=hi) or []
+        except Exception as exc:  # a bug in the sampler: stop with a checkpoint
+            self.ctx.sampler_failed("select", exc)
+            chunk = []  # what it removed before raising is counted evicted below
         if len(chunk) > hi:
             raise ControllerBug(f"sampler {type(self.ctx.sampler).__name__}.select returned "
                                 f"{len(chunk)} groups, more than max_prompt_groups={hi}")
