@@ -240,3 +240,40 @@ def test_help_points_to_the_autopilot_and_its_example_runs(tmp_path, capsys,
     assert cfg.simulate is not None and cfg.simulate.phases
     rows = run_json(capsys, *command, "--run-dir", str(tmp_path / "r"), "--steps", "3")
     assert rows[0]["steps"] == 3
+
+
+def test_a_run_dir_that_holds_a_run_or_a_simulation_is_refused_before_simulating(
+        config_file, tmp_path, capsys) -> None:
+    # A training run: its config.yaml must survive (a resume reads it), so it is refused
+    # even with --overwrite, with nothing written.
+    run = tmp_path / "train-run"
+    (run / "checkpoints" / "step-000004").mkdir(parents=True)
+    (run / "config.yaml").write_text("grpo: {num_prompts_per_step: 8}\n")
+    (run / "metrics.jsonl").write_text('{"step": 0}\n')
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    for extra in ([], ["--overwrite"]):
+        capsys.readouterr()
+        assert main(["simulate", "--config", str(config_file), "--run-dir", str(run),
+                     "--no-plots", *extra]) == 2
+        err = capsys.readouterr().err
+        assert "holds a training run" in err and f"--run-dir {run}-2" in err, err
+        assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "todo.txt").write_text("x")
+    assert main(["simulate", "--config", str(config_file), "--run-dir", str(other)]) == 2
+    assert "is not empty and holds no simulation" in capsys.readouterr().err
+
+    # An earlier simulation: refused, then replaced with --overwrite, its stale plots gone.
+    sim = tmp_path / "sim"
+    assert main(["simulate", "--config", str(config_file), "--run-dir", str(sim),
+                 "--compare", "windowed,ready_first"]) == 0
+    assert (sim / "timeline_ready_first.png").is_file()
+    capsys.readouterr()
+    assert main(["simulate", "--config", str(config_file), "--run-dir", str(sim)]) == 2
+    assert "holds an earlier simulation" in capsys.readouterr().err
+    assert main(["simulate", "--config", str(config_file), "--run-dir", str(sim),
+                 "--overwrite"]) == 0
+    results = json.loads((sim / "results.json").read_text())
+    assert [r["sampler"] for r in results["results"]] == ["in_order"]
+    assert sorted(p.name for p in sim.iterdir()) == sorted(results["files"])

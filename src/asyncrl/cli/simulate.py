@@ -72,6 +72,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true",
                    help="print only a JSON list with one object per policy")
     p.add_argument("--no-plots", action="store_true", help="write results.json only")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an earlier simulation's files in --run-dir (a training run's "
+                        "directory is never written into)")
     p.add_argument("overrides", nargs="*", metavar="key.path=value",
                    help="config overrides, e.g. simulate.rollout_slots=128")
     p.set_defaults(func=run)
@@ -141,6 +144,7 @@ def _progress(enabled: bool, total_runs: int, steps: int,
 
 
 def run(args: argparse.Namespace) -> int:
+    from asyncrl.run.rundir import prepare_sim_dir
     from asyncrl.sim.report import rich_table, write_run_dir
     from asyncrl.sim.runner import NO_SIMULATE_BLOCK, compare, simulate
 
@@ -158,8 +162,11 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"{args.config}: {NO_SIMULATE_BLOCK}")
     if args.steps is not None and args.steps < 1:
         raise ConfigError(f"--steps must be >= 1, got {args.steps}")
+    # Before the simulation, not after it: a refused directory costs no work.
+    run_dir = prepare_sim_dir(args.run_dir if args.run_dir else default_run_dir(),
+                              overwrite=args.overwrite)
     if args.frontier:
-        return run_frontier(args, cfg)
+        return run_frontier(args, cfg, run_dir)
     names = parse_compare(args.compare)
     pilot = cfg.async_rl.autopilot
     if names is not None and pilot.enabled and pilot.mode != "aimd":
@@ -187,7 +194,6 @@ def run(args: argparse.Namespace) -> int:
             results = compare(cfg, names, steps=steps, base_dir=base_dir,
                               on_start=on_start, on_step=on_step)
 
-    run_dir = Path(args.run_dir) if args.run_dir else default_run_dir()
     written = write_run_dir(results, run_dir, cfg, config_path=str(args.config),
                             plots=not args.no_plots)
 
@@ -224,7 +230,7 @@ def _planner(cfg: Any) -> Any:
     return ModelPlanner(cfg, inline=True)
 
 
-def run_frontier(args: argparse.Namespace, cfg: Any) -> int:
+def run_frontier(args: argparse.Namespace, cfg: Any, run_dir: Path) -> int:
     from asyncrl.sim.frontier import candidates, sweep, user_candidate
     from asyncrl.sim.report import recommendation, rich_frontier_table, write_frontier_dir
 
@@ -235,7 +241,6 @@ def run_frontier(args: argparse.Namespace, cfg: Any) -> int:
     with _progress(show_progress, total, steps, what="configs") as (on_start, on_step):
         front = sweep(cfg, steps=steps, base_dir=Path(args.config).resolve().parent,
                       on_start=on_start, on_step=on_step)
-    run_dir = Path(args.run_dir) if args.run_dir else default_run_dir()
     written = write_frontier_dir(front, run_dir, cfg, config_path=str(args.config),
                                  plots=not args.no_plots)
     if args.json:

@@ -17,7 +17,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from asyncrl._util.jsonio import dumps, read_jsonl, write_json, write_text_atomic
+from asyncrl._util.jsonio import dumps, read_json, read_jsonl, write_json, write_text_atomic
 from asyncrl.checkpoint.store import checkpoint_root, list_checkpoints
 from asyncrl.controller.autopilot import Autopilot
 from asyncrl.controller.profile import PROFILE_FILE, profile_path
@@ -34,6 +34,9 @@ AUTOPILOT_FILE = "autopilot.jsonl"
 #: run starts from it, async_rl.autopilot.reuse: that run writes its own before
 #: its first step. Left behind, a later reuse would read another run's setting.)
 RUN_DIRS = ("checkpoints", "tb", "plots", "final", "vllm_model", "wandb")
+#: What ``asyncrl simulate`` writes last into its --run-dir: an index whose
+#: ``files`` lists everything that simulation wrote (--overwrite deletes those).
+SIM_INDEXES = ("results.json", "frontier.json")
 
 
 def new_run_dir(prefix: str = "train", base: str | Path = "runs") -> Path:
@@ -95,6 +98,39 @@ def check_run_dir(run_dir: str | Path | None, *, overwrite: bool = False) -> Pat
             "--overwrite (deletes its checkpoints, metrics and plots); or pick another "
             f"--run-dir, e.g. --run-dir {free_sibling(path)}"
         )
+    return path
+
+
+def prepare_sim_dir(run_dir: str | Path, *, overwrite: bool = False) -> Path:
+    """The directory ``asyncrl simulate`` may write to; raises, changing nothing,
+    if it may not. New or empty: used as it is. An earlier simulation's: refused
+    unless ``overwrite``, which deletes the files that simulation listed (a
+    policy it ran and this one does not would leave its plots beside the new
+    results). A training run's, or one that holds anything else: refused (the
+    simulation's config.yaml would replace the run's, and its resume break)."""
+    path = Path(run_dir)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"--run-dir {path} is a file, not a directory; give the path of a "
+                          "directory (it is created if it does not exist)")
+    contents = sorted(p.name for p in path.iterdir()) if path.is_dir() else []
+    if not contents:
+        return path
+    listing = ", ".join(contents[:6]) + (", ..." if len(contents) > 6 else "")
+    other = f"pick another --run-dir, e.g. --run-dir {free_sibling(path)}"
+    indexes = [path / name for name in SIM_INDEXES if (path / name).is_file()]
+    trained = [name for name in contents if name in RUN_DIRS or
+               (name in RUN_FILES and name != "config.yaml")]
+    if trained or not indexes:
+        what = "holds a training run" if trained else "is not empty and holds no simulation"
+        raise ConfigError(f"--run-dir {path} {what} ({listing}); asyncrl simulate writes its "
+                          f"results, config.yaml and plots to a new or empty directory: {other}")
+    if not overwrite:
+        raise ConfigError(f"--run-dir {path} holds an earlier simulation ({listing}); add "
+                          f"--overwrite to replace it, or {other}")
+    for index in indexes:
+        for name in (read_json(index) or {}).get("files", ()):
+            (path / Path(name).name).unlink(missing_ok=True)  # names only: never outside
+        index.unlink(missing_ok=True)
     return path
 
 
