@@ -32,13 +32,16 @@ def quick_dict() -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------ the root
-# The simulator's path too (asyncrl simulate, the planner's process): torch would
-# add ~1.5 s to each start.
+# The simulator's path too (asyncrl simulate, the planner's process), and every
+# command's parser (asyncrl --help, and a Ctrl-C while it loads): torch would add
+# ~1.5-2 s to each start.
 @pytest.mark.e2e
-@pytest.mark.parametrize("module", ["asyncrl", "asyncrl.sim.runner", "asyncrl.cli.simulate"])
-def test_import_asyncrl_imports_no_torch_and_no_backend(module: str) -> None:
-    code = (f"import sys, {module}; print(sorted(m for m in ('torch', 'transformers', 'ray', "
-            "'vllm') if m in sys.modules))")
+@pytest.mark.parametrize("statement", [
+    "import asyncrl", "import asyncrl.sim.runner", "import asyncrl.cli.simulate",
+    "from asyncrl.cli import build_parser; build_parser()"])
+def test_import_asyncrl_imports_no_torch_and_no_backend(statement: str) -> None:
+    code = (f"import sys; {statement}; print(sorted(m for m in ('torch', 'transformers', "
+            "'ray', 'vllm') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 

@@ -79,3 +79,15 @@ def test_a_reward_swap_and_its_target_work_in_either_order(order: str, monkeypat
         err = capsys.readouterr().err
         # A failing target is the swapped-in reward's: the override was applied.
         assert ("nope" in err) if code else "Field required" not in err, err
+
+
+def test_a_ctrl_c_while_the_commands_load_is_one_line(monkeypatch, capsys) -> None:
+    # Before a command runs there is nothing to stop or save: no traceback.
+    import asyncrl.cli as cli
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "build_parser", interrupted)
+    assert main(["train", "--config", "x.yaml"]) == 130
+    assert capsys.readouterr().err == "asyncrl: interrupted\n"

@@ -59,8 +59,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str] | None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except KeyboardInterrupt:  # Ctrl-C while the commands load: nothing ran yet
+        print("asyncrl: interrupted", file=sys.stderr)
+        return 130
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if args.verbose:  # our own loggers only: third-party debug output is noise here
         logging.getLogger("asyncrl").setLevel(logging.DEBUG)

@@ -17,7 +17,6 @@ from rich.table import Table
 from asyncrl.cli.recipe_facts import recipe_rows
 from asyncrl.config import dump_config, load_config
 from asyncrl.errors import AsyncRLError
-from asyncrl.run.preflight import preflight
 
 if TYPE_CHECKING:
     from asyncrl.config import RunConfig
@@ -39,6 +38,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Here, not at the top: the checks import torch (~2 s), and every command's
+    # parser (``asyncrl --help`` too) imports this module.
+    from asyncrl.run.preflight import preflight
+
     cfg = load_config(args.config, args.overrides)
     checked = preflight(cfg)
     facts = checked.facts
