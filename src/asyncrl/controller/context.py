@@ -111,4 +111,6 @@ class RunContext:
             f"in {method}: {error}. A sampler's admit, select and evict must not raise: it "
             "is a bug in that sampler. Fix it, then resume the run from its checkpoint")
         bug.__cause__ = error
-        self.fail(bug, key=f"sampler {method}")
+        # One key for every method: the pump may ask the broken sampler once more
+        # before it stops; that is the same bug, not another error.
+        self.fail(bug, key="sampler")

@@ -96,12 +96,8 @@ class TrainPump:
                 return False
             remaining = n - len(taken)
             evicted += await self._evict(v)
-            if self._stop_request is not None:  # the sampler failed: stop at the top
-                continue
             chunk, extra = await self._select(v, min(min_chunk, remaining), remaining)
             evicted += extra
-            if not chunk and self._stop_request is not None:
-                continue
             if not chunk and self.dispatcher.starved():
                 # Nothing can arrive before this step ends (e.g. weight_fifo with fewer
                 # groups left at the oldest version than min_groups_for_streaming_train):
@@ -109,6 +105,8 @@ class TrainPump:
                 chunk, extra = await self._select(v, 1, remaining)
                 evicted += extra
             if not chunk:
+                if self._stop_request is not None:  # a fatal error (a sampler that
+                    continue                         # raised): stop at the loop's top
                 if self.dispatcher.exhausted():
                     if not taken:
                         self._stop(StopReason.SOURCE_EXHAUSTED,
