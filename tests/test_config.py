@@ -103,8 +103,14 @@ def test_load_config_errors(tmp_path) -> None:
         load_config(tmp_path / "missing.yaml")
     bad = tmp_path / "bad.yaml"
     bad.write_text("grpo: [1, 2\n")
-    with pytest.raises(ConfigError, match="not valid YAML"):
+    with pytest.raises(ConfigError, match="not valid YAML") as err:
         load_config(bad)
+    # The line it points at names the file, not PyYAML's "<unicode string>".
+    assert f'in "{bad}", line 1' in str(err.value) and "<unicode string>" not in str(err.value)
+    bad.write_text("seed: 1\x07\n")  # a control character: refused before parsing starts
+    with pytest.raises(ConfigError, match="not valid YAML") as err:
+        load_config(bad)
+    assert f'in "{bad}", position 7' in str(err.value), str(err.value)
     scalar = tmp_path / "scalar.yaml"
     scalar.write_text("3\n")
     with pytest.raises(ConfigError, match="top level must be a mapping"):
