@@ -190,6 +190,19 @@ def test_sampler_and_task_name_typos_get_did_you_mean(tmp_path, block, typo, mea
     assert f"{block}.name: unknown name '{typo}'; did you mean '{meant}'?" in str(err.value)
 
 
+@pytest.mark.parametrize(("typo", "meant"), [("vlm", "vllm"), ("vllm_sever", "vllm_server"),
+                                             ("locl", "local")])
+def test_an_engine_name_typo_gets_did_you_mean_as_sampler_names_do(typo, meant) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [f"policy.engine={typo}"])
+    text = str(err.value)
+    assert (f"policy.engine: Input should be 'local', 'vllm', 'vllm_server' or 'custom' "
+            f"(got '{typo}'); did you mean '{meant}'?") in text, text
+    with pytest.raises(ConfigError) as err:  # nothing close: the choices alone
+        load_config(None, ["policy.engine=tensorrt"])
+    assert "(got 'tensorrt')" in str(err.value) and "did you mean" not in str(err.value)
+
+
 @pytest.mark.parametrize("how", ["file", "override"])
 def test_a_target_without_a_class_names_the_target_and_the_form(tmp_path, how) -> None:
     path = tmp_path / "c.yaml"

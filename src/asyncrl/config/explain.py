@@ -122,6 +122,13 @@ def explain_errors(exc: ValidationError, root: Any, prefix: str = "") -> list[tu
             hint = _did_you_mean(tag, valid)
             out.append((f"{path}.{key}", f"unknown {key} {tag!r}" + (f"; {hint}" if hint else ".")
                         + f" Choose from: {', '.join(valid)}"))
+        elif kind == "literal_error" and isinstance(err.get("input"), str):
+            # A name from a fixed set (policy.engine, ...): the closest one, as a
+            # sampler or task name gets.
+            valid = re.findall(r"'([^']*)'", str((err.get("ctx") or {}).get("expected", "")))
+            hint = _did_you_mean(err["input"], valid)
+            out.append((path, f"{err['msg']} (got {err['input']!r})" + (f"; {hint}" if hint
+                                                                      else "")))
         elif kind == "value_error":  # our own validators: the message is the whole story
             out.append((path, str(err["msg"]).removeprefix("Value error, ")))
         else:
