@@ -91,11 +91,28 @@ def test_a_swap_replaces_the_block_as_on_the_command_line() -> None:
      'grpo.max_num_steps: Input should be greater than or equal to 1 (got 0) '
      '(from the keyword override "grpo__max_num_steps=0")'),
     ({"__grpo": 1}, "keyword override '__grpo' is not a config key with '__' for each dot"),
+    # One '_' where the keyword needs '__' for the dot: the key it meant, spelled as a keyword.
+    ({"grpo_max_num_steps": 3},
+     'grpo_max_num_steps: unknown key. valid keys here: async_rl, checkpoint, checkpointing, '
+     'cluster, deterministic, eval, grpo, logging, loss, policy, seed, simulate, task, trainer '
+     '(from the keyword override "grpo_max_num_steps=3": did you mean grpo__max_num_steps=3, '
+     "with '__' for each dot?)"),
+    ({"async_rl__sampler_max_lookahead_versions": 2},  # one of two dots, inside a union block
+     "did you mean async_rl__sampler__max_lookahead_versions=2, with '__' for each dot?"),
+    ({"task_max_operand": 3}, "did you mean task__max_operand=3,"),
 ])
 def test_a_bad_override_is_one_line_naming_the_field(overrides, says) -> None:
     with pytest.raises(ConfigError) as info:
         resolve_config(QUICK, overrides)
     assert says in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("overrides", [{"grpo_max_num_stepz": 3}, {"grpo__max_num_steps": 0},
+                                       {"loss_fn__foo": 1}])
+def test_no_keyword_is_suggested_where_no_config_key_fits(overrides) -> None:
+    with pytest.raises(ConfigError) as info:
+        resolve_config(QUICK, overrides)
+    assert "with '__' for each dot" not in str(info.value), str(info.value)
 
 
 def test_a_config_of_another_type_is_refused_naming_the_forms() -> None:
