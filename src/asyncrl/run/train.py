@@ -53,7 +53,7 @@ from asyncrl.rollouts import apply_rollout
 from asyncrl.run.backends import build_backends, own_backend
 from asyncrl.run.export import export_final
 from asyncrl.run.fleet_channel import fleet_channel
-from asyncrl.run.lock import run_dir_lock
+from asyncrl.run.lock import refuse_if_in_use, run_dir_lock
 from asyncrl.run.preflight import preflight
 from asyncrl.run.resume import config_changes, nothing_to_do, prepare_resume, without_reuse
 from asyncrl.run.rundir import (
@@ -452,13 +452,16 @@ def resume_run(run_dir: str | Path, overrides: list[str], *, fork_to: str | Path
     valid checkpoint, in place or forked into ``fork_to`` (RUN_DIR is then not
     changed). Returns None, changing nothing, when there is nothing left to do."""
     run_dir = Path(run_dir)
+    forking = fork_to is not None and Path(fork_to).resolve() != run_dir.resolve()
+    if not forking:  # a live run there: refused before anything is announced
+        refuse_if_in_use(run_dir)
     cfg, ckpt = prepare_resume(run_dir, overrides)
     idle = nothing_to_do(run_dir, ckpt, cfg)
     if idle is not None:
         print(idle)
         return None
     target = run_dir
-    if fork_to is not None and Path(fork_to).resolve() != run_dir.resolve():
+    if forking:
         target = check_run_dir(fork_to, overwrite=overwrite)  # train prepares it
     saved = config_from_dict(load_yaml(ckpt.config_yaml, "checkpoint config"))
     changes = config_changes(saved, cfg)
