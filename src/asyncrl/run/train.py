@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import shlex
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -90,6 +91,7 @@ def train(
     resume: LoadedCheckpoint | None = None,
     overwrite: bool = False,
     planner_factory: Callable[[RunConfig], Planner] | None = None,
+    overrides: Sequence[str] = (),
 ) -> RunDirSummary:
     """Run async GRPO as configured; returns the summary written to ``summary.json``.
 
@@ -105,6 +107,8 @@ def train(
     SIGINT / SIGTERM stop the run gracefully (see :mod:`asyncrl.run.signals`).
     ``planner_factory`` builds the planner of the model-based autopilot modes
     from the config (``asyncrl train`` gives :class:`asyncrl.sim.planner.ModelPlanner`).
+    ``overrides``: a resume's command-line overrides, for the command a stop
+    during start-up suggests.
     """
     began = time.monotonic()  # start-up, reported in the summary, counts from here
     cfg = without_reuse(cfg) if resume else cfg  # resumed: the checkpoint's setting wins
@@ -143,16 +147,21 @@ def train(
                     asyncio.run(run.close())
                     raise
             except KeyboardInterrupt as stop:  # Ctrl-C while starting (vLLM takes minutes)
-                add_note(stop, _start_again_hint(run_dir))
+                add_note(stop, _start_again_hint(run_dir, cfg, overrides))
                 raise
             return run.execute(resume, snapshots)
 
 
-def _start_again_hint(run_dir: Path) -> str:
-    """What to run after a stop during start-up: nothing was trained by this run."""
+def _start_again_hint(run_dir: Path, cfg: RunConfig, overrides: Sequence[str]) -> str:
+    """What to run after a stop during start-up: nothing was trained by this run.
+    A resume's ``overrides`` reach the run's config.yaml just before its first
+    step: until then the hint repeats them (else it would resume with the old
+    values: a max_num_steps already reached has "nothing to do")."""
     if list_checkpoints(run_dir):
-        return (f"stopped while starting, before its first step; resume with: "
-                f"asyncrl train --resume {run_dir}")
+        saved = run_dir / "config.yaml"
+        unsaved = () if saved.is_file() and saved.read_text() == dump_config(cfg) else overrides
+        command = shlex.join(["asyncrl", "train", "--resume", str(run_dir), *unsaved])
+        return f"stopped while starting, before its first step; resume with: {command}"
     return ("stopped while starting, before its first step: nothing was trained, the "
             "same command starts it again")
 
@@ -477,4 +486,5 @@ def resume_run(run_dir: str | Path, overrides: list[str], *, fork_to: str | Path
               f"into {target}; {run_dir} is not changed")
     else:
         print(f"asyncrl: resuming {run_dir} from {ckpt.path.name} (trainer version {ckpt.step})")
-    return train(cfg, target, resume=ckpt, overwrite=overwrite, planner_factory=planner_factory)
+    return train(cfg, target, resume=ckpt, overwrite=overwrite, planner_factory=planner_factory,
+                 overrides=overrides)
