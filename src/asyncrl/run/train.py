@@ -59,6 +59,8 @@ from asyncrl.run.preflight import preflight
 from asyncrl.run.resume import config_changes, nothing_to_do, prepare_resume, without_reuse
 from asyncrl.run.rundir import (
     AUTOPILOT_FILE,
+    COMMAND_LINE,
+    Spelling,
     autopilot_files,
     check_run_dir,
     fork_run_dir,
@@ -92,6 +94,7 @@ def train(
     overwrite: bool = False,
     planner_factory: Callable[[RunConfig], Planner] | None = None,
     overrides: Sequence[str] = (),
+    spelling: Spelling = COMMAND_LINE,
 ) -> RunDirSummary:
     """Run async GRPO as configured; returns the summary written to ``summary.json``.
 
@@ -108,14 +111,15 @@ def train(
     ``planner_factory`` builds the planner of the model-based autopilot modes
     from the config (``asyncrl train`` gives :class:`asyncrl.sim.planner.ModelPlanner`).
     ``overrides``: a resume's command-line overrides, for the command a stop
-    during start-up suggests.
+    during start-up suggests. ``spelling``: how errors name the arguments.
     """
     began = time.monotonic()  # start-up, reported in the summary, counts from here
     cfg = without_reuse(cfg) if resume else cfg  # resumed: the checkpoint's setting wins
     with sigterm_as_interrupt():
         home = resume.path.parent.parent if resume is not None else None
         fresh = home is None or (run_dir is not None and Path(run_dir).resolve() != home.resolve())
-        run_dir = check_run_dir(run_dir, overwrite=overwrite) if fresh else home
+        run_dir = (check_run_dir(run_dir, overwrite=overwrite, spelling=spelling) if fresh
+                   else home)
         # Every pre-run check, before anything is written (asyncrl validate runs the same).
         checked = preflight(cfg, task=task, backends=backends)
         task, evaluator = checked.task, checked.evaluator
@@ -128,7 +132,8 @@ def train(
         with run_dir_lock(run_dir):
             try:
                 if fresh:  # a new run, or a fork of ``resume``; checked again, under the lock
-                    prepare_run_dir(run_dir, overwrite=overwrite, reuse=pilot.reuse)
+                    prepare_run_dir(run_dir, overwrite=overwrite, reuse=pilot.reuse,
+                                    spelling=spelling)
                 engines, trainer = (backends if backends is not None else build_backends(
                     cfg, task, work_dir=run_dir, policy_tokenizer=checked.tokenizer))
                 if cfg.task.rollout is not None:  # each group runs the task's rollout function
