@@ -103,8 +103,14 @@ def test_load_config_errors(tmp_path) -> None:
         load_config(tmp_path / "missing.yaml")
     bad = tmp_path / "bad.yaml"
     bad.write_text("grpo: [1, 2\n")
-    with pytest.raises(ConfigError, match="not valid YAML"):
+    with pytest.raises(ConfigError, match="not valid YAML") as err:
         load_config(bad)
+    # The line it points at names the file, not PyYAML's "<unicode string>".
+    assert f'in "{bad}", line 1' in str(err.value) and "<unicode string>" not in str(err.value)
+    bad.write_text("seed: 1\x07\n")  # a control character: refused before parsing starts
+    with pytest.raises(ConfigError, match="not valid YAML") as err:
+        load_config(bad)
+    assert f'in "{bad}", position 7' in str(err.value), str(err.value)
     scalar = tmp_path / "scalar.yaml"
     scalar.write_text("3\n")
     with pytest.raises(ConfigError, match="top level must be a mapping"):
@@ -182,6 +188,19 @@ def test_sampler_and_task_name_typos_get_did_you_mean(tmp_path, block, typo, mea
     with pytest.raises(ConfigError) as err:
         config_from_dict({outer: tree})
     assert f"{block}.name: unknown name '{typo}'; did you mean '{meant}'?" in str(err.value)
+
+
+@pytest.mark.parametrize(("typo", "meant"), [("vlm", "vllm"), ("vllm_sever", "vllm_server"),
+                                             ("locl", "local")])
+def test_an_engine_name_typo_gets_did_you_mean_as_sampler_names_do(typo, meant) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [f"policy.engine={typo}"])
+    text = str(err.value)
+    assert (f"policy.engine: Input should be 'local', 'vllm', 'vllm_server' or 'custom' "
+            f"(got '{typo}'); did you mean '{meant}'?") in text, text
+    with pytest.raises(ConfigError) as err:  # nothing close: the choices alone
+        load_config(None, ["policy.engine=tensorrt"])
+    assert "(got 'tensorrt')" in str(err.value) and "did you mean" not in str(err.value)
 
 
 @pytest.mark.parametrize("how", ["file", "override"])

@@ -86,6 +86,35 @@ def test_cli_lines_parse_and_name_existing_files(doc: Path, monkeypatch) -> None
             assert main(argv) == 0, f"{_id(doc)}: asyncrl {' '.join(argv)} failed"
 
 
+def test_the_command_line_synopsis_of_design_md_is_the_parsers() -> None:
+    """docs/design.md, "The command line": each command's lines name every option
+    and argument its parser has (validate's overrides, --json and --no-memory were
+    missing), and no option it does not have."""
+    import argparse
+
+    section = (REPO / "docs" / "design.md").read_text().split("## The command line", 1)[1]
+    synopsis = section.split("```", 2)[1]
+    by_command: dict[str, str] = {}
+    command = ""
+    for line in synopsis.splitlines():
+        if line.startswith("asyncrl "):
+            command = line.split()[1]
+        by_command[command] = by_command.get(command, "") + " " + line
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(by_command) - {""} == set(sub.choices)
+    for name, parser in sub.choices.items():
+        text = by_command[name]
+        options = {o for a in parser._actions for o in a.option_strings if o.startswith("--")}
+        options.discard("--help")
+        written = set(re.findall(r"(?<![\w-])--[a-z][\w-]*", text))
+        assert written == options, f"asyncrl {name}: the synopsis has {sorted(written)}"
+        for action in parser._actions:
+            if action.option_strings or action.nargs == "?":
+                continue
+            names = action.choices or [action.metavar or action.dest.upper()]
+            assert all(str(n) in text for n in names), f"asyncrl {name}: {names} not shown"
+
+
 def test_the_nemo_rl_table_of_training_md_is_the_codes() -> None:
     """docs/training.md shows asyncrl.config.nemo_rl_keys.NEMO_RL_KEYS, the table the config
     blocks read their refusals from: the two never disagree."""

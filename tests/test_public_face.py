@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import shlex
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +19,7 @@ import pytest
 
 import asyncrl
 from asyncrl.buffer import RolloutBuffer
+from asyncrl.cli import main
 from asyncrl.config import load_config, resolve_config
 from asyncrl.config.strict_yaml import load_yaml
 from asyncrl.errors import ConfigError, UsageError
@@ -94,11 +98,28 @@ def test_a_swap_replaces_the_block_as_on_the_command_line() -> None:
      'grpo.max_num_steps: Input should be greater than or equal to 1 (got 0) '
      '(from the keyword override "grpo__max_num_steps=0")'),
     ({"__grpo": 1}, "keyword override '__grpo' is not a config key with '__' for each dot"),
+    # One '_' where the keyword needs '__' for the dot: the key it meant, spelled as a keyword.
+    ({"grpo_max_num_steps": 3},
+     'grpo_max_num_steps: unknown key. valid keys here: async_rl, checkpoint, checkpointing, '
+     'cluster, deterministic, eval, grpo, logging, loss, policy, seed, simulate, task, trainer '
+     '(from the keyword override "grpo_max_num_steps=3": did you mean grpo__max_num_steps=3, '
+     "with '__' for each dot?)"),
+    ({"async_rl__sampler_max_lookahead_versions": 2},  # one of two dots, inside a union block
+     "did you mean async_rl__sampler__max_lookahead_versions=2, with '__' for each dot?"),
+    ({"task_max_operand": 3}, "did you mean task__max_operand=3,"),
 ])
 def test_a_bad_override_is_one_line_naming_the_field(overrides, says) -> None:
     with pytest.raises(ConfigError) as info:
         resolve_config(QUICK, overrides)
     assert says in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("overrides", [{"grpo_max_num_stepz": 3}, {"grpo__max_num_steps": 0},
+                                       {"loss_fn__foo": 1}])
+def test_no_keyword_is_suggested_where_no_config_key_fits(overrides) -> None:
+    with pytest.raises(ConfigError) as info:
+        resolve_config(QUICK, overrides)
+    assert "with '__' for each dot" not in str(info.value), str(info.value)
 
 
 def test_a_config_of_another_type_is_refused_naming_the_forms() -> None:
@@ -117,6 +138,48 @@ def test_train_runs_a_config_of_each_form_with_overrides(form: str, tmp_path: Pa
     assert load_config(tmp_path / "run" / "config.yaml") == resolve_config(QUICK, TINY)
     written = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert (written["steps"], written["ledger"]) == (summary["steps"], summary["ledger"])
+
+
+class SignalAfterFirstStep:
+    """A metrics sink that sends this process a real SIGINT once a step is done:
+    a user's Ctrl-C while asyncrl.train runs."""
+
+    def write(self, record: dict[str, Any]) -> None:
+        if record["step"] == 0:
+            signal.raise_signal(signal.SIGINT)
+
+    def close(self, summary: dict[str, Any] | None = None) -> None:
+        pass
+
+
+@pytest.mark.e2e
+def test_train_speaks_to_its_python_caller_about_an_old_run_and_how_to_resume(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, capsys) -> None:
+    """A new user's trial: after a Ctrl-C asyncrl.train returned without a word on
+    how to go on, and a second call on the run's directory was told to pass
+    --overwrite, which a script cannot."""
+    run = tmp_path / "run"
+    steps = {**TINY, "grpo__max_num_steps": 4}
+    with caplog.at_level(logging.WARNING, logger="asyncrl.assemble"):
+        summary = asyncrl.train(QUICK, run_dir=run, sinks=[SignalAfterFirstStep()], **steps)
+    assert summary["stop_reason"] == "interrupted" and summary["steps"] < 4
+    [said] = [r.getMessage() for r in caplog.records if r.name == "asyncrl.assemble"]
+    assert said == ("the run stopped before grpo.max_num_steps (interrupted); continue it "
+                    f"with: asyncrl train --resume {run}"), said
+    # What it says works: the run goes on to its max_num_steps.
+    assert main(shlex.split(said.split("continue it with: ")[1])[1:]) == 0
+    assert json.loads((run / "summary.json").read_text())["steps"] == 4
+    capsys.readouterr()
+
+    with pytest.raises(ConfigError) as err:
+        asyncrl.train(QUICK, run_dir=run, **steps)
+    text = str(err.value)
+    assert text.startswith(f"run_dir={str(run)!r} already holds a run"), text
+    assert (f"Continue it with: asyncrl train --resume {run} (on the command line); start it "
+            "over with overwrite=True") in text
+    assert f"pick another run_dir, e.g. run_dir={str(run) + '-2'!r}" in text
+    assert "--overwrite" not in text and "--run-dir" not in text
+    assert asyncrl.train(QUICK, run_dir=run, overwrite=True, **steps)["steps"] == 4
 
 
 def test_train_refuses_a_bad_override_before_it_writes_anything(tmp_path: Path) -> None:

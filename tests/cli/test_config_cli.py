@@ -65,6 +65,24 @@ def test_overrides_come_before_between_and_after_options(tmp_path: Path, capsys)
     assert exit_.value.code == 2 and "unrecognized arguments: --jsn" in capsys.readouterr().err
 
 
+def test_every_argument_of_every_command_is_explained_in_its_help(capsys) -> None:
+    """A new user's trial: ``asyncrl validate --help`` listed ``key.path=value``
+    with no word on what it is."""
+    import argparse
+
+    from asyncrl.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    for command, parser in sub.choices.items():
+        unexplained = [a.metavar or a.dest for a in parser._actions if not a.help]
+        assert not unexplained, f"asyncrl {command} --help: no help text for {unexplained}"
+    with pytest.raises(SystemExit) as exit_:
+        main(["validate", "--help"])
+    assert exit_.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "key.path=value config overrides, as train takes them" in out, out
+
+
 @pytest.mark.parametrize("order", ["target first", "name first"])
 def test_a_reward_swap_and_its_target_work_in_either_order(order: str, monkeypatch,
                                                           capsys) -> None:

@@ -94,7 +94,8 @@ def test_one_run_per_directory_named_refusals_and_a_killed_runs_lock_taken_over(
                      "grpo.max_num_steps=2"]) == 2
         assert f"(pid {winner.pid})" in capsys.readouterr().err
         assert main(["train", "--resume", str(run), "grpo.max_num_steps=100000"]) == 2
-        assert f"(pid {winner.pid})" in capsys.readouterr().err
+        out, err = capsys.readouterr()
+        assert f"(pid {winner.pid})" in err and "resuming" not in out, out
         assert (run / "metrics.jsonl").is_file() and (run / "checkpoints").is_dir()
 
         winner.kill()  # SIGKILL: no chance to unlock; the kernel drops its lock
@@ -116,6 +117,44 @@ def test_one_run_per_directory_named_refusals_and_a_killed_runs_lock_taken_over(
     assert main([*argv, f"grpo.max_num_steps={last + 2}"]) == 0
     check_nothing_lost(run, steps=last + 2)
     assert (run / LOCK_FILE).read_text().split() == [str(os.getpid())]
+
+
+#: Holds a run directory's lock, as a running ``asyncrl train`` does, until its stdin closes.
+HOLD_THE_LOCK = """
+import sys
+from asyncrl.run.lock import run_dir_lock
+with run_dir_lock(sys.argv[1]):
+    print("locked", flush=True)
+    sys.stdin.read()
+"""
+
+
+def test_a_resume_of_a_running_run_is_refused_before_it_announces_anything(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A new user's trial: ``--resume`` of a run still going printed "resuming ...
+    from step-..." and then the lock's refusal."""
+    config = tmp_path / "c.yaml"
+    config.write_text(CONFIG)
+    run = tmp_path / "run"
+    assert main(["train", "--config", str(config), "--run-dir", str(run),
+                 "grpo.max_num_steps=2", "checkpoint.every_steps=1",
+                 "logging.progress=never"]) == 0
+    capsys.readouterr()
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_THE_LOCK, str(run)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "locked\n"
+        assert main(["train", "--resume", str(run), "grpo.max_num_steps=4"]) == 2
+        out, err = capsys.readouterr()
+        assert out == "", out  # no "settings changed", no "resuming"
+        assert err.startswith(f"asyncrl train: error: {run} is in use by another asyncrl run "
+                              f"(pid {holder.pid})"), err
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(timeout=60)
+    assert main(["train", "--resume", str(run), "grpo.max_num_steps=3"]) == 0  # once it ended
+    assert "resuming" in capsys.readouterr().out
 
 
 @pytest.fixture

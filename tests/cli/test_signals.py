@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shlex
 import signal
 import subprocess
 import sys
@@ -212,8 +213,13 @@ def test_a_signal_during_start_up_says_how_to_start_again(tmp_path: Path, capsys
     assert main(new_run) == 0  # as the hint says: no --overwrite needed
     capsys.readouterr()
     proc = start_interrupted(["train", "--resume", str(run), "grpo.max_num_steps=6"])
-    assert f"resume with: asyncrl train --resume {run}" in proc.stderr
+    # The override is repeated: the run's config.yaml still says 3 (it is written
+    # just before the first step), so a plain --resume would find nothing to do.
+    hint = f"resume with: asyncrl train --resume {run} grpo.max_num_steps=6"
+    assert hint in proc.stderr, proc.stderr
     assert load_latest(run).step == 3  # the interrupted start changed nothing
+    assert main(shlex.split(hint.removeprefix("resume with: "))[1:]) == 0  # as it says
+    assert load_latest(run).step == 6
 
 
 # ------------------------------------- a signal while the handlers go in

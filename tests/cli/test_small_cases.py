@@ -73,3 +73,29 @@ def test_resume_on_a_data_file_with_new_characters_names_the_data_file(
     err = capsys.readouterr().err
     assert "the checkpoint was made with a different dataset file" in err, err
     assert "size mismatch" not in err and "Restore the original file" in err
+
+
+def test_a_path_that_is_no_run_directory_is_named_as_the_command_took_it(
+        tmp_path: Path, capsys) -> None:
+    """A new user's trial: export of an empty directory spoke of --resume, and
+    --resume on a config file said "no such run directory"."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["export", str(empty), "--out", str(tmp_path / "hf")]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert f"{empty} is not a run directory" in line, line
+    assert "asyncrl export's RUN_DIR takes a directory that asyncrl train wrote" in line
+    assert "--resume" not in line
+    assert main(["train", "--resume", str(empty)]) == 2
+    assert "--resume takes a directory that asyncrl train wrote" in capsys.readouterr().err
+
+    config = tmp_path / "c.yaml"
+    config.write_text("seed: 1\n")
+    assert main(["train", "--resume", str(config)]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert f"--resume {config} is a file, not a run directory" in line, line
+    assert "--resume takes the directory a run wrote" in line and "pass it to --config" in line
+    assert main(["export", str(config), "--out", str(tmp_path / "hf")]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert f"{config}: is a file, not a run directory" in line, line
+    assert not (tmp_path / "hf").exists()

@@ -232,3 +232,20 @@ def test_validate_reports_a_misspelled_optional_member_of_a_custom_engine(tmp_pa
     assert ("MisspelledEngine.invalidate_caches is no member of asyncrl.engines.RolloutEngine, "
             "so asyncrl never uses it; did you mean the optional member 'invalidate_cache'?") in out
     assert "engine (custom) capabilities" in out
+
+
+def test_the_memory_table_writes_both_parameter_counts_alike(tmp_path, capsys) -> None:
+    """A new user's trial: "parameters 0.1 M" beside "trainable 0.08 M" for one count."""
+    from asyncrl.trainers.estimate import format_count
+
+    cfg = write(tmp_path, "grpo: {num_prompts_per_step: 4}\n")
+    assert main(["validate", "--config", cfg]) == 0
+    rows = {}
+    for line in capsys.readouterr().out.splitlines():
+        cells = [c.strip() for c in line.strip("│ ").split("│")]
+        if len(cells) == 2 and cells[0] in ("parameters", "trainable"):
+            rows[cells[0]] = cells[1]
+    # Every parameter of a full fine-tune trains: the same number, written the same.
+    assert rows["parameters"].split(",")[0] == rows["trainable"], rows
+    assert [format_count(n) for n in (850, 82_304, 165_960_000, 494_032_768, 1.54e9)] == [
+        "850", "82.3 K", "166.0 M", "494.0 M", "1.5 B"]

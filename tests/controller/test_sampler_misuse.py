@@ -1,5 +1,6 @@
 """What the train pump does with a custom sampler that breaks select's contract
-(or bends it): a chunk too large or not ready stops the run naming the sampler;
+(or bends it): a chunk too large, not ready or holding a slot select did not
+remove (or one twice) stops the run naming the sampler;
 slots removed but not returned are counted evicted, so none goes missing; a
 sampler that raises stops the run at a safe point, resumable once it is fixed."""
 
@@ -64,6 +65,38 @@ class Unready(BaseSampler):
         return reserved[:1] or None
 
 
+class ReturnsWithoutRemoving(BaseSampler):
+    """Returns ready slots it left in the buffer (forgot ``buffer.remove``)."""
+
+    window = 0
+
+    async def select(self, *, current_train_weight, min_prompt_groups, max_prompt_groups):
+        ready = self.buffer.ready_in_weight_range(None, None, limit=max_prompt_groups)
+        return ready if len(ready) >= min_prompt_groups else None
+
+
+class RemovesOneReturnsTwo(BaseSampler):
+    """Removes the oldest ready slot but returns the next one as well."""
+
+    window = 0
+
+    async def select(self, *, current_train_weight, min_prompt_groups, max_prompt_groups):
+        ready = self.buffer.ready_in_weight_range(None, None, limit=2)
+        if len(ready) < 2:
+            return None
+        return [*self.buffer.remove([ready[0].group_id]), ready[1]]
+
+
+class ReturnsOneTwice(BaseSampler):
+    window = 0
+
+    async def select(self, *, current_train_weight, min_prompt_groups, max_prompt_groups):
+        ready = self.buffer.ready_in_weight_range(None, None, limit=1)
+        if not ready or max_prompt_groups < 2:
+            return None
+        return self.buffer.remove([ready[0].group_id]) * 2
+
+
 def _custom(cls: type) -> dict[str, str]:
     return {"name": "custom", "target": f"{__name__}:{cls.__name__}"}
 
@@ -83,6 +116,12 @@ def test_groups_a_sampler_removes_without_returning_are_counted_evicted(cls: typ
 @pytest.mark.parametrize(("cls", "says"), [
     (TooMany, r"TooMany\.select returned \d+ groups, more than max_prompt_groups=\d+"),
     (Unready, r"sampler Unready selected unready group"),
+    (ReturnsWithoutRemoving, r"sampler ReturnsWithoutRemoving\.select returned group \S+, "
+                             r"which it did not remove from the buffer: select must return the "
+                             r"slots it removed from the buffer \(buffer\.remove returns them\)"),
+    (RemovesOneReturnsTwo, r"sampler RemovesOneReturnsTwo\.select returned group \S+, which it "
+                           r"did not remove from the buffer"),
+    (ReturnsOneTwice, r"sampler ReturnsOneTwice\.select returned a group twice"),
 ])
 def test_a_chunk_that_breaks_selects_contract_stops_the_run_naming_the_sampler(
         cls: type, says: str) -> None:

@@ -89,6 +89,23 @@ def test_table_plots_and_run_dir(config_file, tmp_path, capsys) -> None:
         assert (run_dir / name).is_file(), name
 
 
+def test_a_note_is_marked_in_the_table_and_printed_whole_under_it(config_file, tmp_path,
+                                                                 capsys) -> None:
+    """A new user's trial: at 160 columns (output to a pipe) the note column got a
+    few characters, one word a line. The row now holds a mark, the note a line."""
+    assert main(["simulate", "--config", str(config_file), "--run-dir", str(tmp_path / "r"),
+                 "--compare", "in_order,windowed", "--steps", "4", "--no-plots",
+                 "async_rl.sampler.name=windowed", "async_rl.sampler.max_staleness_versions=1",
+                 "async_rl.max_buffered_rollouts=6", "async_rl.max_inflight_prompts=6"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    [row] = [line for line in lines if line.startswith("│ in_order")]
+    assert row.rstrip(" │").endswith("(1)"), row
+    [windowed] = [line for line in lines if line.startswith("│ windowed")]
+    assert windowed.split("│")[-2].strip() == "", windowed  # no note, no mark
+    below = lines.index("(1) in_order: max_buffered_rollouts raised 6->12 (policy needs 12)")
+    assert lines[below - 1].startswith("└")  # right under the table
+
+
 def test_the_autopilot_is_on_record_in_the_output_and_the_run_dir(config_file, tmp_path,
                                                                  capsys) -> None:
     run_dir = tmp_path / "run"

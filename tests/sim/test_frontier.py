@@ -108,6 +108,7 @@ def test_cli_frontier_marks_the_config_and_recommends_a_better_one(
                  "--run-dir", str(run)]) == 0
     out = capsys.readouterr().out
     assert "your config (windowed s=2 cap 30) is off the frontier" in out
+    assert "frontier.json and 1 plot: frontier.png)" in out  # not "1 plots"
     saved = json.loads((run / "frontier.json").read_text())
     assert (run / "frontier.png").is_file() and (run / "config.yaml").is_file()
     points = saved["points"]

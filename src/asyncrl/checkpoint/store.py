@@ -266,15 +266,18 @@ class LoadedCheckpoint:
     skipped: list[str]
 
 
-def load_latest(run_dir: str | Path, *, resumable: bool = False) -> LoadedCheckpoint:
+def load_latest(run_dir: str | Path, *, resumable: bool = False,
+                argument: str = "--resume") -> LoadedCheckpoint:
     """The newest intact checkpoint; corrupted newer ones are skipped and reported
     (one warning each, and listed in ``skipped``). ``resumable``: weights-only
-    snapshots are skipped too (a resume needs the optimizer state)."""
+    snapshots are skipped too (a resume needs the optimizer state). ``argument``:
+    what the caller's user passed ``run_dir`` as, named by the error about a
+    directory that is no run's (``--resume``, ``asyncrl export RUN_DIR``)."""
     if not list_checkpoints(run_dir):
         if not (Path(run_dir) / "config.yaml").is_file():
             raise CheckpointError(
                 f"{run_dir} is not a run directory (it has no config.yaml and no checkpoints/); "
-                "--resume takes a directory that asyncrl train wrote (its --run-dir)"
+                f"{argument} takes a directory that asyncrl train wrote (its --run-dir)"
             )
         raise CheckpointError(
             f"{run_dir} has no checkpoints; a run writes them every checkpoint.every_steps "

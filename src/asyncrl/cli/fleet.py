@@ -23,7 +23,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "or with --abort continue elsewhere from their tokens); scale N starts "
                     "or drains servers (or Ray workers) until N serve.")
     p.add_argument("run_dir", help="the run directory of a running 'asyncrl train'")
-    p.add_argument("action", choices=ACTIONS)
+    p.add_argument("action", choices=ACTIONS,
+                   help="status, add URL, remove URL or scale N (see above)")
     p.add_argument("target", nargs="?", help="add/remove: the server's URL (remove: or "
                                              "'worker N', a Ray worker); scale: N")
     p.add_argument("--abort", action="store_true",

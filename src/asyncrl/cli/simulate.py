@@ -145,7 +145,7 @@ def _progress(enabled: bool, total_runs: int, steps: int,
 
 def run(args: argparse.Namespace) -> int:
     from asyncrl.run.rundir import prepare_sim_dir
-    from asyncrl.sim.report import rich_table, write_run_dir
+    from asyncrl.sim.report import rich_table, table_notes, write_run_dir
     from asyncrl.sim.runner import NO_SIMULATE_BLOCK, compare, simulate
 
     if args.calibrate is not None:
@@ -210,6 +210,8 @@ def run(args: argparse.Namespace) -> int:
         f"{sim.rollout_slots} rollout slots, {_latency_text(results)}"
     )
     console.print(rich_table(results, title=title))
+    for note in table_notes(results):  # whole lines, however wide: the table marks them
+        console.print(note, markup=False, soft_wrap=True)
     console.print(results[0].bound.describe())
     console.print("efficiency = bound step time / achieved step time; "
                   "waste = (evicted + aborted) / dispatched groups")
@@ -285,7 +287,7 @@ def _written_text(written: list[Path]) -> str:
     others = ", ".join(p.name for p in written if p.suffix != ".png")
     if not plots:
         return f"{others}; no plots (--no-plots)"
-    return f"{others} and {len(plots)} plots: {', '.join(plots)}"
+    return f"{others} and {len(plots)} plot{'' if len(plots) == 1 else 's'}: {', '.join(plots)}"
 
 
 def _latency_text(results: list[Any]) -> str:

@@ -33,7 +33,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print the facts as JSON only")
     p.add_argument("--no-memory", action="store_true",
                    help="skip the step's memory estimate (a dry run of a few seconds)")
-    p.add_argument("overrides", nargs="*", metavar="key.path=value")
+    p.add_argument("overrides", nargs="*", metavar="key.path=value",
+                   help="config overrides, as train takes them, e.g. policy.engine=vllm")
     p.set_defaults(func=run)
 
 

@@ -15,15 +15,15 @@ from typing import Any, Union
 from pydantic import BaseModel, Tag, ValidationError
 
 
-def _members(annotation: Any) -> list[Any]:
+def annotation_members(annotation: Any) -> list[Any]:
     """Flatten Annotated/Union/Optional into the concrete member types."""
     origin = typing.get_origin(annotation)
     if origin is typing.Annotated:
-        return _members(typing.get_args(annotation)[0])
+        return annotation_members(typing.get_args(annotation)[0])
     if origin in (Union, types.UnionType):
         out: list[Any] = []
         for arg in typing.get_args(annotation):
-            out.extend(_members(arg))
+            out.extend(annotation_members(arg))
         return out
     return [annotation]
 
@@ -48,7 +48,7 @@ def _step(annotation: Any, part: Any) -> tuple[Any, bool] | None:
     tags = _callable_tags(annotation)
     if isinstance(part, str) and part in tags:
         return tags[part], True
-    members = _members(annotation)
+    members = annotation_members(annotation)
     if isinstance(part, int):
         items = [typing.get_args(m)[0] for m in members if typing.get_origin(m) is list]
         return (items[0], False) if len(items) == 1 else None
@@ -82,7 +82,8 @@ def _model_at(root: Any, loc: tuple[Any, ...]) -> type[BaseModel] | None:
     annotation = _walk(root, loc)[1]
     if annotation is None:
         return None
-    models = [c for c in _members(annotation) if isinstance(c, type) and issubclass(c, BaseModel)]
+    models = [c for c in annotation_members(annotation)
+              if isinstance(c, type) and issubclass(c, BaseModel)]
     return models[0] if len(models) == 1 else None
 
 
@@ -122,6 +123,13 @@ def explain_errors(exc: ValidationError, root: Any, prefix: str = "") -> list[tu
             hint = _did_you_mean(tag, valid)
             out.append((f"{path}.{key}", f"unknown {key} {tag!r}" + (f"; {hint}" if hint else ".")
                         + f" Choose from: {', '.join(valid)}"))
+        elif kind == "literal_error" and isinstance(err.get("input"), str):
+            # A name from a fixed set (policy.engine, ...): the closest one, as a
+            # sampler or task name gets.
+            valid = re.findall(r"'([^']*)'", str((err.get("ctx") or {}).get("expected", "")))
+            hint = _did_you_mean(err["input"], valid)
+            out.append((path, f"{err['msg']} (got {err['input']!r})" + (f"; {hint}" if hint
+                                                                      else "")))
         elif kind == "value_error":  # our own validators: the message is the whole story
             out.append((path, str(err["msg"]).removeprefix("Value error, ")))
         else:

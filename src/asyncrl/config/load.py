@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from asyncrl.config import nemo_rl_recipes
-from asyncrl.config.explain import explain_errors
+from asyncrl.config.explain import annotation_members, explain_errors
 from asyncrl.config.interpolation import resolve_interpolations
 from asyncrl.config.schema import RunConfig
 from asyncrl.config.strict_yaml import load_yaml, parse_yaml
@@ -135,9 +135,10 @@ def config_from_dict(tree: dict[str, Any], *, source: str = "config",
 
 
 def _validated(tree: dict[str, Any], source: str, blame: Sequence[tuple[str, str]], *,
-               origin: str) -> RunConfig:
+               origin: str, advice: Mapping[str, str] | None = None) -> RunConfig:
     """``tree`` validated; ``blame``: (``key.path``, as the user wrote it) of each
-    override applied to it, named by an error about that key."""
+    override applied to it, named by an error about that key; ``advice``: what
+    to say after such an override, by its text."""
     tree = resolve_interpolations(nemo_rl_recipes.prepare(tree), source=source,
                                   defaults=_default_tree)
     tree = nemo_rl_recipes.translate(tree)  # NeMo-RL's grpo and loss_fn keys
@@ -145,7 +146,7 @@ def _validated(tree: dict[str, Any], source: str, blame: Sequence[tuple[str, str
     try:
         return RunConfig.model_validate(tree)
     except ValidationError as exc:
-        raise ConfigError(_invalid(exc, source, blame, origin)) from None
+        raise ConfigError(_invalid(exc, source, blame, origin, advice or {})) from None
 
 
 def _default_tree() -> dict[str, Any]:
@@ -153,7 +154,7 @@ def _default_tree() -> dict[str, Any]:
 
 
 def _invalid(exc: ValidationError, source: str, keys: Sequence[tuple[str, str]],
-             origin: str) -> str:
+             origin: str, advice: Mapping[str, str]) -> str:
     lines, blamed = [], 0
     for path, problem in explain_errors(exc, RunConfig):
         # The last override that set this path, a block above it or a key below it.
@@ -164,7 +165,8 @@ def _invalid(exc: ValidationError, source: str, keys: Sequence[tuple[str, str]],
                         or (key in _SWAPPABLE and path.startswith(key.rsplit(".", 1)[0] + "."))),
                        None)
         blamed += culprit is not None
-        lines.append(f"{path}: {problem}" + (f' (from the {origin} "{culprit}")' if culprit else ""))
+        lines.append(f"{path}: {problem}" + (f' (from the {origin} "{culprit}"'
+                                             f'{advice.get(culprit, "")})' if culprit else ""))
     if blamed == len(lines):
         head = f"invalid {origin}"
     elif blamed:
@@ -232,8 +234,16 @@ def resolve_config(config: ConfigSource, overrides: Mapping[str, Any] | None = N
                           "config blocks or the path of a YAML file")
     named = [(name, _dotted(name), copy.deepcopy(value)) for name, value in overrides.items()]
     set_overrides(tree, [(key, value) for _, key, value in named])
-    blame = [(key, f"{name}={value!r}") for name, key, value in named]
-    return _validated(tree, source, blame, origin="keyword override")
+    blame: list[tuple[str, str]] = []
+    advice: dict[str, str] = {}
+    for name, key, value in named:
+        text = f"{name}={value!r}"
+        blame.append((key, text))
+        meant = _meant_key(name, key)
+        if meant is not None:  # e.g. grpo_max_num_steps: '_' where '__' stands for a dot
+            advice[text] = (f": did you mean {meant.replace('.', '__')}={value!r}, with '__' "
+                            "for each dot?")
+    return _validated(tree, source, blame, origin="keyword override", advice=advice)
 
 
 def _dotted(name: str) -> str:
@@ -243,6 +253,35 @@ def _dotted(name: str) -> str:
         raise ConfigError(f"keyword override {name!r} is not a config key with '__' for each dot "
                           "(for example grpo__max_num_steps=20)")
     return key
+
+
+def _meant_key(name: str, key: str) -> str | None:
+    """The config key keyword ``name`` (read as ``key``) meant when it is no key
+    but is one with some ``_`` read as dots: ``grpo_max_num_steps`` (one ``_``
+    where the keyword needs ``__``) -> ``grpo.max_num_steps``. None otherwise."""
+    if _key_parts(key.split("."), RunConfig, exact=True) is not None:
+        return None
+    parts = _key_parts([w for w in name.split("_") if w], RunConfig, exact=False)
+    return None if parts is None else ".".join(parts)
+
+
+def _key_parts(words: list[str], annotation: Any, *, exact: bool) -> list[str] | None:
+    """``words`` as a path of config keys below ``annotation`` (a model, or a union
+    of them: a discriminated block's keys are its members'), or None when they
+    are not one. ``exact``: each word is one key; else each key joins one or more
+    words with ``_``, the longest key first (``max_num_steps``, not ``max``)."""
+    if not words:
+        return []
+    models = [m for m in annotation_members(annotation)
+              if isinstance(m, type) and issubclass(m, BaseModel)]
+    for n in ([1] if exact else range(len(words), 0, -1)):
+        key = "_".join(words[:n])
+        for model in models:
+            field = model.model_fields.get(key)
+            rest = None if field is None else _key_parts(words[n:], field.annotation, exact=exact)
+            if rest is not None:
+                return [key, *rest]
+    return None
 
 
 def dump_config(cfg: RunConfig) -> str:

@@ -70,8 +70,14 @@ def parse_yaml(text: str, source: str) -> Any:
     """Parse ``text`` with this module's loader; a syntax error raises PyYAML's own
     :class:`yaml.YAMLError` (for a caller with a message of its own), a duplicated
     key a :class:`ConfigError` naming ``source``."""
-    loader = _StrictLoader(text)
-    loader.source = source
+    # PyYAML names a string it parses "<unicode string>" in the line it points
+    # at; the user needs the file (or override) that text came from.
+    try:
+        loader = _StrictLoader(text)
+    except yaml.reader.ReaderError as exc:  # a character YAML cannot hold, found at once
+        exc.name = source
+        raise
+    loader.name = loader.source = source
     try:
         return loader.get_single_data()
     finally:

@@ -228,15 +228,33 @@ class TrainPump:
             if not slot.ready:
                 raise ControllerBug(f"sampler {type(self.ctx.sampler).__name__} selected "
                                     f"unready group {slot.group_id!r}")
+        # Each returned slot must be one select removed: one left in the buffer would
+        # be trained now and again later, and the ledger would refuse its second end,
+        # far from the cause. Counted, not looked up: this is the simulator's hot path.
         removed = self._removed
         if not removed:  # most asks: the chunk is still filling, nothing left the buffer
+            if chunk:
+                raise self._not_removed(chunk)
             return chunk, 0
         chosen = {id(s) for s in chunk}
         extra = [s for s in removed if id(s) not in chosen]
+        if len(removed) - len(extra) < len(chunk):
+            raise self._not_removed(chunk)
         removed.clear()
         for slot in extra:
             self.ctx.ledger.evicted(slot.group_id, step=v)
         return chunk, len(extra)
+
+    def _not_removed(self, chunk: list[Slot]) -> ControllerBug:
+        """The error for a chunk that holds a slot select did not remove (or one twice)."""
+        gone = {id(s) for s in self._removed}
+        name = type(self.ctx.sampler).__name__
+        kept = next((s for s in chunk if id(s) not in gone), None)
+        what = (f"group {kept.group_id!r}, which it did not remove from the buffer"
+                if kept is not None else "a group twice")
+        return ControllerBug(f"sampler {name}.select returned {what}: select must return the "
+                             "slots it removed from the buffer (buffer.remove returns them), "
+                             "each once")
 
     def _deadlock_message(self, v: int) -> str:
         buf = self.ctx.buffer

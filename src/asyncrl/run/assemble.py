@@ -27,6 +27,7 @@ from asyncrl.errors import UsageError
 from asyncrl.rollouts import apply_rollout
 from asyncrl.run.backends import build_backends, own_backend
 from asyncrl.run.preflight import preflight
+from asyncrl.run.rundir import PYTHON
 from asyncrl.run.train import train as run_train
 from asyncrl.tasks import build_scorer
 
@@ -67,15 +68,20 @@ def train(
     ``engines`` with ``trainer`` (both or neither) replace what the config would
     build; the run closes them when it ends, as it closes its own. ``sinks``
     get every step's metrics besides the run's files. SIGINT and SIGTERM stop
-    the run gracefully, as on the command line. Call it from synchronous code:
+    the run gracefully, as on the command line, and the summary's
+    ``resume_command`` (also logged) continues it. Call it from synchronous code:
     it runs its own event loop (from ``async`` code, use :func:`build_controller`).
     """
     _outside_a_loop()
     cfg = resolve_config(config, overrides)
     _both_or_neither(engines, trainer, "train")
     backends = None if engines is None or trainer is None else (list(engines), trainer)
-    return run_train(cfg, run_dir, task=task, backends=backends, extra_sinks=sinks,
-                     overwrite=overwrite)
+    summary = run_train(cfg, run_dir, task=task, backends=backends, extra_sinks=sinks,
+                        overwrite=overwrite, spelling=PYTHON)
+    if summary.get("resume_command"):  # stopped before max_num_steps: the CLI prints it too
+        log.warning("the run stopped before grpo.max_num_steps (%s); continue it with: %s",
+                    summary["stop_reason"], summary["resume_command"])
+    return summary
 
 
 @contextlib.asynccontextmanager

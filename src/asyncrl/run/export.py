@@ -178,12 +178,14 @@ def export_checkpoint(run_dir: str | Path, out_dir: str | Path, *, step: int | N
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
-        raise CheckpointError(f"{run_dir}: no such run directory")
+        what = "is a file, not a run directory" if run_dir.is_file() else "no such run directory"
+        raise CheckpointError(f"{run_dir}: {what}; asyncrl export's RUN_DIR takes a directory "
+                              "that asyncrl train wrote (its --run-dir)")
     check_out_dir(run_dir, Path(out_dir), force=force)
     if best:
         step = best_step(run_dir)
     if step is None:
-        ckpt = load_latest(run_dir)
+        ckpt = load_latest(run_dir, argument="asyncrl export's RUN_DIR")
         step, config_yaml, state = ckpt.step, ckpt.config_yaml, ckpt.trainer_state
     else:
         found = {int(p.name.split("-")[-1]): p for p in list_checkpoints(run_dir)}

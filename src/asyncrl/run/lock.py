@@ -63,6 +63,24 @@ def live_holder(run_dir: str | Path) -> int | None:
         os.close(fd)  # releases the shared lock, if taken
 
 
+def _in_use(path: Path, pid: int | None) -> RunDirInUse:
+    who = f"pid {pid}" if pid is not None else "a process that is just starting"
+    return RunDirInUse(
+        f"{path} is in use by another asyncrl run ({who}): two runs in one directory "
+        "would mix their checkpoints, metrics and ledgers. Wait for it to end (or stop "
+        "it), or pick another --run-dir"
+    )
+
+
+def refuse_if_in_use(run_dir: str | Path) -> None:
+    """Raise :func:`run_dir_lock`'s error now when another process holds
+    ``run_dir``: for a command that says what it will do there before it takes
+    the lock (``--resume``), so that it never announces what it cannot do."""
+    pid = live_holder(run_dir)
+    if pid is not None and pid != os.getpid():
+        raise _in_use(Path(run_dir), pid if pid > 0 else None)
+
+
 @contextlib.contextmanager
 def run_dir_lock(run_dir: str | Path) -> Iterator[Path]:
     """Hold ``run_dir``'s lock meanwhile (the directory is created if needed);
@@ -75,13 +93,7 @@ def run_dir_lock(run_dir: str | Path) -> Iterator[Path]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            pid = holder_pid(path)
-            who = f"pid {pid}" if pid is not None else "a process that is just starting"
-            raise RunDirInUse(
-                f"{path} is in use by another asyncrl run ({who}): two runs in one directory "
-                "would mix their checkpoints, metrics and ledgers. Wait for it to end (or stop "
-                "it), or pick another --run-dir"
-            ) from None
+            raise _in_use(path, holder_pid(path)) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield path
@@ -89,4 +101,5 @@ def run_dir_lock(run_dir: str | Path) -> Iterator[Path]:
         os.close(fd)  # releases the lock
 
 
-__all__ = ["LOCK_FILE", "RunDirInUse", "holder_pid", "live_holder", "run_dir_lock"]
+__all__ = ["LOCK_FILE", "RunDirInUse", "holder_pid", "live_holder", "refuse_if_in_use",
+           "run_dir_lock"]

@@ -95,6 +95,10 @@ def prepare_resume(run_dir: str | Path, overrides: list[str]) -> tuple[RunConfig
     the differences named.
     """
     run_dir = Path(run_dir)
+    if run_dir.is_file():  # often a config file, given to --resume instead of --config
+        raise CheckpointError(
+            f"--resume {run_dir} is a file, not a run directory: --resume takes the directory "
+            "a run wrote (its --run-dir); to start a run from a YAML config, pass it to --config")
     if not run_dir.is_dir():
         raise CheckpointError(f"--resume {run_dir}: no such run directory")
     ckpt = load_latest(run_dir, resumable=True)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from asyncrl._util.jsonio import dumps, read_json, read_jsonl, write_json, write_text_atomic
@@ -39,6 +40,32 @@ RUN_DIRS = ("checkpoints", "tb", "plots", "final", "vllm_model", "wandb")
 SIM_INDEXES = ("results.json", "frontier.json")
 
 
+@dataclass(frozen=True)
+class Spelling:
+    """How an error about the run directory names what to pass next, in the
+    caller's terms: the command line's options, or :func:`asyncrl.train`'s
+    keywords (a script has no ``--overwrite`` to add). Each form holds ``{}``
+    for a path."""
+
+    run_dir: str  # the argument itself
+    run_dir_form: str
+    overwrite: str
+    resume_form: str  # the command that continues a run
+
+    def run_dir_is(self, path: Path) -> str:
+        return self.run_dir_form.format(str(path))
+
+    def resume(self, path: Path) -> str:
+        return self.resume_form.format(str(path))
+
+
+COMMAND_LINE = Spelling(run_dir="--run-dir", run_dir_form="--run-dir {}",
+                        overwrite="--overwrite", resume_form="asyncrl train --resume {}")
+#: asyncrl.train starts runs; continuing one is the command line's.
+PYTHON = Spelling(run_dir="run_dir", run_dir_form="run_dir={!r}", overwrite="overwrite=True",
+                  resume_form="asyncrl train --resume {} (on the command line)")
+
+
 def new_run_dir(prefix: str = "train", base: str | Path = "runs") -> Path:
     import datetime as _dt
 
@@ -51,24 +78,27 @@ def new_run_dir(prefix: str = "train", base: str | Path = "runs") -> Path:
     return path
 
 
-def check_run_dir(run_dir: str | Path | None, *, overwrite: bool = False) -> Path:
+def check_run_dir(run_dir: str | Path | None, *, overwrite: bool = False,
+                  spelling: Spelling = COMMAND_LINE) -> Path:
     """The directory a new run may write to; raises, changing nothing, if it may not.
 
     ``None``: a new ``runs/train-<timestamp>``. A directory that holds anything
-    is refused, unless ``overwrite`` and it is an old run directory.
+    is refused, unless ``overwrite`` and it is an old run directory. The errors
+    name the arguments as ``spelling`` does.
     """
     if run_dir is None:
         return new_run_dir()
+    arg = spelling.run_dir
     if isinstance(run_dir, str) and not run_dir.strip():
         raise ConfigError(
-            "--run-dir is empty; give a directory path, or leave --run-dir out to write "
+            f"{arg} is empty; give a directory path, or leave {arg} out to write "
             "to runs/train-<timestamp>"
         )
     path = Path(run_dir)
     if path.exists() and not path.is_dir():
         raise ConfigError(
-            f"--run-dir {path} is a file, not a directory; give the path of a directory (it "
-            "is created if it does not exist)"
+            f"{spelling.run_dir_is(path)} is a file, not a directory; give the path of a "
+            "directory (it is created if it does not exist)"
         )
     contents = sorted(p.name for p in path.iterdir() if p.name != LOCK_FILE) if path.is_dir() else []
     if not contents:
@@ -76,9 +106,9 @@ def check_run_dir(run_dir: str | Path | None, *, overwrite: bool = False) -> Pat
     listing = ", ".join(contents[:6]) + (", ..." if len(contents) > 6 else "")
     if not any(name in RUN_FILES or name in RUN_DIRS for name in contents):
         raise ConfigError(
-            f"--run-dir {path} is not empty ({listing}) and is not an asyncrl run directory; "
-            "a run needs an empty or new directory (--overwrite only ever deletes a run's own "
-            "files). Pick another --run-dir"
+            f"{spelling.run_dir_is(path)} is not empty ({listing}) and is not an asyncrl run "
+            f"directory; a run needs an empty or new directory ({spelling.overwrite} only ever "
+            f"deletes a run's own files). Pick another {arg}"
         )
     # Only advice that is accepted when followed: a live run's directory can be
     # neither resumed nor overwritten, and --resume needs a checkpoint.
@@ -86,17 +116,17 @@ def check_run_dir(run_dir: str | Path | None, *, overwrite: bool = False) -> Pat
     if pid is not None and pid != os.getpid():  # (this process: checked under its own lock)
         who = f"pid {pid}" if pid > 0 else "a process that is just starting"
         raise RunDirInUse(
-            f"--run-dir {path} holds a run that is running now ({who}); it can be neither "
-            f"resumed nor overwritten while it runs. Pick another --run-dir, e.g. --run-dir "
-            f"{free_sibling(path)}, or wait for that run to end"
+            f"{spelling.run_dir_is(path)} holds a run that is running now ({who}); it can be "
+            f"neither resumed nor overwritten while it runs. Pick another {arg}, e.g. "
+            f"{spelling.run_dir_is(free_sibling(path))}, or wait for that run to end"
         )
     if not overwrite and not never_trained(path):
-        resume = (f"Continue it with: asyncrl train --resume {path}; "
+        resume = (f"Continue it with: {spelling.resume(path)}; "
                   if list_checkpoints(path) else "It has no checkpoint to resume from. ")
         raise ConfigError(
-            f"--run-dir {path} already holds a run ({listing}). {resume}start it over with "
-            "--overwrite (deletes its checkpoints, metrics and plots); or pick another "
-            f"--run-dir, e.g. --run-dir {free_sibling(path)}"
+            f"{spelling.run_dir_is(path)} already holds a run ({listing}). {resume}start it "
+            f"over with {spelling.overwrite} (deletes its checkpoints, metrics and plots); or "
+            f"pick another {arg}, e.g. {spelling.run_dir_is(free_sibling(path))}"
         )
     return path
 
@@ -151,12 +181,12 @@ def never_trained(path: Path) -> bool:
 
 
 def prepare_run_dir(run_dir: str | Path | None, *, overwrite: bool = False,
-                    reuse: str | Path | None = None) -> Path:
+                    reuse: str | Path | None = None, spelling: Spelling = COMMAND_LINE) -> Path:
     """:func:`check_run_dir`, then create the directory (emptied of an old run's
     files with ``overwrite``, or when the old run never trained; nothing else in
     it is touched). The old run's autopilot profile goes too, unless it is the
     one ``reuse`` (``async_rl.autopilot.reuse``) starts the new run from."""
-    path = check_run_dir(run_dir, overwrite=overwrite)
+    path = check_run_dir(run_dir, overwrite=overwrite, spelling=spelling)
     if path.is_dir():
         for name in RUN_FILES:
             (path / name).unlink(missing_ok=True)

@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import shlex
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -53,11 +54,13 @@ from asyncrl.rollouts import apply_rollout
 from asyncrl.run.backends import build_backends, own_backend
 from asyncrl.run.export import export_final
 from asyncrl.run.fleet_channel import fleet_channel
-from asyncrl.run.lock import run_dir_lock
+from asyncrl.run.lock import refuse_if_in_use, run_dir_lock
 from asyncrl.run.preflight import preflight
 from asyncrl.run.resume import config_changes, nothing_to_do, prepare_resume, without_reuse
 from asyncrl.run.rundir import (
     AUTOPILOT_FILE,
+    COMMAND_LINE,
+    Spelling,
     autopilot_files,
     check_run_dir,
     fork_run_dir,
@@ -90,6 +93,8 @@ def train(
     resume: LoadedCheckpoint | None = None,
     overwrite: bool = False,
     planner_factory: Callable[[RunConfig], Planner] | None = None,
+    overrides: Sequence[str] = (),
+    spelling: Spelling = COMMAND_LINE,
 ) -> RunDirSummary:
     """Run async GRPO as configured; returns the summary written to ``summary.json``.
 
@@ -105,13 +110,16 @@ def train(
     SIGINT / SIGTERM stop the run gracefully (see :mod:`asyncrl.run.signals`).
     ``planner_factory`` builds the planner of the model-based autopilot modes
     from the config (``asyncrl train`` gives :class:`asyncrl.sim.planner.ModelPlanner`).
+    ``overrides``: a resume's command-line overrides, for the command a stop
+    during start-up suggests. ``spelling``: how errors name the arguments.
     """
     began = time.monotonic()  # start-up, reported in the summary, counts from here
     cfg = without_reuse(cfg) if resume else cfg  # resumed: the checkpoint's setting wins
     with sigterm_as_interrupt():
         home = resume.path.parent.parent if resume is not None else None
         fresh = home is None or (run_dir is not None and Path(run_dir).resolve() != home.resolve())
-        run_dir = check_run_dir(run_dir, overwrite=overwrite) if fresh else home
+        run_dir = (check_run_dir(run_dir, overwrite=overwrite, spelling=spelling) if fresh
+                   else home)
         # Every pre-run check, before anything is written (asyncrl validate runs the same).
         checked = preflight(cfg, task=task, backends=backends)
         task, evaluator = checked.task, checked.evaluator
@@ -124,7 +132,8 @@ def train(
         with run_dir_lock(run_dir):
             try:
                 if fresh:  # a new run, or a fork of ``resume``; checked again, under the lock
-                    prepare_run_dir(run_dir, overwrite=overwrite, reuse=pilot.reuse)
+                    prepare_run_dir(run_dir, overwrite=overwrite, reuse=pilot.reuse,
+                                    spelling=spelling)
                 engines, trainer = (backends if backends is not None else build_backends(
                     cfg, task, work_dir=run_dir, policy_tokenizer=checked.tokenizer))
                 if cfg.task.rollout is not None:  # each group runs the task's rollout function
@@ -143,16 +152,21 @@ def train(
                     asyncio.run(run.close())
                     raise
             except KeyboardInterrupt as stop:  # Ctrl-C while starting (vLLM takes minutes)
-                add_note(stop, _start_again_hint(run_dir))
+                add_note(stop, _start_again_hint(run_dir, cfg, overrides))
                 raise
             return run.execute(resume, snapshots)
 
 
-def _start_again_hint(run_dir: Path) -> str:
-    """What to run after a stop during start-up: nothing was trained by this run."""
+def _start_again_hint(run_dir: Path, cfg: RunConfig, overrides: Sequence[str]) -> str:
+    """What to run after a stop during start-up: nothing was trained by this run.
+    A resume's ``overrides`` reach the run's config.yaml just before its first
+    step: until then the hint repeats them (else it would resume with the old
+    values: a max_num_steps already reached has "nothing to do")."""
     if list_checkpoints(run_dir):
-        return (f"stopped while starting, before its first step; resume with: "
-                f"asyncrl train --resume {run_dir}")
+        saved = run_dir / "config.yaml"
+        unsaved = () if saved.is_file() and saved.read_text() == dump_config(cfg) else overrides
+        command = shlex.join(["asyncrl", "train", "--resume", str(run_dir), *unsaved])
+        return f"stopped while starting, before its first step; resume with: {command}"
     return ("stopped while starting, before its first step: nothing was trained, the "
             "same command starts it again")
 
@@ -452,13 +466,16 @@ def resume_run(run_dir: str | Path, overrides: list[str], *, fork_to: str | Path
     valid checkpoint, in place or forked into ``fork_to`` (RUN_DIR is then not
     changed). Returns None, changing nothing, when there is nothing left to do."""
     run_dir = Path(run_dir)
+    forking = fork_to is not None and Path(fork_to).resolve() != run_dir.resolve()
+    if not forking:  # a live run there: refused before anything is announced
+        refuse_if_in_use(run_dir)
     cfg, ckpt = prepare_resume(run_dir, overrides)
     idle = nothing_to_do(run_dir, ckpt, cfg)
     if idle is not None:
         print(idle)
         return None
     target = run_dir
-    if fork_to is not None and Path(fork_to).resolve() != run_dir.resolve():
+    if forking:
         target = check_run_dir(fork_to, overwrite=overwrite)  # train prepares it
     saved = config_from_dict(load_yaml(ckpt.config_yaml, "checkpoint config"))
     changes = config_changes(saved, cfg)
@@ -474,4 +491,5 @@ def resume_run(run_dir: str | Path, overrides: list[str], *, fork_to: str | Path
               f"into {target}; {run_dir} is not changed")
     else:
         print(f"asyncrl: resuming {run_dir} from {ckpt.path.name} (trainer version {ckpt.step})")
-    return train(cfg, target, resume=ckpt, overwrite=overwrite, planner_factory=planner_factory)
+    return train(cfg, target, resume=ckpt, overwrite=overwrite, planner_factory=planner_factory,
+                 overrides=overrides)

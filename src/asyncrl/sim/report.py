@@ -66,16 +66,31 @@ def table_cells(result: SimResult) -> list[str]:
 
 
 def rich_table(results: Sequence[SimResult], *, title: str = "") -> Any:
+    """The table, with a mark, ``(n)``, in the note column of a row with a note;
+    the notes go under it (:func:`table_notes`). At 160 columns the other
+    columns leave the note column a few characters: a note in it took a line
+    per word."""
     from rich.table import Table
 
     table = Table(title=title or None, title_justify="left")
     for name in TABLE_COLUMNS:
         numeric = name not in ("policy", "note")
         table.add_column(name, justify="right" if numeric else "left",
-                         overflow="fold", no_wrap=name != "note")
+                         overflow="fold", no_wrap=True)
+    noted = 0
     for result in results:
-        table.add_row(*table_cells(result))
+        cells = table_cells(result)
+        if result.note:
+            noted += 1
+            cells[-1] = f"({noted})"
+        table.add_row(*cells)
     return table
+
+
+def table_notes(results: Sequence[SimResult]) -> list[str]:
+    """The notes :func:`rich_table` marks, one line each: ``(n) policy: note``."""
+    return [f"({n}) {r.sampler}: {r.note}"
+            for n, r in enumerate((r for r in results if r.note), start=1)]
 
 
 def plain_table(results: Sequence[SimResult]) -> str:

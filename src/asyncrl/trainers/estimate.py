@@ -139,12 +139,21 @@ def format_bytes(n: float) -> str:
     return f"{n:.0f} B"
 
 
+def format_count(n: float) -> str:
+    """A parameter count, as :func:`format_bytes` writes bytes: one decimal of the
+    largest unit it reaches (``82.3 K``, ``166.0 M``, ``1.5 B``)."""
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n:.0f}"
+
+
 def describe(est: MemoryEstimate) -> list[tuple[str, str]]:
     """``(part, value)`` rows for a table."""
     fb = format_bytes
-    rows = [
-        ("parameters", f"{est.parameters / 1e6:.1f} M, {fb(est.param_bytes)}"),
-        ("trainable", f"{est.trainable / 1e6:.2f} M"),
+    rows = [  # the two counts in one format: "trainable" reads against "parameters"
+        ("parameters", f"{format_count(est.parameters)}, {fb(est.param_bytes)}"),
+        ("trainable", format_count(est.trainable)),
     ]
     if est.master_bytes:
         rows.append(("float32 master weights", fb(est.master_bytes)))
