@@ -45,6 +45,40 @@ def test_abort_on_the_trainer_side_fails_the_run() -> None:
         run_virtual(ctl.run())
 
 
+class BlockingTrainer(FakeTrainer):
+    """At step ``at``, blocks the event loop for ``seconds`` in train_chunk, as a
+    trainer calling blocking code inside its async method would (in virtual
+    time: the clock moves while the callback runs, and nothing else can)."""
+
+    def __init__(self, at: int, seconds: float) -> None:
+        super().__init__(step_time=2.0)
+        self.at, self.seconds = at, seconds
+
+    async def train_chunk(self, rollouts, *, step: int):
+        if step == self.at:
+            self.at = -1  # once
+            asyncio.get_running_loop()._advance(self.seconds)  # JumpClockLoop's clock
+        return await super().train_chunk(rollouts, step=step)
+
+
+@pytest.mark.parametrize("action", ["warn", "abort"])
+def test_a_blocked_event_loop_is_named_not_blamed_on_a_side(action: str, caplog) -> None:
+    # When the loop comes back the trainer is mid-step: the old message blamed
+    # "the trainer side ... running for 0s", and abort raised instead of stopping.
+    ctl = make_controller(IN_ORDER, trainer=BlockingTrainer(2, 100.0), steps=4,
+                          stall_watchdog=watchdog(action))
+    with caplog.at_level(logging.WARNING, "asyncrl.controller"):
+        result = run_virtual(ctl.run(), loop="jump")
+    says = "the event loop was blocked - the watchdog's own timer fired"
+    if action == "warn":
+        lines = [r.getMessage() for r in caplog.records if "stall_action: warn" in r.getMessage()]
+        assert len(lines) == 1 and says in lines[0], lines
+        assert result.stop_reason == "max_num_steps"
+    else:  # the loop runs again: a graceful stop with a checkpoint, not a RolloutStall
+        assert result.stop_reason == "stalled" and says in result.summary["stop_message"]
+    assert result.summary["ledger"]["balanced"]
+
+
 class HangingEngine(FakeEngine):
     """Never answers for one prompt (until released)."""
 

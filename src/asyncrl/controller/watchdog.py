@@ -13,6 +13,14 @@ rollout side (the train pump waits for groups that do not come). Then, by
   :class:`~asyncrl.errors.RolloutStall`: a trainer that does not answer cannot
   be checkpointed.
 
+A stall can also be the event loop itself, blocked by a component that runs
+blocking code inside an ``async`` method (an engine's ``generate`` calling
+``time.sleep``, a reward doing a blocking request): then no side is at fault
+and nothing async runs at all. The watchdog sees that as its own timer firing
+late, by at least :func:`blocked_after` seconds, and says so instead of naming
+whichever side happened to be busy when the loop came back (``abort`` then
+stops gracefully: the loop runs again, so the state can be checkpointed).
+
 It waits on one timer per stall deadline (and one per interval while a stall
 lasts), never polls. ``asyncrl simulate`` runs without it: a wall-clock safety
 net has no meaning in virtual time, where deadlocks are caught exactly.
@@ -47,21 +55,50 @@ class StallWatchdog:
 
     async def run(self) -> None:
         ctx, cfg = self.ctx, self.cfg
+        late = 0.0  # how late the last wake-up came: the loop was blocked that long
         while True:
             wait = ctx.last_progress + cfg.stall_timeout_s - ctx.now()
             if wait > 0:
-                await asyncio.sleep(wait)
+                late = await self._sleep(wait)
                 continue
-            message, trainer_side = self.describe(ctx.now() - ctx.last_progress)
+            stalled_for = ctx.now() - ctx.last_progress
+            if late >= blocked_after(cfg.stall_timeout_s):
+                message, trainer_side = blocked_message(stalled_for, cfg.stall_timeout_s,
+                                                        late), False
+            else:
+                message, trainer_side = self.describe(stalled_for)
             if cfg.stall_action == "warn":
                 self.warnings += 1
                 log.warning("%s (stall_action: warn: the run goes on)", message)
-                await asyncio.sleep(cfg.interval_s)
+                late = await self._sleep(cfg.interval_s)
                 continue
             if trainer_side:
                 raise RolloutStall(message)
             self.stop(StopReason.STALLED, message)
             return
+
+
+    async def _sleep(self, seconds: float) -> float:
+        """Sleep ``seconds``; returns how much later than that the loop woke us."""
+        due = self.ctx.now() + seconds
+        await asyncio.sleep(seconds)
+        return max(0.0, self.ctx.now() - due)
+
+
+def blocked_after(timeout: float) -> float:
+    """Lateness of the watchdog's timer that means the loop was blocked: a busy
+    but healthy loop is late by milliseconds, never by a tenth of the timeout
+    (and never by a second)."""
+    return max(1.0, 0.1 * timeout)
+
+
+def blocked_message(stalled_for: float, timeout: float, late: float) -> str:
+    return (f"no prompt group committed and no training step finished for {stalled_for:.0f}s "
+            f"(async_rl.stall_watchdog.stall_timeout_s={timeout:g}): the event loop was "
+            f"blocked - the watchdog's own timer fired {late:.0f}s late, so nothing async ran "
+            "meanwhile. A component runs blocking code inside an async method (an engine's "
+            "generate, a reward, the sampler, a hook: time.sleep, a blocking request, long "
+            "CPU work): run that code with asyncio.to_thread or in a process")
 
 
 def stall_message(stalled_for: float, timeout: float, activity: tuple[str, float],
@@ -81,4 +118,4 @@ def stall_message(stalled_for: float, timeout: float, activity: tuple[str, float
         "stall_timeout_s for slow generation"), False
 
 
-__all__ = ["StallWatchdog", "stall_message"]
+__all__ = ["StallWatchdog", "blocked_after", "blocked_message", "stall_message"]
