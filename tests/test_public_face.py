@@ -25,7 +25,7 @@ from asyncrl.config.strict_yaml import load_yaml
 from asyncrl.errors import ConfigError, UsageError
 from asyncrl.run import assemble
 from asyncrl.sampling import create_sampler
-from tests.fakes import FakeEngine, FakeTrainer, InlineScorer
+from tests.fakes import FakeEngine, FakeTask, FakeTrainer, InlineScorer
 
 REPO = Path(__file__).resolve().parents[1]
 QUICK = REPO / "examples" / "quickstart.yaml"
@@ -175,11 +175,59 @@ def test_train_speaks_to_its_python_caller_about_an_old_run_and_how_to_resume(
         asyncrl.train(QUICK, run_dir=run, **steps)
     text = str(err.value)
     assert text.startswith(f"run_dir={str(run)!r} already holds a run"), text
-    assert (f"Continue it with: asyncrl train --resume {run} (on the command line); start it "
+    assert (f"Continue it with: asyncrl.train(resume={str(run)!r}); start it "
             "over with overwrite=True") in text
     assert f"pick another run_dir, e.g. run_dir={str(run) + '-2'!r}" in text
     assert "--overwrite" not in text and "--run-dir" not in text
     assert asyncrl.train(QUICK, run_dir=run, overwrite=True, **steps)["steps"] == 4
+
+
+class OtherTask(FakeTask):
+    name = "other"
+
+
+FAKES_CONFIG = {"grpo": {"num_prompts_per_step": 2, "num_generations_per_prompt": 2},
+                "async_rl": {"sampler": {"name": "in_order", "max_lookahead_versions": 1},
+                             "max_buffered_rollouts": 4, "min_groups_for_streaming_train": 2,
+                             "max_inflight_prompts": 4},
+                "logging": {"progress": "never", "tensorboard": False, "plots": False},
+                "checkpoint": {"every_steps": 1}}
+
+
+@pytest.mark.e2e
+def test_a_run_with_components_from_python_resumes_only_with_them(tmp_path: Path,
+                                                                    capsys) -> None:
+    """A new user's trial: a run given its task in Python resumed from the command
+    line on the config's built-in task, without a word (other prompts; with another
+    vocabulary, a size mismatch deep in the model)."""
+    run = tmp_path / "run"
+
+    def fakes() -> dict[str, Any]:
+        return {"engines": [FakeEngine(0.0)], "trainer": FakeTrainer(step_time=0.0)}
+
+    summary = asyncrl.train(FAKES_CONFIG, run_dir=run, task=FakeTask(), **fakes(),
+                            grpo__max_num_steps=2)
+    assert summary["steps"] == 2
+    assert json.loads((run / "components.json").read_text())["task"] == "tests.fakes.FakeTask"
+
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run), "grpo.max_num_steps=4"]) == 2
+    err = capsys.readouterr().err
+    assert "was trained with components passed to asyncrl.train in Python (task " \
+           "tests.fakes.FakeTask, engines ['tests.fakes.FakeEngine']" in err, err
+    assert f"asyncrl.train(resume={str(run)!r}, task=..., engines=..., trainer=...)" in err
+    with pytest.raises(ConfigError, match=r"passed to asyncrl\.train in Python \(task "):
+        asyncrl.train(resume=run, grpo__max_num_steps=4)
+    with pytest.raises(ConfigError, match=r"with task tests\.test_public_face\.OtherTask: it "
+                                          r"trained with the task tests\.fakes\.FakeTask"):
+        asyncrl.train(resume=run, task=OtherTask(), **fakes(), grpo__max_num_steps=4)
+    assert json.loads((run / "summary.json").read_text())["steps"] == 2  # nothing ran
+
+    resumed = asyncrl.train(resume=run, task=FakeTask(), **fakes(), grpo__max_num_steps=4)
+    assert resumed["steps"] == 4 and resumed["ledger"]["balanced"]
+    assert resumed["ledger"]["trained"] == 4 * 2
+    with pytest.raises(UsageError, match="not both"):
+        asyncrl.train(FAKES_CONFIG, resume=run)
 
 
 def test_train_refuses_a_bad_override_before_it_writes_anything(tmp_path: Path) -> None:

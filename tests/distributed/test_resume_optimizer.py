@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from asyncrl.config import load_config
-from asyncrl.run.train import resume_run, train
+from asyncrl.run.resume_run import resume_run
+from asyncrl.run.train import train
 from tests.checkpoint.test_resume_changes import LR, NEW_LR, check_lr_trains
 from tests.distributed.test_runs import FSDP2, QUIET, ROOT, SMALL
 

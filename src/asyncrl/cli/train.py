@@ -40,7 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     console = Console()
     if args.resume:
-        from asyncrl.run.train import resume_run
+        from asyncrl.run.resume_run import resume_run
 
         if args.overwrite and args.run_dir is None:
             raise ConfigError("--overwrite applies to a new --run-dir (a fork with --resume); "

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -27,6 +28,7 @@ from asyncrl.errors import UsageError
 from asyncrl.rollouts import apply_rollout
 from asyncrl.run.backends import build_backends, own_backend
 from asyncrl.run.preflight import preflight
+from asyncrl.run.resume_run import resume_run
 from asyncrl.run.rundir import PYTHON
 from asyncrl.run.train import train as run_train
 from asyncrl.tasks import build_scorer
@@ -48,16 +50,17 @@ log = logging.getLogger("asyncrl.assemble")
 
 
 def train(
-    config: ConfigSource,
+    config: ConfigSource | None = None,
     *,
     run_dir: str | Path | None = None,
+    resume: str | Path | None = None,
     task: Task | None = None,
     engines: Sequence[RolloutEngine] | None = None,
     trainer: Trainer | None = None,
     sinks: Sequence[MetricsSink] = (),
     overwrite: bool = False,
     **overrides: Any,
-) -> RunDirSummary:
+) -> RunDirSummary | None:
     """Run async GRPO as ``asyncrl train --config ... key.path=value`` does; returns
     the summary it writes to ``run_dir/summary.json``.
 
@@ -71,16 +74,43 @@ def train(
     the run gracefully, as on the command line, and the summary's
     ``resume_command`` (also logged) continues it. Call it from synchronous code:
     it runs its own event loop (from ``async`` code, use :func:`build_controller`).
+
+    ``resume``: instead of ``config``, the directory of a run to continue from its
+    newest checkpoint, as ``asyncrl train --resume RUN`` does (``overrides`` on
+    top of its config.yaml; ``run_dir``: fork it there). A run that got its
+    ``task``, ``engines`` or ``trainer`` here must be resumed here, passing them
+    again (:mod:`asyncrl.run.components`). Returns None when nothing is left to do.
     """
     _outside_a_loop()
-    cfg = resolve_config(config, overrides)
     _both_or_neither(engines, trainer, "train")
     backends = None if engines is None or trainer is None else (list(engines), trainer)
-    summary = run_train(cfg, run_dir, task=task, backends=backends, extra_sinks=sinks,
-                        overwrite=overwrite, spelling=PYTHON)
+    if resume is not None:
+        if config is not None:
+            raise UsageError("train: pass a config for a new run or resume=RUN_DIR to continue "
+                             "one (it runs with that run's config.yaml), not both; change its "
+                             "settings with keyword overrides")
+        summary = resume_run(resume, _as_overrides(overrides), fork_to=run_dir,
+                             overwrite=overwrite, task=task, backends=backends,
+                             extra_sinks=sinks, spelling=PYTHON)
+        if summary is None:
+            return None
+    else:
+        if config is None:
+            raise UsageError("train: pass a config (a RunConfig, a dict or a YAML path), or "
+                             "resume=RUN_DIR to continue a run")
+        summary = run_train(resolve_config(config, overrides), run_dir, task=task,
+                            backends=backends, extra_sinks=sinks, overwrite=overwrite,
+                            spelling=PYTHON)
     if summary.get("resume_command"):  # stopped before max_num_steps: the CLI prints it too
+        command = summary["resume_command"]
+        if (task is not None or backends is not None) and "--resume" in command:
+            # Its components came from here: only a Python resume passes them again.
+            passed = ", ".join(f"{name}=..." for name, value in
+                               (("task", task), ("engines", engines), ("trainer", trainer))
+                               if value is not None)
+            command = f"asyncrl.train(resume={summary['run_dir']!r}, {passed})"
         log.warning("the run stopped before grpo.max_num_steps (%s); continue it with: %s",
-                    summary["stop_reason"], summary["resume_command"])
+                    summary["stop_reason"], command)
     return summary
 
 
@@ -144,6 +174,11 @@ async def build_controller(
             evaluator=evaluator if evaluator is not None else checked.evaluator,
             ledger_history=ledger_history, buffer=buffer, sampler=sampler, prompts=prompts,
         )
+
+
+def _as_overrides(keywords: dict[str, Any]) -> list[str]:
+    """Keyword overrides as the command line's ``key.path=value`` (JSON is YAML)."""
+    return [f"{name.replace('__', '.')}={json.dumps(value)}" for name, value in keywords.items()]
 
 
 def _both_or_neither(engines: Any, trainer: Any, entry: str) -> None:

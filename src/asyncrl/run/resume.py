@@ -1,6 +1,6 @@
 """Preparing ``asyncrl train --resume RUN_DIR``: the newest valid checkpoint and the
 config to continue with, refused when a setting that shapes the checkpoint's
-state changed (:func:`asyncrl.run.train.resume_run` runs it; the checkpoints
+state changed (:func:`asyncrl.run.resume_run.resume_run` runs it; the checkpoints
 are written by :class:`asyncrl.checkpoint.CheckpointHook`)."""
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from asyncrl.run.lock import LOCK_FILE, RunDirInUse, live_holder
 
 #: What a run writes into its directory (docs/design.md, "What a run writes"); --overwrite deletes these only.
 RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json", "timeline.json", "ledger.jsonl",
-             "vllm.log", "autopilot.jsonl")
+             "vllm.log", "autopilot.jsonl", "components.json")
 #: The autopilot's decisions, one JSON object a line (docs/autopilot.md).
 AUTOPILOT_FILE = "autopilot.jsonl"
 #: (The autopilot's profile, PROFILE_FILE, is deleted with them unless the new
@@ -61,9 +61,8 @@ class Spelling:
 
 COMMAND_LINE = Spelling(run_dir="--run-dir", run_dir_form="--run-dir {}",
                         overwrite="--overwrite", resume_form="asyncrl train --resume {}")
-#: asyncrl.train starts runs; continuing one is the command line's.
 PYTHON = Spelling(run_dir="run_dir", run_dir_form="run_dir={!r}", overwrite="overwrite=True",
-                  resume_form="asyncrl train --resume {} (on the command line)")
+                  resume_form="asyncrl.train(resume={!r})")
 
 
 def new_run_dir(prefix: str = "train", base: str | Path = "runs") -> Path:

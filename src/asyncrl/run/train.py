@@ -39,8 +39,7 @@ from asyncrl._util.jsonio import write_json, write_text_atomic
 from asyncrl.checkpoint import CheckpointHook, LoadedCheckpoint, iter_checkpoints
 from asyncrl.checkpoint.hook import ENGINE_SNAPSHOTS
 from asyncrl.checkpoint.store import list_checkpoints, set_aside_newer
-from asyncrl.config import RunConfig, config_from_dict, dump_config
-from asyncrl.config.strict_yaml import load_yaml
+from asyncrl.config import RunConfig, dump_config
 from asyncrl.controller import Controller, JsonlHistory, RunDirSummary
 from asyncrl.controller.autoplan import Planner
 from asyncrl.controller.evaluation import Evaluator
@@ -52,11 +51,12 @@ from asyncrl.metrics.report import write_plots
 from asyncrl.policy.build import PolicyTokenizer
 from asyncrl.rollouts import apply_rollout
 from asyncrl.run.backends import build_backends, own_backend
+from asyncrl.run.components import check_resume, given, record
 from asyncrl.run.export import export_final
 from asyncrl.run.fleet_channel import fleet_channel
-from asyncrl.run.lock import refuse_if_in_use, run_dir_lock
+from asyncrl.run.lock import run_dir_lock
 from asyncrl.run.preflight import preflight
-from asyncrl.run.resume import config_changes, nothing_to_do, prepare_resume, without_reuse
+from asyncrl.run.resume import without_reuse
 from asyncrl.run.rundir import (
     AUTOPILOT_FILE,
     COMMAND_LINE,
@@ -115,8 +115,11 @@ def train(
     """
     began = time.monotonic()  # start-up, reported in the summary, counts from here
     cfg = without_reuse(cfg) if resume else cfg  # resumed: the checkpoint's setting wins
+    components = given(task, backends)  # what came from Python, not from cfg
     with sigterm_as_interrupt():
         home = resume.path.parent.parent if resume is not None else None
+        if home is not None:
+            check_resume(home, components)
         fresh = home is None or (run_dir is not None and Path(run_dir).resolve() != home.resolve())
         run_dir = (check_run_dir(run_dir, overwrite=overwrite, spelling=spelling) if fresh
                    else home)
@@ -147,6 +150,7 @@ def train(
                         resume, snapshots = _restore(cfg, task, engines, trainer, resume, run_dir,
                                                      planner)
                     write_text_atomic(run_dir / "config.yaml", dump_config(cfg))
+                    record(run_dir, components)
                     run.build_controller(resume, extra_sinks)
                 except BaseException:
                     asyncio.run(run.close())
@@ -456,40 +460,3 @@ def finish_run_dir(run_dir: Path, controller: Controller, task: Task, cfg: RunCo
         except Exception as exc:  # plots are a convenience: never lose the summary over them
             log.warning("could not draw plots: %r", exc)
     return summary
-
-
-def resume_run(run_dir: str | Path, overrides: list[str], *, fork_to: str | Path | None = None,
-               overwrite: bool = False,
-               planner_factory: Callable[[RunConfig], Planner] | None = None,
-               ) -> RunDirSummary | None:
-    """``asyncrl train --resume RUN_DIR [--run-dir NEW]``: continue from the newest
-    valid checkpoint, in place or forked into ``fork_to`` (RUN_DIR is then not
-    changed). Returns None, changing nothing, when there is nothing left to do."""
-    run_dir = Path(run_dir)
-    forking = fork_to is not None and Path(fork_to).resolve() != run_dir.resolve()
-    if not forking:  # a live run there: refused before anything is announced
-        refuse_if_in_use(run_dir)
-    cfg, ckpt = prepare_resume(run_dir, overrides)
-    idle = nothing_to_do(run_dir, ckpt, cfg)
-    if idle is not None:
-        print(idle)
-        return None
-    target = run_dir
-    if forking:
-        target = check_run_dir(fork_to, overwrite=overwrite)  # train prepares it
-    saved = config_from_dict(load_yaml(ckpt.config_yaml, "checkpoint config"))
-    changes = config_changes(saved, cfg)
-    if changes:
-        print("asyncrl: settings changed since the checkpoint (config.yaml edits or "
-              "overrides):\n  " + "\n  ".join(changes))
-        if any(c.startswith("policy.optimizer.") for c in changes):
-            # asyncrl.trainers.optim.apply_optimizer_config, when the trainer loads.
-            print("asyncrl: the optimizer resumes with the checkpoint's moments and these "
-                  "hyper-parameters")
-    if target is not run_dir:
-        print(f"asyncrl: forking {run_dir} at {ckpt.path.name} (trainer version {ckpt.step}) "
-              f"into {target}; {run_dir} is not changed")
-    else:
-        print(f"asyncrl: resuming {run_dir} from {ckpt.path.name} (trainer version {ckpt.step})")
-    return train(cfg, target, resume=ckpt, overwrite=overwrite, planner_factory=planner_factory,
-                 overrides=overrides)
