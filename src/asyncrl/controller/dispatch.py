@@ -32,11 +32,12 @@ from asyncrl._util.compat import TaskGroup
 from asyncrl.controller.attempts import AttemptRunner, Exhausted, Fatal
 from asyncrl.controller.context import RunContext
 from asyncrl.controller.determinism import NoDeterminism
+from asyncrl.controller.dynamic_sampling import settle_owed
 from asyncrl.controller.entry import Entry, EntryState, entry_from_dict, entry_to_dict
 from asyncrl.controller.lookahead import Lookahead
 from asyncrl.controller.validation import groups_per_batch
 from asyncrl.engines.base import RolloutEngine
-from asyncrl.errors import BackendBug, DynamicSamplingBudgetExceeded, TooManyFailedGroups
+from asyncrl.errors import DynamicSamplingBudgetExceeded, TooManyFailedGroups
 from asyncrl.tasks.base import PromptSource, Scorer
 from asyncrl.types import (
     GroupId,
@@ -141,6 +142,9 @@ class Dispatcher:
                 self.placer_idle = False
                 continue
             entry = self.queue[0]
+            if entry.owed and (over := settle_owed(self.ctx.dynamic, entry)) is not None:
+                self.ctx.fail(over)  # still past the budget: it stays queued, the run stops
+                return
             if self.inflight >= self.max_inflight:  # read live: a re-tune may move it
                 self._set_state(entry, EntryState.AWAIT_INFLIGHT)
                 await self._permit_freed.wait()
@@ -296,12 +300,7 @@ class Dispatcher:
         except Exception as exc:
             # The group stays in flight (pending), as with any bug in a component:
             # the checkpoint keeps it and a resume, after the fix, scores it again.
-            error = BackendBug(
-                f"the filter {type(dynamic.filter).__qualname__} (grpo.dynamic_sampling.filter) "
-                f"raised {type(exc).__name__}: {exc} on group {gid!r}; a filter returns None "
-                "or a reason and never raises. Fix it, then resume the run")
-            error.__cause__ = exc
-            ctx.fail(error, key="grpo.dynamic_sampling.filter", group=gid)
+            ctx.fail(dynamic.filter_bug(exc, gid), key="grpo.dynamic_sampling.filter", group=gid)
             return False
         if reason is None:
             dynamic.kept()
@@ -311,17 +310,17 @@ class Dispatcher:
                             end_weight=entry.end_weight, reason=reason)
         ctx.drops.committed()  # it was generated and scored: an infra outage is over
         self._leave(entry, now)
-        try:
-            due = dynamic.filtered(entry, reason, assembling=ctx.assembling)
-        except DynamicSamplingBudgetExceeded as exc:
-            if not any(isinstance(e, DynamicSamplingBudgetExceeded) for e in ctx.fatal):
-                ctx.fail(exc)  # reported once, however many groups hit it meanwhile
-            return False
+        due = dynamic.filtered(entry, reason, assembling=ctx.assembling)
         replacement = ctx.drops.replacement(entry, self._draw, charged=False) if due else None
         if replacement is not None:
-            dynamic.replaced(entry.batch_index)
+            # Past the budget it is owed: it stays queued, for the resumed run to generate.
+            over = dynamic.replaced(entry.batch_index)
+            replacement.owed = over is not None
             self.queue.appendleft(replacement)
             self._queue_changed.fire()
+            if over is not None and not any(
+                    isinstance(e, DynamicSamplingBudgetExceeded) for e in ctx.fatal):
+                ctx.fail(over)  # reported once, however many groups hit it meanwhile
         return False
 
     def _leave(self, entry: Entry, now: float | None = None) -> None:
@@ -493,7 +492,8 @@ class Dispatcher:
         self.source.exhausted = bool(state["source_exhausted"])
         self.ctx.drops.load_state_dict(state.get("drops", {}))
         if self.ctx.dynamic is not None:
-            self.ctx.dynamic.load_state_dict(state.get("dynamic_sampling", {}))
+            self.ctx.dynamic.load_state_dict(state.get("dynamic_sampling", {}),
+                                             admitted=self.admitted)
         # A checkpoint from before the count: every prompt read is dispatched or waits.
         self.source.drawn = int(state.get("source_drawn", self.next_group + sum(
             len(ids) for ids in self.undispatched().values())))

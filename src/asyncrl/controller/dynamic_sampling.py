@@ -14,10 +14,20 @@ A rejected group is recorded ``filtered`` (it never takes a ready slot). While
 its batch still has ``n`` groups that may be kept (``k`` admitted, plus
 replacements, less the filtered ones), the over-sampled surplus absorbs it.
 Otherwise it is replaced through the failure path's machinery (a prompt from
-the spare pool, with the group's ``target_step`` stamp, pin and batch), until
-the replacement would go past the budget: then the run stops with
-:class:`~asyncrl.errors.DynamicSamplingBudgetExceeded`. A group stamped for a
+the spare pool, with the group's ``target_step`` stamp, pin and batch). A
+replacement that would go past the budget is queued all the same but *owed*
+(:attr:`~asyncrl.controller.entry.Entry.owed`): it is not generated, and the
+run stops with :class:`~asyncrl.errors.DynamicSamplingBudgetExceeded`. The
+checkpoint keeps it queued, so the run resumed after the fix generates it once
+the new setting allows (a higher ``max_gen_batches`` or ``batch_multiplier``, or
+``filter: none``) - its step gets the group an uninterrupted run would have
+replaced, rather than wait forever for it - and stops again at the same budget
+when nothing changed (:meth:`DynamicSampling.settle`). A group stamped for a
 step that has been trained already is not replaced: nothing waits for it.
+
+A batch keeps the size it was admitted with: one admitted before a resume
+that raised ``batch_multiplier`` has ``k`` groups of the old multiplier and a
+budget of ``max_gen_batches`` times the new ``k``.
 """
 
 from __future__ import annotations
@@ -29,8 +39,9 @@ from asyncrl.config import GRPOConfig
 from asyncrl.config.dynamic_sampling import DynamicSamplingConfig
 from asyncrl.controller.entry import Entry
 from asyncrl.controller.validation import groups_per_batch
-from asyncrl.errors import DynamicSamplingBudgetExceeded
+from asyncrl.errors import BackendBug, DynamicSamplingBudgetExceeded
 from asyncrl.sampling import GroupFilter, PromptGroupSampler, build_filter
+from asyncrl.types import GroupId
 
 #: Distinct filter reasons the summary counts one by one; the rest are "other".
 KEEP_REASONS = 20
@@ -51,10 +62,13 @@ class DynamicSampling:
         self.filter = group_filter
         self.n = groups_per_step
         self.k = groups_per_batch
-        #: Replacements one batch may make: (max_gen_batches - 1) more batches' worth.
-        self.max_replacements = (cfg.max_gen_batches - 1) * groups_per_batch
-        #: Per batch: [groups filtered, replacements made].
+        #: Groups one batch may generate, its replacements included.
+        self.budget = cfg.max_gen_batches * groups_per_batch
+        #: Per batch: [groups filtered, replacements made, replacements owed].
         self.batches: dict[BatchKey, list[int]] = {}
+        #: [first batch, groups per batch] from that batch on: a resume may
+        #: change batch_multiplier, and a batch keeps the size it was admitted with.
+        self.sizes: list[list[int]] = [[0, groups_per_batch]]
         self.totals: collections.Counter[str] = collections.Counter()
         self.by_reason: collections.Counter[str] = collections.Counter()
         #: This step's counts: kept and filtered groups, and the batches touched.
@@ -70,35 +84,72 @@ class DynamicSampling:
         """``entry``'s group was rejected for ``reason`` while step ``assembling``
         is being filled: True when it must be replaced (then the caller queues a
         replacement and calls :meth:`replaced`), False when the surplus absorbs
-        it or its step is gone. Raises :class:`DynamicSamplingBudgetExceeded`
-        when a replacement would go past ``max_gen_batches``."""
+        it or its step is gone."""
         self._filtered += 1
         self.totals["filtered"] += 1
         key = reason if reason in self.by_reason or len(self.by_reason) < KEEP_REASONS \
             else "other"
         self.by_reason[key] += 1
         batch = entry.batch_index
-        counts = self.batches.setdefault(batch, [0, 0])
+        counts = self._counts(batch)
         counts[0] += 1
         self._touched.add(batch)
         if entry.stamp is not None and entry.stamp < assembling:
             return False  # its step was trained without it
-        filtered, replaced = counts
-        if self.k + replaced - filtered >= self.n:
+        filtered, replaced, owed = counts
+        if self.size(batch) + replaced + owed - filtered >= self.n:
             self.totals["absorbed"] += 1
             return False
-        if replaced >= self.max_replacements:
-            raise DynamicSamplingBudgetExceeded(self._budget_message(batch, counts))
         return True
 
-    def replaced(self, batch: BatchKey) -> None:
-        """A replacement for a group of ``batch`` was queued."""
-        self.batches[batch][1] += 1
-        self.totals["replaced"] += 1
+    def replaced(self, batch: BatchKey) -> DynamicSamplingBudgetExceeded | None:
+        """A replacement for a group of ``batch`` was queued. None when the budget
+        allows generating it; else the error that stops the run, and the
+        replacement is owed: the caller marks it so, and it waits in the queue
+        (in the checkpoint) for :meth:`settle` in the resumed run. Owed ones
+        count for the surplus, so the groups filtered while the run stops are not
+        replaced twice."""
+        counts = self._counts(batch)
+        if self.size(batch) + counts[1] + counts[2] < self.budget:
+            counts[1] += 1
+            self.totals["replaced"] += 1
+            return None
+        counts[2] += 1
+        return DynamicSamplingBudgetExceeded(self._budget_message(batch, counts))
+
+    def settle(self, batch: BatchKey) -> DynamicSamplingBudgetExceeded | None:
+        """An owed replacement of ``batch`` is next in line (a resumed run): None
+        when the budget in force allows generating it now (it counts as made),
+        else the error that stops the run again, the replacement still owed."""
+        counts = self._counts(batch)
+        if self.size(batch) + counts[1] < self.budget:
+            counts[1] += 1
+            counts[2] = max(0, counts[2] - 1)
+            self.totals["replaced"] += 1
+            return None
+        return DynamicSamplingBudgetExceeded(self._budget_message(batch, counts))
+
+    def size(self, batch: BatchKey) -> int:
+        """The groups ``batch`` was admitted with."""
+        if batch is None:
+            return self.k
+        return next((k for first, k in reversed(self.sizes) if first <= batch), self.sizes[0][1])
+
+    def _counts(self, batch: BatchKey) -> list[int]:
+        return self.batches.setdefault(batch, [0, 0, 0])
+
+    def filter_bug(self, error: Exception, group: GroupId) -> BackendBug:
+        """The filter raised ``error`` on ``group``: a bug in the filter."""
+        bug = BackendBug(
+            f"the filter {type(self.filter).__qualname__} (grpo.dynamic_sampling.filter) "
+            f"raised {type(error).__name__}: {error} on group {group!r}; a filter returns None "
+            "or a reason and never raises. Fix it, then resume the run")
+        bug.__cause__ = error
+        return bug
 
     def _budget_message(self, batch: BatchKey, counts: list[int]) -> str:
         cfg = self.cfg
-        generated = self.k + counts[1]
+        generated = self.size(batch) + counts[1]
         return (
             f"dispatch batch {batch} generated {generated} groups ({cfg.max_gen_batches} "
             f"batch(es) of {self.k}) and the filter {cfg.filter!r} rejected {counts[0]} of "
@@ -117,12 +168,12 @@ class DynamicSampling:
         per group trained; ``train/filter_budget_used``: of ``max_gen_batches``,
         the share the most demanding batch touched during the step has used."""
         finished = self._kept + self._filtered
-        used = max((self.k + self.batches.get(b, (0, 0))[1] for b in self._touched),
+        used = max((self.size(b) + self.batches.get(b, (0, 0))[1] for b in self._touched),
                    default=self.k)
         metrics = {
             "train/filtered_frac": self._filtered / finished if finished else 0.0,
             "train/generated_per_trained": finished / trained if trained else 0.0,
-            "train/filter_budget_used": used / (self.cfg.max_gen_batches * self.k),
+            "train/filter_budget_used": used / self.budget,
         }
         self.totals["kept"] += self._kept
         self._kept = self._filtered = 0
@@ -130,6 +181,8 @@ class DynamicSampling:
         old = [b for b in self.batches if b is None or b < step - FORGET_AFTER]
         for b in old:
             del self.batches[b]
+        while len(self.sizes) > 1 and self.sizes[1][0] < step - FORGET_AFTER:
+            del self.sizes[0]
         return metrics
 
     # -------------------------------------------------------------- reports
@@ -144,16 +197,35 @@ class DynamicSampling:
 
     # ---------------------------------------------------------- persistence
     def state_dict(self) -> dict[str, Any]:
-        return {"batches": [[b, *c] for b, c in self.batches.items()],
+        return {"batches": [[b, *c] for b, c in self.batches.items()], "sizes": [list(s) for s in self.sizes],
                 "totals": dict(self.totals), "by_reason": dict(self.by_reason),
                 "kept": self._kept, "filtered": self._filtered}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.batches = {b: [int(f), int(r)] for b, f, r in state.get("batches", ())}
+    def load_state_dict(self, state: dict[str, Any], *, admitted: int) -> None:
+        """``admitted``: the batches admitted before the resume (they keep their size)."""
+        # A checkpoint from before the owed count has [batch, filtered, replaced].
+        self.batches = {c[0]: [int(c[1]), int(c[2]), int(c[3]) if len(c) > 3 else 0]
+                        for c in state.get("batches", ())}
+        self.sizes = [[int(b), int(k)] for b, k in state.get("sizes", ())] or [[0, self.k]]
+        if self.sizes[-1][1] != self.k:  # batch_multiplier changed: batches from here on
+            if self.sizes[-1][0] >= admitted:
+                del self.sizes[-1]
+            self.sizes.append([admitted, self.k])
         self.totals = collections.Counter(state.get("totals", {}))
         self.by_reason = collections.Counter(state.get("by_reason", {}))
         self._kept = int(state.get("kept", 0))
         self._filtered = int(state.get("filtered", 0))
+
+
+def settle_owed(dynamic: DynamicSampling | None,
+                entry: Entry) -> DynamicSamplingBudgetExceeded | None:
+    """``entry``, an owed replacement, is next in line: None when it may be
+    generated now (then it is owed no longer; with ``filter: none`` no budget
+    holds it back), else the error that stops the run again."""
+    if dynamic is not None and (over := dynamic.settle(entry.batch_index)) is not None:
+        return over
+    entry.owed = False
+    return None
 
 
 def build_dynamic_sampling(grpo: GRPOConfig,
@@ -176,4 +248,4 @@ def dynamic_summary(dynamic: DynamicSampling | None, sampler: PromptGroupSampler
     return dynamic.summary(trained)
 
 
-__all__ = ["DynamicSampling", "build_dynamic_sampling", "dynamic_summary"]
+__all__ = ["DynamicSampling", "build_dynamic_sampling", "dynamic_summary", "settle_owed"]

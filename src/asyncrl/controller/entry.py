@@ -92,6 +92,10 @@ class Entry:
     #: for a checkpoint, handed back by an engine at a stop, or the finished
     #: result while it is scored): what a checkpoint keeps. None: none yet.
     partial: GroupResult | None = None
+    #: A filtered group's replacement past ``grpo.dynamic_sampling.max_gen_batches``:
+    #: queued but not generated until the budget in force allows it (a resumed
+    #: run's, :meth:`~asyncrl.controller.dynamic_sampling.DynamicSampling.settle`).
+    owed: bool = False
     #: Set at a graceful stop, or when the run is ending and cancelled the
     #: group's task: the engine hands its tokens back and the group stays pending.
     stopping: bool = False
@@ -112,7 +116,7 @@ def entry_to_dict(entry: Entry) -> dict[str, Any]:
             "batch": entry.batch, "group_id": entry.group_id, "attempts": entry.attempts,
             "start_weight": entry.start_weight, "batch_index": entry.batch_index,
             "infra_failures": entry.infra_failures, "data_failures": entry.data_failures,
-            "replacements": entry.replacements,
+            "replacements": entry.replacements, "owed": entry.owed,
             "partial": None if kept is None else kept.to_dict()}
 
 
@@ -127,4 +131,5 @@ def entry_from_dict(data: dict[str, Any]) -> Entry:
                  infra_failures=int(data.get("infra_failures", 0)),
                  data_failures=int(data.get("data_failures", 0)),
                  replacements=int(data.get("replacements", 0)),
+                 owed=bool(data.get("owed", False)),
                  prefix=None if partial is None else GroupResult.from_dict(partial))
