@@ -99,11 +99,15 @@ def test_fsdp_refuses_several_optimizer_steps_per_training_step() -> None:
     ({"warmup": 3}, "policy.scheduler: "),
     (None, "name one of torch.optim.lr_scheduler's classes, e.g."),
     ("typo", "did you mean torch.optim.lr_scheduler.LinearLR?"),
+    # Built fine; torch refuses it only at its first step (integer modulo by zero).
+    ("step_size_0", "policy.scheduler: its first step raised ZeroDivisionError"),
 ])
 def test_validate_builds_the_schedule_with_torch(tmp_path: Path, capsys, kwargs, says) -> None:
     path = tmp_path / "config.yaml"
     scheduler = ({"name": LINEAR, "kwargs": kwargs} if isinstance(kwargs, dict)
                  else {"name": "torch.optim.lr_scheduler.LinearLr"} if kwargs == "typo"
+                 else {"name": "torch.optim.lr_scheduler.StepLR", "kwargs": {"step_size": 0}}
+                 if kwargs == "step_size_0"
                  else {"name": "torch.optim.lr_scheduler.NoSuchThing"})
     path.write_text(yaml.safe_dump({"policy": {"scheduler": scheduler}}))
     assert main(["validate", "--config", str(path), "--json", "--no-memory"]) != 0
