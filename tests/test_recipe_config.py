@@ -81,6 +81,14 @@ def test_loss_refusals_name_the_fix(loss, says) -> None:
     assert says in refusal({"loss": loss})
 
 
+def test_more_mini_batches_than_completions_is_refused_not_capped() -> None:
+    grpo = {"num_prompts_per_step": 2, "num_generations_per_prompt": 4}
+    says = refusal({"grpo": grpo, "policy": {"train_mini_batches": 9}})
+    assert "policy.train_mini_batches=9 is more than the 8 completions" in says
+    assert "set policy.train_mini_batches to 8 or less" in says and "\n" not in says
+    assert config_from_dict({"grpo": grpo, "policy": {"train_mini_batches": 8}})
+
+
 def test_an_old_configs_scale_advantages_true_still_loads() -> None:
     assert config_from_dict({"loss": {"scale_advantages": True}}).loss.scale == "group"
 
