@@ -70,6 +70,8 @@ def failure_key(error: BaseException, component: str, group_id: GroupId,
 class _Repeats:
     #: What happened to the groups ("retried", "failed for good", ...).
     what: str
+    #: What failed: a "group", or a training "step".
+    unit: str = "group"
     #: Groups that failed this way since the last flush (the first one excluded).
     groups: list[GroupId] = dataclasses.field(default_factory=list)
     count: int = 0
@@ -82,13 +84,15 @@ class FailureLog:
         self.log = log
         self._seen: dict[tuple[str, str], _Repeats] = {}
 
-    def warn(self, what: str, key: str, group_id: GroupId, message: str, *args: object) -> None:
+    def warn(self, what: str, key: str, group_id: GroupId, message: str, *args: object,
+             unit: str = "group") -> None:
         """Log ``message % args`` for group ``group_id`` unless a failure of kind
         ``key`` that ended the same way (``what``: "retried", ...) was logged
-        already; then count it for the next :meth:`flush`."""
+        already; then count it for the next :meth:`flush`. ``unit``: what
+        ``group_id`` numbers ("step": a training step's failure, by step)."""
         repeats = self._seen.get((what, key))
         if repeats is None:
-            self._seen[what, key] = _Repeats(what)
+            self._seen[what, key] = _Repeats(what, unit)
             self.log.warning(message, *args)
             return
         repeats.count += 1
@@ -103,8 +107,9 @@ class FailureLog:
                 continue
             shown = ", ".join(str(g) for g in repeats.groups)
             more = repeats.count - len(repeats.groups)
-            self.log.warning("the same failure hit %d more group(s) too (%s; groups %s%s): %s",
-                             repeats.count, repeats.what, shown,
+            unit = repeats.unit
+            self.log.warning("the same failure hit %d more %s(s) too (%s; %ss %s%s): %s",
+                             repeats.count, unit, repeats.what, unit, shown,
                              f" and {more} more" if more > 0 else "", key)
             repeats.count = 0
             repeats.groups.clear()
