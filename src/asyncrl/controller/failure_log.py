@@ -20,11 +20,11 @@ import collections
 import dataclasses
 import logging
 import re
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 from asyncrl._util.compat import BaseExceptionGroup
-from asyncrl.errors import RewardError, add_note
+from asyncrl.errors import RewardError, TrainerError, add_note
 from asyncrl.types import GroupId
 
 #: Groups a repeat line names; the count covers the rest.
@@ -150,9 +150,26 @@ def reported(errors: list[BaseException],
     return first
 
 
+def trainer_failed(trainer: object, call: str, error: BaseException, step: int,
+                   groups: Sequence[GroupId] = ()) -> TrainerError:
+    """The one-line error for the trainer's ``call`` of step ``step`` raising
+    ``error`` (an error of its own, not asyncrl's), naming the trainer, the call,
+    the step and the step's ``groups``; the caller chains ``error`` as its cause."""
+    cls = type(trainer)
+    shown = ", ".join(str(g) for g in groups[:SHOWN_GROUPS])
+    more = f" and {len(groups) - SHOWN_GROUPS} more" if len(groups) > SHOWN_GROUPS else ""
+    on = f" (groups {shown}{more})" if groups else ""
+    return TrainerError(
+        f"the trainer {cls.__module__}.{cls.__qualname__} raised {type(error).__name__}: "
+        f"{_first_line(error)} in {call} of step {step}{on}. Its state may be half-updated, "
+        "so this step is not checkpointed; fix the cause (asyncrl -v prints the "
+        "traceback), then resume from the last checkpoint")
+
+
 def _first_line(error: BaseException) -> str:
     text = str(error).strip().splitlines()
     return text[0] if text else ""
 
 
-__all__ = ["FailureLog", "blame", "causes", "failure_key", "reported", "without_ids"]
+__all__ = ["FailureLog", "blame", "causes", "failure_key", "reported", "trainer_failed",
+           "without_ids"]
