@@ -81,6 +81,14 @@ def test_loss_refusals_name_the_fix(loss, says) -> None:
     assert says in refusal({"loss": loss})
 
 
+def test_more_mini_batches_than_completions_is_refused_not_capped() -> None:
+    grpo = {"num_prompts_per_step": 2, "num_generations_per_prompt": 4}
+    says = refusal({"grpo": grpo, "policy": {"train_mini_batches": 9}})
+    assert "policy.train_mini_batches=9 is more than the 8 completions" in says
+    assert "set policy.train_mini_batches to 8 or less" in says and "\n" not in says
+    assert config_from_dict({"grpo": grpo, "policy": {"train_mini_batches": 8}})
+
+
 def test_an_old_configs_scale_advantages_true_still_loads() -> None:
     assert config_from_dict({"loss": {"scale_advantages": True}}).loss.scale == "group"
 
@@ -99,11 +107,15 @@ def test_fsdp_refuses_several_optimizer_steps_per_training_step() -> None:
     ({"warmup": 3}, "policy.scheduler: "),
     (None, "name one of torch.optim.lr_scheduler's classes, e.g."),
     ("typo", "did you mean torch.optim.lr_scheduler.LinearLR?"),
+    # Built fine; torch refuses it only at its first step (integer modulo by zero).
+    ("step_size_0", "policy.scheduler: its first step raised ZeroDivisionError"),
 ])
 def test_validate_builds_the_schedule_with_torch(tmp_path: Path, capsys, kwargs, says) -> None:
     path = tmp_path / "config.yaml"
     scheduler = ({"name": LINEAR, "kwargs": kwargs} if isinstance(kwargs, dict)
                  else {"name": "torch.optim.lr_scheduler.LinearLr"} if kwargs == "typo"
+                 else {"name": "torch.optim.lr_scheduler.StepLR", "kwargs": {"step_size": 0}}
+                 if kwargs == "step_size_0"
                  else {"name": "torch.optim.lr_scheduler.NoSuchThing"})
     path.write_text(yaml.safe_dump({"policy": {"scheduler": scheduler}}))
     assert main(["validate", "--config", str(path), "--json", "--no-memory"]) != 0

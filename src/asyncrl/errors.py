@@ -210,6 +210,14 @@ class BackendBug(AsyncRLError, RuntimeError):
     checkpoint. The original error is the ``__cause__``."""
 
 
+class TrainerError(AsyncRLError, RuntimeError):
+    """The trainer raised an error of its own (not an asyncrl error) in a training
+    step: a bug in the trainer, or data it cannot train on. The message names the
+    trainer, the call and the step; the original error is the ``__cause__``. The
+    trainer's state may be half-updated, so the run stops without checkpointing
+    that step; resume from the last checkpoint once the cause is fixed."""
+
+
 class PromptTooLong(PromptError, GenerationError):
     """A prompt is so long that ``prompt + max_new_tokens`` does not fit the model's
     context: its completions could be cut short at the context instead of at

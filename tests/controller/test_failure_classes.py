@@ -25,6 +25,7 @@ from asyncrl.errors import (
     RewardWorkerLost,
     TokenizationError,
     TooManyFailedGroups,
+    TrainerError,
     failure_kind,
 )
 from asyncrl.sim.clock import run_virtual
@@ -482,8 +483,10 @@ def test_a_failing_background_task_of_a_backend_reaches_the_run() -> None:
 
 
 def test_trainer_unaffected_by_classification() -> None:
-    # A trainer error is not an attempt failure: it still fails the run as it is.
+    # A trainer error is not an attempt failure: it fails the run at once, as the
+    # trainer's (TrainerError, the trainer's own error its cause), never retried.
     ctl = make_controller(IN_ORDER, trainer=FakeTrainer(fail_at_step=1), steps=4)
-    with pytest.raises(ValueError, match="injected trainer failure"):
+    with pytest.raises(TrainerError, match="injected trainer failure") as caught:
         run_virtual(ctl.run())
+    assert isinstance(caught.value.__cause__, ValueError)
     assert not ctl.stopped_at_safe_point

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from asyncrl.errors import TooManyFailedGroups
+from asyncrl.errors import TooManyFailedGroups, TrainerError
 from asyncrl.sim.clock import run_virtual
 from tests.controller.conftest import make_controller
 from tests.fakes import FakeEngine, FakeTask, FakeTrainer, lognormal_latency
@@ -99,12 +99,22 @@ def test_trainer_exception_cancels_the_rollout_pump_and_surfaces() -> None:
                           steps=10)
 
     async def main() -> set[asyncio.Task]:
-        with pytest.raises(ValueError, match="injected trainer failure at step 3"):
+        with pytest.raises(TrainerError) as caught:
             await ctl.run()
+        # One line naming the trainer, the call, the step and its groups; the
+        # trainer's own error is the cause (asyncrl -v prints its traceback).
+        text = str(caught.value)
+        assert text.startswith("the trainer tests.fakes.FakeTrainer raised ValueError: "
+                               "injected trainer failure at step 3 in train_chunk of step 3 "
+                               "(groups ")
+        assert "not checkpointed" in text and "\n" not in text
+        assert isinstance(caught.value.__cause__, ValueError)
         return {t for t in asyncio.all_tasks() if t is not asyncio.current_task()}
 
     assert run_virtual(main()) == set()
-    assert ctl.stop_reason == "error"
+    assert ctl.stop_reason == "error" and not ctl.stopped_at_safe_point
+    # The summary says why the run stopped.
+    assert ctl.summary()["stop_message"].startswith("TrainerError: the trainer ")
     assert ctl.ledger.counts()["trained"] == 12
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from asyncrl.errors import BackendBug
 from asyncrl.sim.clock import run_virtual
 from tests.controller.conftest import make_controller
 from tests.fakes import FakeEngine, FakeTrainer, lognormal_latency
@@ -84,3 +85,39 @@ def test_cache_invalidation_when_on_policy_or_asked(sampler, flag, expected) -> 
                           recompute_kv_cache_after_weight_updates=flag)
     run_virtual(ctl.run())
     assert [e.invalidations for e in engines] == [expected, expected]
+
+
+class LoadFails(FakeEngine):
+    """update_weights raises from version ``at`` on (the trial's UpdateRaises)."""
+
+    def __init__(self, at: int) -> None:
+        super().__init__(1.0)
+        self.at = at
+
+    async def update_weights(self, weights, version: int) -> None:
+        if version >= self.at:
+            raise RuntimeError("weight load failed: shape mismatch")
+        await super().update_weights(weights, version)
+
+
+@pytest.mark.parametrize("steps", [10, 3], ids=["mid_run", "last_step"])
+def test_a_failed_weight_load_is_the_engines_bug_and_stops_at_a_safe_point(steps) -> None:
+    """The trainer finished step 2 when engine 1 fails to load weights 3: the step
+    is whole, so it counts, the version advances with the trainer's, and the run
+    stops at that step's end with its state whole (checkpointable), naming the engine."""
+    engines = [FakeEngine(1.0), LoadFails(at=3)]
+    ctl = make_controller({"name": "in_order", "max_lookahead_versions": 1}, engines=engines,
+                          steps=steps)
+    with pytest.raises(BackendBug) as caught:
+        run_virtual(ctl.run())
+    text = str(caught.value)
+    assert text.startswith("engine 1 (tests.controller.test_weight_sync.LoadFails) raised "
+                           "RuntimeError: weight load failed: shape mismatch in "
+                           "update_weights(weights, 3) after training step 2")
+    assert "resume the run from its checkpoint" in text and "\n" not in text
+    assert isinstance(caught.value.__cause__, RuntimeError)
+    assert ctl.stopped_at_safe_point and ctl.stop_reason == "error"
+    assert ctl.stop_message.startswith("BackendBug: engine 1 ")
+    assert ctl.steps_done == 3 and ctl.version.value == 3
+    assert ctl.state_dict()["trainer_version"] == 3
+    assert engines[0].versions_seen == [1, 2, 3]  # the other engine's load finished

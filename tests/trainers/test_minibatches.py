@@ -74,6 +74,21 @@ def test_mini_batches_take_several_steps_and_the_clip_binds(data):
     assert metrics["clip_frac"] > 0
 
 
+@pytest.mark.parametrize("loss", [LossConfig(), LossConfig(aggregation="sequence_mean")],
+                         ids=["token_mean", "sequence_mean"])
+def test_step_counts_cover_every_optimizer_step_not_the_last(data, loss):
+    """micro_batches and step_tokens describe the training step (docs/training.md):
+    the passes of all its optimizer steps, the divisor of all its completions."""
+    _, one = step(data, loss=loss, micro_batch_tokens=16)
+    _, several = step(data, loss=loss, micro_batch_tokens=16, mini_batches=2, epochs=3)
+    assert several["optimizer_steps"] == 6.0
+    assert several["step_tokens"] == pytest.approx(one["step_tokens"])
+    assert several["optimizer_step_tokens"] == pytest.approx(one["step_tokens"] / 2)
+    # Each epoch runs a pass per sequence group, as the single optimizer step did.
+    assert several["micro_batches"] >= 3 * one["micro_batches"]
+    assert 0 <= several["pad_frac"] < 1
+
+
 @pytest.mark.parametrize("loss", [
     LossConfig(clip_eps=0.05, clip_eps_high=0.1),  # clip-higher
     LossConfig(off_policy_correction="decoupled", clip_eps=0.05),

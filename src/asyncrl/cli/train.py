@@ -78,6 +78,14 @@ def print_summary(console: Console, summary: dict) -> None:
     startup = summary.get("startup_s")
     say(f"steps           {summary['steps']}   wall time {summary['wall_time_s']:.1f}s"
         + (f" (after {startup:.1f}s of start-up)" if startup is not None else ""))
+    skipped = summary.get("skipped_nonfinite_steps", 0)
+    if skipped:  # steps that trained nothing: never a quiet "run finished"
+        steps = summary["steps"]
+        say(f"[bold red]skipped steps   all {steps} steps skipped their optimizer step: the run "
+            "trained NOTHING[/bold red]" if skipped >= steps else
+            f"[red]skipped steps   {skipped} of {steps} steps skipped their optimizer step[/red]",
+            end="")
+        say(" (non-finite gradient; the warnings above name the cause)")
     reached = "[green]reached[/green]" if summary.get("reached_target") else "not reached"
     say(f"reward (last 10 steps) {last10:.3f}   target {target}: {reached}")
     say(f"staleness       groups mean {summary['staleness_mean']:.2f}  max "

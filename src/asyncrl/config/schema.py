@@ -348,6 +348,22 @@ class RunConfig(Block):
         return self
 
     @model_validator(mode="after")
+    def _mini_batches_fit_the_step(self) -> RunConfig:
+        # A mini-batch is a run of whole completions: a step of N completions
+        # makes at most N of them, so more would be capped silently (fewer
+        # optimizer steps than the recipe says).
+        g = self.grpo
+        most = g.num_prompts_per_step * g.num_generations_per_prompt
+        if self.policy.train_mini_batches > most:
+            raise ValueError(
+                f"policy.train_mini_batches={self.policy.train_mini_batches} is more than the "
+                f"{most} completions of a step (grpo.num_prompts_per_step="
+                f"{g.num_prompts_per_step} x grpo.num_generations_per_prompt="
+                f"{g.num_generations_per_prompt}), and each mini-batch needs one; set "
+                f"policy.train_mini_batches to {most} or less")
+        return self
+
+    @model_validator(mode="after")
     def _deterministic_needs_local_engine(self) -> RunConfig:
         if self.deterministic and self.policy.engine != "local":
             raise ValueError(

@@ -233,6 +233,8 @@ class AttemptRunner:
             ctx.timeline.add("gen", idx, start, end, outcome)
         tokens, longest, entry.end_weight = _checked_counts(result, entry.start_weight,
                                                             request.num_generations)
+        if ctx.vocab_size is not None:
+            _check_vocabulary(result, ctx.vocab_size)
         entry.partial = result  # kept by a checkpoint or a stop while it is scored
         ctx.ledger.generated(entry.group_id, start=start, end=end, tokens=tokens,
                              longest=longest)
@@ -371,6 +373,20 @@ def _checked_counts(result: GroupResult, start_weight: int, n: int) -> tuple[int
     if problem is not None:
         raise ValueError(f"it returned an invalid result: {problem} (see asyncrl.record)")
     return (*_token_counts(result), result.end_weight)
+
+
+def _check_vocabulary(result: GroupResult, size: int) -> None:
+    """Every token id of ``result`` indexes the policy's embedding of ``size``
+    rows. Checked here, where the engine is known: an id past it would fail
+    deep in the trainer's forward (an IndexError naming neither the engine nor
+    the group), and with a half-done step. Unclassified: the engine's bug."""
+    for where, ids in (("its prompt ids", result.prompt_ids),
+                       *((f"completion {i}", c.token_ids)
+                         for i, c in enumerate(result.completions))):
+        if ids and not (min(ids) >= 0 and max(ids) < size):
+            bad = next(t for t in ids if not 0 <= t < size)
+            raise ValueError(f"it returned token id {bad} in {where}, outside the policy's "
+                             f"vocabulary of {size} ids (0 to {size - 1})")
 
 
 def _token_counts(result: GroupResult) -> tuple[int, int]:

@@ -55,6 +55,9 @@ class RunContext:
     last_progress: float = 0.0
     #: ``grpo.dynamic_sampling``'s filter and its accounting; None with ``filter: none``.
     dynamic: DynamicSampling | None = None
+    #: The policy's vocabulary size: an engine's token id outside it is the engine's
+    #: bug, caught as its group commits (None: not checked, e.g. simulated engines).
+    vocab_size: int | None = None
     #: The training step the train pump is filling (a dropped group without a
     #: stamp shrinks this step at the earliest).
     assembling: int = 0

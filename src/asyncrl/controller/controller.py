@@ -109,15 +109,17 @@ class Controller:
         sampler: PromptGroupSampler | None = None,
         prompts: PromptSource | None = None,
         planner: Planner | None = None,
+        vocab_size: int | None = None,
     ) -> None:
         """Roles given as instances are used as they are; the others are built as
         ``asyncrl train`` builds them: the scorer from the task's reward config,
         the buffer (``async_rl.max_buffered_rollouts``) and sampler
         (``async_rl.sampler``, over ``buffer``), the prompts from
         ``task.prompt_source(seed)``. A ``sampler`` given comes with the
-        ``buffer`` it was built over; ``planner``: the autopilot's (``controller.autoplan``). ``asyncrl.build_controller(config)``
-        (:mod:`asyncrl.run.assemble`) also builds the engines and the trainer from a
-        config, and closes them after the run."""
+        ``buffer`` it was built over; ``planner``: the autopilot's (``controller.autoplan``);
+        ``vocab_size``: the policy's, which every token id an engine returns must index.
+        ``asyncrl.build_controller(config)`` (:mod:`asyncrl.run.assemble`) also builds the
+        engines and the trainer from a config, and closes them after the run."""
         if not engines:
             raise UsageError("Controller needs at least one rollout engine (engines=[...])")
         self.task = task
@@ -155,7 +157,7 @@ class Controller:
             ledger=Ledger(ledger_history), timeline=Timeline(),
             stats=RunStats(async_rl.max_inflight_prompts),
             drops=DropPolicy(async_rl.rollout_failure, grpo.num_prompts_per_step),
-            capabilities=self.capabilities,
+            capabilities=self.capabilities, vocab_size=vocab_size,
         )
         self.ctx.on_fatal = self._on_fatal
         self.ctx.dynamic = build_dynamic_sampling(grpo, sampler)  # None: filter none
@@ -279,8 +281,10 @@ class Controller:
             self.stopped_at_safe_point = True
         except BaseExceptionGroup as group:
             broken = True
+            error = reported([*causes(group), *ctx.fatal], ctx.fatal_repeats)
             self.train_pump.stop_reason = StopReason.ERROR
-            raise reported([*causes(group), *ctx.fatal], ctx.fatal_repeats) from None
+            self.train_pump.stop_message = _one_line(error)  # summary.json says why
+            raise error from error.__cause__  # keeps its cause, drops the group context
         except asyncio.CancelledError:
             broken = True
             self.train_pump.stop_reason = StopReason.CANCELLED
@@ -298,9 +302,7 @@ class Controller:
         """A component reported a fatal error: dispatch nothing more, and stop
         the train pump at its next safe point."""
         self.dispatcher.stop_dispatching()
-        text = str(error).strip().splitlines()
-        self.train_pump.request_stop(StopReason.ERROR, f"{type(error).__name__}: "
-                                              f"{text[0] if text else ''}")
+        self.train_pump.request_stop(StopReason.ERROR, _one_line(error))
 
     def _background_failed(self, error: BaseException, name: str) -> None:
         bug = BackendBug(f"the background task {name!r} of a backend failed with "
@@ -481,6 +483,11 @@ class Controller:
                 "untrained_reason": (f"the run stopped ({self.stop_reason}: "
                                      f"{self.stop_message}) before they were trained"
                                      if untrained else "")}
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"
 
 
 async def _best_effort(call: Awaitable[Any], what: str) -> None:

@@ -20,11 +20,11 @@ import collections
 import dataclasses
 import logging
 import re
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 from asyncrl._util.compat import BaseExceptionGroup
-from asyncrl.errors import RewardError, add_note
+from asyncrl.errors import RewardError, TrainerError, add_note
 from asyncrl.types import GroupId
 
 #: Groups a repeat line names; the count covers the rest.
@@ -70,6 +70,8 @@ def failure_key(error: BaseException, component: str, group_id: GroupId,
 class _Repeats:
     #: What happened to the groups ("retried", "failed for good", ...).
     what: str
+    #: What failed: a "group", or a training "step".
+    unit: str = "group"
     #: Groups that failed this way since the last flush (the first one excluded).
     groups: list[GroupId] = dataclasses.field(default_factory=list)
     count: int = 0
@@ -82,13 +84,15 @@ class FailureLog:
         self.log = log
         self._seen: dict[tuple[str, str], _Repeats] = {}
 
-    def warn(self, what: str, key: str, group_id: GroupId, message: str, *args: object) -> None:
+    def warn(self, what: str, key: str, group_id: GroupId, message: str, *args: object,
+             unit: str = "group") -> None:
         """Log ``message % args`` for group ``group_id`` unless a failure of kind
         ``key`` that ended the same way (``what``: "retried", ...) was logged
-        already; then count it for the next :meth:`flush`."""
+        already; then count it for the next :meth:`flush`. ``unit``: what
+        ``group_id`` numbers ("step": a training step's failure, by step)."""
         repeats = self._seen.get((what, key))
         if repeats is None:
-            self._seen[what, key] = _Repeats(what)
+            self._seen[what, key] = _Repeats(what, unit)
             self.log.warning(message, *args)
             return
         repeats.count += 1
@@ -103,8 +107,9 @@ class FailureLog:
                 continue
             shown = ", ".join(str(g) for g in repeats.groups)
             more = repeats.count - len(repeats.groups)
-            self.log.warning("the same failure hit %d more group(s) too (%s; groups %s%s): %s",
-                             repeats.count, repeats.what, shown,
+            unit = repeats.unit
+            self.log.warning("the same failure hit %d more %s(s) too (%s; %ss %s%s): %s",
+                             repeats.count, unit, repeats.what, unit, shown,
                              f" and {more} more" if more > 0 else "", key)
             repeats.count = 0
             repeats.groups.clear()
@@ -145,9 +150,26 @@ def reported(errors: list[BaseException],
     return first
 
 
+def trainer_failed(trainer: object, call: str, error: BaseException, step: int,
+                   groups: Sequence[GroupId] = ()) -> TrainerError:
+    """The one-line error for the trainer's ``call`` of step ``step`` raising
+    ``error`` (an error of its own, not asyncrl's), naming the trainer, the call,
+    the step and the step's ``groups``; the caller chains ``error`` as its cause."""
+    cls = type(trainer)
+    shown = ", ".join(str(g) for g in groups[:SHOWN_GROUPS])
+    more = f" and {len(groups) - SHOWN_GROUPS} more" if len(groups) > SHOWN_GROUPS else ""
+    on = f" (groups {shown}{more})" if groups else ""
+    return TrainerError(
+        f"the trainer {cls.__module__}.{cls.__qualname__} raised {type(error).__name__}: "
+        f"{_first_line(error)} in {call} of step {step}{on}. Its state may be half-updated, "
+        "so this step is not checkpointed; fix the cause (asyncrl -v prints the "
+        "traceback), then resume from the last checkpoint")
+
+
 def _first_line(error: BaseException) -> str:
     text = str(error).strip().splitlines()
     return text[0] if text else ""
 
 
-__all__ = ["FailureLog", "blame", "causes", "failure_key", "reported", "without_ids"]
+__all__ = ["FailureLog", "blame", "causes", "failure_key", "reported", "trainer_failed",
+           "without_ids"]

@@ -203,6 +203,8 @@ class RunStats:
         self.trainer_idle_total = 0.0
         self.failed_groups = 0
         self.failed_this_step = 0
+        #: Steps whose optimizer step the trainer skipped for a non-finite gradient.
+        self.skipped_steps = 0
         self.max_inflight_seen = 0
         self.max_buffer_seen = 0
         self._inflight = 0
@@ -332,6 +334,7 @@ class RunStats:
             record[f"train/{key}"] = sum(n * x for n, x in vals) / weight
         for key, value in step_metrics.items():
             record[f"train/{key}"] = value
+        self.skipped_steps += bool(step_metrics.get("skipped_nonfinite_step"))
         for extra in self.extras:
             record.update(extra())
         self.records.append(record)
@@ -386,6 +389,7 @@ class RunStats:
             "staleness_hist": {str(k): self.staleness_hist[k] for k in sorted(self.staleness_hist)},
             **self._token_totals(),
             "groups_continued": self.groups_continued,
+            "skipped_nonfinite_steps": self.skipped_steps,
             "reward_last10_mean": mean([r["reward_mean"] for r in last]),
             "trainer_idle_s": self.trainer_idle_total,
             "max_inflight_seen": self.max_inflight_seen,
@@ -430,6 +434,7 @@ class RunStats:
     def state_dict(self, elapsed: float) -> dict[str, Any]:
         return {
             "failed_groups": self.failed_groups,
+            "skipped_steps": self.skipped_steps,
             "groups_continued": self.groups_continued,
             "staleness_hist": {str(k): n for k, n in self.staleness_hist.items()},
             "token_staleness_hist": {str(k): n for k, n in self.token_staleness_hist.items()},
@@ -446,6 +451,7 @@ class RunStats:
     def load_state_dict(self, state: dict[str, Any], steps_done: int) -> None:
         self.steps_done = steps_done
         self.failed_groups = int(state.get("failed_groups", 0))
+        self.skipped_steps = int(state.get("skipped_steps", 0))
         self.staleness_hist = collections.Counter(
             {int(k): int(n) for k, n in state.get("staleness_hist", {}).items()}
         )

@@ -51,6 +51,10 @@ class RunSummary(_Optional):
     token_staleness_max: int
     token_staleness_hist: dict[str, int]
     groups_continued: int
+    #: Steps whose optimizer step was skipped for a non-finite gradient (the
+    #: trainer's ``skipped_nonfinite_step``): steps that trained nothing, or (with
+    #: mini-batches) less than the whole step.
+    skipped_nonfinite_steps: int
     #: Mean reward of the last ten steps (NaN without steps).
     reward_last10_mean: float
     trainer_idle_s: float

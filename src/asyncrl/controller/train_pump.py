@@ -17,20 +17,25 @@ never applied.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
 
 from asyncrl.buffer import Slot
 from asyncrl.controller.context import RunContext
 from asyncrl.controller.dispatch import Dispatcher
 from asyncrl.controller.evaluation import Evaluator
+from asyncrl.controller.failure_log import SHOWN_GROUPS, trainer_failed
 from asyncrl.controller.stats import StepMark
 from asyncrl.controller.weight_sync import WeightSync
-from asyncrl.errors import ControllerBug, RolloutStall
+from asyncrl.errors import AsyncRLError, ControllerBug, RolloutStall
 from asyncrl.metrics import MetricsSink
 from asyncrl.trainers.base import TRAIN_S_IN_FINISH, Trainer
-from asyncrl.types import StopReason
+from asyncrl.types import Rollout, StopReason
 
 log = logging.getLogger("asyncrl.controller")
+
+T = TypeVar("T")
 
 
 class TrainPump:
@@ -76,8 +81,20 @@ class TrainPump:
         self.stop_reason = StopReason.RUNNING
         while ctx.version.value < ctx.grpo.max_num_steps:
             if not await self._step(ctx.version.value):
-                return
-        self._stop(StopReason.MAX_NUM_STEPS, f"reached grpo.max_num_steps={ctx.grpo.max_num_steps}")
+                break
+        else:
+            if ctx.fatal and self._stop_request is not None:  # e.g. the last weight sync
+                self._stop(*self._stop_request)
+            else:
+                self._stop(StopReason.MAX_NUM_STEPS,
+                           f"reached grpo.max_num_steps={ctx.grpo.max_num_steps}")
+        stats = ctx.stats
+        if stats.steps_done and stats.skipped_steps >= stats.steps_done:
+            # Each step warned already; this says what they add up to, at the end.
+            log.warning("every step of this run (%d) skipped its optimizer step for a non-finite "
+                        "gradient: the run trained nothing (summary.json: "
+                        "skipped_nonfinite_steps); the warnings above name the likely cause",
+                        stats.steps_done)
 
     async def _step(self, v: int) -> bool:
         """Train step ``v``; False when the run stops with it."""
@@ -130,7 +147,9 @@ class TrainPump:
             taken.extend(chunk)
             self.activity = ("train_chunk", ctx.now())
             t = ctx.now()
-            metrics = await self.trainer.train_chunk([s.payload for s in chunk], step=v)
+            metrics = await self._trainer_call(
+                "train_chunk", self.trainer.train_chunk([s.payload for s in chunk], step=v),
+                v, chunk)
             ctx.timeline.add("train", 0, t, ctx.now(), str(v))
             train_s += ctx.now() - t
             chunk_metrics.append((len(chunk), metrics or {}))
@@ -144,8 +163,13 @@ class TrainPump:
         self.activity = ("finish_step", ctx.now())
         ctx.assembling = v + 1  # from here on a dropped group can only shrink a later step
         t = ctx.now()
-        step_metrics = await self.trainer.finish_step(step=v) or {}
+        step_metrics = await self._trainer_call(
+            "finish_step", self.trainer.finish_step(step=v), v, taken) or {}
         ctx.timeline.add("step", 0, t, ctx.now(), str(v))  # the optimizer step: trainer-busy
+        # A float16 run's loss scaler skips a step on each overflow as it settles its
+        # scale (asyncrl.trainers.precision): expected, counted but not warned of.
+        if step_metrics.get("skipped_nonfinite_step") and "loss_scale" not in step_metrics:
+            self._warn_skipped(v, taken)
         # Forward/backward run inside finish_step (mini-batches, deterministic
         # mode) is training time, as the trainer reports it.
         inner = min(step_metrics.pop(TRAIN_S_IN_FINISH, 0.0), ctx.now() - t)
@@ -161,7 +185,9 @@ class TrainPump:
         aborted, sync_s = await self.weight_sync.after_step(v)
         ctx.progress()
         eval_metrics: dict[str, float] = {}
-        if self.evaluator is not None and self.evaluator.due(v + 1):
+        # After a fatal error (an engine that failed to load the weights) the run
+        # stops at this step's end: no evaluation on engines in doubt.
+        if self.evaluator is not None and self.evaluator.due(v + 1) and not ctx.fatal:
             t = ctx.now()
             self.activity = ("evaluation", t)
             eval_metrics = await self.evaluator.evaluate(self.weight_sync.engines, v + 1)
@@ -181,6 +207,43 @@ class TrainPump:
             sink.write(record)
         self.activity = ("after-step hook", ctx.now())
         await self.after_step(v + 1)
+
+    async def _trainer_call(self, name: str, call: Awaitable[T], v: int,
+                            groups: Sequence[Slot]) -> T:
+        """Await the trainer's ``name`` for step ``v``: an error of the trainer's
+        own becomes one line naming the trainer, the call, the step and its
+        groups (a TrainerError; the original is its cause). Not at a safe point:
+        the trainer may have half-applied the step, so it is not checkpointed."""
+        try:
+            return await call
+        except AsyncRLError:
+            raise  # asyncrl's own (a lost trainer, a rank that died) name the fix already
+        except Exception as exc:
+            raise trainer_failed(self.trainer, name, exc, v,
+                                 [s.group_id for s in groups]) from exc
+
+    def _warn_skipped(self, v: int, taken: list[Slot]) -> None:
+        """The trainer skipped step ``v``'s optimizer step (a non-finite gradient):
+        warn, naming the likely cause, once per cause (the failure log counts the
+        steps after the first). Rewards are checked finite when a group commits,
+        so the suspects are the behavior log-probs the engines returned, read
+        here only when a step was skipped, and else the model itself."""
+        bad = [s.group_id for s in taken if not _finite_logprobs(s.payload)]
+        if bad:
+            shown = ", ".join(str(g) for g in bad[:SHOWN_GROUPS])
+            more = f" and {len(bad) - SHOWN_GROUPS} more" if len(bad) > SHOWN_GROUPS else ""
+            key = "trainer: non-finite gradient from non-finite engine log-probs"
+            cause = (f"{len(bad)} of its {len(taken)} groups carry non-finite (NaN or inf) "
+                     f"log-probs from the engine (groups {shown}{more}): fix the engine's "
+                     "logprobs (docs/engines.md)")
+        else:
+            key = "trainer: non-finite gradient with finite log-probs and rewards"
+            cause = ("its log-probs and rewards are finite, so the model's loss or gradient "
+                     "overflowed (a diverging run: lower policy.optimizer.lr)")
+        self.ctx.failures.warn(
+            "optimizer step skipped", key, v,
+            "step %d trained nothing: the trainer skipped its optimizer step because the "
+            "gradient was not finite (train/skipped_nonfinite_step); %s", v, cause, unit="step")
 
     async def _wait_for_groups(self) -> float:
         """Wait for the buffer to change (a commit, a release, a dispatcher loop
@@ -264,3 +327,9 @@ class TrainPump:
             f"{type(self.ctx.sampler).__name__} selects none of the ready groups. A custom "
             "sampler must evict groups it will never select"
         )
+
+
+def _finite_logprobs(rollout: Rollout) -> bool:
+    """Every behavior log-prob of ``rollout`` is finite (a sum of floats is
+    finite only if every term is; an overflow to inf is caught as well)."""
+    return all(math.isfinite(sum(c.logprobs)) for c in rollout.result.completions)

@@ -274,12 +274,12 @@ def _unencodable(tokenizer: Tokenizer, text: str) -> list[str] | None:
     return sorted({ch for ch in text if fails(ch)})
 
 
-def check_vocabulary(cfg: PolicyConfig, tokenizer: Tokenizer) -> None:
+def check_vocabulary(cfg: PolicyConfig, tokenizer: Tokenizer) -> int | None:
     """Refuse a tokenizer with ids the model's embedding has no row for: the first
     such id in a prompt (or a pad in a batch) would fail deep inside the model's
     forward with an ``IndexError``. The model's vocabulary is read from its
     config (``config.json`` of ``policy.model_name_or_path``, or ``policy.model``),
-    not by building it."""
+    not by building it. Returns its size (the embedding's rows; None: unknown)."""
     if cfg.model_name_or_path is None:
         check_model_shape(cfg.model, tokenizer.vocab_size)  # names policy.model.vocab_size
         rows = cfg.model.vocab_size or tokenizer.vocab_size
@@ -287,7 +287,7 @@ def check_vocabulary(cfg: PolicyConfig, tokenizer: Tokenizer) -> None:
     else:
         rows = _pretrained_vocab_size(cfg)
         if rows is None:
-            return  # a config without a vocabulary size: nothing to check against
+            return None  # a config without a vocabulary size: nothing to check against
         where = f"policy.model_name_or_path={cfg.model_name_or_path!r}"
         if tokenizer.vocab_size > rows:
             raise ConfigError(
@@ -308,6 +308,7 @@ def check_vocabulary(cfg: PolicyConfig, tokenizer: Tokenizer) -> None:
         raise ConfigError(
             f"{where}: the tokenizer's {shown} is outside the model's embedding of {rows} "
             f"ids (0 to {rows - 1}); {fix}")
+    return rows
 
 
 def _pretrained_vocab_size(cfg: PolicyConfig) -> int | None:

@@ -173,6 +173,7 @@ async def build_controller(
             sinks=sinks, on_step_end=on_step_end, scorer=scorer,
             evaluator=evaluator if evaluator is not None else checked.evaluator,
             ledger_history=ledger_history, buffer=buffer, sampler=sampler, prompts=prompts,
+            vocab_size=checked.vocab_size,
         )
 
 

@@ -84,6 +84,9 @@ class Preflight:
     tokenizer: PolicyTokenizer
     facts: dict[str, Any] = field(default_factory=dict)
     evaluator: Evaluator | None = None
+    #: The model's vocabulary size, where the checks read it: the controller
+    #: refuses an engine's token id outside it (None: not known here).
+    vocab_size: int | None = None
 
 
 def preflight(cfg: RunConfig, *, task: Task | None = None,
@@ -129,6 +132,7 @@ def preflight(cfg: RunConfig, *, task: Task | None = None,
         load_rollout(cfg.task.rollout)
     bind_task_tokenizer(task, tokenizer)
     context: dict[str, Any] = {}
+    vocab_size = None
     # On Ray a pretrained model's files are the workers' (their engines check
     # every prompt at run time); a from-scratch shape is known everywhere.
     if builtin_backends and (cfg.cluster.backend == "local"
@@ -136,7 +140,7 @@ def preflight(cfg: RunConfig, *, task: Task | None = None,
         tokens = tokenizer.get(task)
         # Every id the tokenizer makes has a row in the model's embedding, and
         # the tokenizer encodes the task's text (the answers too, for the task's own).
-        check_vocabulary(cfg.policy, tokens)
+        vocab_size = check_vocabulary(cfg.policy, tokens)
         check_prompts_encode(task, cfg.policy, tokens, seed=cfg.seed)
         context = check_context(cfg.policy, task, tokens, evaluator, cap=context_cap(cfg.policy))
     capacity = cfg.async_rl.max_buffered_rollouts
@@ -159,7 +163,8 @@ def preflight(cfg: RunConfig, *, task: Task | None = None,
     facts["engine"] = cfg.policy.engine
     facts.update(protocols.facts(task))
     facts["rollout"] = describe_rollout(cfg.task.rollout)
-    return Preflight(task=task, tokenizer=tokenizer, facts=facts, evaluator=evaluator)
+    return Preflight(task=task, tokenizer=tokenizer, facts=facts, evaluator=evaluator,
+                     vocab_size=vocab_size)
 
 
 def check_keep_best(cfg: RunConfig) -> None:

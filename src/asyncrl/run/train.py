@@ -12,12 +12,16 @@ A run ends in one of three ways, and each leaves the run directory whole:
   deadline (a graceful stop): a final checkpoint, ``final/``, the summary, the
   ledger and the plots; after a signal, a stall or the deadline, the command
   that resumes it;
-* on an error a component reported at run time (a bug in an engine or the
-  scorer, a failure budget used up): the pumps stop at a safe point, so a final
-  checkpoint is written too, and the error says how to resume;
-* on any other error: ``final/`` when the trainer still answers, the summary
-  (with the error as the stop reason), the ledger; the newest periodic
-  checkpoint stays;
+* on an error a component reported at run time (a bug in an engine - its
+  ``generate`` or its ``update_weights`` - or in the scorer, a failure budget
+  used up): the pumps stop at a safe point, so a final checkpoint is written
+  too, and the error says how to resume;
+* on any other error (the trainer raising inside a step, whose state may then
+  be half-updated): no checkpoint of that state; the summary (with the error as
+  the stop reason and its first line as the message), the ledger; the newest
+  periodic checkpoint stays, and the error says to resume from it (or that
+  there is none). No ``final/`` after an error of either kind
+  (:mod:`asyncrl.run.ending`);
 * on a second signal (forced): the summary and the ledger, quickly; the newest
   complete checkpoint stays.
 """
@@ -35,7 +39,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from asyncrl._util.jsonio import write_json, write_text_atomic
+from asyncrl._util.jsonio import write_text_atomic
 from asyncrl.checkpoint import CheckpointHook, LoadedCheckpoint, iter_checkpoints
 from asyncrl.checkpoint.hook import ENGINE_SNAPSHOTS
 from asyncrl.checkpoint.store import list_checkpoints, set_aside_newer
@@ -47,11 +51,11 @@ from asyncrl.engines.base import RolloutEngine
 from asyncrl.errors import CheckpointError, ConfigError, add_note
 from asyncrl.metrics import JsonlSink, MetricsSink, TensorBoardSink
 from asyncrl.metrics.progress import progress_sink
-from asyncrl.metrics.report import write_plots
 from asyncrl.policy.build import PolicyTokenizer
 from asyncrl.rollouts import apply_rollout
 from asyncrl.run.backends import build_backends, own_backend
 from asyncrl.run.components import check_resume, given, record
+from asyncrl.run.ending import CHECKPOINTED_ENDS, error_resume_hint, finish_run_dir
 from asyncrl.run.export import export_final
 from asyncrl.run.fleet_channel import fleet_channel
 from asyncrl.run.lock import run_dir_lock
@@ -73,15 +77,6 @@ from asyncrl.trainers.base import Trainer
 from asyncrl.types import StopReason
 
 log = logging.getLogger("asyncrl.runner")
-
-#: Stop reasons after which the run's state is whole and worth a final checkpoint.
-CHECKPOINTED_ENDS = (StopReason.MAX_NUM_STEPS, StopReason.SOURCE_EXHAUSTED,
-                     StopReason.INCOMPLETE_STEP, StopReason.INTERRUPTED, StopReason.TERMINATED,
-                     StopReason.STALLED, StopReason.SAVE_BY)
-#: Stop reasons whose summary carries the command that resumes the run.
-RESUMABLE_ENDS = (StopReason.INTERRUPTED, StopReason.TERMINATED, StopReason.STALLED,
-                  StopReason.SAVE_BY)
-
 
 def train(
     cfg: RunConfig,
@@ -143,7 +138,7 @@ def train(
                     engines = apply_rollout(cfg.task.rollout, engines, checked.tokenizer.get(task))
                 run = _Run(cfg, run_dir, task, engines, trainer, evaluator, checked.tokenizer,
                            planner)
-                run.began = began
+                run.began, run.vocab_size = began, checked.vocab_size
                 try:
                     snapshots = None
                     if resume is not None:
@@ -193,6 +188,8 @@ class _Run:
         self.final_dir: Path | None = None
         self.began = time.monotonic()  # when train() was called
         self.startup_s: float | None = None  # set when the first step is about to start
+        #: The policy's vocabulary (the preflight's): engines' token ids must index it.
+        self.vocab_size: int | None = None
 
     def build_controller(self, resume: LoadedCheckpoint | None,
                          extra_sinks: Sequence[MetricsSink]) -> None:
@@ -229,6 +226,7 @@ class _Run:
             on_step_end=CheckpointHook(run_dir, cfg.checkpoint, dump_config(cfg)),
             ledger_history=history,
             scorer=self.scorer, evaluator=self.evaluator, planner=self.planner,
+            vocab_size=self.vocab_size,
         )
         self.journal = autopilot_files(self.controller.autopilot, run_dir,
                                        append=resume is not None)
@@ -269,6 +267,7 @@ class _Run:
         except BaseException:
             await self.close()
             raise
+        failed = False
         try:
             if resume is not None:
                 # The engines start from the checkpoint's weights, at its version.
@@ -291,11 +290,17 @@ class _Run:
                 await self._finish_pending_write()
                 if controller.stopped_at_safe_point:  # the state is whole: keep it
                     await self._checkpoint_at_error(exc)
+                else:  # maybe half-updated (the trainer raised in a step): not checkpointed
+                    add_note(exc, error_resume_hint(self.run_dir))
                 raise
             await self._end_of_run()
+        except Exception:
+            failed = True  # a failed run exports no final/ (asyncrl.run.ending says why)
+            raise
         finally:
             try:
-                if not self.stop.forced:  # the final policy, unless asked to stop at once
+                # The final policy, unless the run failed or was asked to stop at once.
+                if not self.stop.forced and not failed:
                     self.final_dir = await export_final(self.run_dir, self.cfg, self.trainer,
                                                         self.task, self.tokenizer)
                 # The engines close under the loop's handlers too: the loop wakes on a
@@ -426,37 +431,3 @@ def _restore(cfg: RunConfig, task: Task, engines: Sequence[RolloutEngine], train
         f"no checkpoint of {source} can be loaded: " + "; ".join(problems)
         + ". Start a new run, or restore a checkpoint directory from a backup"
     )
-
-
-def finish_run_dir(run_dir: Path, controller: Controller, task: Task, cfg: RunConfig,
-                   summary: RunDirSummary, *, plots: bool = True) -> RunDirSummary:
-    """Write summary.json, timeline.json, the pending groups' ledger lines and the plots."""
-    target = task.target_reward  # a required member (the pre-run checks refuse a task without)
-    summary["target_reward"] = target
-    last10 = summary.get("reward_last10_mean")
-    summary["reached_target"] = bool(
-        target is not None and last10 is not None and last10 == last10 and last10 >= target
-    )
-    summary["run_dir"] = str(run_dir)
-    if summary["stop_reason"] in RESUMABLE_ENDS:
-        # Stopped at once before its first checkpoint: nothing to resume from,
-        # the run starts over in its directory.
-        summary["resume_command"] = (
-            f"asyncrl train --resume {run_dir}" if list_checkpoints(run_dir) else
-            f"asyncrl train --config {run_dir / 'config.yaml'} --run-dir {run_dir} --overwrite")
-    # NaN (e.g. the reward of a run without steps) is written as null: JSON has no NaN.
-    write_json(run_dir / "summary.json", summary, indent=2, default=str)
-    write_json(run_dir / "timeline.json", controller.timeline.to_list())
-    # ledger.jsonl already holds every finished group; add the pending ones, so
-    # the file has one line per prompt group ever dispatched.
-    history = controller.ledger.history
-    if isinstance(history, JsonlHistory):
-        for rec in controller.ledger.live_records():
-            history.append(rec)
-        history.close()
-    if plots and cfg.logging.plots and controller.steps_done:
-        try:
-            summary["plots"] = [str(p) for p in write_plots(run_dir)]
-        except Exception as exc:  # plots are a convenience: never lose the summary over them
-            log.warning("could not draw plots: %r", exc)
-    return summary

@@ -248,7 +248,7 @@ class GRPOTrainer:
     def _train_mini_batches(self, rollouts: list[Rollout]) -> dict[str, float]:
         """The step in several optimizer steps (:mod:`asyncrl.trainers.minibatch`)."""
         began = time.perf_counter()
-        optimizer_s = 0.0  # the rest of the step is forward/backward
+        optimizer_s, real, padded = 0.0, 0, 0  # the rest is forward/backward; pad_frac
         flat = self._flatten(rollouts)
         flat.prox = minibatch.proximal(
             flat, lambda b: self.scorer(self.model, b)[0], budget=self.micro_batch_tokens,
@@ -258,13 +258,14 @@ class GRPOTrainer:
         for part in minibatch.epoch_batches(flat, self.mini_batches, self.epochs):
             self._train_flat(flat.subset(part))
             rows += self.last_chunk_rows
+            real, padded = real + self._step.real, padded + self._step.padded
             stepped = time.perf_counter()
             steps.append(self._optimizer_step())
             optimizer_s += time.perf_counter() - stepped
         metrics, sums = chunk_metrics(rows, flat, repeats=self.epochs)
         if self.loss_cfg.kl_coef > 0:
             metrics["kl"] = sums["kl"] / ((flat.weight * self.epochs) or 1.0)
-        metrics.update(minibatch.merged_step_metrics(steps))
+        metrics.update(minibatch.merged_step_metrics(steps, self.epochs, real, padded))
         metrics[TRAIN_S_IN_FINISH] = time.perf_counter() - began - optimizer_s
         metrics.update(self._advance())
         return metrics

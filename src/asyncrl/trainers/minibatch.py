@@ -81,15 +81,43 @@ def epoch_batches(flat: Flat, mini_batches: int, epochs: int) -> Sequence[list[i
     return [rows for _ in range(epochs) for rows in runs]
 
 
-def merged_step_metrics(steps: list[dict[str, float]]) -> dict[str, float]:
-    """One training step's metrics from its optimizer steps' own: the last one's,
-    with the loss and the gradient norm averaged over all of them."""
+#: Counts over the training step: summed over its optimizer steps.
+_SUMMED = ("micro_batches", "skipped_nonfinite_step")
+
+
+def merged_step_metrics(steps: list[dict[str, float]], epochs: int = 1,
+                        real: int = 0, padded: int = 0) -> dict[str, float]:
+    """One training step's metrics from its optimizer steps' own (docs/training.md):
+
+    * ``loss`` and ``grad_norm``: their mean over the optimizer steps;
+    * ``micro_batches`` (forward/backward passes) and ``skipped_nonfinite_step``
+      (optimizer steps skipped for a non-finite gradient): their sums;
+    * ``step_tokens``: the loss divisors of one epoch's mini-batches summed - the
+      step's own divisor, as with one optimizer step (every epoch repeats them);
+      ``optimizer_step_tokens``: their mean, the divisor of one optimizer step;
+    * ``pad_frac`` over every micro-batch of the step (``real`` tokens of
+      ``padded`` positions);
+    * anything else (``loss_scale``): the last optimizer step's, the state the
+      next step starts from.
+    """
     merged = {k: v for k, v in steps[-1].items() if k != "loss"} if steps else {}
     losses = [s["loss"] for s in steps if "loss" in s]
     if losses:
         merged["loss"] = sum(losses) / len(losses)
     if steps:
         merged["grad_norm"] = sum(s.get("grad_norm", 0.0) for s in steps) / len(steps)
+        for key in _SUMMED:
+            total = sum(s.get(key, 0.0) for s in steps)
+            merged.pop(key, None)
+            if total:
+                merged[key] = total
+        divisors = [s.get("step_tokens", 0.0) for s in steps]
+        per_epoch = max(1, len(steps) // max(epochs, 1))
+        merged["step_tokens"] = float(sum(divisors[:per_epoch]))
+        merged["optimizer_step_tokens"] = sum(divisors) / len(divisors)
+    merged.pop("pad_frac", None)
+    if padded:
+        merged["pad_frac"] = 1.0 - real / padded
     merged["optimizer_steps"] = float(len(steps))
     return merged
 

@@ -92,19 +92,32 @@ def advanced(optimizer: torch.optim.Optimizer, cfg: SchedulerConfig | None,
 
 
 def check_schedule(cfg: SchedulerConfig | None, lr: float = 1.0) -> None:
-    """Build the schedule over a one-parameter optimizer: a class torch does not
-    have or a keyword it refuses is a :class:`ConfigError` naming the entry."""
+    """Build the schedule over a one-parameter optimizer and step it once: a
+    class torch does not have, a keyword it refuses, or one its first step
+    fails on is a :class:`ConfigError` naming ``policy.scheduler``."""
     if cfg is None:
         return
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=lr)
     try:
-        build_scheduler(optimizer, cfg)
+        scheduler = build_scheduler(optimizer, cfg)
     except (ImportError, AttributeError) as exc:
         raise ConfigError(f"policy.scheduler: {exc}; name one of torch.optim.lr_scheduler's "
                           f"classes, {_closest_scheduler(cfg)}") from None
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"policy.scheduler: {exc}; check its kwargs "
                           "against torch.optim.lr_scheduler's signature") from None
+    # Some keywords torch takes are refused only by the first step (StepLR's
+    # step_size=0 divides by zero there): one step here, on the throwaway
+    # optimizer, makes that a config error before the run, not a crash after
+    # its first training step.
+    optimizer.step()
+    try:
+        assert scheduler is not None
+        scheduler.step()
+    except Exception as exc:
+        raise ConfigError(f"policy.scheduler: its first step raised {type(exc).__name__}: "
+                          f"{exc}; check its kwargs against torch.optim.lr_scheduler's "
+                          "documentation (a step size or period of 0, say)") from None
 
 
 def _closest_scheduler(cfg: SchedulerConfig) -> str:
