@@ -199,6 +199,11 @@ loss_fn:
   ratio_clip_c: 10
 """
 
+#: DAPO's overlong penalty starts 2048 tokens before max_response_length=14336:
+#: a generation limit past that start (the recipe's own, from its policy block).
+DAPO_POLICY = {"generation": {"max_new_tokens": 14336},
+               "model": {"max_position_embeddings": 16384}}
+
 BLOCKS = {"v0.4.0": V040, "head": HEAD, "gspo": GSPO, "dapo": DAPO}
 
 
@@ -214,8 +219,9 @@ def loaded(text: str, tmp_path: Path, **extra):
 def test_pasted_blocks_load_and_validate(name, tmp_path: Path) -> None:
     # (NeMo-RL's steps of 512 x 16 completions need a buffer of their size, DAPO's
     # three times over)
+    policy = {"policy": DAPO_POLICY} if name == "dapo" else {}
     cfg, path = loaded(BLOCKS[name], tmp_path, async_rl={"max_buffered_rollouts": 4096,
-                                                         "max_inflight_prompts": 4096})
+                                                         "max_inflight_prompts": 4096}, **policy)
     assert cfg.grpo.num_generations_per_prompt in (8, 16)
     assert main(["validate", "--config", str(path), "--json", "--no-memory"]) == 0
 
@@ -235,7 +241,7 @@ def test_the_math_blocks_land_on_asyncrls_keys(tmp_path: Path) -> None:
 def test_gspo_and_dapo_recipes(tmp_path: Path) -> None:
     gspo, _ = loaded(GSPO, tmp_path)
     assert (gspo.loss.ratio_level, gspo.loss.aggregation) == ("sequence", "sequence_mean")
-    dapo, _ = loaded(DAPO, tmp_path)
+    dapo, _ = loaded(DAPO, tmp_path, policy=DAPO_POLICY)
     assert (dapo.loss.clip_eps_high, dapo.loss.dual_clip) == (0.28, 10.0)
     assert dapo.loss.baseline == "group_mean"
     over = dapo.loss.overlong
@@ -278,6 +284,7 @@ def test_reward_scaling_off_leaves_rewards_alone_and_a_bad_block_is_named() -> N
 def test_max_sequence_length_reference_reads_as_max_new_tokens(tmp_path: Path) -> None:
     tree = yaml.safe_load(V040)
     tree["grpo"]["reward_shaping"]["enabled"] = True
+    tree.setdefault("policy", {})["generation"] = {"max_new_tokens": 512}  # above the buffer
     cfg = config_from_dict(tree)
     assert cfg.loss.overlong.max_tokens is None  # policy.generation.max_new_tokens
 

@@ -3,6 +3,7 @@ line naming the field and the fix; ``asyncrl validate`` builds the schedule."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -52,7 +53,9 @@ def test_asyncrls_warmup_decay_form() -> None:
 
 @pytest.mark.parametrize(("scheduler", "says"), [
     ([{"name": LINEAR}, {"name": CONSTANT}],
-     "policy.scheduler: a list of 2 schedulers needs one {milestones: [...]} entry with 1 steps"),
+     "policy.scheduler: a list of 2 schedulers needs one {milestones: [...]} entry with 1 step "),
+    ([{"name": LINEAR}, {"name": CONSTANT}, {"name": LINEAR}],
+     "a list of 3 schedulers needs one {milestones: [...]} entry with 2 steps "),
     ([{"name": LINEAR, "kwargz": {}}, {"milestones": []}],
      "policy.scheduler.0.kwargz: unknown key. did you mean 'kwargs'?"),
     ({"name": "LinearLR"}, "write e.g. name: torch.optim.lr_scheduler.LinearLR"),
@@ -76,6 +79,9 @@ def test_scheduler_refusals_name_the_fix(scheduler, says) -> None:
     ({"mismatch": {"mode": "truncate"}, "off_policy_correction": "tis", "is_cap": 3.0},
      "set the bound as mismatch.upper and leave is_cap out"),
     ({"mismatch": {"lower": 2.0, "upper": 2.0}}, "mismatch.lower=2 must be below"),
+    ({"clip_eps": 1.5}, "loss.clip_eps: clip_eps=1.5 puts the ratio's lower clip bound at "
+     "1 - 1.5 = -0.5, and a ratio is never below 0: set clip_eps below 1"),
+    ({"clip_eps": 1.0}, "lower clip bound at 1 - 1 = 0"),
 ])
 def test_loss_refusals_name_the_fix(loss, says) -> None:
     assert says in refusal({"loss": loss})
@@ -87,6 +93,35 @@ def test_more_mini_batches_than_completions_is_refused_not_capped() -> None:
     assert "policy.train_mini_batches=9 is more than the 8 completions" in says
     assert "set policy.train_mini_batches to 8 or less" in says and "\n" not in says
     assert config_from_dict({"grpo": grpo, "policy": {"train_mini_batches": 8}})
+
+
+@pytest.mark.parametrize(("overlong", "says"), [
+    ({"buffer_tokens": 8, "penalty": 1.0},
+     "loss.overlong.buffer_tokens=8 is not below policy.generation.max_new_tokens=2 (the "
+     "penalty's max_tokens when it is left out): every completion would be penalised"),
+    ({"buffer_tokens": 2}, "buffer_tokens=2 is not below policy.generation.max_new_tokens=2"),
+    ({"buffer_tokens": 4, "max_tokens": 3},
+     "loss.overlong.buffer_tokens=4 is not below loss.overlong.max_tokens=3"),
+    ({"buffer_tokens": 1, "max_tokens": 50},
+     "penalises completions longer than max_tokens - buffer_tokens = 50 - 1 = 49 tokens, but "
+     "policy.generation.max_new_tokens=2 stops every completion by then: the penalty never "
+     "applies"),
+    ({"buffer_tokens": 1, "max_tokens": 3}, "= 3 - 1 = 2 tokens"),
+])
+def test_an_overlong_penalty_that_hits_every_completion_or_none_is_refused(
+        overlong, says) -> None:
+    tree = {"policy": {"generation": {"max_new_tokens": 2}}, "loss": {"overlong": overlong}}
+    assert says in refusal(tree)
+
+
+@pytest.mark.parametrize("overlong", [
+    {"buffer_tokens": 1}, {"buffer_tokens": 3}, {"buffer_tokens": 1, "max_tokens": 4},
+    {"buffer_tokens": 2, "max_tokens": 5},  # L_max above max_new_tokens: part of the ramp
+    {"buffer_tokens": 1, "max_tokens": 3},  # below it: lower still past L_max
+])
+def test_an_overlong_penalty_some_completions_reach_loads(overlong) -> None:
+    tree = {"policy": {"generation": {"max_new_tokens": 4}}, "loss": {"overlong": overlong}}
+    assert config_from_dict(tree).loss.overlong is not None
 
 
 def test_an_old_configs_scale_advantages_true_still_loads() -> None:
@@ -125,9 +160,38 @@ def test_validate_builds_the_schedule_with_torch(tmp_path: Path, capsys, kwargs,
 
 
 def test_validate_passes_a_recipe(tmp_path: Path) -> None:
-    tree = {"policy": {**yaml.safe_load(NEMO_SCHEDULER), "train_mini_batches": 2},
+    tree = {"policy": {**yaml.safe_load(NEMO_SCHEDULER), "train_mini_batches": 2,
+                       "generation": {"max_new_tokens": 16}},
             "loss": {"ratio_level": "sequence", "aggregation": "sequence_mean",
                      "dual_clip": 3.0, "overlong": {"buffer_tokens": 8}}}
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(tree))
     assert main(["validate", "--config", str(path), "--json", "--no-memory"]) == 0
+
+
+@pytest.mark.parametrize(("scheduler", "length"), [
+    ({"warmup_steps": 100, "decay": "cosine", "decay_steps": 500}, 600),
+    ({"warmup_steps": 40}, 40),
+    ({"name": LINEAR, "kwargs": {"total_iters": 40}}, 40),
+    ({"name": "torch.optim.lr_scheduler.CosineAnnealingLR", "kwargs": {"T_max": 70}}, 70),
+    ([{"name": LINEAR, "kwargs": {"total_iters": 50}},
+      {"name": "torch.optim.lr_scheduler.CosineAnnealingLR", "kwargs": {"T_max": 300}},
+      {"milestones": [50]}], 350),
+    (yaml.safe_load(NEMO_SCHEDULER)["scheduler"], 50 + 10000000000),
+])
+def test_a_schedule_longer_than_the_run_is_warned_about(
+        tmp_path: Path, capsys, scheduler, length: int) -> None:
+    """Legal (a run may be resumed with more steps), but warned about by validate
+    (and logged when train starts: the same preflight facts)."""
+    path = tmp_path / "config.yaml"
+    tree = {"grpo": {"max_num_steps": 30}, "policy": {"scheduler": scheduler}}
+    path.write_text(yaml.safe_dump(tree))
+    assert main(["validate", "--config", str(path), "--json", "--no-memory"]) == 0
+    warnings = json.loads(capsys.readouterr().out)["warnings"]
+    assert (f"policy.scheduler takes {length} training steps to reach its last learning rate, "
+            "but grpo.max_num_steps=30: the run ends part-way through the schedule") in \
+        " ".join(warnings)
+    tree["grpo"]["max_num_steps"] = length
+    path.write_text(yaml.safe_dump(tree))
+    assert main(["validate", "--config", str(path), "--json", "--no-memory"]) == 0
+    assert not any("policy.scheduler" in w for w in json.loads(capsys.readouterr().out)["warnings"])

@@ -157,6 +157,13 @@ class RewardError(RolloutFailure):
     kind: ClassVar[FailureKind] = "data"
 
 
+class EngineRewardError(RewardError):
+    """Rewards that came with the group from the engine - a rollout function's
+    ``RolloutOutput.rewards``, a custom engine's ``GroupResult.rewards`` - are not
+    finite numbers. Data, like a reward function's; the error names the function
+    or engine that returned them."""
+
+
 class RewardTimeout(RewardError):
     """A reward call ran past its deadline (``task.reward.timeout_s`` or
     ``async_rl.rollout_failure.native.env_timeout_s``), or every worker is held

@@ -15,7 +15,7 @@ from asyncrl.checkpoint import (
 )
 from asyncrl.config import RunConfig, config_from_dict
 from asyncrl.errors import CheckpointError
-from asyncrl.run.resume import config_differences
+from asyncrl.run.resume import config_changes, config_differences
 
 
 def save(run_dir, step: int, keep_last: int = 3):
@@ -114,6 +114,31 @@ def test_config_differences_name_immutable_changes_only() -> None:
     # Issue 18, case 10: the keys of a block that changed, not the whole block.
     assert config_differences(old, config_from_dict({"task": {"max_operand": 5}})) == [
         "task.max_operand: 3 -> 5"]
+
+
+LINEAR = "torch.optim.lr_scheduler.LinearLR"
+
+
+def test_a_value_that_changes_form_is_one_change_line() -> None:
+    """policy.scheduler's list form for its short form (or a torch scheduler for
+    the short form, or None for it) is one line, not a line per key of either."""
+    listed = config_from_dict({"policy": {"scheduler": [
+        {"name": LINEAR, "kwargs": {"total_iters": 5}},
+        {"name": "torch.optim.lr_scheduler.ConstantLR"}, {"milestones": [5]}]}})
+    named = config_from_dict({"policy": {"scheduler": {"name": LINEAR}}})
+    short = config_from_dict({"policy": {"scheduler": {"warmup_steps": 5},
+                                         "optimizer": {"lr": 0.002}}})
+    for old in (listed, named, RunConfig()):
+        changes = config_changes(old, short)
+        assert [c.partition(":")[0] for c in changes] == ["policy.optimizer.lr",
+                                                          "policy.scheduler"], changes
+        assert changes[1].endswith(" -> {'warmup_steps': 5, 'warmup_start_factor': 0.1, "
+                                   "'decay': 'constant', 'decay_steps': None, "
+                                   "'min_lr_ratio': 0.0}")
+    # The same form: the keys that changed, as before.
+    longer = config_from_dict({"policy": {"scheduler": {"warmup_steps": 7}}})
+    assert config_changes(short, longer) == ["policy.optimizer.lr: 0.002 -> 0.001",
+                                             "policy.scheduler.warmup_steps: 5 -> 7"]
 
 
 def test_resume_with_a_changed_sampler_is_refused_with_the_difference_named(tmp_path) -> None:

@@ -242,3 +242,63 @@ def test_a_from_scratch_vocabulary_covers_the_task(task, fragment: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(fragment)):
         preflight(cfg, task=task)
     assert preflight(cfg, task=_CharTask("ab=")).task is not None  # a covering one passes
+
+
+class _Dry:
+    """A prompt source that is exhausted from the start."""
+
+    def next_prompt(self):
+        return None
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+class _DryTask(_CharTask):
+    def prompt_source(self, seed: int):
+        return _Dry()
+
+
+@pytest.mark.parametrize(("task", "fragment"), [
+    (_CharTask("ab=", prompt=""), "the task 'letters' (tests.cli.test_preflight:_CharTask): "
+     "prompt 0 from prompt_source(seed=0) has the empty text ''"),
+    (_CharTask("ab= ", prompt="  "), "has the empty text '  '"),
+    (_DryTask("ab="), "the task 'letters' (tests.cli.test_preflight:_DryTask): "
+     "prompt_source(seed=0).next_prompt() returned None at once, so a run would train 0 steps"),
+], ids=["empty-prompt", "blank-prompt", "no-prompts"])
+def test_a_task_without_prompts_to_train_on_is_refused(task, fragment: str, tmp_path) -> None:
+    import asyncrl
+    from asyncrl.errors import ConfigError
+
+    # asyncrl.train with a Python task: refused before the run directory is made
+    # (it trained 0 steps, or on empty prompts, and exited 0).
+    run_dir = tmp_path / "run"
+    with pytest.raises(ConfigError, match=re.escape(fragment)):
+        asyncrl.train({}, task=task, run_dir=run_dir, grpo__num_prompts_per_step=8,
+                      grpo__max_num_steps=2, async_rl__max_buffered_rollouts=16,
+                      async_rl__min_groups_for_streaming_train=8, logging__progress="never")
+    assert not run_dir.exists()
+
+
+@pytest.mark.parametrize(("records", "template", "fragment"), [
+    ('{"prompt": "a=", "answer": "1"}\n{"prompt": "", "answer": "2"}\n', None,
+     "record 2 (line 2): its 'prompt' (task.prompt_key) is empty or blank"),
+    ('{"prompt": "   ", "answer": "2"}\n', None, "record 1 (line 1): its 'prompt'"),
+    ('{"q": "a=", "c": "", "answer": "1"}\n{"q": " ", "c": "", "answer": "2"}\n', "'{q}{c}'",
+     "record 2 (line 2): task.template '{q}{c}' makes an empty prompt of it"),
+], ids=["empty", "blank", "template-of-blank-fields"])
+def test_a_dataset_record_without_a_prompt_is_refused_naming_it(
+        config: Path, tmp_path: Path, capsys, records: str, template: str | None,
+        fragment: str) -> None:
+    data = tmp_path / "data.jsonl"
+    data.write_text(records)
+    task = f"task={{name: dataset, path: {data}" + (f", template: {template}}}" if template
+                                                    else "}")
+    line = _refused_alike(config, tmp_path, capsys, [task])
+    assert f"dataset file '{data}', {fragment}" in line, line
+    # A template with text of its own always makes a prompt.
+    assert main(["validate", "--config", str(config), "--no-memory",
+                 f"task={{name: dataset, path: {data}, template: 'say {{answer}}='}}"]) == 0

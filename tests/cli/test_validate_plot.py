@@ -98,6 +98,10 @@ def test_validate_says_which_recipe_the_loss_amounts_to(tmp_path, capsys) -> Non
     }
     assert main(["validate", "--config", cfg, "--no-memory"]) == 0
     assert "optimizer steps per training step" in capsys.readouterr().out
+    one = write(tmp_path, "loss: {overlong: {buffer_tokens: 1}}\n")
+    assert main(["validate", "--config", one, "--json", "--no-memory"]) == 0
+    assert json.loads(capsys.readouterr().out)["recipe"]["reward shaping"].endswith(
+        "overlong penalty 1 over the last 1 token before 4")
 
 
 def test_validate_prints_the_token_staleness_facts(tmp_path, capsys) -> None:

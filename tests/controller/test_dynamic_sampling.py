@@ -281,3 +281,21 @@ def test_a_filter_without_room_is_warned_about() -> None:
 
     assert any("max_gen_batches=1" in w for w in warnings(max_gen_batches=1))
     assert warnings(max_gen_batches=2) == warnings(max_gen_batches=1, batch_multiplier=1.5) == []
+
+
+def test_the_budget_message_counts_the_rejections_it_stopped_at() -> None:
+    """The message counts the groups filtered when the budget ran out; groups
+    still generating are filtered as they finish, so the summary may count more:
+    the message says so, and its numbers add up."""
+    ctl = make_controller({"name": "in_order", "max_lookahead_versions": 1},
+                          task=FlatTask(1.0), steps=10, per_step=4,
+                          dynamic_sampling={"filter": "zero_variance", "max_gen_batches": 1,
+                                            "batch_multiplier": 1.5})
+    with pytest.raises(DynamicSamplingBudgetExceeded) as err:
+        run_virtual(ctl.run())
+    message = str(err.value)
+    assert ("dispatch batch 0 generated 6 groups (1 batch(es) of 6); once the filter "
+            "'zero_variance' had rejected 3 of them, at most 3 could pass, fewer than the "
+            "num_prompts_per_step=4 groups its step needs (groups still generating are "
+            "filtered as they finish: summary.json counts those too)") in message, message
+    assert ctl.summary()["dynamic_sampling"]["filtered"] >= 3

@@ -291,6 +291,8 @@ class ContractBreakingEngine(FakeEngine):
         if self.how == "start_weight":
             result.start_weight = start + 1
             return result
+        if self.how == "dict":  # not a GroupResult at all
+            return {"group_id": result.group_id, "completions": result.completion_texts}
         bad = (Completion([3], [0.0], ((start, 1),), None) if self.how == "unfinished" else
                Completion([3], [0.0], ((start - 1, 1),), "stop"))
         good = Completion([3], [0.0], ((start, 1),), "stop")
@@ -304,14 +306,17 @@ class ContractBreakingEngine(FakeEngine):
     ("old_version", "tokens of weight version 0, older than the group's start weight 1"),
     ("count", "completions for num_generations=2"),
     ("start_weight", "start_weight 2, but the request said 1"),
+    ("dict", "ContractBreakingEngine) returned dict from generate; return an "
+             "asyncrl.types.GroupResult(group_id, prompt_ids, completions, start_weight) (group "),
 ])
 def test_an_engine_result_that_breaks_the_record_stops_the_run_naming_what(
         how, says, shared) -> None:
     engine = ContractBreakingEngine(how, shared)
     ctl = make_controller(IN_ORDER, engines=[engine], steps=10)
-    with pytest.raises(BackendBug, match="it returned an invalid result") as err:
+    with pytest.raises(BackendBug, match=r"ContractBreakingEngine\) returned ") as err:
         run_virtual(ctl.run())
-    assert says in str(err.value) and "ContractBreakingEngine" in str(err.value)
+    assert says in str(err.value) and "raised" not in str(err.value)
+    assert "breaks the engine's contract is a bug in the engine" in str(err.value)
     assert ctl.ledger[engine.broken].attempts == 1  # a bug: not retried
     assert ctl.summary()["ledger"]["balanced"]
 

@@ -47,3 +47,20 @@ def test_the_first_is_logged_the_rest_counted_until_a_flush(caplog) -> None:
         "the same failure hit 19 more group(s) too (retried; groups 1, 2, 3, 4, 5, 6, 7, 8, 9, "
         "10, 11, 12 and 7 more): k",
         "the same failure hit 1 more group(s) too (retried; groups 20): k"]
+
+
+def test_the_repeat_line_counts_other_groups_once_each(caplog) -> None:
+    """A group's next attempt failing alike is not "one more group": the group
+    the full line named is never listed, and a group retried twice counts once."""
+    failures = FailureLog(logging.getLogger("asyncrl.test"))
+    with caplog.at_level(logging.WARNING, "asyncrl.test"):
+        for group in (20, 21, 20, 22, 21, 20):
+            failures.warn("retried", "k", group, "group %s failed", group)
+        failures.flush()
+        failures.warn("retried", "k", 21, "group %s failed", 21)  # after a flush: counted anew
+        failures.warn("retried", "k", 20, "group %s failed", 20)
+        failures.flush()
+    assert [r.getMessage() for r in caplog.records] == [
+        "group 20 failed",
+        "the same failure hit 2 more group(s) too (retried; groups 21, 22): k",
+        "the same failure hit 1 more group(s) too (retried; groups 21): k"]

@@ -114,6 +114,32 @@ def test_rewards_that_are_not_numbers_fail_the_group_with_the_fix() -> None:
     assert _checked_rewards([np.float32(0.5), torch.tensor(1.0)], result) == [0.5, 1.0]
     for bad, says in ((["1", 0.0], r"'1' \(str\) is not a number"),
                       ([float("nan"), 0.0], "nan is not a finite number"),
-                      ([1.0], "got 1 rewards for 2 completions")):
+                      ([1.0], "got 1 reward for 2 completions")):
         with pytest.raises(RewardError, match=says):
             _checked_rewards(bad, result)
+
+
+class NanRewards(FakeEngine):
+    """Returns its groups with rewards of its own, all nan."""
+
+    async def generate(self, request):
+        result = await super().generate(request)
+        result.rewards = [float("nan")] * request.num_generations
+        return result
+
+
+def test_non_finite_rewards_an_engine_returns_name_the_engine() -> None:
+    """Rewards that came with the group (GroupResult.rewards) are the engine's:
+    the error names it, and the fix is not the reward function's."""
+    import pytest
+
+    from asyncrl.errors import TooManyFailedGroups
+
+    ctl = make_controller({"name": "in_order"}, engines=[NanRewards()], steps=2)
+    with pytest.raises(TooManyFailedGroups) as err:
+        run_virtual(ctl.run())
+    text = str(err.value)
+    assert ("EngineRewardError: engine 0 (tests.controller.test_rewards.NanRewards) returned "
+            "rewards with the group: reward nan is not a finite number") in text
+    assert "Fix the rollout function or engine the error names" in text
+    assert "Fix the reward function" not in text

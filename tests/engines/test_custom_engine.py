@@ -45,11 +45,24 @@ class NoUpdates:
     def update_weights(self, weights, version): ...  # not async
 
 
+class SyncGenerate:
+    def __init__(self, ctx) -> None: ...
+
+    def generate(self, request): ...  # there, but not async
+
+    async def update_weights(self, weights, version): ...
+
+    async def close(self): ...
+
+
 @pytest.mark.parametrize(("target", "keys", "says"), [
     ("no_such_module_xyz:Engine", {}, "cannot be imported.*installed or on PYTHONPATH"),
     ("tests.engines.test_custom_engine:Missing", {}, "has no attribute 'Missing'"),
     ("tests.engines.test_custom_engine:NoUpdates", {},
-     r"missing close, update_weights \(must be 'async def'\); implement them"),
+     r": close is missing; update_weights is not 'async def'; define each of generate, "
+     r"update_weights, close as an 'async def' method"),
+    ("tests.engines.test_custom_engine:SyncGenerate", {},
+     r"RolloutEngine: generate is not 'async def'; define each of"),
     ("custom_engine:PlainTorchEngine", {"beams": 2},
      r"cannot be called as PlainTorchEngine\(ctx, \*\*\{'beams': 2\}\).*define __init__"),
 ])

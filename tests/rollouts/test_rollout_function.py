@@ -12,7 +12,14 @@ import pytest
 
 from asyncrl.cli import main
 from asyncrl.controller import MemoryHistory
-from asyncrl.errors import BackendBug, ConfigError, GenerationError, GroupAborted
+from asyncrl.errors import (
+    BackendBug,
+    ConfigError,
+    EngineRewardError,
+    GenerationError,
+    GroupAborted,
+    TooManyFailedGroups,
+)
 from asyncrl.rollouts import (
     EngineSession,
     RolloutFunctionEngine,
@@ -144,7 +151,7 @@ async def _leaves_unfinished(prompt, session):
     (_returns_a_list, r"returned list; return asyncrl.rollouts.RolloutOutput"),
     (_forges, r"not made by this session"),
     (_leaves_unfinished, r"unfinished transcripts \[0\]; end each with session.finish"),
-    (_one_reward, r"returned 1 rewards for 2 completions"),
+    (_one_reward, r"returned 1 reward for 2 completions"),
 ])
 def test_a_bug_of_the_function_is_unclassified_and_names_it(fn, match) -> None:
     with pytest.raises(RolloutFunctionError, match=match):
@@ -218,6 +225,33 @@ def test_a_bug_in_the_function_stops_the_run_naming_it() -> None:
         run(ctl.run())
     assert isinstance(err.value.__cause__.__cause__, ZeroDivisionError)
     assert ctl.stopped_at_safe_point and ctl.summary()["ledger"]["balanced"]
+
+
+async def _nan_rewards(prompt, session):
+    return RolloutOutput(await session.generate(session.start()), [float("nan"), 0.0])
+
+
+async def _text_rewards(prompt, session):
+    return RolloutOutput(await session.generate(session.start()), [1.0, "1"])
+
+
+@pytest.mark.parametrize(("fn", "shown"), [(_nan_rewards, "nan for completion 0"),
+                                           (_text_rewards, "'1' for completion 1")])
+def test_rewards_of_the_function_that_are_not_finite_numbers_name_it(fn, shown) -> None:
+    """Data (retried, as a reward function's would be), but the error and the fix
+    name the rollout function that returned them, not a reward function."""
+    with pytest.raises(EngineRewardError, match=rf"task.rollout='t:fn' returned reward {shown}; "
+                                                "return a finite float per completion"):
+        run(wrapped(fn).generate(request()))
+    ctl = _controller(fn)
+    with pytest.raises(TooManyFailedGroups) as err:
+        run(ctl.run())
+    text = str(err.value)
+    assert f"EngineRewardError: the rollout function task.rollout='t:fn' returned reward {shown}" \
+        in text
+    assert "Fix the rollout function or engine the error names (it returned the rewards)" in text
+    assert "reward function" not in text
+    assert ctl.summary()["ledger"]["balanced"]
 
 
 # ----------------------------------------------------------------- loading

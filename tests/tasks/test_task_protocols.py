@@ -170,6 +170,18 @@ def test_a_trainer_without_a_required_member_is_refused_naming_it() -> None:
         fake_checks(FakeTask(), NoClose())
 
 
+def test_an_engine_with_a_plain_def_generate_is_told_so() -> None:
+    class SyncGenerate(FakeEngine):
+        def generate(self, request: Any) -> Any:  # type: ignore[override]
+            return None
+
+    cfg = load_config(QUICK)
+    with pytest.raises(UsageError, match=r"the engine SyncGenerate does not satisfy .*: generate "
+                                         r"is not 'async def'; define each required member as "
+                                         r"an 'async def' method"):
+        preflight(cfg, task=FakeTask(), backends=([SyncGenerate()], FakeTrainer()))
+
+
 # ------------------------------------------------------------------ training
 @pytest.mark.e2e
 def test_a_task_with_only_the_required_members_trains(tmp_path: Path) -> None:

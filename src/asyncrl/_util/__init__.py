@@ -1,3 +1,4 @@
 """Small helpers with no knowledge of RL: a change signal (``change_signal``),
 bounded lists (``bounded``), Python-version shims (``compat``), supervised
-background tasks (``supervision``) and atomic JSON files (``jsonio``)."""
+background tasks (``supervision``), atomic JSON files (``jsonio``) and message
+wording (``text``)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from asyncrl._util.text import plural
 from asyncrl.config.schedule import TorchSchedulerConfig, WarmupDecayConfig
 
 if TYPE_CHECKING:
@@ -32,7 +33,7 @@ def recipe_rows(cfg: RunConfig) -> list[tuple[str, str]]:
     shaping = [f"truncated completions: {loss.truncated}"]
     if loss.overlong is not None:
         shaping.append(f"overlong penalty {loss.overlong.penalty:g} over the last "
-                       f"{loss.overlong.buffer_tokens} tokens before "
+                       f"{plural(loss.overlong.buffer_tokens, 'token')} before "
                        f"{loss.overlong.limit(policy.generation.max_new_tokens)}")
     rows.append(("reward shaping", "; ".join(shaping)))
     if loss.kl_coef > 0:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, StrictFloat, model_validator
+from pydantic import Field, StrictFloat, field_validator, model_validator
 
 from asyncrl.config.blocks import Block, NonNegFloat, NonNegInt, PosFloat, PosInt
 
@@ -75,6 +75,27 @@ class OverlongConfig(Block):
 
     def limit(self, max_new_tokens: int) -> int:
         return self.max_tokens if self.max_tokens is not None else max_new_tokens
+
+    def mistake(self, max_new_tokens: int) -> str | None:
+        """Why this penalty cannot do what it is for with a generation limit of
+        ``max_new_tokens`` (None: it can). The penalty starts at ``limit -
+        buffer_tokens``: at or below 0 every completion is penalised, at or above
+        ``max_new_tokens`` (no completion is longer) none is."""
+        limit = self.limit(max_new_tokens)
+        where = (f"loss.overlong.max_tokens={limit}" if self.max_tokens is not None
+                 else f"policy.generation.max_new_tokens={limit} (the penalty's max_tokens "
+                 "when it is left out)")
+        if self.buffer_tokens >= limit:
+            return (f"loss.overlong.buffer_tokens={self.buffer_tokens} is not below {where}: "
+                    "every completion would be penalised; set buffer_tokens below it")
+        if limit - self.buffer_tokens >= max_new_tokens:
+            return (f"loss.overlong penalises completions longer than max_tokens - buffer_tokens"
+                    f" = {limit} - {self.buffer_tokens} = {limit - self.buffer_tokens} tokens, "
+                    f"but policy.generation.max_new_tokens={max_new_tokens} stops every "
+                    "completion by then: the penalty never applies; lower "
+                    "loss.overlong.max_tokens (or leave it out: max_new_tokens) or raise "
+                    "buffer_tokens")
+        return None
 
 
 class RewardScalingConfig(Block):
@@ -172,6 +193,17 @@ class LossConfig(Block):
         grpo.num_generations_per_prompt.
         """
         return 2
+
+    @field_validator("clip_eps")
+    @classmethod
+    def _a_positive_lower_bound(cls, value: float) -> float:
+        # The ratio pi / mu is positive: a lower bound 1 - clip_eps <= 0 never binds.
+        if value >= 1:
+            raise ValueError(
+                f"clip_eps={value:g} puts the ratio's lower clip bound at 1 - {value:g} = "
+                f"{1 - value:g}, and a ratio is never below 0: set clip_eps below 1 (0.2 is "
+                "usual); clip_eps_high alone widens the upper bound")
+        return value
 
     @model_validator(mode="before")
     @classmethod

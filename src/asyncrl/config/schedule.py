@@ -22,6 +22,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import Discriminator, Field, StrictFloat, Tag, field_validator, model_validator
 
+from asyncrl._util.text import plural
 from asyncrl.config.blocks import Block, NonNegInt, PosInt
 
 #: Where the scheduler classes a config may name live.
@@ -100,8 +101,9 @@ def _one_milestones_entry(entries: list[Any]) -> list[Any]:
         raise ValueError("the list names no scheduler; give {name, kwargs} entries")
     if len(marks) != 1 or len(marks[0].milestones) != len(named) - 1:
         raise ValueError(
-            f"a list of {len(named)} schedulers needs one {{milestones: [...]}} entry with "
-            f"{len(named) - 1} steps (where each scheduler after the first takes over), e.g. "
+            f"a list of {plural(len(named), 'scheduler')} needs one {{milestones: [...]}} "
+            f"entry with {plural(len(named) - 1, 'step')} (where each scheduler after the "
+            "first takes over), e.g. "
             "- milestones: [50]")
     steps = marks[0].milestones
     if steps != sorted(set(steps)):
@@ -120,10 +122,47 @@ SchedulerConfig = Annotated[
 ]
 
 
+#: A torch scheduler's keyword arguments that say how many steps it runs for.
+_LENGTH_KWARGS = ("total_iters", "T_max")
+
+
+def _torch_length(entry: TorchSchedulerConfig) -> int:
+    return next((v for k, v in entry.kwargs.items() if k in _LENGTH_KWARGS
+                 and isinstance(v, int) and not isinstance(v, bool)), 0)
+
+
+def schedule_length(scheduler: Any) -> int:
+    """The training steps ``policy.scheduler`` takes to reach its last learning
+    rate, as far as the config says (0: at once, or not said - a torch
+    scheduler's length is read from its ``total_iters`` or ``T_max``)."""
+    if isinstance(scheduler, WarmupDecayConfig):
+        return scheduler.warmup_steps + (scheduler.decay_steps or 0)
+    if isinstance(scheduler, TorchSchedulerConfig):
+        return _torch_length(scheduler)
+    if isinstance(scheduler, list):  # the last scheduler starts at the last milestone
+        marks = [e for e in scheduler if isinstance(e, MilestonesConfig)]
+        named = [e for e in scheduler if isinstance(e, TorchSchedulerConfig)]
+        start = marks[0].milestones[-1] if marks and marks[0].milestones else 0
+        return start + (_torch_length(named[-1]) if named else 0)
+    return 0
+
+
+def schedule_warning(scheduler: Any, max_num_steps: int) -> str | None:
+    """A warning when the schedule is longer than the run: legal (a run may be
+    resumed with a larger ``grpo.max_num_steps``), but often a mistake."""
+    length = schedule_length(scheduler)
+    if length <= max_num_steps:
+        return None
+    return (f"policy.scheduler takes {length} training steps to reach its last learning rate, "
+            f"but grpo.max_num_steps={max_num_steps}: the run ends part-way through the "
+            "schedule. Shorten the schedule to the run, or resume the run later with more "
+            "steps")
+
+
 def check_list(value: Any) -> Any:
     """The rule a NeMo-RL list must follow (a validator of ``policy.scheduler``)."""
     return _one_milestones_entry(value) if isinstance(value, list) else value
 
 
 __all__ = ["TORCH_SCHEDULERS", "MilestonesConfig", "SchedulerConfig", "TorchSchedulerConfig",
-           "WarmupDecayConfig", "check_list"]
+           "WarmupDecayConfig", "check_list", "schedule_length", "schedule_warning"]

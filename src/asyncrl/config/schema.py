@@ -364,6 +364,15 @@ class RunConfig(Block):
         return self
 
     @model_validator(mode="after")
+    def _overlong_within_reach(self) -> RunConfig:
+        overlong = self.loss.overlong
+        if overlong is not None:
+            mistake = overlong.mistake(self.policy.generation.max_new_tokens)
+            if mistake is not None:
+                raise ValueError(mistake)
+        return self
+
+    @model_validator(mode="after")
     def _deterministic_needs_local_engine(self) -> RunConfig:
         if self.deterministic and self.policy.engine != "local":
             raise ValueError(

@@ -36,6 +36,7 @@ import math
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
+from asyncrl._util.text import plural
 from asyncrl.controller.context import RunContext
 from asyncrl.controller.determinism import NoDeterminism
 from asyncrl.controller.entry import Entry, EntryState
@@ -46,6 +47,7 @@ from asyncrl.errors import (
     BackendBug,
     BackendLost,
     EngineLeft,
+    EngineRewardError,
     EngineUnavailable,
     FailureKind,
     GenerationTimeout,
@@ -242,15 +244,22 @@ class AttemptRunner:
         ctx.stats.tokens_generated(
             tokens - (_token_counts(entry.prefix)[0] if entry.prefix is not None else 0))
         rewards = result.rewards
-        if rewards is None:
-            self._set_state(entry, EntryState.SCORING)
-            score = self.scorer.score(entry.prompt, result.completion_texts)
-            env_limit = native.env_timeout_s
-            rewards = await (score if env_limit is None else _deadline(
-                score, env_limit,
-                lambda: RewardTimeout(
-                    f"scoring group {entry.group_id!r} took longer than async_rl."
-                    f"rollout_failure.native.env_timeout_s={env_limit:g}s")))
+        if rewards is not None:  # the engine's (a rollout function's): it is named
+            try:
+                checked = _checked_rewards(rewards, result)
+            except RewardError as exc:
+                raise EngineRewardError(f"engine {idx} ({qualified_name(engine)}) returned "
+                                        f"rewards with the group: {exc}") from None
+            return Rollout(entry.group_id, entry.prompt, result, checked, entry.stamp,
+                           entry.attempts)
+        self._set_state(entry, EntryState.SCORING)
+        score = self.scorer.score(entry.prompt, result.completion_texts)
+        env_limit = native.env_timeout_s
+        rewards = await (score if env_limit is None else _deadline(
+            score, env_limit,
+            lambda: RewardTimeout(
+                f"scoring group {entry.group_id!r} took longer than async_rl."
+                f"rollout_failure.native.env_timeout_s={env_limit:g}s")))
         return Rollout(entry.group_id, entry.prompt, result,
                        _checked_rewards(rewards, result), entry.stamp, entry.attempts)
 
@@ -271,11 +280,16 @@ class AttemptRunner:
         else:
             contract = ("an engine raises asyncrl.errors.GenerationError (infra) or "
                         "PromptError (data) for a failure it expects")
-        error = BackendBug(
-            f"{who} raised {type(exc).__name__}: {exc} (group {entry.group_id!r}, prompt "
-            f"{entry.prompt.prompt_id}, attempt {entry.attempts}). An error that says neither "
-            f"infra nor data is a bug in that component and is not retried ({contract}). "
-            "Fix it, then resume the run from its checkpoint")
+        where = (f"group {entry.group_id!r}, prompt {entry.prompt.prompt_id}, "
+                 f"attempt {entry.attempts}")
+        if isinstance(exc, ResultContractError):
+            what = (f"{who} {exc} ({where}). A result that breaks the engine's contract is a "
+                    "bug in the engine and is not retried")
+        else:
+            what = (f"{who} raised {type(exc).__name__}: {exc} ({where}). An error that says "
+                    "neither infra nor data is a bug in that component and is not retried "
+                    f"({contract})")
+        error = BackendBug(f"{what}. Fix it, then resume the run from its checkpoint")
         error.__cause__ = exc
         return Fatal(error, failure_key(exc, who, entry.group_id, entry.prompt.prompt_id))
 
@@ -337,12 +351,22 @@ async def _deadline(call: Awaitable[T], seconds: float | None,
         raise expired() from None
 
 
+class ResultContractError(ValueError):
+    """What an engine's ``generate`` returned breaks the record's contract; the
+    message says what it returned (the engine's bug: reported as BackendBug,
+    naming the engine, not retried)."""
+
+
 def _checked_counts(result: GroupResult, start_weight: int, n: int) -> tuple[int, int, int]:
     """:func:`_token_counts` of an engine's finished result and its end weight,
     checked against the record's contract on the way
     (:meth:`~asyncrl.types.GroupResult.problem`, which names what is wrong).
     Unclassified on purpose: a result that breaks the contract is a bug of the
     engine (reported as BackendBug, naming it), not a retry."""
+    if not isinstance(result, GroupResult):
+        raise ResultContractError(
+            f"returned {type(result).__name__} from generate; return an "
+            "asyncrl.types.GroupResult(group_id, prompt_ids, completions, start_weight)")
     completions = result.completions
     if result.start_weight == start_weight and len(completions) == n:
         # counted()'s test for one record shared by every completion, inline:
@@ -371,7 +395,7 @@ def _checked_counts(result: GroupResult, start_weight: int, n: int) -> tuple[int
                 return tokens, longest, end
     problem = result.problem(start_weight=start_weight, num_generations=n)
     if problem is not None:
-        raise ValueError(f"it returned an invalid result: {problem} (see asyncrl.record)")
+        raise ResultContractError(f"returned an invalid result: {problem} (see asyncrl.record)")
     return (*_token_counts(result), result.end_weight)
 
 
@@ -423,7 +447,7 @@ def _checked_rewards(rewards: Sequence[float], result: GroupResult) -> list[floa
     out = [float(r) for r in rewards]
     if len(out) != n:
         raise RewardError(
-            f"got {len(out)} rewards for {n} completions; a reward "
+            f"got {plural(len(out), 'reward')} for {plural(n, 'completion')}; a reward "
             "function returns one float per completion"
         )
     bad = [r for r in out if not math.isfinite(r)]

@@ -38,6 +38,7 @@ from typing import Any
 from asyncrl.config.failures import RolloutFailureConfig
 from asyncrl.controller.entry import Entry
 from asyncrl.errors import (
+    EngineRewardError,
     FailureKind,
     PromptError,
     RewardError,
@@ -66,6 +67,8 @@ def _fix(error: BaseException) -> str:
                 "names (task.reward.executor: process kills a hung call)")
     if isinstance(error, RewardWorkerLost):
         return "The reward's worker process died: fix the reward (its error is printed above)"
+    if isinstance(error, EngineRewardError):
+        return "Fix the rollout function or engine the error names (it returned the rewards)"
     if isinstance(error, RewardError):
         return "Fix the reward function (the error names where it raised)"
     if isinstance(error, PromptError):

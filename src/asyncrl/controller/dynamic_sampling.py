@@ -152,9 +152,11 @@ class DynamicSampling:
         generated = self.size(batch) + counts[1]
         return (
             f"dispatch batch {batch} generated {generated} groups ({cfg.max_gen_batches} "
-            f"batch(es) of {self.k}) and the filter {cfg.filter!r} rejected {counts[0]} of "
-            f"them, so fewer than the num_prompts_per_step={self.n} groups its step needs can "
-            f"pass: grpo.dynamic_sampling.max_gen_batches={cfg.max_gen_batches} is used up. "
+            f"batch(es) of {self.k}); once the filter {cfg.filter!r} had rejected {counts[0]} "
+            f"of them, at most {generated - counts[0]} could pass, fewer than the "
+            f"num_prompts_per_step={self.n} groups its step needs (groups still generating "
+            "are filtered as they finish: summary.json counts those too): "
+            f"grpo.dynamic_sampling.max_gen_batches={cfg.max_gen_batches} is used up. "
             "Most groups carry no signal (every completion gets the same reward: the task is "
             "too easy or too hard for the policy). Raise grpo.dynamic_sampling.max_gen_batches "
             "or batch_multiplier, make the task's difficulty fit the policy, or set "

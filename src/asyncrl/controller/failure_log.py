@@ -24,7 +24,7 @@ from collections.abc import Hashable, Sequence
 from typing import Any
 
 from asyncrl._util.compat import BaseExceptionGroup
-from asyncrl.errors import RewardError, TrainerError, add_note
+from asyncrl.errors import EngineRewardError, RewardError, TrainerError, add_note
 from asyncrl.types import GroupId
 
 #: Groups a repeat line names; the count covers the rest.
@@ -39,7 +39,7 @@ def blame(error: BaseException, *, engine: str, scoring: bool, scorer: str) -> s
     :class:`~asyncrl.errors.RewardError` (its timeouts and lost workers too),
     ``scorer`` for another error raised while the group was scored, else
     ``engine`` (the engine that ran the attempt)."""
-    if isinstance(error, RewardError):
+    if isinstance(error, RewardError) and not isinstance(error, EngineRewardError):
         return "the reward"
     return scorer if scoring else engine
 
@@ -70,10 +70,15 @@ def failure_key(error: BaseException, component: str, group_id: GroupId,
 class _Repeats:
     #: What happened to the groups ("retried", "failed for good", ...).
     what: str
+    #: The group the line logged in full named: never one of the "more".
+    first: GroupId
     #: What failed: a "group", or a training "step".
     unit: str = "group"
     #: Groups that failed this way since the last flush (the first one excluded).
     groups: list[GroupId] = dataclasses.field(default_factory=list)
+    #: Every group counted since the last flush: a group that fails this way
+    #: again (its next attempt) is one group, not one more.
+    counted: set[GroupId] = dataclasses.field(default_factory=set)
     count: int = 0
 
 
@@ -92,12 +97,14 @@ class FailureLog:
         ``group_id`` numbers ("step": a training step's failure, by step)."""
         repeats = self._seen.get((what, key))
         if repeats is None:
-            self._seen[what, key] = _Repeats(what, unit)
+            self._seen[what, key] = _Repeats(what, group_id, unit)
             self.log.warning(message, *args)
             return
-        repeats.count += 1
-        if len(repeats.groups) < SHOWN_GROUPS:
-            repeats.groups.append(group_id)
+        if group_id != repeats.first and group_id not in repeats.counted:
+            repeats.counted.add(group_id)
+            repeats.count += 1
+            if len(repeats.groups) < SHOWN_GROUPS:
+                repeats.groups.append(group_id)
         self.log.debug(message, *args)
 
     def flush(self) -> None:
@@ -113,6 +120,7 @@ class FailureLog:
                              f" and {more} more" if more > 0 else "", key)
             repeats.count = 0
             repeats.groups.clear()
+            repeats.counted.clear()
 
 
 def causes(group: BaseExceptionGroup) -> list[BaseException]:

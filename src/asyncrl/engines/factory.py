@@ -124,18 +124,20 @@ _MEMBERS = _ASYNC = EngineCapabilities.REQUIRED
 
 
 def missing_engine_members(obj: Any) -> list[str]:
-    """The RolloutEngine members ``obj`` (a class or an engine) lacks or defines
-    wrongly; empty when it has them all."""
-    missing = [m for m in _MEMBERS if not hasattr(obj, m)]
-    missing += [f"{m} (must be 'async def')" for m in _ASYNC
-                if hasattr(obj, m) and not inspect.iscoroutinefunction(getattr(obj, m))]
-    return missing
+    """What is wrong with the RolloutEngine members of ``obj`` (a class or an
+    engine), one phrase each ("close is missing", "generate is not 'async def'");
+    empty when it has them all."""
+    problems = [f"{m} is missing" for m in _MEMBERS if not hasattr(obj, m)]
+    problems += [f"{m} is not 'async def'" for m in _ASYNC
+                 if hasattr(obj, m) and not inspect.iscoroutinefunction(getattr(obj, m))]
+    return problems
 
 
 def _missing_message(target: str, missing: list[str]) -> str:
     return (f"policy.custom_engine.target {target!r} does not satisfy "
-            f"asyncrl.engines.RolloutEngine: missing {', '.join(missing)}; implement them "
-            "(docs/engines.md has a complete custom engine)")
+            f"asyncrl.engines.RolloutEngine: {'; '.join(missing)}; define each of "
+            f"{', '.join(_MEMBERS)} as an 'async def' method (docs/engines.md has a complete "
+            "custom engine)")
 
 
 def check_engine_target(spec: CustomEngineConfig) -> type:

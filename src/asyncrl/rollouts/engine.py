@@ -26,12 +26,20 @@ a request's ``prefix``.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from asyncrl._util.text import plural
 from asyncrl.engines.base import RolloutEngine
 from asyncrl.engines.classify import encode_prompt_or_fail
-from asyncrl.errors import AsyncRLError, BackendLost, GroupAborted, failure_kind
+from asyncrl.errors import (
+    AsyncRLError,
+    BackendLost,
+    EngineRewardError,
+    GroupAborted,
+    failure_kind,
+)
 from asyncrl.rollouts.output import RolloutOutput
 from asyncrl.rollouts.session import EngineBug, EngineSession, RolloutContractError, RolloutSession
 from asyncrl.tasks.tokenizer import Tokenizer
@@ -125,7 +133,8 @@ class RolloutFunctionEngine:
         completions = list(output.completions)
         n = request.num_generations
         if len(completions) != n:
-            raise self._bug(f"returned {len(completions)} completions; the group needs {n} "
+            raise self._bug(f"returned {plural(len(completions), 'completion')}; the group "
+                            f"needs {n} "
                             "(session.num_generations)", request)
         try:
             session.check_made(completions, "the returned RolloutOutput")
@@ -139,11 +148,28 @@ class RolloutFunctionEngine:
                       else encode_prompt_or_fail(self.tokenizer, request.prompt))
         rewards = None if output.rewards is None else list(output.rewards)
         if rewards is not None and len(rewards) != n:
-            raise self._bug(f"returned {len(rewards)} rewards for {n} completions; return one "
+            raise self._bug(f"returned {plural(len(rewards), 'reward')} for "
+                            f"{plural(n, 'completion')}; return one "
                             "per completion (or rewards=None: the task's reward scores them)",
                             request)
+        bad = next((i for i, r in enumerate(rewards or ()) if not _finite_number(r)), None)
+        if bad is not None:  # data, as a reward function's would be: retried
+            raise EngineRewardError(
+                f"the rollout function task.rollout={self.name!r} returned reward "
+                f"{rewards[bad]!r} for completion {bad}; return a finite float per completion "
+                "(or rewards=None: the task's reward scores them)")
         return GroupResult(request.group_id, prompt_ids, completions, session.start_weight,
                            rewards)
+
+
+def _finite_number(reward: Any) -> bool:
+    """A number (not text: float("1") would hide a function returning strings) that is finite."""
+    if isinstance(reward, (str, bytes)):
+        return False
+    try:
+        return math.isfinite(float(reward))
+    except (TypeError, ValueError):
+        return False
 
 
 def with_rollout_function(engines: Sequence[RolloutEngine], fn: RolloutFunction,

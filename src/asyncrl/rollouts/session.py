@@ -32,6 +32,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
+from asyncrl._util.text import plural
 from asyncrl.engines.base import RolloutEngine
 from asyncrl.engines.completions import empty, start_weight, text_of
 from asyncrl.errors import BackendLost, GroupAborted, failure_kind
@@ -157,8 +158,8 @@ class EngineSession:
             try:
                 result = await self._engine.generate(request)
                 if len(result.completions) != len(transcripts):
-                    raise ValueError(f"it returned {len(result.completions)} completions for "
-                                     f"num_generations={len(transcripts)}")
+                    got = plural(len(result.completions), "completion")
+                    raise ValueError(f"it returned {got} for num_generations={len(transcripts)}")
             except Exception as exc:
                 if failure_kind(exc) is not None or isinstance(exc, (GroupAborted, BackendLost)):
                     raise

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.buffer import RolloutBuffer
+from asyncrl.config.schedule import schedule_warning
 from asyncrl.controller.evaluation import Evaluator, build_evaluation, eval_metrics
 from asyncrl.controller.profile import check_reuse
 from asyncrl.controller.stats import STEP_METRICS
@@ -131,6 +132,7 @@ def preflight(cfg: RunConfig, *, task: Task | None = None,
     if cfg.task.rollout is not None:  # importable, an async def taking (prompt, session)
         load_rollout(cfg.task.rollout)
     bind_task_tokenizer(task, tokenizer)
+    check_prompt_source(task, seed=cfg.seed)
     context: dict[str, Any] = {}
     vocab_size = None
     # On Ray a pretrained model's files are the workers' (their engines check
@@ -155,7 +157,9 @@ def preflight(cfg: RunConfig, *, task: Task | None = None,
         facts["autopilot_reuse"] = {"path": str(reuse.path), "knobs": reuse.knobs}
     facts.update(context)
     facts["min_step_groups"] = cfg.async_rl.rollout_failure.step_floor(cfg.grpo.num_prompts_per_step)
+    schedule = schedule_warning(cfg.policy.scheduler, cfg.grpo.max_num_steps)
     facts["warnings"] = [*failure_warnings(cfg.grpo, cfg.async_rl),
+                         *([schedule] if schedule is not None else []),
                          *protocols.misspellings(task)]
     facts["max_token_staleness"] = cfg.loss.max_token_staleness
     facts["trainer"] = trainer_layout(cfg.trainer, device=cfg.policy.device,
@@ -165,6 +169,27 @@ def preflight(cfg: RunConfig, *, task: Task | None = None,
     facts["rollout"] = describe_rollout(cfg.task.rollout)
     return Preflight(task=task, tokenizer=tokenizer, facts=facts, evaluator=evaluator,
                      vocab_size=vocab_size)
+
+
+def check_prompt_source(task: Task, *, seed: int, sample: int = 64) -> None:
+    """Refuse a task whose prompt source gives no prompt at all (the run would
+    stop at once, having trained nothing) or, among its first ``sample`` prompts,
+    an empty one (the policy would learn to complete nothing)."""
+    cls = type(task)
+    who = f"the task {task.name!r} ({cls.__module__}:{cls.__qualname__})"
+    source = task.prompt_source(seed)
+    for index in range(sample):
+        prompt = source.next_prompt()
+        if prompt is None:
+            if index == 0:
+                raise ConfigError(
+                    f"{who}: prompt_source(seed={seed}).next_prompt() returned None at once, so "
+                    "a run would train 0 steps; give the source prompts (None means it ran out)")
+            return
+        if not prompt.text.strip():
+            raise ConfigError(
+                f"{who}: prompt {prompt.prompt_id} from prompt_source(seed={seed}) has the "
+                f"empty text {prompt.text!r}; return the prompt's text from the task")
 
 
 def check_keep_best(cfg: RunConfig) -> None:

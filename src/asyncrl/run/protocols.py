@@ -82,8 +82,8 @@ class RunProtocols:
                 if missing:
                     raise UsageError(
                         f"the engine {type(each).__name__} does not satisfy "
-                        f"{EngineCapabilities.PROTOCOL}: it lacks {', '.join(missing)}; "
-                        "implement them (docs/engines.md)")
+                        f"{EngineCapabilities.PROTOCOL}: {'; '.join(missing)}; define each "
+                        "required member as an 'async def' method (docs/engines.md)")
             check_members(trainer, TrainerCapabilities, "trainer")
         one_per_class = {type(e): e for e in engines}.values()
         warnings = [*(str(m) for e in one_per_class for m in EngineCapabilities.misspelled(e)),

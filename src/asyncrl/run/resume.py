@@ -69,9 +69,18 @@ def _mutable(path: str) -> bool:
 
 def config_changes(old: RunConfig, new: RunConfig) -> list[str]:
     """Every setting that differs, as ``path: old -> new`` lines."""
-    a, b = _flat(old.model_dump(mode="json")), _flat(new.model_dump(mode="json"))
-    return [f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(a.keys() | b.keys())
-            if a.get(k) != b.get(k)]
+    return sorted(_changes(old.model_dump(mode="json"), new.model_dump(mode="json"), ""))
+
+
+def _changes(old: Any, new: Any, path: str) -> list[str]:
+    """The keys of two blocks that differ, one line each; a value that changed
+    form (a block for a list, None or a block of other keys, as
+    ``policy.scheduler``'s forms do) is one line for the whole value, not one
+    per key of either form."""
+    if isinstance(old, dict) and isinstance(new, dict) and old.keys() == new.keys():
+        return [line for key in old
+                for line in _changes(old.get(key), new.get(key), f"{path}{key}.")]
+    return [] if old == new else [f"{path.rstrip('.')}: {old!r} -> {new!r}"]
 
 
 def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:

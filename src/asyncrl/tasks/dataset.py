@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import string
 import unicodedata
 from collections.abc import Sequence
 from functools import cached_property
@@ -77,6 +78,7 @@ class DatasetTask:
         self.fingerprint = _fingerprint(cfg.path)
         self._fields = template_fields(cfg.template) if cfg.template else [cfg.prompt_key]
         self._check_keys([*self._fields, *([cfg.answer_key] if cfg.answer_key else [])])
+        self._check_blank_prompts()
         needs_answer = (ExactMatchRewardConfig, MathVerifyRewardConfig)
         if cfg.answer_key is None and isinstance(cfg.reward, needs_answer):
             raise ConfigError(
@@ -121,6 +123,23 @@ class DatasetTask:
                     f"{self._where(missing)}: the key {key!r} is missing or null; give every "
                     "record a value for it (or remove the record)"
                 )
+
+    def _check_blank_prompts(self) -> None:
+        """Refuse a record whose prompt is empty or whitespace: the policy would be
+        trained on completions of nothing. A template with text of its own never
+        makes one; one made of fields alone does when all of its fields are blank."""
+        template = self.cfg.template
+        if template is not None and any(
+                text.strip() for text, *_ in string.Formatter().parse(template)):
+            return
+        columns = [self._ds[key] for key in self._fields]
+        blank = next((i for i, values in enumerate(zip(*columns, strict=True))
+                      if not "".join(map(str, values)).strip()), None)
+        if blank is not None:
+            what = (f"task.template {template!r} makes an empty prompt of it" if template
+                    else f"its {self.cfg.prompt_key!r} (task.prompt_key) is empty or blank")
+            raise ConfigError(f"{self._where(blank)}: {what}; give every record a prompt "
+                              "(or remove the record)")
 
     def record(self, index: int) -> dict[str, Any]:
         return self._ds[index]
