@@ -13,6 +13,7 @@ from asyncrl.cli import main
 from asyncrl.config import config_from_dict
 from asyncrl.config.schedule import TorchSchedulerConfig, WarmupDecayConfig
 from asyncrl.errors import ConfigError
+from asyncrl.run.preflight import preflight
 
 LINEAR = "torch.optim.lr_scheduler.LinearLR"
 CONSTANT = "torch.optim.lr_scheduler.ConstantLR"
@@ -102,16 +103,26 @@ def test_more_mini_batches_than_completions_is_refused_not_capped() -> None:
     ({"buffer_tokens": 2}, "buffer_tokens=2 is not below policy.generation.max_new_tokens=2"),
     ({"buffer_tokens": 4, "max_tokens": 3},
      "loss.overlong.buffer_tokens=4 is not below loss.overlong.max_tokens=3"),
+])
+def test_an_overlong_penalty_that_hits_every_completion_is_refused(overlong, says) -> None:
+    tree = {"policy": {"generation": {"max_new_tokens": 2}}, "loss": {"overlong": overlong}}
+    assert says in refusal(tree)
+
+
+@pytest.mark.parametrize(("overlong", "says"), [
     ({"buffer_tokens": 1, "max_tokens": 50},
      "penalises completions longer than max_tokens - buffer_tokens = 50 - 1 = 49 tokens, but "
      "policy.generation.max_new_tokens=2 stops every completion by then: the penalty never "
      "applies"),
     ({"buffer_tokens": 1, "max_tokens": 3}, "= 3 - 1 = 2 tokens"),
 ])
-def test_an_overlong_penalty_that_hits_every_completion_or_none_is_refused(
-        overlong, says) -> None:
+def test_an_overlong_penalty_no_completion_reaches_is_a_warning(overlong, says) -> None:
+    # Legal (a recipe's block kept while max_new_tokens is shrunk for a quick run),
+    # but inert: validate and train warn.
     tree = {"policy": {"generation": {"max_new_tokens": 2}}, "loss": {"overlong": overlong}}
-    assert says in refusal(tree)
+    cfg = config_from_dict(tree)
+    assert says in cfg.loss.overlong.inert(2)
+    assert [w for w in preflight(cfg).facts["warnings"] if says in w]
 
 
 @pytest.mark.parametrize("overlong", [

@@ -77,10 +77,9 @@ class OverlongConfig(Block):
         return self.max_tokens if self.max_tokens is not None else max_new_tokens
 
     def mistake(self, max_new_tokens: int) -> str | None:
-        """Why this penalty cannot do what it is for with a generation limit of
-        ``max_new_tokens`` (None: it can). The penalty starts at ``limit -
-        buffer_tokens``: at or below 0 every completion is penalised, at or above
-        ``max_new_tokens`` (no completion is longer) none is."""
+        """Why this penalty cannot work with a generation limit of ``max_new_tokens``
+        (None: it can). It starts at ``limit - buffer_tokens``; at or below 0 every
+        completion is penalised, whatever its length: refused."""
         limit = self.limit(max_new_tokens)
         where = (f"loss.overlong.max_tokens={limit}" if self.max_tokens is not None
                  else f"policy.generation.max_new_tokens={limit} (the penalty's max_tokens "
@@ -88,14 +87,20 @@ class OverlongConfig(Block):
         if self.buffer_tokens >= limit:
             return (f"loss.overlong.buffer_tokens={self.buffer_tokens} is not below {where}: "
                     "every completion would be penalised; set buffer_tokens below it")
-        if limit - self.buffer_tokens >= max_new_tokens:
-            return (f"loss.overlong penalises completions longer than max_tokens - buffer_tokens"
-                    f" = {limit} - {self.buffer_tokens} = {limit - self.buffer_tokens} tokens, "
-                    f"but policy.generation.max_new_tokens={max_new_tokens} stops every "
-                    "completion by then: the penalty never applies; lower "
-                    "loss.overlong.max_tokens (or leave it out: max_new_tokens) or raise "
-                    "buffer_tokens")
         return None
+
+    def inert(self, max_new_tokens: int) -> str | None:
+        """A warning when no completion can reach the penalty (it starts at or past
+        ``max_new_tokens``): legal - a recipe's block kept while the generation limit
+        is shrunk for a quick run - but it does nothing."""
+        start = self.limit(max_new_tokens) - self.buffer_tokens
+        if start < max_new_tokens:
+            return None
+        return (f"loss.overlong penalises completions longer than max_tokens - buffer_tokens"
+                f" = {self.limit(max_new_tokens)} - {self.buffer_tokens} = {start} tokens, but "
+                f"policy.generation.max_new_tokens={max_new_tokens} stops every completion by "
+                "then: the penalty never applies (lower loss.overlong.max_tokens, or leave it "
+                "out: max_new_tokens)")
 
 
 class RewardScalingConfig(Block):

@@ -158,8 +158,10 @@ def preflight(cfg: RunConfig, *, task: Task | None = None,
     facts.update(context)
     facts["min_step_groups"] = cfg.async_rl.rollout_failure.step_floor(cfg.grpo.num_prompts_per_step)
     schedule = schedule_warning(cfg.policy.scheduler, cfg.grpo.max_num_steps)
+    inert = (cfg.loss.overlong.inert(cfg.policy.generation.max_new_tokens)
+             if cfg.loss.overlong is not None else None)
     facts["warnings"] = [*failure_warnings(cfg.grpo, cfg.async_rl),
-                         *([schedule] if schedule is not None else []),
+                         *(w for w in (schedule, inert) if w is not None),
                          *protocols.misspellings(task)]
     facts["max_token_staleness"] = cfg.loss.max_token_staleness
     facts["trainer"] = trainer_layout(cfg.trainer, device=cfg.policy.device,
