@@ -15,16 +15,11 @@ import pytest
 from asyncrl.errors import DynamicSamplingBudgetExceeded
 from asyncrl.sim.clock import run_virtual
 from tests.controller.conftest import make_controller
+from tests.controller.test_drops import SAMPLERS  # every built-in, the same windows
 from tests.fakes import FakeEngine, FakeTrainer, FlatTask, lognormal_latency
 
 N = 4
 STEPS = 8
-SAMPLERS = [
-    {"name": "in_order", "max_lookahead_versions": 1},
-    {"name": "weight_fifo", "max_staleness_versions": 1},
-    {"name": "ready_first", "max_staleness_versions": 2},
-    {"name": "windowed", "max_staleness_versions": 2},
-]
 #: 6 groups a batch, none replaced: a batch with a third group filtered stops the run.
 STOPPING = {"filter": "zero_variance", "batch_multiplier": 1.5, "max_gen_batches": 1}
 FIXES = {
