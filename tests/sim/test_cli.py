@@ -267,6 +267,7 @@ def test_a_run_dir_that_holds_a_run_or_a_simulation_is_refused_before_simulating
     (run / "checkpoints" / "step-000004").mkdir(parents=True)
     (run / "config.yaml").write_text("grpo: {num_prompts_per_step: 8}\n")
     (run / "metrics.jsonl").write_text('{"step": 0}\n')
+    (run / ".asyncrl.lock").write_text("")  # a run's lock: not listed as content
     before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
     for extra in ([], ["--overwrite"]):
         capsys.readouterr()
@@ -274,6 +275,7 @@ def test_a_run_dir_that_holds_a_run_or_a_simulation_is_refused_before_simulating
                      "--no-plots", *extra]) == 2
         err = capsys.readouterr().err
         assert "holds a training run" in err and f"--run-dir {run}-2" in err, err
+        assert ".asyncrl.lock" not in err
         assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
     other = tmp_path / "notes"
     other.mkdir()

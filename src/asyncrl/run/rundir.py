@@ -141,7 +141,9 @@ def prepare_sim_dir(run_dir: str | Path, *, overwrite: bool = False) -> Path:
     if path.exists() and not path.is_dir():
         raise ConfigError(f"--run-dir {path} is a file, not a directory; give the path of a "
                           "directory (it is created if it does not exist)")
-    contents = sorted(p.name for p in path.iterdir()) if path.is_dir() else []
+    # (A run's lock file is no content: check_run_dir does not list it either.)
+    contents = (sorted(p.name for p in path.iterdir() if p.name != LOCK_FILE)
+                if path.is_dir() else [])
     if not contents:
         return path
     listing = ", ".join(contents[:6]) + (", ..." if len(contents) > 6 else "")
