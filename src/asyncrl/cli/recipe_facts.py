@@ -43,7 +43,7 @@ def recipe_rows(cfg: RunConfig) -> list[tuple[str, str]]:
     steps = policy.train_mini_batches * policy.train_epochs
     rows.append(("optimizer steps per training step",
                  f"{steps} ({policy.train_mini_batches} mini-batches x "
-                 f"{policy.train_epochs} epoch{'s' if policy.train_epochs > 1 else ''})"
+                 f"{plural(policy.train_epochs, 'epoch')})"
                  if steps > 1 else "1"))
     rows.append(("learning rate", f"{policy.optimizer.lr:g}, {_schedule(policy.scheduler)}"))
     return rows

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl._util.jsonio import dumps
+from asyncrl._util.text import plural
 from asyncrl.config import load_config
 from asyncrl.errors import ConfigError
 
@@ -287,7 +288,7 @@ def _written_text(written: list[Path]) -> str:
     others = ", ".join(p.name for p in written if p.suffix != ".png")
     if not plots:
         return f"{others}; no plots (--no-plots)"
-    return f"{others} and {len(plots)} plot{'' if len(plots) == 1 else 's'}: {', '.join(plots)}"
+    return f"{others} and {plural(len(plots), 'plot')}: {', '.join(plots)}"
 
 
 def _latency_text(results: list[Any]) -> str:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.table import Table
 
+from asyncrl._util.text import plural
 from asyncrl.cli.recipe_facts import recipe_rows
 from asyncrl.config import dump_config, load_config
 from asyncrl.errors import AsyncRLError
@@ -78,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     for row in dynamic_sampling_rows(facts):
         table.add_row(*row)
     table.add_row("max staleness of a trained group",
-                  f"{bound} version{'' if bound == 1 else 's'}" if bound is not None else "unbounded (long generations can lag)")
+                  plural(bound, "version") if bound is not None else "unbounded (long generations can lag)")
     context = facts.get("context_length")
     if context is not None:
         longest = facts.get("longest_prompt_tokens")
@@ -165,7 +166,7 @@ def dynamic_sampling_rows(facts: dict) -> list[tuple[str, str]]:
 
 
 def _versions(n: int | None, unbounded: str) -> str:
-    return unbounded if n is None else f"{n} version{'' if n == 1 else 's'}"
+    return unbounded if n is None else plural(n, "version")
 
 
 def staleness_rows(facts: dict) -> list[tuple[str, str]]:
