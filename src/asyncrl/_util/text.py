@@ -9,4 +9,10 @@ def plural(count: int, noun: str, many: str | None = None) -> str:
     return f"{count} {noun if count == 1 else many or noun + 's'}"
 
 
-__all__ = ["plural"]
+def qualified_name(obj: object) -> str:
+    """``obj``'s class as ``module.QualName``: how messages name a component."""
+    cls = type(obj)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+__all__ = ["plural", "qualified_name"]

@@ -34,9 +34,9 @@ import dataclasses
 import logging
 import math
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from typing import TypeVar
 
-from asyncrl._util.text import plural
+from asyncrl._util.text import plural, qualified_name
 from asyncrl.controller.context import RunContext
 from asyncrl.controller.determinism import NoDeterminism
 from asyncrl.controller.entry import Entry, EntryState
@@ -84,11 +84,6 @@ class Fatal:
 
     error: BaseException
     key: str
-
-
-def qualified_name(obj: Any) -> str:
-    cls = type(obj)
-    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def _preview(text: str, width: int = 60) -> str:

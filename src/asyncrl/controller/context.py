@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from asyncrl._util.text import qualified_name
 from asyncrl.buffer import RolloutBuffer
 from asyncrl.config import AsyncRLConfig, GRPOConfig
 from asyncrl.controller.drops import DropPolicy
@@ -108,9 +109,8 @@ class RunContext:
         failures to expect). The run stops at its next safe point, with a
         checkpoint to resume from once the sampler is fixed; groups the call
         had removed already are counted evicted by the caller."""
-        cls = type(self.sampler)
         bug = BackendBug(
-            f"the sampler {cls.__module__}.{cls.__qualname__} raised {type(error).__name__} "
+            f"the sampler {qualified_name(self.sampler)} raised {type(error).__name__} "
             f"in {method}: {error}. A sampler's admit, select and evict must not raise: it "
             "is a bug in that sampler. Fix it, then resume the run from its checkpoint")
         bug.__cause__ = error

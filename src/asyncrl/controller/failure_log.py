@@ -24,6 +24,7 @@ from collections.abc import Hashable, Sequence
 from typing import Any
 
 from asyncrl._util.compat import BaseExceptionGroup
+from asyncrl._util.text import qualified_name
 from asyncrl.errors import EngineRewardError, RewardError, TrainerError, add_note
 from asyncrl.types import GroupId
 
@@ -163,12 +164,11 @@ def trainer_failed(trainer: object, call: str, error: BaseException, step: int,
     """The one-line error for the trainer's ``call`` of step ``step`` raising
     ``error`` (an error of its own, not asyncrl's), naming the trainer, the call,
     the step and the step's ``groups``; the caller chains ``error`` as its cause."""
-    cls = type(trainer)
     shown = ", ".join(str(g) for g in groups[:SHOWN_GROUPS])
     more = f" and {len(groups) - SHOWN_GROUPS} more" if len(groups) > SHOWN_GROUPS else ""
     on = f" (groups {shown}{more})" if groups else ""
     return TrainerError(
-        f"the trainer {cls.__module__}.{cls.__qualname__} raised {type(error).__name__}: "
+        f"the trainer {qualified_name(trainer)} raised {type(error).__name__}: "
         f"{_first_line(error)} in {call} of step {step}{on}. Its state may be half-updated, "
         "so this step is not checkpointed; fix the cause (asyncrl -v prints the "
         "traceback), then resume from the last checkpoint")

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from asyncrl.controller.attempts import qualified_name
+from asyncrl._util.text import qualified_name
 from asyncrl.controller.context import RunContext
 from asyncrl.controller.determinism import NoDeterminism
 from asyncrl.controller.dispatch import Dispatcher

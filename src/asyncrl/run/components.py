@@ -22,26 +22,22 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl._util.jsonio import read_json, write_json
+from asyncrl._util.text import qualified_name
 from asyncrl.errors import ConfigError
 
 #: In a run directory: which components came from Python (a run from its config alone has none).
 COMPONENTS_FILE = "components.json"
 
 
-def _qualified(obj: Any) -> str:
-    cls = type(obj)
-    return f"{cls.__module__}.{cls.__qualname__}"
-
-
 def given(task: Any, backends: tuple[Sequence[Any], Any] | None) -> dict[str, Any]:
     """What the caller passed in Python: each component's class, by name."""
     out: dict[str, Any] = {}
     if task is not None:
-        out["task"] = _qualified(task)
+        out["task"] = qualified_name(task)
     if backends is not None:
         engines, trainer = backends
-        out["engines"] = [_qualified(e) for e in engines]
-        out["trainer"] = _qualified(trainer)
+        out["engines"] = [qualified_name(e) for e in engines]
+        out["trainer"] = qualified_name(trainer)
     return out
 
 

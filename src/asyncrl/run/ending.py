@@ -35,7 +35,6 @@ RESUMABLE_ENDS = (StopReason.INTERRUPTED, StopReason.TERMINATED, StopReason.STAL
                   StopReason.SAVE_BY, StopReason.ERROR)
 
 
-
 def resume_command(run_dir: Path) -> str:
     """The command that continues the run in ``run_dir``: from its newest
     checkpoint, or (it has none: it stopped before its first one) the command

@@ -55,7 +55,12 @@ from asyncrl.policy.build import PolicyTokenizer
 from asyncrl.rollouts import apply_rollout
 from asyncrl.run.backends import build_backends, own_backend
 from asyncrl.run.components import check_resume, given, record
-from asyncrl.run.ending import CHECKPOINTED_ENDS, error_resume_hint, finish_run_dir
+from asyncrl.run.ending import (
+    CHECKPOINTED_ENDS,
+    error_resume_hint,
+    finish_run_dir,
+    resume_command,
+)
 from asyncrl.run.export import export_final
 from asyncrl.run.fleet_channel import fleet_channel
 from asyncrl.run.lock import run_dir_lock
@@ -350,7 +355,7 @@ class _Run:
             log.warning("could not write a checkpoint after the error: %r", exc)
             return
         add_note(error, f"the state at the stop is checkpointed ({path.name}); after fixing "
-                         f"the cause, resume with: asyncrl train --resume {self.run_dir}")
+                         f"the cause, resume with: {resume_command(self.run_dir)}")
 
     async def close(self) -> None:
         """Close the reward pools, then the engines, then the trainer: each one,
