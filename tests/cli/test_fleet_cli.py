@@ -141,3 +141,33 @@ def test_a_run_dir_where_no_socket_can_be_made_only_loses_the_channel(tmp_path, 
     assert asyncio.run(run()) is None
     assert "asyncrl fleet is unavailable for this run" in caplog.text
     assert not (tmp_path / POINTER_FILE).exists()
+
+
+def test_a_command_the_runs_end_cuts_short_is_answered_and_logs_no_traceback(
+        tmp_path, capsys, caplog) -> None:
+    """The new user's shutdown with `fleet scale` pending: the command's progress
+    line reaches the client as it comes; the run's end answers it in one line,
+    and asyncio logs no "Exception in callback ... CancelledError"."""
+    from asyncrl.engines.fleet import tell
+
+    started = threading.Event()
+
+    async def handle(request):
+        tell("rollout worker 2: waiting for Ray to place it")
+        started.set()
+        await asyncio.Event().wait()  # a worker Ray never places
+        raise AssertionError("never answered but by the run's end")
+
+    codes: list[int] = []
+    with serving(tmp_path, handle):
+        client = threading.Thread(
+            target=lambda: codes.append(main(["fleet", str(tmp_path), "scale", "3"])))
+        client.start()
+        started.wait()
+    client.join()
+    assert codes == [2]
+    assert capsys.readouterr().err.splitlines() == [
+        "asyncrl fleet: rollout worker 2: waiting for Ray to place it",
+        "asyncrl fleet: error: the run stopped before it finished the command (its log says "
+        "what was done); resume it to change its fleet"]
+    assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text

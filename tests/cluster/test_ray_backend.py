@@ -307,3 +307,32 @@ def test_the_rollout_workers_scale_up_and_down_through_the_fleet_channel(ray_loc
     assert not any(line.startswith("worker 1") for line in seen["down"].result())
     assert second.state == "vacant" and first.state == "alive"
     _assert_versions_in_order(second)
+
+
+def test_a_worker_the_cluster_cannot_hold_is_refused_at_once(ray_local):
+    """Ray's own numbers: the instance's 4 CPUs are held by the trainer (1) and the
+    one worker (3) of rollout_workers {min 1, max 2}; `scale 2` is refused before
+    any actor is asked for, naming the request, the total and the fix."""
+    import asyncio
+
+    from asyncrl.errors import FleetError
+
+    cfg = tiny_config(num_rollout_workers=1, rollout_workers={"min": 1, "max": 2},
+                      rollout_worker={"num_cpus": 3}, trainer={"num_cpus": 1})
+    _, engines, trainer, _ = _start(cfg)
+
+    async def scale_then_close() -> str:
+        try:
+            await engines[0].fleet.scale(2)
+        except FleetError as exc:
+            return str(exc)
+        finally:
+            await asyncio.gather(*(e.close() for e in engines), trainer.close())
+        raise AssertionError("scale 2 was not refused")
+
+    assert asyncio.run(scale_then_close()) == (
+        "Ray cannot place 1 more rollout worker: each asks for CPU 3 (cluster.rollout_worker); "
+        "of the cluster's CPU 4 this run's trainer and 1 worker hold CPU 4. Lower "
+        "cluster.rollout_worker.num_cpus/num_gpus, add nodes to the Ray cluster, or scale to "
+        "1 at most")
+    assert [e.state for e in engines] == ["alive", "vacant"] and engines[1].incarnations == 0

@@ -1,7 +1,9 @@
 """The Ray backend's elastic fleet (issue 35) on the real proxies, with fake
 actors in virtual time (no Ray instance): vacant slots, joining at the newest
 weights, draining, handing groups over with their tokens, no restart above
-``min``, and refused scales."""
+``min``, refused scales, and workers Ray cannot place: refused up front, or
+waited for with a progress line, cancelled by a removal, timed out with the
+numbers."""
 
 from __future__ import annotations
 
@@ -12,8 +14,12 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="the Ray backend needs the optional 'ray' package")
 
+from asyncrl.cluster import proxies  # noqa: E402
 from asyncrl.cluster.fleet import RayFleet  # noqa: E402
+from asyncrl.cluster.placement import Placement  # noqa: E402
 from asyncrl.cluster.proxies import RayEngine, WorkerPool  # noqa: E402
+from asyncrl.controller.fleet import format_rows  # noqa: E402
+from asyncrl.engines.fleet import progress  # noqa: E402
 from asyncrl.errors import EngineLeft, EngineUnavailable, FleetError  # noqa: E402
 from asyncrl.types import (  # noqa: E402
     Completion,
@@ -22,7 +28,7 @@ from asyncrl.types import (  # noqa: E402
     GroupResult,
     Prompt,
 )
-from tests.vtime import settle, virtual  # noqa: E402
+from tests.vtime import advance, settle, virtual  # noqa: E402
 
 
 class Ref(asyncio.Future):
@@ -43,11 +49,16 @@ class Method:
 
         async def run():
             try:
-                ref.set_result(await self.fn(*args))
-            except BaseException as exc:  # handed to the awaiting proxy
+                result = await self.fn(*args)
+            except Exception as exc:  # handed to the awaiting proxy
                 ref.set_exception(exc)
+            else:
+                ref.set_result(result)
 
         ref.task = asyncio.ensure_future(run())  # kept: a task only weakly referenced may vanish
+        # A ref the proxy gives up on (a start it cancels) stops the call, as killing
+        # the actor does.
+        ref.add_done_callback(lambda _: ref.task.cancel())
         return ref
 
 
@@ -100,9 +111,9 @@ class FakeWorker:
         self.closed = True
 
 
-def fleet_of(started: int, slots: int, *, min_size: int = 1, gate=None):
+def fleet_of(started: int, slots: int, *, min_size: int = 1, gate=None, placement=None):
     pool = WorkerPool(weights(0), 0)
-    RayFleet(pool, min_size=min_size, max_size=slots)
+    RayFleet(pool, min_size=min_size, max_size=slots, placement=placement)
     spawned: list[FakeWorker] = []
 
     def spawn(index, incarnation, weights, version):
@@ -203,3 +214,82 @@ async def test_refused_scales_change_nothing():
     with pytest.raises(FleetError, match="not a working rollout worker"):
         await pool.fleet.remove("worker 1")
     assert [e.state for e in engines] == ["alive", "vacant"] and not spawned
+
+
+def two_cpus(*, autoscaling: bool) -> Placement:
+    """The new user's box: 2 CPUs, a 1-CPU trainer and two 0.5-CPU workers hold them all."""
+    return Placement({"CPU": 0.5}, {"CPU": 1.0}, autoscaling=autoscaling,
+                     available=lambda: {"CPU": 0.0}, total=lambda: {"CPU": 2.0})
+
+
+@pytest.fixture
+def killed(monkeypatch) -> list[Any]:
+    """The actors the proxies kill (no Ray instance here to kill them in)."""
+    seen: list[Any] = []
+    monkeypatch.setattr(proxies, "kill_actor", seen.append)
+    return seen
+
+
+@virtual
+async def test_a_scale_the_cluster_can_never_hold_is_refused_at_once_with_the_numbers():
+    pool, engines, spawned = fleet_of(2, 3, placement=two_cpus(autoscaling=False))
+    with pytest.raises(FleetError) as refused:
+        await pool.fleet.scale(3)
+    assert str(refused.value) == (
+        "Ray cannot place 1 more rollout worker: each asks for CPU 0.5 "
+        "(cluster.rollout_worker); of the cluster's CPU 2 this run's trainer and 2 workers "
+        "hold CPU 2. Lower cluster.rollout_worker.num_cpus/num_gpus, add nodes to the Ray "
+        "cluster, or scale to 2 at most")
+    assert [e.state for e in engines] == ["alive", "alive", "vacant"] and not spawned
+
+
+@virtual
+async def test_a_worker_ray_cannot_place_yet_says_so_and_its_timeout_names_the_numbers(killed):
+    """With an autoscaler (cluster.address set) the same request waits, bounded by
+    cluster.actor_startup_timeout_s (60 s here), with a progress line."""
+    pool, engines, spawned = fleet_of(2, 3, gate=asyncio.Event(),  # never set: not placed
+                                      placement=two_cpus(autoscaling=True))
+    told: list[str] = []
+    progress.set(told.append)  # as the control channel does for a command
+    scaling = asyncio.ensure_future(pool.fleet.scale(3))
+    await settle()
+    assert told == [
+        "rollout worker 2: waiting for Ray to place it (it asks for CPU 0.5 "
+        "(cluster.rollout_worker); the cluster has CPU 0 of 2 available); the Ray cluster "
+        "cannot hold 3 rollout workers now (at most 2); waiting for its autoscaler to add a "
+        "node. Up to cluster.actor_startup_timeout_s=60s; `asyncrl fleet RUN_DIR remove "
+        "'worker 2'` cancels it"]
+    with pytest.raises(FleetError) as timed_out:
+        await scaling
+    assert str(timed_out.value).startswith(
+        "rollout worker 2 did not start within cluster.actor_startup_timeout_s=60s: it asks "
+        "for CPU 0.5 (cluster.rollout_worker); the cluster has CPU 0 of 2 available. If Ray "
+        "could not place it: lower cluster.rollout_worker.num_cpus/num_gpus")
+    assert engines[2].state == "vacant" and killed == spawned
+
+
+@virtual
+async def test_a_worker_that_never_starts_is_cancelled_by_remove_and_by_a_scale_down(killed):
+    """The new user's hang: `scale 3` waited on a worker Ray could not place, and
+    `remove "worker 2" --abort` and `scale 2` queued behind it. Now they cancel
+    its start (its pending actor killed), and `status` says how long it waited."""
+    pool, (first, second, third), spawned = fleet_of(1, 3, gate=asyncio.Event())
+    scaling = asyncio.ensure_future(pool.fleet.scale(3))
+    await settle()
+    await advance(42)
+    assert format_rows(pool.fleet.members(), 0)[2:] == [
+        "worker 0        0          0  healthy",
+        "worker 1        0          0  joining for 42s",
+        "worker 2        0          0  joining for 42s"]
+    # A group the controller sent to a joining slot (none was healthy then).
+    waiting = asyncio.ensure_future(third.generate(req(9)))
+    gone = await pool.fleet.remove("worker 2", abort=True)  # answers at once
+    assert gone.health == "gone" and third.state == "vacant" and killed == [spawned[1]]
+    with pytest.raises(EngineUnavailable):  # retried elsewhere: no group is lost
+        await waiting
+    assert [m.name for m in await pool.fleet.scale(1)] == ["worker 0"]  # cancels worker 1's
+    assert second.state == "vacant" and killed == [spawned[1], spawned[0]]
+    with pytest.raises(FleetError, match=r"^2 rollout workers did not join \(worker 1, 2\): a "
+                                         r"later fleet command cancelled the start; 1 of 3 serve$"):
+        await scaling
+    assert first.state == "alive" and not any(e.inflight for e in (first, second, third))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -69,6 +70,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.action != "remove" and (args.abort or args.deadline is not None):
         raise FleetError("--abort and --deadline go with fleet remove only")
-    for line in request(args.run_dir, message(args)):
+
+    def say(line: str) -> None:  # what the run waits for: on stderr, as it comes
+        print(f"asyncrl fleet: {line}", file=sys.stderr, flush=True)
+
+    for line in request(args.run_dir, message(args), on_progress=say):
         print(line)
     return 0

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from asyncrl.cluster.actors import EngineWorker, TrainerWorker
 from asyncrl.cluster.fleet import RayFleet
+from asyncrl.cluster.placement import Placement, asks
 from asyncrl.cluster.proxies import RayEngine, RayTrainer, WorkerPool, kill_actor, ray
 from asyncrl.config import ActorResources, ClusterConfig
 from asyncrl.engines.options import EngineOptions
@@ -144,7 +145,12 @@ def build_ray_backends(
         pool = WorkerPool(weights_ref, trainer.version)
         low, high = c.worker_bounds
         if c.rollout_workers is not None:  # an elastic fleet: scaled by `asyncrl fleet`
-            RayFleet(pool, min_size=low, max_size=high)
+            ranks_n = distributed.world_size if distributed is not None else 1
+            RayFleet(pool, min_size=low, max_size=high, placement=Placement(
+                asks(c.rollout_worker), asks(c.trainer, ranks_n),
+                # A cluster the run joins may autoscale; the instance it starts does not.
+                autoscaling=c.address is not None,
+                available=ray.available_resources, total=ray.cluster_resources))
         # Slots above the workers started are vacant until a scale-up fills them.
         started = list(zip(workers, infos[-len(workers):]))
         engines = [

@@ -199,6 +199,7 @@ class RayEngine:
         self.lost_groups: list[GroupId] = []
         #: generate calls waiting on the worker now.
         self.inflight = 0
+        #: Starting this slot's next actor: a restart, or a join (asyncrl.cluster.fleet).
         self._restart_task: asyncio.Task[None] | None = None
         self._closed = False
         pool.engines.append(self)

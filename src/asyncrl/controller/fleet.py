@@ -135,7 +135,8 @@ def format_rows(rows: Sequence[FleetMember], trainer_version: int) -> list[str]:
     width = max([len(r.name) for r in rows] + [6])
     lines = [f"trainer version {trainer_version}",
              f"{'engine':<{width}}  {'version':>7}  {'in flight':>9}  health"]
-    lines += [f"{r.name:<{width}}  {r.version:>7}  {r.inflight:>9}  {r.health}" for r in rows]
+    lines += [f"{r.name:<{width}}  {r.version:>7}  {r.inflight:>9}  {r.health}"
+              f"{' ' + r.detail if r.detail else ''}" for r in rows]
     return lines
 
 

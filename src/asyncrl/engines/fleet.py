@@ -18,12 +18,16 @@ The contract every implementation keeps:
   :class:`~asyncrl.errors.EngineLeft` carrying them, which the controller
   continues elsewhere from that prefix;
 * a bad command raises :class:`~asyncrl.errors.FleetError` (one line, the run
-  unaffected).
+  unaffected);
+* a command that waits (a member starting, a drain) says what it waits for
+  with :func:`tell`, which the command's client prints as it comes.
 """
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
+from collections.abc import Callable
 from typing import Literal, Protocol, runtime_checkable
 
 #: A member's health as ``asyncrl fleet status`` prints it.
@@ -42,6 +46,8 @@ class FleetMember:
     #: generation slots (the simulator's slots; 1 for a server or worker, which
     #: takes one group at the least - its real batch capacity is not counted).
     slots: int = 1
+    #: Said after the health in ``status`` (e.g. how long it has been joining).
+    detail: str = ""
 
 
 @runtime_checkable
@@ -79,10 +85,26 @@ class HasFleet(Protocol):
         ...
 
 
+#: Where :func:`tell` sends a line: set by the run's control channel for the
+#: length of each command (a context variable, so every task the command starts
+#: inherits it); None: no client listens.
+progress: contextvars.ContextVar[Callable[[str], None] | None] = contextvars.ContextVar(
+    "asyncrl_fleet_progress", default=None)
+
+
+def tell(line: str) -> None:
+    """Tell the client of the fleet command being carried out ``line`` now
+    (what it waits for), before its answer."""
+    say = progress.get()
+    if say is not None:
+        say(line)
+
+
 def fleet_slots(members: list[FleetMember]) -> int:
     """Generation slots of the members that take groups (joining and draining
     ones do not)."""
     return sum(m.slots for m in members if m.health == "healthy")
 
 
-__all__ = ["ElasticFleet", "FleetMember", "HasFleet", "Health", "fleet_slots"]
+__all__ = ["ElasticFleet", "FleetMember", "HasFleet", "Health", "fleet_slots", "progress",
+           "tell"]

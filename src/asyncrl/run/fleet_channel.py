@@ -10,8 +10,10 @@ The protocol is one JSON object per line each way: a request
 (``{"op": "status"}``, ``{"op": "add", "url": ...}``, ``{"op": "remove", "url":
 ..., "abort": bool, "deadline_s": float | null}``, ``{"op": "scale", "size":
 N}``) and its answer (``{"ok": true, "lines": [...]}`` or ``{"ok": false,
-"error": "..."}``). The run waits on connections (``asyncio.start_unix_server``):
-nothing polls.
+"error": "..."}``), after any number of progress lines (``{"progress": "..."}``:
+what the command waits for, as :func:`asyncrl.engines.fleet.tell` says it). The
+run waits on connections (``asyncio.start_unix_server``): nothing polls. A
+command the run's end cuts short is answered that the run stopped.
 
 The client checks the lock first, so a run that is not running is told as such
 (a socket file a killed run left behind is not mistaken for a live run).
@@ -31,6 +33,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from asyncrl.engines.fleet import progress
 from asyncrl.errors import AsyncRLError, FleetError
 from asyncrl.run.lock import live_holder
 
@@ -42,6 +45,11 @@ POINTER_FILE = ".asyncrl.fleet"
 MAX_SOCKET_PATH = 107
 #: Longest request or answer line.
 MAX_LINE = 1 << 20
+#: Seconds the run's end waits for the answers it owes to be sent.
+CLOSE_WAIT_S = 5.0
+#: The answer to a command the run's end cut short.
+STOPPED = {"ok": False, "error": "the run stopped before it finished the command (its log "
+                                  "says what was done); resume it to change its fleet"}
 
 Handler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 
@@ -60,12 +68,22 @@ async def fleet_channel(run_dir: str | Path, handle: Handler) -> AsyncIterator[P
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         busy.add(asyncio.current_task())  # type: ignore[arg-type]
+        # This connection's command only: each task runs in a context of its own.
+        progress.set(lambda line: writer.write(_encode({"progress": line})))
+        # The run's end cancels this task; it ends normally all the same: the
+        # client is owed an answer, and asyncio (3.11) logs a connection handler
+        # that ends cancelled as "Exception in callback ... CancelledError".
         try:
-            answer = await _answer(await reader.readline(), handle)
-            writer.write(json.dumps(answer).encode() + b"\n")
+            try:
+                answer = await _answer(await reader.readline(), handle)
+            except asyncio.CancelledError:
+                answer = STOPPED
+            writer.write(_encode(answer))
             await writer.drain()
         except (ConnectionError, asyncio.IncompleteReadError):
             pass  # the client went away; nothing to tell
+        except asyncio.CancelledError:
+            pass  # the answer's send cut short (a client that reads nothing)
         finally:
             busy.discard(asyncio.current_task())  # type: ignore[arg-type]
             writer.close()
@@ -91,10 +109,11 @@ async def fleet_channel(run_dir: str | Path, handle: Handler) -> AsyncIterator[P
         yield path
     finally:
         server.close()
-        for task in list(busy):  # a drain still waiting: the run is ending anyway
-            task.cancel()
-        if busy:
-            await asyncio.wait(list(busy))
+        for attempt in range(2):  # the commands, then any send of their answers left
+            for task in list(busy):
+                task.cancel()
+            if busy:
+                await asyncio.wait(list(busy), timeout=CLOSE_WAIT_S if attempt == 0 else None)
         with contextlib.suppress(OSError):
             pointer.unlink()
         with contextlib.suppress(OSError):
@@ -120,6 +139,10 @@ async def _answer(line: bytes, handle: Handler) -> dict[str, Any]:
                                       f"{type(exc).__name__}: {exc}"}
 
 
+def _encode(message: dict[str, Any]) -> bytes:
+    return json.dumps(message).encode() + b"\n"
+
+
 def _socket_path(run_dir: Path) -> tuple[Path, Path | None]:
     path = run_dir.resolve() / SOCKET_FILE
     if len(os.fsencode(path)) <= MAX_SOCKET_PATH:
@@ -128,9 +151,11 @@ def _socket_path(run_dir: Path) -> tuple[Path, Path | None]:
     return private / "s", private
 
 
-def request(run_dir: str | Path, message: dict[str, Any]) -> list[str]:
-    """Send one command to the run in ``run_dir`` and return its answer's lines.
-    FleetError: no run is running there, or the run refused the command."""
+def request(run_dir: str | Path, message: dict[str, Any],
+            on_progress: Callable[[str], None] | None = None) -> list[str]:
+    """Send one command to the run in ``run_dir`` and return its answer's lines;
+    ``on_progress`` is called with each progress line as it comes. FleetError: no
+    run is running there, or the run refused the command."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise FleetError(f"{run_dir} is not a run directory (no such directory)")
@@ -143,26 +168,31 @@ def request(run_dir: str | Path, message: dict[str, Any]) -> list[str]:
     except OSError:
         raise FleetError(f"the run in {run_dir} (pid {pid}) is not listening for fleet "
                          "commands yet (it is starting, or ending); try again in a moment") from None
-    answer = _exchange(address, message, pid)
+    answer = _exchange(address, message, pid, on_progress or (lambda line: None))
     if not answer.get("ok"):
         raise FleetError(str(answer.get("error", "the run refused the command")))
     return [str(line) for line in answer.get("lines", ())]
 
 
-def _exchange(address: str, message: dict[str, Any], pid: int) -> dict[str, Any]:
+def _exchange(address: str, message: dict[str, Any], pid: int,
+              on_progress: Callable[[str], None]) -> dict[str, Any]:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         try:
             sock.connect(address)
         except OSError as exc:
             raise FleetError(f"cannot reach the run (pid {pid}) at {address}: {exc}; it may "
                              "be ending") from None
-        sock.sendall(json.dumps(message).encode() + b"\n")
+        sock.sendall(_encode(message))
         with sock.makefile("rb") as reader:
-            line = reader.readline(MAX_LINE)
-    if not line:
-        raise FleetError(f"the run (pid {pid}) closed the channel without an answer; it may "
-                         "be ending")
-    return json.loads(line)
+            while True:
+                line = reader.readline(MAX_LINE)
+                if not line:
+                    raise FleetError(f"the run (pid {pid}) closed the channel without an "
+                                     "answer; it may be ending")
+                answer = json.loads(line)
+                if "progress" not in answer:
+                    return answer
+                on_progress(str(answer["progress"]))
 
 
 __all__ = ["POINTER_FILE", "SOCKET_FILE", "fleet_channel", "request"]
