@@ -101,13 +101,13 @@ def shared_device(cfg: RunConfig) -> str | None:
     policy = cfg.policy
     if not engine_spec(policy).uses_given_model:
         return None
-    engine, trainer = (_normal(policy.engine_device or policy.device), _normal(policy.device))
-    if engine != trainer:
+    device = _normal(policy.engine_device or policy.device)
+    if device != _normal(policy.device):
         return None
     if cfg.cluster.backend == "local":
-        return "the CPU" if engine == "cpu" else f"one device ({engine})"
+        return "the CPU" if device == "cpu" else f"one device ({device})"
     # On Ray each worker sees only the GPUs it was given: a shared GPU cannot be told.
-    return "the CPU (if Ray placed them on one machine)" if engine == "cpu" else None
+    return "the CPU (if Ray placed them on one machine)" if device == "cpu" else None
 
 
 def _normal(device: str) -> str:
