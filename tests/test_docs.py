@@ -1,9 +1,12 @@
 """Every snippet in README.md and docs/*.md runs as written.
 
-* ``python`` blocks run in order, one namespace per document (later blocks may
-  use what earlier ones defined), in a scratch directory that sees the repo's
-  ``examples/``, as plain scripts: no top-level ``await`` (a reader pastes them
-  into a file and runs ``python``).
+* ``python`` blocks run in order, in a scratch directory that sees the repo's
+  ``examples/``, as plain scripts: no top-level ``await`` (a reader pastes one
+  into a file and runs ``python``). Each runs on its own, in a fresh namespace,
+  as a reader who copies only that block runs it; a block that goes on from the
+  ones before it says so on its first line (``# Continues ...``) and runs with
+  what they defined. A ``print(...)  # output`` line must print that output
+  (``...`` for any text; tests/docs_snippets.py).
 * ``yaml`` blocks parse; a block that is a run config (its keys are config
   blocks) is validated like a config file.
 * ``bash`` blocks: every ``asyncrl ...`` line parses with the real CLI parser,
@@ -21,6 +24,7 @@ import pytest
 from asyncrl.cli import build_parser, main
 from asyncrl.config import RunConfig, config_from_dict
 from asyncrl.config.strict_yaml import load_yaml
+from tests.docs_snippets import run_snippet
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -48,10 +52,16 @@ def _id(doc: Path) -> str:
 def test_python_snippets_run(doc: Path, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "examples").symlink_to(REPO / "examples")
-    namespace: dict = {"__name__": f"docs_{doc.stem}"}
+    page: dict = {}  # what the blocks so far defined, for a block that continues them
     for i, body in enumerate(blocks(doc, "python")):
-        code = compile(body, f"{_id(doc)} python block {i + 1}", "exec")
-        exec(code, namespace)  # our own documentation, run as written
+        namespace = page if continues(body) else {"__name__": f"docs_{doc.stem}_{i + 1}"}
+        run_snippet(body, namespace, f"{_id(doc)} python block {i + 1}")
+        page.update(namespace)
+
+
+def continues(body: str) -> bool:
+    """The block says it goes on from the ones before it (its first line)."""
+    return body.lstrip().lower().startswith("# continues")
 
 
 @pytest.mark.parametrize("doc", docs_with("yaml"), ids=_id)

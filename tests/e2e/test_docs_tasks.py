@@ -6,7 +6,8 @@ import path, as the page says:
 
 * ``json``: a record of the example data file;
 * ``yaml``: a valid config block (built into a task when its data file exists);
-* ``python``: executed; a ``print(...)  # expected`` line must print that;
+* ``python``: executed; a ``print(...)  # output`` line must print that
+  (tests/docs_snippets.py);
 * ``bash``: every ``asyncrl`` command run through the CLI, except the full
   ``examples/dataset.yaml`` run, whose learning ``test_dataset_example_learns_asynchronously_beyond_its_control``
   (tests/e2e/test_workloads.py) checks;
@@ -15,8 +16,6 @@ import path, as the page says:
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import re
 import shlex
@@ -29,6 +28,7 @@ from asyncrl.cli import build_parser, main
 from asyncrl.config import config_from_dict
 from asyncrl.errors import ConfigError
 from asyncrl.tasks import build_task
+from tests.docs_snippets import run_snippet
 
 pytestmark = pytest.mark.e2e
 pytest.importorskip("datasets")
@@ -50,13 +50,7 @@ def check_yaml(text: str) -> None:
 
 
 def check_python(text: str) -> None:
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        exec(compile(text, "docs/tasks.md", "exec"), {"__name__": "__docs__"})
-    for line in text.splitlines():
-        if line.lstrip().startswith("print(") and "  # " in line:
-            expected = line.rsplit("  # ", 1)[1].strip()
-            assert expected in out.getvalue(), (expected, out.getvalue())
+    run_snippet(text, {"__name__": "__docs__"}, "docs/tasks.md")
 
 
 def check_bash(text: str) -> None:

@@ -21,6 +21,7 @@ from asyncrl.errors import ConfigError
 from asyncrl.metrics import MemorySink
 from asyncrl.sim.backends import SimEngine, SimTask, SimTrainer
 from asyncrl.sim.calibrate import calibrate, concurrency, fit_nonnegative, steps_per_s
+from asyncrl.sim.calibrate_checks import calibration_warnings, shared_device
 from asyncrl.sim.clock import run_virtual
 from asyncrl.sim.latency import Constant, make_latency_model
 from asyncrl.sim.runner import simulate
@@ -209,3 +210,78 @@ def test_a_run_too_short_to_fit_is_refused_naming_the_steps_needed(tmp_path: Pat
     [line] = proc.stderr.strip().splitlines()
     assert "metrics.jsonl has 2 training step(s), a fit needs at least 5" in line, line
     assert not (tmp_path / "short" / "simulate.yaml").exists()
+
+
+def _with(cfg: RunConfig, **policy: object) -> RunConfig:
+    tree = cfg.model_dump(mode="json")
+    tree["policy"].update(policy)
+    return config_from_dict(tree)
+
+
+def test_calibration_says_what_the_run_could_not_inform(tmp_path: Path, capsys) -> None:
+    """nu3 items 2 and 3: a quickstart run (every completion 2 tokens, engine and
+    trainer on one CPU) printed "generation goes on" and a stall coefficient of
+    14.96 where the fit could not tell, an R^2 of -0.00 without a word, and no
+    word of the contention in every fitted cost."""
+    cfg = run_config({"name": "in_order", "max_lookahead_versions": 1}, capacity=16, steps=12)
+    tree = cfg.model_dump(mode="json")
+    tree["simulate"]["generation_latency_s"]["lengths"] = [[2, 2.0]] * 10
+    tree["policy"]["generation"]["max_new_tokens"] = 2
+    write_run(config_from_dict(tree), tmp_path / "a")
+    cal = calibrate(tmp_path / "a")
+    assert cal.facts["pause_source"] == "engine default"
+    assert not cal.config.simulate.pause_generation_during_sync  # the local engine's default
+    text = cal.describe()
+    assert ("(generation goes on: the local engine's known behaviour, the fit cannot tell)"
+            in text)
+    pause, latency, shared = cal.facts["warnings"]
+    assert "the fit cannot tell whether generation pauses" in pause and "set to false" in pause
+    assert "the latency model carries no information" in latency
+    assert "every group's longest completion had 2 tokens (policy.generation." in latency
+    assert "shared the CPU" in shared and "docs/simulate.md, section 8" in shared
+    assert all(f"warning: {w}" in text for w in cal.facts["warnings"])
+    # --json: the same as data, and on stderr for a reader of the pipe.
+    assert main(["simulate", "--calibrate", str(tmp_path / "a"), "--out",
+                 str(tmp_path / "cal.yaml"), "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["warnings"] == cal.facts["warnings"]
+    assert err.count("asyncrl simulate --calibrate: warning: ") == 3
+
+
+def test_a_run_that_informs_the_fit_gets_no_warning(tmp_path: Path) -> None:
+    # Lengths and load vary, syncs fall inside generations, and the engine has a
+    # device of its own.
+    cfg = run_config({"name": "in_order", "max_lookahead_versions": 1}, capacity=16, steps=12)
+    write_run(_with(cfg, engine_device="cuda:1"), tmp_path / "a")
+    cal = calibrate(tmp_path / "a")
+    assert cal.facts["pause_source"] == "fit" and cal.facts["warnings"] == []
+    assert "(generation pauses: fitted, stall coefficient 1." in cal.describe()
+
+
+def test_an_implausible_stall_coefficient_is_called_unreliable() -> None:
+    cfg = run_config({"name": "in_order", "max_lookahead_versions": 1}, capacity=16)
+    facts = {"pause_source": "fit", "sync_stall_coefficient": 14.96,
+             "sync_in_generation_frac": 0.2, "latency_r2": 0.9, "latency_mean_s": 1.0}
+    (warning,) = calibration_warnings(_with(cfg, engine_device="cuda:1"), True, facts, [3, 5])
+    assert "stall coefficient 14.96 is far outside 0 to 1" in warning
+    assert "an unreliable estimate" in warning
+    facts["sync_stall_coefficient"] = 0.97
+    assert calibration_warnings(_with(cfg, engine_device="cuda:1"), True, facts, [3, 5]) == []
+
+
+@pytest.mark.parametrize("policy, backend, shared", [
+    ({}, "local", "the CPU"),
+    ({"engine_device": "cpu"}, "local", "the CPU"),
+    ({"engine_device": "cuda:1"}, "local", None),
+    ({"device": "cuda"}, "local", "one device (cuda:0)"),
+    ({"device": "cuda:0", "engine_device": "cuda:1"}, "local", None),
+    ({}, "ray", "the CPU (if Ray placed them on one machine)"),
+    ({"device": "cuda"}, "ray", None),  # each worker sees only its own GPUs
+    ({"engine": "vllm"}, "local", None),  # vLLM picks its own device
+])
+def test_the_shared_device_is_read_from_the_recorded_config(policy, backend, shared) -> None:
+    cfg = _with(run_config({"name": "in_order", "max_lookahead_versions": 1}, capacity=16),
+                **policy)
+    tree = cfg.model_dump(mode="json")
+    tree["cluster"]["backend"] = backend
+    assert shared_device(config_from_dict(tree)) == shared

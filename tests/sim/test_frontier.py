@@ -94,6 +94,49 @@ def test_closest_is_the_nearest_of_the_dominating_frontier_points() -> None:
     assert a.on_frontier and b.on_frontier and a.is_closest
 
 
+def test_the_words_of_an_on_frontier_recommendation_match_its_numbers() -> None:
+    """nu3 item 4: on examples/sim/partial_rollouts.yaml the user's config (on the
+    frontier) was labelled "yours closest", and its neighbour of the same
+    efficiency was called "more efficient ... (efficiency 99.7% -> 99.7%".
+    The numbers of that sweep's three frontier points at the top."""
+    from rich.console import Console
+
+    from asyncrl.sim.frontier import Frontier
+    from asyncrl.sim.report import recommendation, rich_frontier_table
+
+    def run(label: str, eff: float, p95: int, waste: float, *, user: bool = False) -> Point:
+        result = types.SimpleNamespace(
+            efficiency=eff, token_staleness_p95=p95, waste_frac=waste, staleness_mean=1.0,
+            token_staleness_mean=1.0, masked_token_frac=0.0, steps_per_hour=1.0)
+        name, s, *rest = label.split()
+        cand = Candidate({"name": name, "max_staleness_versions": int(s[2:]),
+                          **({"staleness_of": "end_weight"} if "end_weight" in rest else {})},
+                         192, 192)
+        return Point(cand, result, is_user=user)  # type: ignore[arg-type]
+
+    user = run("windowed s=2 end_weight", 0.997158352184, 11, 0.000757920266788, user=True)
+    same = run("windowed s=2", 0.997158352184, 2, 0.326302856558)
+    slower = run("ready_first s=2", 0.948752096239, 10, 0.0)
+    close = run("windowed s=4", 0.99739375856, 4, 0.163570627104)
+    front = Frontier([user, same, slower], refused=[])
+    mark(front.points)
+    assert user.on_frontier and front.neighbours(user) == (same, slower)
+    text = recommendation(front)
+    assert "more efficient" not in text, text
+    assert ("nearest trade-offs on the frontier: as efficient, fresher, more waste, "
+            "windowed s=2 cap 192 (efficiency 99.7% -> 99.7%,") in text, text
+    assert "; less efficient, fresher, ready_first s=2 cap 192 (efficiency 99.7% -> 94.9%," in text
+    # Efficiencies that differ below the first decimal show the decimals that tell them apart.
+    front = Frontier([user, close, slower], refused=[])
+    mark(front.points)
+    assert "as efficient, fresher, more waste, windowed s=4 cap 192 (efficiency 99.72% -> " \
+        "99.74%," in recommendation(front)
+    console = Console(record=True, width=200)
+    console.print(rich_frontier_table(front))
+    table = console.export_text()
+    assert "yours (on frontier)" in table and "closest" not in table
+
+
 @pytest.fixture
 def config_file(tmp_path: Path) -> Path:
     path = tmp_path / "sim.yaml"
@@ -157,8 +200,10 @@ def test_cli_on_the_frontier_shows_the_nearest_trade_offs_on_either_side(
     up, down = front[i - 1], front[i + 1]
     text = saved["recommendation"]
     assert "is on the frontier" in text and "The nearest trade-offs on the frontier: " in text
-    assert f"more efficient, {up['config']} (efficiency" in text, text
-    assert f"less efficient, {down['config']} (efficiency" in text, text
+    # The words before each neighbour say how it compares (as efficient within 0.1 points).
+    before_up = text.split(f", {up['config']} (efficiency")[0].rsplit(": ", 1)[1]
+    assert before_up.startswith(("more efficient", "as efficient")), text
+    assert "less efficient, " in text.split(f", {down['config']} (efficiency")[0], text
     for other in (up, down):
         assert " ".join(f"'{o}'" for o in other["overrides"]) in text
     assert text in proc.stdout.splitlines()  # printed as one line, overrides whole

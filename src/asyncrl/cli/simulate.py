@@ -276,6 +276,8 @@ def run_calibrate(args: argparse.Namespace) -> int:
     write_calibrated(fit, out)
     if args.json:
         print(dumps(fit.summary(), indent=2))
+        for warning in fit.facts["warnings"]:  # also where a reader of the pipe sees them
+            print(f"asyncrl simulate --calibrate: warning: {warning}", file=sys.stderr)
         return 0
     print(fit.describe())
     print(f"wrote {out}: the run's config with this simulate block. Predict another setup "

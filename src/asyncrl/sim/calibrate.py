@@ -47,6 +47,7 @@ from asyncrl._util.jsonio import read_json, read_jsonl
 from asyncrl.config import RunConfig, config_from_dict, load_config
 from asyncrl.engines.specs import engine_spec
 from asyncrl.errors import ConfigError
+from asyncrl.sim.calibrate_checks import MIN_STALL, calibration_warnings, pause_text
 
 #: Fewer groups with generation timings than this cannot be fitted.
 MIN_GROUPS = 8
@@ -58,9 +59,6 @@ MIN_STEPS = 5
 DECIMALS = 2
 #: Refits of the latency model with the load averaged over tokens (it converges fast).
 LOAD_ITERATIONS = 4
-#: Below this fraction of the generation time spent in syncs, the fit cannot tell
-#: whether the engine pauses during them; the engine's known behaviour decides.
-MIN_STALL = 0.05
 
 
 def steps_per_s(records: Sequence[dict[str, Any]]) -> float:
@@ -103,13 +101,14 @@ class Calibration:
             f"(R^2 {f['latency_r2']:.2f}); lengths of {len(lat.lengths)} groups",
             f"  trainer: {sim.train_per_token_s:.4g}s per completion token, "
             f"{sim.train_step_s:.4g}s per step, weight sync {sim.weight_sync_s:.4g}s "
-            f"({'generation pauses' if sim.pause_generation_during_sync else 'generation goes on'}"
+            f"({pause_text(self.config.policy.engine, sim.pause_generation_during_sync, f)}"
             f"), abort {sim.abort_s:.4g}s; "
             f"{sim.rollout_slots} rollout slots, failure rate {sim.failure_rate:.3g}, "
             f"filter rate {sim.filter_rate:.3g}",
             f"  the run itself, measured vs simulated: steps/s {f['measured_steps_per_s']:.4g} "
             f"vs {f['simulated_steps_per_s']:.4g}, staleness mean "
             f"{f['measured_staleness_mean']:.3g} vs {f['simulated_staleness_mean']:.3g}",
+            *(f"warning: {w}" for w in f["warnings"]),
         ])
 
 
@@ -147,6 +146,7 @@ def calibrate(run_dir: str | Path, overrides: Sequence[str] = ()) -> Calibration
     n_gen = cfg.grpo.num_generations_per_prompt
     latency, lat_facts = _fit_latency(fit_groups, intervals, n_gen)
     pauses = lat_facts.pop("pause_generation_during_sync")
+    lat_facts["pause_source"] = "fit" if pauses is not None else "engine default"
     if pauses is None:  # no generation spanned a sync: what the engine is known to do
         pauses = engine_spec(cfg.policy).pauses_on_sync
     trainer, trainer_facts = fit_trainer(used, intervals, groups)
@@ -181,6 +181,8 @@ def calibrate(run_dir: str | Path, overrides: Sequence[str] = ()) -> Calibration
                                           for _ in range(int(r["groups_trained"]))]),
         "simulated_staleness_mean": own.staleness_mean,
     }
+    facts["warnings"] = calibration_warnings(
+        calibrated, bool(pauses), facts, [int(g["tokens_longest"]) for g in fit_groups])
     return Calibration(run, calibrated, facts)
 
 
@@ -329,7 +331,8 @@ def _fit_latency(groups: Sequence[dict[str, Any]], intervals: Sequence[dict[str,
                            lambda n, a=per_token, b=per_group: a + b * (n - 1))
     # Too little sync inside the generations (e.g. every group that spans one is
     # aborted) cannot tell: None.
-    pauses = (pause >= 0.5) if math.fsum(stalled) >= MIN_STALL * math.fsum(latency) else None
+    in_sync = math.fsum(stalled) / math.fsum(latency) if math.fsum(latency) > 0 else 0.0
+    pauses = (pause >= 0.5) if in_sync >= MIN_STALL else None
     predicted = [base + n * (per_token + per_group * (c - 1.0)) + (w if pauses else 0.0)
                  for n, c, w in zip(longest, busy, stalled)]
     mean = _mean(latency)
@@ -342,6 +345,7 @@ def _fit_latency(groups: Sequence[dict[str, Any]], intervals: Sequence[dict[str,
     return ({"distribution": "tokens", "lengths": lengths, "base_s": base,
              "per_token_s": per_token, "per_token_per_group_s": per_group},
             {"pause_generation_during_sync": pauses, "sync_stall_coefficient": pause,
+             "sync_in_generation_frac": in_sync,
              "latency_mean_s": mean, "latency_rel_error": math.sqrt(sse / len(latency)) / mean
              if mean > 0 else 0.0, "latency_r2": 1 - sse / sst if sst > 0 else 1.0,
              "concurrency_mean": _mean(busy)})

@@ -11,6 +11,7 @@ from typing import Any
 from asyncrl._util.jsonio import dumps, write_json
 from asyncrl.config import RunConfig, dump_config
 from asyncrl.controller.profile import PROFILE_FILE
+from asyncrl.sim.frontier import TOLERANCE
 from asyncrl.sim.runner import ROW_KEYS, Bound, SimResult
 
 #: Steps shown in a pump timeline plot: enough to see the pipeline's rhythm,
@@ -240,12 +241,17 @@ FRONTIER_COLUMNS = (
 )
 
 
+def _mark(point: Any) -> str:
+    """The first column: the user's config (on the frontier or not), the closest
+    frontier config to an off-frontier one, the rest of the frontier."""
+    if point.is_user:
+        return "yours (on frontier)" if point.on_frontier else "yours"
+    return "closest" if point.is_closest else ("frontier" if point.on_frontier else "")
+
+
 def _frontier_cells(point: Any) -> list[str]:
     r = point.result
-    mark = " ".join(x for x, on in (("yours", point.is_user), ("closest", point.is_closest),
-                                    ("frontier", point.on_frontier and not point.is_closest))
-                    if on)
-    return [mark, point.candidate.label, _pct(r.efficiency), str(r.token_staleness_p95),
+    return [_mark(point), point.candidate.label, _pct(r.efficiency), str(r.token_staleness_p95),
             _pct(r.waste_frac), _num(r.staleness_mean), _num(r.token_staleness_mean),
             _pct(r.masked_token_frac), _num(r.steps_per_hour, 1, thousands=True)]
 
@@ -279,8 +285,8 @@ def recommendation(front: Any) -> str:
     user, best = front.user, front.closest
     if user.is_closest:
         up, down = front.neighbours(user)
-        sides = [f"{word}, {_trade(user, p)}" for word, p in
-                 (("more efficient", up), ("less efficient", down)) if p is not None]
+        sides = [f"{_compared(user, p)}, {_trade(user, p)}" for p in (up, down)
+                 if p is not None]
         return (f"your config ({user.candidate.label}) is on the frontier: no swept config beats "
                 "it on efficiency, token-staleness p95 and waste at once. " + (
                     "The nearest trade-offs on the frontier: " + "; ".join(sides) + "."
@@ -289,10 +295,38 @@ def recommendation(front: Any) -> str:
             f"config at least as good on all three is {_trade(user, best)}.")
 
 
+def _compared(user: Any, other: Any) -> str:
+    """How ``other`` compares with ``user``, in words: on efficiency always, on
+    token-staleness p95 and waste where they differ (within the frontier's
+    tolerance a difference does not count, as when the frontier was marked)."""
+    words = []
+    for key, higher, lower, same in (("efficiency", "more efficient", "less efficient",
+                                      "as efficient"),
+                                     ("token_staleness_p95", "staler", "fresher", ""),
+                                     ("waste_frac", "more waste", "less waste", "")):
+        diff = other.objective(key) - user.objective(key)
+        word = higher if diff > TOLERANCE[key] else lower if diff < -TOLERANCE[key] else same
+        if word:
+            words.append(word)
+    return ", ".join(words)
+
+
+def _pcts(a: float, b: float) -> tuple[str, str]:
+    """Two fractions as percentages, with the decimals (up to 3) that tell them apart."""
+    if not (math.isfinite(a) and math.isfinite(b)):
+        return _pct(a), _pct(b)
+    for digits in (1, 2, 3):
+        x, y = (f"{100 * v:.{digits}f}%" for v in (a, b))
+        if x != y:
+            return x, y
+    return _pct(a), _pct(b)
+
+
 def _trade(user: Any, other: Any) -> str:
     """``other``'s label, how each objective changes from ``user``'s, and its overrides."""
     u, o = user.result, other.result
-    return (f"{other.candidate.label} (efficiency {_pct(u.efficiency)} -> {_pct(o.efficiency)}, "
+    before, after = _pcts(u.efficiency, o.efficiency)
+    return (f"{other.candidate.label} (efficiency {before} -> {after}, "
             f"token-staleness p95 {u.token_staleness_p95} -> {o.token_staleness_p95}, waste "
             f"{_pct(u.waste_frac)} -> {_pct(o.waste_frac)}; run it with "
             + " ".join(f"'{x}'" for x in other.candidate.overrides()) + ")")
