@@ -187,7 +187,7 @@ CONTRACT = (r"\. It is a bug in that sampler: fix it, then resume the run from i
     (ReturnsIds, r"sampler \S+\.ReturnsIds\.select returned a list holding int \d+; select "
                  r"returns a list of the Slot objects it removed from the buffer "
                  r"\(buffer\.remove returns them\), or None"),
-    (TooFew, r"sampler \S+\.TooFew\.select returned 1 groups, fewer than min_prompt_groups=2: "
+    (TooFew, r"sampler \S+\.TooFew\.select returned 1 group, fewer than min_prompt_groups=2: "
              r"select returns None \(and removes nothing\) when fewer than min_prompt_groups "
              r"are eligible"),
     (EmptyList, r"sampler \S+\.EmptyList\.select returned 0 groups, fewer than "

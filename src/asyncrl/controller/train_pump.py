@@ -21,6 +21,7 @@ import math
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
+from asyncrl._util.text import plural
 from asyncrl.buffer import Slot
 from asyncrl.controller.context import RunContext
 from asyncrl.controller.dispatch import Dispatcher
@@ -328,10 +329,10 @@ class TrainPump:
             return (f"returned {_described(chunk)}; select returns a list of the Slot "
                     "objects it removed from the buffer (buffer.remove returns them), or None")
         if n > hi:
-            return f"returned {n} groups, more than max_prompt_groups={hi}"
+            return f"returned {plural(n, 'group')}, more than max_prompt_groups={hi}"
         if n < lo:
-            return (f"returned {n} groups, fewer than min_prompt_groups={lo}: select returns "
-                    "None (and removes nothing) when fewer than min_prompt_groups are eligible")
+            return (f"returned {plural(n, 'group')}, fewer than min_prompt_groups={lo}: select "
+                    "returns None (and removes nothing) when fewer than min_prompt_groups are eligible")
         return ""
 
     def _not_removed(self, chunk: list[Slot]) -> str:
