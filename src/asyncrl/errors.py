@@ -32,6 +32,17 @@ class GroupStateError(BufferError_, RuntimeError):
     """An operation that does not fit the slot's state (e.g. commit of a ready group)."""
 
 
+class GroupStillGenerating(GroupStateError):
+    """``RolloutBuffer.remove`` was asked to drop a slot whose group is still
+    generating (reserved, not committed): it drops ready slots only, and removed
+    nothing. From a sampler's ``select`` or ``evict`` it breaks the sampler's
+    contract (docs/samplers.md); ``group_id`` names the group."""
+
+    def __init__(self, message: str, group_id: object = None) -> None:
+        super().__init__(message)
+        self.group_id = group_id
+
+
 class DuplicateGroupError(BufferError_, ValueError):
     """A group id is reserved twice."""
 

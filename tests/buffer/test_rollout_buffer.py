@@ -15,6 +15,7 @@ from asyncrl.errors import (
     BufferStateError,
     DuplicateGroupError,
     GroupStateError,
+    GroupStillGenerating,
     UnknownGroupError,
 )
 from tests.vtime import settle, virtual
@@ -297,8 +298,9 @@ async def test_remove_is_all_or_nothing() -> None:
     buf.commit("g0", None)
     changed = asyncio.create_task(buf.wait_changed())
     await settle()
-    for bad in (["g0", "ghost"], ["g0", "g1", "g0"]):
-        with pytest.raises(UnknownGroupError):
+    for bad, error in ((["g0", "ghost"], UnknownGroupError), (["g0", "g0"], UnknownGroupError),
+                       (["g0", "g1"], GroupStillGenerating)):
+        with pytest.raises(error):
             buf.remove(bad)
         assert _ids(buf.slots()) == ["g0", "g1", "g2"] and buf.ready_count == 1
     await settle()
@@ -307,10 +309,28 @@ async def test_remove_is_all_or_nothing() -> None:
 
 
 @virtual
+async def test_remove_refuses_a_group_still_generating() -> None:
+    """Its attempt would commit to, or be aborted from, a slot that is gone (a
+    sampler's evict that did this broke the run far from the cause)."""
+    buf = await _filled(4, 2)
+    buf.commit("g0", None)
+    with pytest.raises(GroupStillGenerating, match=r"group 'g1' is still generating; remove\(\) "
+                                                   r"drops ready slots only \(nothing was removed\)"
+                       ) as err:
+        buf.remove(["g0", "g1"])
+    assert err.value.group_id == "g1" and isinstance(err.value, GroupStateError)
+    assert _ids(buf.slots()) == ["g0", "g1"] and buf.ready_count == 1
+    buf.commit("g1", None)  # the group goes on: it commits to its slot
+    assert _ids(buf.remove(iter(["g1", "g0"]))) == ["g1", "g0"] and len(buf) == 0
+
+
+@virtual
 async def test_remove_listeners_see_every_removed_slot() -> None:
     buf = await _filled(4, 3)
     seen: list[list[Any]] = []
     buf.add_remove_listener(lambda slots: seen.append(_ids(slots)))
+    buf.commit("g0", None)
+    buf.commit("g2", None)
     buf.remove(["g2", "g0"])
     buf.remove([])
     buf.release("g1")  # release is not a removal of a buffered result
@@ -367,9 +387,9 @@ async def _random_buffer(rng: random.Random, capacity: int = 40, steps: int = 12
             )
         elif op < 0.9 and any(not s.ready for s in slots):
             buf.release(rng.choice([s for s in slots if not s.ready]).group_id)
-        elif slots:
+        elif ready := [s for s in slots if s.ready]:
             buf.remove(
-                [s.group_id for s in rng.sample(slots, k=min(len(slots), rng.randrange(1, 4)))]
+                [s.group_id for s in rng.sample(ready, k=min(len(ready), rng.randrange(1, 4)))]
             )
     return buf
 

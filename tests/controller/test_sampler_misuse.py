@@ -1,12 +1,15 @@
-"""What the train pump does with a custom sampler that breaks select's contract
-(or bends it): a chunk too large, not ready or holding a slot select did not
-remove (or one twice) stops the run naming the sampler;
+"""What the train pump does with a custom sampler that breaks select's or evict's
+contract (or bends it): a chunk too large or too small, not ready, not Slots or
+holding a slot select did not remove (or one twice), and a select or evict that
+removes a group still generating, stop the run at a safe point naming the
+sampler, with the ledger balanced;
 slots removed but not returned are counted evicted, so none goes missing; a
 sampler that raises stops the run at a safe point, resumable once it is fixed."""
 
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -97,6 +100,61 @@ class ReturnsOneTwice(BaseSampler):
         return self.buffer.remove([ready[0].group_id]) * 2
 
 
+class ReturnsIds(BaseSampler):
+    """Returns the group ids of the slots it took instead of the slots."""
+
+    window = 0
+
+    async def select(self, *, current_train_weight, min_prompt_groups, max_prompt_groups):
+        ready = self.buffer.ready_in_weight_range(None, None, limit=max_prompt_groups)
+        taken = self._take(ready, min_prompt_groups)
+        return None if taken is None else [s.group_id for s in taken]
+
+
+class TooFew(BaseSampler):
+    """Takes one ready group whatever min_prompt_groups asks."""
+
+    window = 0
+
+    async def select(self, *, current_train_weight, min_prompt_groups, max_prompt_groups):
+        return self._take(self.buffer.ready_in_weight_range(None, None, limit=1), 1)
+
+
+class EmptyList(BaseSampler):
+    """Returns [] instead of None when too few groups are eligible."""
+
+    window = 0
+
+    async def select(self, *, current_train_weight, min_prompt_groups, max_prompt_groups):
+        ready = self.buffer.ready_in_weight_range(None, None, limit=max_prompt_groups)
+        return self._take(ready, min_prompt_groups) or []
+
+
+class EvictsGenerating(BaseSampler):
+    """Selects like ready_first, but evicts every slot still generating."""
+
+    window = 0
+
+    async def select(self, *, current_train_weight, min_prompt_groups, max_prompt_groups):
+        ready = self.buffer.ready_in_weight_range(None, None, limit=max_prompt_groups)
+        return self._take(ready, min_prompt_groups)
+
+    async def evict(self, *, current_train_weight):
+        return self._evict_slots([s for s in self.buffer.slots() if not s.ready])
+
+
+class SelectsGenerating(BaseSampler):
+    """Removes a slot still generating (and returns it) when a group is ready."""
+
+    window = 0
+
+    async def select(self, *, current_train_weight, min_prompt_groups, max_prompt_groups):
+        generating = [s for s in self.buffer.slots() if not s.ready]
+        if not generating or not self.buffer.ready_count:
+            return None
+        return self.buffer.remove([generating[0].group_id])
+
+
 def _custom(cls: type) -> dict[str, str]:
     return {"name": "custom", "target": f"{__name__}:{cls.__name__}"}
 
@@ -113,22 +171,47 @@ def test_groups_a_sampler_removes_without_returning_are_counted_evicted(cls: typ
                                        ("trained", "evicted", "aborted", "failed", "pending"))
 
 
+CONTRACT = (r"\. It is a bug in that sampler: fix it, then resume the run from its checkpoint$")
+
+
 @pytest.mark.parametrize(("cls", "says"), [
     (TooMany, r"TooMany\.select returned \d+ groups, more than max_prompt_groups=\d+"),
-    (Unready, r"sampler Unready selected unready group"),
-    (ReturnsWithoutRemoving, r"sampler ReturnsWithoutRemoving\.select returned group \S+, "
+    (Unready, r"sampler \S+\.Unready\.select returned group \S+, which is not ready \(still "
+              r"generating\): select returns ready slots only"),
+    (ReturnsWithoutRemoving, r"sampler \S+\.ReturnsWithoutRemoving\.select returned group \S+, "
                              r"which it did not remove from the buffer: select must return the "
                              r"slots it removed from the buffer \(buffer\.remove returns them\)"),
-    (RemovesOneReturnsTwo, r"sampler RemovesOneReturnsTwo\.select returned group \S+, which it "
-                           r"did not remove from the buffer"),
-    (ReturnsOneTwice, r"sampler ReturnsOneTwice\.select returned a group twice"),
+    (RemovesOneReturnsTwo, r"sampler \S+\.RemovesOneReturnsTwo\.select returned group \S+, which "
+                           r"it did not remove from the buffer"),
+    (ReturnsOneTwice, r"sampler \S+\.ReturnsOneTwice\.select returned a group twice"),
+    (ReturnsIds, r"sampler \S+\.ReturnsIds\.select returned a list holding int \d+; select "
+                 r"returns a list of the Slot objects it removed from the buffer "
+                 r"\(buffer\.remove returns them\), or None"),
+    (TooFew, r"sampler \S+\.TooFew\.select returned 1 group, fewer than min_prompt_groups=2: "
+             r"select returns None \(and removes nothing\) when fewer than min_prompt_groups "
+             r"are eligible"),
+    (EmptyList, r"sampler \S+\.EmptyList\.select returned 0 groups, fewer than "
+                r"min_prompt_groups=2"),
+    (EvictsGenerating, r"sampler \S+\.EvictsGenerating\.evict asked the buffer to remove group "
+                       r"\S+, which is still generating \(nothing was removed\): select and "
+                       r"evict remove ready slots only"),
+    (SelectsGenerating, r"sampler \S+\.SelectsGenerating\.select asked the buffer to remove "
+                        r"group \S+, which is still generating"),
 ])
-def test_a_chunk_that_breaks_selects_contract_stops_the_run_naming_the_sampler(
+def test_a_sampler_that_breaks_its_contract_stops_at_a_safe_point_naming_it(
         cls: type, says: str) -> None:
-    ctl = make_controller(_custom(cls), steps=4, per_step=3, capacity=12, min_chunk=1,
-                          inflight=6)
-    with pytest.raises(ControllerBug, match=says):
+    """Found before the buffer or the ledger could be corrupted: the run stops
+    where it can be checkpointed, and whatever the breaking call removed is
+    counted evicted, so the ledger balances (and a resume finds every group)."""
+    ctl = make_controller(_custom(cls), steps=4, per_step=3, capacity=12, min_chunk=2,
+                          inflight=6, engines=[FakeEngine(lognormal_latency(5))])
+    with pytest.raises(ControllerBug, match=says) as err:
         run_virtual(ctl.run())
+    assert re.search(CONTRACT, str(err.value)), err.value
+    assert ctl.stopped_at_safe_point and ctl.version.value < 4
+    ledger = ctl.summary()["ledger"]
+    assert ledger["balanced"], ledger
+    assert json.loads(json.dumps(ctl.state_dict()))  # a checkpoint can be written
 
 
 class Breaks(InOrderSampler):

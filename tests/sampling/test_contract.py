@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from asyncrl.buffer import RolloutBuffer
+from asyncrl.buffer import RolloutBuffer, Slot
 from asyncrl.sampling import (
     InOrderSampler,
     PromptGroupSampler,
@@ -49,12 +49,15 @@ async def test_select_and_evict_only_touch_ready_slots_and_never_repeat(
 
         for _ in range(3):
             hi = rng.randint(1, 6)
+            lo = rng.randint(1, hi)
             chosen = await sampler.select(
-                current_train_weight=v, min_prompt_groups=rng.randint(1, hi), max_prompt_groups=hi
+                current_train_weight=v, min_prompt_groups=lo, max_prompt_groups=hi
             )
             if chosen is None:
                 continue
-            assert 1 <= len(chosen) <= hi
+            # The train pump refuses fewer than min (an empty list too) as a breach.
+            assert isinstance(chosen, list) and lo <= len(chosen) <= hi
+            assert all(isinstance(s, Slot) for s in chosen)
             ids = [s.group_id for s in chosen]
             assert len(set(ids)) == len(ids), "select returned a group twice"
             assert not seen & set(ids), "select returned a group it had returned before"

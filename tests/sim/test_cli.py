@@ -9,6 +9,9 @@ import pytest
 import yaml
 
 from asyncrl.cli import main
+from asyncrl.sampling import WindowedSampler
+from asyncrl.sim.report import TABLE_COLUMNS
+from asyncrl.sim.result import custom_window
 from asyncrl.sim.runner import ROW_KEYS
 
 CONFIG = {
@@ -104,6 +107,36 @@ def test_a_note_is_marked_in_the_table_and_printed_whole_under_it(config_file, t
     assert windowed.split("│")[-2].strip() == "", windowed  # no note, no mark
     below = lines.index("(1) in_order: max_buffered_rollouts raised 6->12 (policy needs 12)")
     assert lines[below - 1].startswith("└")  # right under the table
+
+
+class AWindowedSamplerWithAVeryLongClassName(WindowedSampler):
+    """A custom sampler (target ``tests.sim.test_cli:...``) with a long name."""
+
+
+def test_a_long_custom_sampler_name_cuts_no_header_and_its_window_is_noted(
+        config_file, tmp_path, capsys) -> None:
+    """A new user's trial: a long custom target squeezed the headers to ``windo``,
+    ``virtual tim``, ``efficienc``, and its window showed ``-`` with no note."""
+    target = f"{__name__}:{AWindowedSamplerWithAVeryLongClassName.__name__}"
+    assert main(["simulate", "--config", str(config_file), "--run-dir", str(tmp_path / "r"),
+                 "--steps", "4", "--no-plots",
+                 f"async_rl.sampler={{name: custom, target: '{target}', "
+                 "max_staleness_versions: 2}"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    [header] = [line for line in lines if line.startswith("┃ policy")]
+    assert [c.strip() for c in header.strip("┃").split("┃")] == list(TABLE_COLUMNS)
+    top = lines.index(header) + 2  # below the header's rule
+    row = lines[top].split("│")
+    assert row[2].strip() == "2" and row[-2].strip() == "(1)", lines[top]
+    wrapped = "".join(line.split("│")[1].strip() for line in lines[top:]
+                      if line.startswith("│"))
+    assert wrapped == target  # wrapped, whole
+    assert f"(1) {target}: window: the custom sampler's own (its window attribute)" in lines
+
+
+def test_a_custom_sampler_without_a_window_says_so() -> None:
+    assert custom_window(object()) == (
+        None, "window: not known (the custom sampler has no window attribute)")
 
 
 def test_the_autopilot_is_on_record_in_the_output_and_the_run_dir(config_file, tmp_path,

@@ -140,7 +140,9 @@ def test_compare_with_a_custom_sampler_uses_window_one() -> None:
                      "train_step_s": 2.0, "weight_sync_s": 0.5},
     })
     own = simulate(cfg, steps=5)
-    assert own.sampler == "asyncrl.sampling.policies:WindowedSampler" and own.window is None
+    # Its window is its own (the sampler's window attribute), and the row says so.
+    assert own.sampler == "asyncrl.sampling.policies:WindowedSampler" and own.window == 3
+    assert "window: the custom sampler's own" in own.note
     results = compare(cfg, ["in_order", "windowed"], steps=5)
     assert [r.window for r in results] == [1, 1]
     assert all("window 1" in r.note for r in results)

@@ -24,7 +24,13 @@ from sortedcontainers import SortedList
 
 from asyncrl._util.change_signal import ChangeSignal
 from asyncrl.buffer.ready_index import ReadyIndex
-from asyncrl.errors import BufferStateError, DuplicateGroupError, GroupStateError, UnknownGroupError
+from asyncrl.errors import (
+    BufferStateError,
+    DuplicateGroupError,
+    GroupStateError,
+    GroupStillGenerating,
+    UnknownGroupError,
+)
 from asyncrl.types import GroupId
 
 
@@ -203,24 +209,34 @@ class RolloutBuffer:
         return slot
 
     def remove(self, group_ids: Iterable[GroupId]) -> list[Slot]:
-        """Drop slots (selected or evicted) and return them.
+        """Drop ready slots (selected or evicted) and return them.
 
-        All or nothing: every id is resolved before any slot is dropped, so an
-        unknown or repeated id leaves the buffer, its listeners and its waiters
-        exactly as they were.
+        All or nothing: every id is resolved and checked before any slot is
+        dropped, so an unknown, repeated or still-generating id leaves the
+        buffer, its listeners and its waiters exactly as they were. A group
+        still generating is refused (:class:`GroupStillGenerating`): its attempt
+        would commit to, or be aborted from, a slot that is gone.
         """
+        ids = group_ids if isinstance(group_ids, (list, tuple)) else list(group_ids)
         targets: dict[GroupId, Slot] = {}
         slots = self._slots
-        for gid in group_ids:
-            if gid in targets:
-                raise UnknownGroupError(
-                    f"group {gid!r} appears twice in one remove() call; each slot can be "
-                    "removed once (nothing was removed)"
-                )
+        for gid in ids:
             try:
-                targets[gid] = slots[gid]
+                slot = slots[gid]
             except KeyError:
-                self.get(gid)  # raises UnknownGroupError
+                slot = self.get(gid)  # raises UnknownGroupError
+            if not slot.ready:
+                raise GroupStillGenerating(
+                    f"group {gid!r} is still generating; remove() drops ready slots only "
+                    "(nothing was removed)", gid)
+            targets[gid] = slot
+        # A repeat is found by the count, not by a lookup per id: this runs for
+        # every selected group, on the simulator's hot path.
+        if len(targets) != len(ids):
+            raise UnknownGroupError(
+                f"group {_first_repeat(ids)!r} appears twice in one remove() call; each slot can be "
+                "removed once (nothing was removed)"
+            )
         removed = [self._drop(slot) for slot in targets.values()]
         if removed:
             for listener in self._remove_listeners:
@@ -424,3 +440,12 @@ class RolloutBuffer:
     def __repr__(self) -> str:
         return (f"RolloutBuffer(capacity={self._capacity}, slots={len(self._slots)}, "
                 f"ready={self._ready_count})")
+
+
+def _first_repeat(ids: Iterable[GroupId]) -> GroupId | None:
+    seen: set[GroupId] = set()
+    for gid in ids:
+        if gid in seen:
+            return gid
+        seen.add(gid)
+    return None

@@ -22,7 +22,7 @@ from asyncrl.controller.failure_log import FailureLog
 from asyncrl.controller.ledger import Ledger
 from asyncrl.controller.stats import RunStats
 from asyncrl.engines.capabilities import EngineCapabilities
-from asyncrl.errors import BackendBug
+from asyncrl.errors import BackendBug, ControllerBug
 from asyncrl.metrics import Timeline
 from asyncrl.sampling import PromptGroupSampler
 from asyncrl.types import GroupId
@@ -117,3 +117,14 @@ class RunContext:
         # One key for every method: the pump may ask the broken sampler once more
         # before it stops; that is the same bug, not another error.
         self.fail(bug, key="sampler")
+
+    def sampler_broke_contract(self, method: str, what: str) -> None:
+        """The sampler's ``method`` did what its contract (docs/samplers.md, "The
+        rules every sampler must keep") forbids: ``what`` says what and what the
+        rule is. A bug in the sampler, found before it could corrupt the buffer
+        or the ledger (the caller counts evicted whatever the call removed), so
+        the run stops at its next safe point, with a checkpoint, as for a
+        sampler that raised."""
+        self.fail(ControllerBug(
+            f"sampler {qualified_name(self.sampler)}.{method} {what}. It is a bug in that "
+            "sampler: fix it, then resume the run from its checkpoint"), key="sampler")

@@ -21,6 +21,7 @@ import math
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
+from asyncrl._util.text import plural
 from asyncrl.buffer import Slot
 from asyncrl.controller.context import RunContext
 from asyncrl.controller.dispatch import Dispatcher
@@ -28,7 +29,7 @@ from asyncrl.controller.evaluation import Evaluator
 from asyncrl.controller.failure_log import SHOWN_GROUPS, trainer_failed
 from asyncrl.controller.stats import StepMark
 from asyncrl.controller.weight_sync import WeightSync
-from asyncrl.errors import AsyncRLError, ControllerBug, RolloutStall
+from asyncrl.errors import AsyncRLError, GroupStillGenerating, RolloutStall
 from asyncrl.metrics import MetricsSink
 from asyncrl.trainers.base import TRAIN_S_IN_FINISH, Trainer
 from asyncrl.types import Rollout, StopReason
@@ -263,61 +264,85 @@ class TrainPump:
         self._removed.clear()
         try:
             count = await self.ctx.sampler.evict(current_train_weight=v)
+        except GroupStillGenerating as exc:  # the buffer refused it: nothing was removed
+            self.ctx.sampler_broke_contract("evict", _removed_generating(exc))
+            count = -1
         except Exception as exc:  # a bug in the sampler: stop with a checkpoint
             self.ctx.sampler_failed("evict", exc)
             count = -1
         removed, self._removed[:] = list(self._removed), []
-        for slot in removed:
-            if slot.ready:
-                self.ctx.ledger.evicted(slot.group_id, step=v)
+        for slot in removed:  # the buffer removes ready slots only
+            self.ctx.ledger.evicted(slot.group_id, step=v)
         if len(removed) != count:
             log.debug("sampler reported %d evictions, buffer saw %d", count, len(removed))
         return len(removed)
 
     async def _select(self, v: int, lo: int, hi: int) -> tuple[list[Slot], int]:
         """The sampler's chunk, and how many slots it removed without returning
-        them (counted as evicted, so none goes missing from the ledger)."""
-        self._removed.clear()
+        them (counted as evicted, so none goes missing from the ledger). A chunk
+        that breaks select's contract stops the run (at its next safe point) and
+        is trained by no one: what select removed is counted evicted."""
+        removed = self._removed
+        removed.clear()
         try:
             chunk = await self.ctx.sampler.select(
-                current_train_weight=v, min_prompt_groups=lo, max_prompt_groups=hi) or []
+                current_train_weight=v, min_prompt_groups=lo, max_prompt_groups=hi)
+        except GroupStillGenerating as exc:  # the buffer refused it: nothing was removed
+            self.ctx.sampler_broke_contract("select", _removed_generating(exc))
+            chunk = None
         except Exception as exc:  # a bug in the sampler: stop with a checkpoint
             self.ctx.sampler_failed("select", exc)
-            chunk = []  # what it removed before raising is counted evicted below
-        if len(chunk) > hi:
-            raise ControllerBug(f"sampler {type(self.ctx.sampler).__name__}.select returned "
-                                f"{len(chunk)} groups, more than max_prompt_groups={hi}")
-        for slot in chunk:
-            if not slot.ready:
-                raise ControllerBug(f"sampler {type(self.ctx.sampler).__name__} selected "
-                                    f"unready group {slot.group_id!r}")
+            chunk = None  # what it removed before raising is counted evicted below
+        if chunk is None:
+            if not removed:  # most asks: the chunk is still filling, nothing left the buffer
+                return [], 0
+            chunk = []
+        else:
+            broken = self._breach(chunk, lo, hi)
+            if broken:
+                self.ctx.sampler_broke_contract("select", broken)
+                chunk = []
         # Each returned slot must be one select removed: one left in the buffer would
         # be trained now and again later, and the ledger would refuse its second end,
         # far from the cause. Counted, not looked up: this is the simulator's hot path.
-        removed = self._removed
-        if not removed:  # most asks: the chunk is still filling, nothing left the buffer
-            if chunk:
-                raise self._not_removed(chunk)
-            return chunk, 0
         chosen = {id(s) for s in chunk}
         extra = [s for s in removed if id(s) not in chosen]
         if len(removed) - len(extra) < len(chunk):
-            raise self._not_removed(chunk)
+            self.ctx.sampler_broke_contract("select", self._not_removed(chunk))
+            chunk, extra = [], list(removed)
         removed.clear()
         for slot in extra:
             self.ctx.ledger.evicted(slot.group_id, step=v)
         return chunk, len(extra)
 
-    def _not_removed(self, chunk: list[Slot]) -> ControllerBug:
-        """The error for a chunk that holds a slot select did not remove (or one twice)."""
+    @staticmethod
+    def _breach(chunk: list[Slot], lo: int, hi: int) -> str:
+        """How a chunk select returned breaks its contract, or "" when it does not:
+        once per chunk, one attribute read per slot (the rest only on a breach)."""
+        try:
+            n = len(chunk)
+            for slot in chunk:
+                if not slot.ready:
+                    return (f"returned group {slot.group_id!r}, which is not ready (still "
+                            "generating): select returns ready slots only")
+        except (AttributeError, TypeError):  # not a list of Slots: named below
+            return (f"returned {_described(chunk)}; select returns a list of the Slot "
+                    "objects it removed from the buffer (buffer.remove returns them), or None")
+        if n > hi:
+            return f"returned {plural(n, 'group')}, more than max_prompt_groups={hi}"
+        if n < lo:
+            return (f"returned {plural(n, 'group')}, fewer than min_prompt_groups={lo}: select "
+                    "returns None (and removes nothing) when fewer than min_prompt_groups are eligible")
+        return ""
+
+    def _not_removed(self, chunk: list[Slot]) -> str:
+        """What is wrong with a chunk that holds a slot select did not remove (or one twice)."""
         gone = {id(s) for s in self._removed}
-        name = type(self.ctx.sampler).__name__
         kept = next((s for s in chunk if id(s) not in gone), None)
         what = (f"group {kept.group_id!r}, which it did not remove from the buffer"
                 if kept is not None else "a group twice")
-        return ControllerBug(f"sampler {name}.select returned {what}: select must return the "
-                             "slots it removed from the buffer (buffer.remove returns them), "
-                             "each once")
+        return (f"returned {what}: select must return the slots it removed from the buffer "
+                "(buffer.remove returns them), each once")
 
     def _deadlock_message(self, v: int) -> str:
         buf = self.ctx.buffer
@@ -333,3 +358,20 @@ def _finite_logprobs(rollout: Rollout) -> bool:
     """Every behavior log-prob of ``rollout`` is finite (a sum of floats is
     finite only if every term is; an overflow to inf is caught as well)."""
     return all(math.isfinite(sum(c.logprobs)) for c in rollout.result.completions)
+
+
+def _removed_generating(exc: GroupStillGenerating) -> str:
+    return (f"asked the buffer to remove group {exc.group_id!r}, which is still generating "
+            "(nothing was removed): select and evict remove ready slots only; a group in "
+            "flight is ended by should_abort_inflight")
+
+
+def _described(chunk: object) -> str:
+    """What a select returned instead of a list of Slots, in a few words."""
+    try:
+        odd = next((x for x in chunk if not isinstance(x, Slot)), None)  # type: ignore[attr-defined]
+    except TypeError:  # not iterable
+        return f"{type(chunk).__name__} {chunk!r:.60}"
+    if odd is None:
+        return f"a {type(chunk).__name__}"
+    return f"a {type(chunk).__name__} holding {type(odd).__name__} {odd!r:.40}"

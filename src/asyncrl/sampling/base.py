@@ -243,6 +243,8 @@ class BaseSampler:
         return self.buffer.ready_count < min_prompt_groups
 
     def _evict_slots(self, slots: list[Slot]) -> int:
+        if not slots:  # most steps' rounds: nothing to evict, no call into the buffer
+            return 0
         return len(self.buffer.remove([s.group_id for s in slots]))
 
     @staticmethod

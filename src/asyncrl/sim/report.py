@@ -70,14 +70,16 @@ def rich_table(results: Sequence[SimResult], *, title: str = "") -> Any:
     """The table, with a mark, ``(n)``, in the note column of a row with a note;
     the notes go under it (:func:`table_notes`). At 160 columns the other
     columns leave the note column a few characters: a note in it took a line
-    per word."""
+    per word. No header is ever cut (a long custom sampler name squeezed them
+    to ``windo``): each column is at least its header wide, and the policy
+    column wraps a long name instead."""
     from rich.table import Table
 
     table = Table(title=title or None, title_justify="left")
     for name in TABLE_COLUMNS:
         numeric = name not in ("policy", "note")
-        table.add_column(name, justify="right" if numeric else "left",
-                         overflow="fold", no_wrap=True)
+        table.add_column(name, justify="right" if numeric else "left", min_width=len(name),
+                         overflow="fold", no_wrap=name != "policy")
     noted = 0
     for result in results:
         cells = table_cells(result)

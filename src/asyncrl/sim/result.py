@@ -14,7 +14,7 @@ import math
 from typing import Any
 
 from asyncrl.config.sampler import CustomSamplerConfig
-from asyncrl.sampling import WINDOW_FIELD
+from asyncrl.sampling import WINDOW_FIELD, RetunableSampler
 from asyncrl.sim.backends import SimEngine, SimTrainer
 
 #: The columns of a result row, in table order (``asyncrl simulate --json`` prints exactly these).
@@ -175,6 +175,14 @@ def sampler_label(sampler_cfg: Any) -> str:
 def sampler_window(sampler_cfg: Any) -> int | None:
     field = WINDOW_FIELD.get(getattr(sampler_cfg, "name", ""))
     return None if field is None else int(getattr(sampler_cfg, field))
+
+
+def custom_window(sampler: object) -> tuple[int | None, str]:
+    """A custom sampler's window for the table, read from the sampler itself (its
+    config has no window field), and the note that says so."""
+    if isinstance(sampler, RetunableSampler):
+        return int(sampler.window), "window: the custom sampler's own (its window attribute)"
+    return None, "window: not known (the custom sampler has no window attribute)"
 
 
 

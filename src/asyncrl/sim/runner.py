@@ -41,6 +41,7 @@ from asyncrl.sim.result import (
     ROW_KEYS,
     Bound,
     SimResult,
+    custom_window,
     efficiency_of,
     percentile,
     sampler_label,
@@ -206,6 +207,7 @@ def simulate(
             "does), or simulate with mode: aimd or the autopilot off")
 
     switch = _Switch(*retune_at, stop_after) if retune_at is not None else None
+    window = sampler_window(async_rl.sampler)
 
     async def _step_hook(controller: Controller, version: int) -> None:
         if switch is not None:
@@ -221,6 +223,10 @@ def simulate(
             on_step_end=_step_hook if on_step is not None or retune_at is not None else None,
             planner=planner,
         )
+        nonlocal window, note
+        if window is None:  # a custom sampler: its own, read before a re-tune can move it
+            window, custom = custom_window(controller.sampler)
+            note = "; ".join(x for x in (note, custom) if x)
         engine.on_resize.append(controller.fleet.fleet_changed)  # what a real fleet change does
         engine.schedule_fleet()
         if start_state is not None:
@@ -235,7 +241,7 @@ def simulate(
     wall = time.perf_counter() - t0
     controller = holder["c"]
     result = _result(controller, engine, trainer, sink, sim, physical_bound(cfg, latency), wall,
-                     note, sampler_label(async_rl.sampler), sampler_window(async_rl.sampler))
+                     note, sampler_label(async_rl.sampler), window)
     result.settled_at = switch.settled_at if switch is not None else None
     return result
 
