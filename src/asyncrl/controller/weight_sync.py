@@ -19,11 +19,10 @@ import asyncio
 import collections
 from collections.abc import Sequence
 
-from asyncrl._util.text import qualified_name
 from asyncrl.controller.context import RunContext
 from asyncrl.controller.determinism import NoDeterminism
 from asyncrl.controller.dispatch import Dispatcher
-from asyncrl.controller.failure_log import trainer_failed
+from asyncrl.controller.failure_log import trainer_failed, weight_load_failed
 from asyncrl.engines.base import RolloutEngine
 from asyncrl.errors import AsyncRLError, BackendBug
 from asyncrl.trainers.base import Trainer
@@ -118,11 +117,6 @@ class WeightSync:
         run goes on to the step's end and stops there, at a safe point: the
         version advances with the trainer's, nothing more is dispatched, and the
         checkpoint holds the step (a resume loads its weights into the engines)."""
-        bug = BackendBug(
-            f"engine {idx} ({qualified_name(self.engines[idx])}) raised "
-            f"{type(error).__name__}: {error} in update_weights(weights, {step + 1}) after "
-            f"training step {step}. An engine's update_weights must not raise: it is a bug "
-            "in that engine. The step is complete and goes into the checkpoint; fix the "
-            "engine, then resume the run from its checkpoint")
-        bug.__cause__ = error
-        return bug
+        return weight_load_failed(
+            self.engines[idx], idx, error, step + 1, when=f"after training step {step}",
+            state="The step is complete and goes into the checkpoint")
