@@ -53,8 +53,8 @@ def test_negative_window_is_refused() -> None:
                                                    "max_lookahead_versions": -1}}})
 
 
-@pytest.mark.parametrize(("data", "field"), [({"seed": -1}, "seed"),
-                                           ({"policy": {"vllm": {"seed": -3}}}, "policy.vllm.seed")])
+@pytest.mark.parametrize(("data", "field"), [
+    ({"seed": -1}, "seed"), ({"policy": {"vllm": {"seed": -3}}}, "policy.vllm.seed")])
 def test_a_negative_seed_is_one_line_naming_the_field(data: dict, field: str) -> None:
     with pytest.raises(ConfigError) as err:
         config_from_dict(data)

@@ -12,11 +12,12 @@ Replacements of dropped groups (:mod:`asyncrl.controller.drops`) and of
 filtered ones (:mod:`asyncrl.controller.dynamic_sampling`) go to the front of
 the queue; groups in flight at a checkpoint come back there on resume
 (:mod:`asyncrl.controller.checkpoint_state`), with the tokens they had then
-(:mod:`asyncrl.controller.partials`), and continue from them. A simulation that starts from a running job's state (the
-autopilot's planner) hands over the groups generating there instead, with
-their slots: :meth:`Dispatcher.adopt`. Every prompt is in exactly one
-explicit state, so the train pump can ask :meth:`Dispatcher.starved` — "can
-any group become ready before I act?" — from that state alone.
+(:mod:`asyncrl.controller.partials`), and continue from them. A simulation
+that starts from a running job's state (the autopilot's planner) hands over
+the groups generating there instead, with their slots: :meth:`Dispatcher.adopt`.
+Every prompt is in exactly one explicit state, so the train pump can ask
+:meth:`Dispatcher.starved` — "can any group become ready before I act?" —
+from that state alone.
 """
 
 from __future__ import annotations
@@ -263,6 +264,7 @@ class Dispatcher:
         self.commit_all(ready)
 
     def commit_all(self, ready: list[tuple[Entry, Rollout]]) -> None:
+        """Commit finished groups, at one time (those the dynamic-sampling filter keeps)."""
         if not ready:
             return
         ctx = self.ctx
@@ -320,6 +322,7 @@ class Dispatcher:
         return False
 
     def leave(self, entry: Entry, now: float | None = None) -> None:
+        """``entry`` is done here (its slot and ledger record are the caller's to settle)."""
         self._set_state(entry, EntryState.LEFT, now)
         del self.active[entry.group_id]
 
