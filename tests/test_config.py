@@ -53,6 +53,20 @@ def test_negative_window_is_refused() -> None:
                                                    "max_lookahead_versions": -1}}})
 
 
+@pytest.mark.parametrize(("data", "field"), [
+    ({"seed": -1}, "seed"), ({"policy": {"vllm": {"seed": -3}}}, "policy.vllm.seed")])
+def test_a_negative_seed_is_one_line_naming_the_field(data: dict, field: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        config_from_dict(data)
+    text = str(err.value)
+    assert f"{field}: Input should be greater than or equal to 0" in text and "\n" not in text
+
+
+def test_seed_zero_and_an_unset_engine_seed_are_valid() -> None:
+    cfg = config_from_dict({"seed": 0, "policy": {"vllm": {"seed": None}}})
+    assert cfg.seed == 0 and cfg.policy.vllm.seed is None
+
+
 def test_custom_sampler_keeps_extra_keys() -> None:
     cfg = config_from_dict({"async_rl": {"sampler": {"name": "custom", "target": "m:C", "k": 3}}})
     assert cfg.async_rl.sampler.kwargs == {"k": 3}

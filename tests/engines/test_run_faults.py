@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from asyncrl.cli import main
 from asyncrl.errors import BackendBug, TrainerError
 from asyncrl.record import Completion
 from asyncrl.run.train import train
@@ -70,6 +71,30 @@ def test_a_failed_weight_load_names_the_engine_and_checkpoints_the_whole_step(tm
     assert checkpoints(tmp_path) == ["step-000003"]
     assert f"resume with: asyncrl train --resume {tmp_path / 'run'}" in notes
     assert summary["resume_command"] == f"asyncrl train --resume {tmp_path / 'run'}"
+
+
+def test_a_resume_whose_weight_load_raises_is_one_line_and_stays_resumable(tmp_path, capsys):
+    # The run above: its checkpoint step-000003 holds the step whose weights the
+    # engine failed to load, and the engine still fails to load them on resume.
+    run(tmp_path, "UpdateRaises")
+    run_dir = tmp_path / "run"
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    first = err.splitlines()[0]
+    assert first.startswith(
+        "asyncrl train: error: engine 0 (tests.engines.test_run_faults.UpdateRaises) raised "
+        "RuntimeError: weight load failed: shape mismatch in update_weights(weights, 3) "
+        "loading checkpoint step-000003 on resume"), err
+    assert "fix the engine, then resume" in first
+    assert f"resume with: asyncrl train --resume {run_dir}" in err
+    assert checkpoints(tmp_path) == ["step-000003"]
+    # Still resumable: with the engine fixed, the run trains its last step.
+    fixed = "policy.custom_engine.target=tests.engines.test_run_faults:PlainTorchEngine"
+    assert main(["train", "--resume", str(run_dir), fixed]) == 0
+    resumed = json.loads((run_dir / "summary.json").read_text())
+    assert resumed["steps"] == 4 and resumed["ledger"]["balanced"], resumed
 
 
 def test_an_out_of_vocabulary_token_is_the_engines_bug_not_a_trainer_crash(tmp_path):

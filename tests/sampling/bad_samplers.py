@@ -62,6 +62,16 @@ class SyncAdmitSampler(BaseSampler):
         return None
 
 
+class SyncAdmitIncompleteSampler:
+    """A plain-def admit and nothing else: both problems are named, each as what it is."""
+
+    def __init__(self, buffer: Any) -> None:
+        self.buffer = buffer
+
+    def admit(self, *, trainer_version: Any) -> int | None:
+        return None
+
+
 NOT_CALLABLE = 42
 
 

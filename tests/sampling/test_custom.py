@@ -203,7 +203,16 @@ BAD_TARGETS = [
     (
         "bad_samplers:SyncAdmitSampler",
         {},
-        ["does not satisfy PromptGroupSampler", "missing admit (must be 'async def')"],
+        # admit is there, only synchronous: not "missing" (engines say it alike).
+        ["does not satisfy PromptGroupSampler: admit is not 'async def'. Implement them "
+         "(admit, select, evict as 'async def' methods)"],
+    ),
+    (
+        "bad_samplers:SyncAdmitIncompleteSampler",
+        {},
+        ["does not satisfy PromptGroupSampler: missing select, evict, should_abort_inflight, "
+         "is_on_policy, required_buffer_capacity, set_dispatch_index, state_dict, "
+         "load_state_dict; admit is not 'async def'. Implement them"],
     ),
     (  # issue 12, case 9: an __init__ that raises is an error naming the cause
         "bad_samplers:RaisingSampler",

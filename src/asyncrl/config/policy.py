@@ -8,7 +8,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, StrictFloat, field_validator, model_validator
 
-from asyncrl.config.blocks import Block, NonNegFloat, PosFloat, PosInt
+from asyncrl.config.blocks import Block, NonNegFloat, NonNegInt, PosFloat, PosInt
 from asyncrl.config.schedule import SchedulerConfig, check_list
 from asyncrl.config.targets import TargetBlock
 from asyncrl.config.vllm_server import VLLMServerConfig
@@ -74,8 +74,8 @@ class VLLMConfig(Block):
     #: No torch.compile / CUDA graphs: fast start, needed on CPU; set false on GPUs.
     enforce_eager: bool = True
     tensor_parallel_size: PosInt = 1
-    #: Sampling seed of the engine (None: the run's seed).
-    seed: int | None = None
+    #: Sampling seed of the engine (None: the run's seed); not negative, as ``seed``.
+    seed: NonNegInt | None = None
     #: CPU build: keep vLLM's processes on the cores vLLM binds its worker to and
     #: this process (trainer, event loop) on the others, so that generation and
     #: training do not take each other's cores (see docs/engines.md).

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import Field, StrictFloat, StrictInt, model_validator
+from pydantic import Field, StrictFloat, model_validator
 
 from asyncrl.config.autopilot import AutopilotConfig
 from asyncrl.config.blocks import Block, NonNegFloat, NonNegInt, PosFloat, PosInt, TaskBlock
@@ -265,7 +265,9 @@ class EvalConfig(Block):
 
 # --------------------------------------------------------------------- root
 class RunConfig(Block):
-    seed: StrictInt = 0
+    #: Seeds the prompt streams, torch, the engines and the simulator. Not negative:
+    #: torch takes seeds as unsigned (-1 would silently be 2**64 - 1).
+    seed: NonNegInt = 0
     deterministic: bool = False
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
     async_rl: AsyncRLConfig = Field(default_factory=AsyncRLConfig)

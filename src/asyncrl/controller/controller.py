@@ -35,11 +35,12 @@ from asyncrl.buffer import RolloutBuffer
 from asyncrl.config import AsyncRLConfig, GRPOConfig
 from asyncrl.controller.autopilot import read_pressure
 from asyncrl.controller.autoplan import Planner, build_autopilot
+from asyncrl.controller.checkpoint_state import controller_state, load_controller_state
 from asyncrl.controller.context import RunContext
 from asyncrl.controller.determinism import Determinism, NoDeterminism
 from asyncrl.controller.dispatch import Dispatcher
 from asyncrl.controller.drops import DropPolicy
-from asyncrl.controller.dynamic_sampling import build_dynamic_sampling, dynamic_summary
+from asyncrl.controller.dynamic_sampling import build_dynamic_sampling
 from asyncrl.controller.evaluation import Evaluator
 from asyncrl.controller.failure_log import causes, reported
 from asyncrl.controller.fleet import FleetControl
@@ -48,36 +49,26 @@ from asyncrl.controller.partials import read_partials, stop_generating
 from asyncrl.controller.profile import check_reuse, save_profile, start_from_profile
 from asyncrl.controller.retune import Retuner, Setting
 from asyncrl.controller.stats import RunStats
-from asyncrl.controller.summary import RunSummary
+from asyncrl.controller.summary import RunSummary, run_summary
 from asyncrl.controller.train_pump import TrainPump
 from asyncrl.controller.validation import validate_setup
 from asyncrl.controller.watchdog import StallWatchdog, stall_message
 from asyncrl.controller.weight_sync import WeightSync
 from asyncrl.engines.base import RolloutEngine
 from asyncrl.engines.capabilities import EngineCapabilities
-from asyncrl.errors import (
-    BackendBug,
-    CheckpointError,
-    LedgerImbalance,
-    UsageError,
-)
+from asyncrl.errors import BackendBug, LedgerImbalance, UsageError
 from asyncrl.metrics import MetricsSink, Timeline
 from asyncrl.sampling import PromptGroupSampler, create_sampler
 from asyncrl.tasks.base import PromptSource, Scorer, Task
 from asyncrl.tasks.rewards import build_scorer
 from asyncrl.trainers.base import Trainer
 from asyncrl.trainers.capabilities import TrainerCapabilities
-from asyncrl.types import StopReason, rollout_from_dict, rollout_to_dict
+from asyncrl.types import StopReason
 from asyncrl.version import TrainerVersion
 
 log = logging.getLogger("asyncrl.controller")
 
 StepHook = Callable[["Controller", int], Awaitable[None]]
-
-#: controller.json format; 1 was written before the controller kept only live groups,
-#: 2 before the per-token record (completions with versions, in-flight tokens).
-STATE_FORMAT = 3
-
 
 @dataclasses.dataclass
 class RunResult:
@@ -388,61 +379,20 @@ class Controller:
                                 self.capabilities, self.grpo.num_generations_per_prompt)
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything but the trainer's own state needed to resume with nothing lost.
-
-        Taken between steps (``on_step_end``, after :meth:`read_partials`) or after
-        :meth:`run` returned. Ready groups keep their payloads and stamps (also
-        those of an interrupted step); in-flight groups keep their prompt, stamp,
-        attempt count and the tokens they had; queued prompts are kept too; the
-        re-tuned setting and the autopilot's state. Only live groups are stored
-        (the size does not grow with the run); every value is plain JSON data."""
-        ready = sorted((s for s in (*self.buffer.slots(), *self.train_pump.taken) if s.ready),
-                       key=lambda s: s.dispatch_seq)
-        stats = self.ctx.stats
-        elapsed = (self.ctx.now() - stats.t0) if self._running else self._elapsed()
-        return {
-            "format": STATE_FORMAT,
-            "trainer_version": self.version.value,
-            "steps_done": stats.steps_done,
-            "next_seq": self.buffer.state_dict()["next_seq"],
-            "sampler": self.sampler.state_dict(),
-            "ready": [{"group_id": s.group_id, "start_weight": s.start_weight,
-                       "end_weight": s.end_weight, "target_step": s.target_step,
-                       "dispatch_seq": s.dispatch_seq, "payload": rollout_to_dict(s.payload)}
-                      for s in ready],
-            "dispatch": self.dispatcher.state_dict(),
-            "ledger": self.ledger.state_dict(),
-            "stats": stats.state_dict(elapsed),
-            "retune": self.retuner.state_dict(),
-            "autopilot": self.autopilot.state_dict() if self.autopilot is not None else None,
-        }
+        """Everything but the trainer's own state needed to resume with nothing lost:
+        plain JSON data, of live groups only (:mod:`asyncrl.controller.checkpoint_state`
+        says what it holds). Taken between steps (``on_step_end``, after
+        :meth:`read_partials`) or after :meth:`run` returned."""
+        elapsed = (self.ctx.now() - self.ctx.stats.t0) if self._running else self._elapsed()
+        return controller_state(self.ctx, self.dispatcher, self.train_pump.taken, self.retuner,
+                                self.autopilot, elapsed=elapsed)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a :meth:`state_dict` before :meth:`run` (resume)."""
         if self._running:
             raise UsageError("load_state_dict must be called before run(): restore, then run")
-        if state.get("format") != STATE_FORMAT:
-            raise CheckpointError(
-                f"controller state format {state.get('format')!r}; this asyncrl reads format "
-                f"{STATE_FORMAT}. The checkpoint was written by another version: start a new run")
-        self.version.set(int(state["trainer_version"]))
-        self.ctx.stats.load_state_dict(state["stats"], int(state["steps_done"]))
-        self.sampler.load_state_dict(state["sampler"])
-        # The protocol's own way to resume the dispatch index (docs/design.md, "The staleness sampler"):
-        # every admitted batch took one index, so the next one is the count.
-        self.sampler.set_dispatch_index(int(state["dispatch"]["admitted"]))
-        if "retune" in state:  # the re-tuned bound and capacity (the slots must fit)
-            self.retuner.load_state_dict(state["retune"])
-        if self.autopilot is not None and state.get("autopilot"):  # its counts and latches
-            self.autopilot.load_state_dict(state["autopilot"])
+        load_controller_state(state, self.ctx, self.dispatcher, self.retuner, self.autopilot)
         self._reuse = None  # a resumed run goes on with its own setting, not a profile's
-        self.buffer.load_state_dict({
-            "next_seq": int(state["next_seq"]),
-            "slots": [{**r, "ready": True, "payload": rollout_from_dict(r["payload"])}
-                      for r in state["ready"]],
-        })
-        self.ledger.load_state_dict(state["ledger"])
-        self.dispatcher.load_state_dict(state["dispatch"])
 
     # =============================================================== summary
     def _elapsed(self) -> float:
@@ -452,37 +402,10 @@ class Controller:
         return records[-1]["wall_time_s"] if records else self.ctx.stats.elapsed_before
 
     def summary(self) -> RunSummary:
-        ok, why = self.ledger.check_balance(self._holder_ids())
-        return {
-            "steps": self.steps_done,
-            "trainer_version": self.version.value,
-            "stop_reason": str(self.stop_reason),  # the plain value, as JSON writes it
-            "stop_message": self.stop_message,
-            "sampler": type(self.sampler).__name__,
-            "is_on_policy": bool(self.sampler.is_on_policy),
-            "ledger": {**self.ledger.counts(), "balanced": ok,
-                       **({"imbalance": why} if not ok else {})},
-            "failures": {**self.ctx.drops.summary(),
-                         "stall_warnings": self.watchdog.warnings if self.watchdog else 0},
-            "prompts": self._prompt_accounts(),
-            "dynamic_sampling": dynamic_summary(self.ctx.dynamic, self.sampler, self.grpo,
-                                                self.ledger.counts()["trained"]),
-            **self.ctx.stats.totals(self._elapsed()),
-            **({"autopilot": self.autopilot.summary()} if self.autopilot is not None else {}),
-        }
-
-    def _prompt_accounts(self) -> dict[str, Any]:
-        """Every prompt read from the task: dispatched as a group (the ledger says
-        what became of it; ``pending`` ones were not trained) or still waiting
-        undispatched, each listed by id, with why the run left them untrained."""
-        waiting = self.dispatcher.undispatched()
-        pending = self.ledger.counts()["pending"]
-        untrained = pending + sum(len(ids) for ids in waiting.values())
-        return {"drawn": self.dispatcher.source.drawn, "dispatched": len(self.ledger),
-                "untrained": {"pending": pending, **waiting},
-                "untrained_reason": (f"the run stopped ({self.stop_reason}: "
-                                     f"{self.stop_message}) before they were trained"
-                                     if untrained else "")}
+        return run_summary(self.ctx, self.dispatcher, self.autopilot, holders=self._holder_ids(),
+                           stop_reason=self.stop_reason, stop_message=self.stop_message,
+                           stall_warnings=self.watchdog.warnings if self.watchdog else 0,
+                           elapsed=self._elapsed())
 
 
 def _one_line(error: BaseException) -> str:

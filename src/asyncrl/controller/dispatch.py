@@ -10,13 +10,14 @@ Two small loops share one queue of :class:`~asyncrl.controller.entry.Entry`:
 
 Replacements of dropped groups (:mod:`asyncrl.controller.drops`) and of
 filtered ones (:mod:`asyncrl.controller.dynamic_sampling`) go to the front of
-the queue; groups in flight at a checkpoint come back there on resume,
-with the tokens they had then (:mod:`asyncrl.controller.partials`), and continue
-from them. A simulation that starts from a running job's state (the
-autopilot's planner) hands over the groups generating there instead, with
-their slots: :meth:`Dispatcher.adopt`. Every prompt is in exactly one
-explicit state, so the train pump can ask :meth:`Dispatcher.starved` — "can
-any group become ready before I act?" — from that state alone.
+the queue; groups in flight at a checkpoint come back there on resume
+(:mod:`asyncrl.controller.checkpoint_state`), with the tokens they had then
+(:mod:`asyncrl.controller.partials`), and continue from them. A simulation
+that starts from a running job's state (the autopilot's planner) hands over
+the groups generating there instead, with their slots: :meth:`Dispatcher.adopt`.
+Every prompt is in exactly one explicit state, so the train pump can ask
+:meth:`Dispatcher.starved` — "can any group become ready before I act?" —
+from that state alone.
 """
 
 from __future__ import annotations
@@ -33,19 +34,13 @@ from asyncrl.controller.attempts import AttemptRunner, Exhausted, Fatal
 from asyncrl.controller.context import RunContext
 from asyncrl.controller.determinism import NoDeterminism
 from asyncrl.controller.dynamic_sampling import settle_owed
-from asyncrl.controller.entry import Entry, EntryState, entry_from_dict, entry_to_dict
+from asyncrl.controller.entry import Entry, EntryState
 from asyncrl.controller.lookahead import Lookahead
 from asyncrl.controller.validation import groups_per_batch
 from asyncrl.engines.base import RolloutEngine
 from asyncrl.errors import DynamicSamplingBudgetExceeded, TooManyFailedGroups
 from asyncrl.tasks.base import PromptSource, Scorer
-from asyncrl.types import (
-    GroupId,
-    Prompt,
-    Rollout,
-    prompt_from_dict,
-    prompt_to_dict,
-)
+from asyncrl.types import GroupId, Prompt, Rollout
 
 log = logging.getLogger("asyncrl.controller")
 
@@ -83,8 +78,10 @@ class Dispatcher:
         self.inflight = 0
         #: The in-flight bound; re-tuned by :meth:`set_max_inflight`.
         self.max_inflight = ctx.cfg.max_inflight_prompts
-        self._batch_left = 0  # prompts of the last admitted batch still queued
-        self._weights: collections.Counter[int] = collections.Counter()  # in-flight start weights
+        #: Prompts of the last admitted batch still queued.
+        self.batch_left = 0
+        #: The in-flight groups' start weights, counted (the weight sync's aborts read it).
+        self.inflight_weights: collections.Counter[int] = collections.Counter()
         self._queue_changed = ChangeSignal()
         self._permit_freed = ChangeSignal()
         self._tg: TaskGroup | None = None
@@ -98,7 +95,7 @@ class Dispatcher:
         ctx = self.ctx
         n = groups_per_batch(ctx.sampler, ctx.grpo)  # over-sampled: more than a step needs
         while True:
-            while self._batch_left:
+            while self.batch_left:
                 self.admit_state = AdmitState.DRAINING
                 self._blocked()
                 await self._queue_changed.wait()
@@ -123,7 +120,7 @@ class Dispatcher:
                 if prompt is None and (prompt := ctx.drops.release_spare()) is None:
                     break
                 self.queue.append(Entry(prompt, stamp, pin, batch=True, batch_index=batch_index))
-                self._batch_left += 1
+                self.batch_left += 1
             self._queue_changed.fire()
 
     async def run_placer(self, tg: TaskGroup) -> None:
@@ -156,8 +153,8 @@ class Dispatcher:
                 continue
             self.queue.popleft()
             if entry.batch:
-                self._batch_left -= 1
-                if not self._batch_left:
+                self.batch_left -= 1
+                if not self.batch_left:
                     self._queue_changed.fire()  # the admitter may admit the next batch
             self._reserve(entry)
 
@@ -198,7 +195,7 @@ class Dispatcher:
             self.working += 1 if new.working else -1
         if old.inflight != new.inflight:
             w = entry.start_weight
-            weights = self._weights
+            weights = self.inflight_weights
             if old.inflight:
                 left = weights[w] - 1
                 if left:
@@ -245,7 +242,7 @@ class Dispatcher:
 
     async def _group(self, entry: Entry) -> None:
         outcome = await self.attempts.run(entry)
-        if outcome is None:  # aborted: abort_hopeless did the accounting
+        if outcome is None:  # aborted: the weight sync did the accounting
             return
         if isinstance(outcome, Fatal):
             # The group stays in flight (pending): the checkpoint keeps it and a
@@ -256,7 +253,7 @@ class Dispatcher:
             self._give_up(entry, outcome)
             return
         if not self.determinism.enabled:  # commits in any order: this one now
-            self._commit_all([(entry, outcome)])
+            self.commit_all([(entry, outcome)])
             return
         ready = self.determinism.finished(entry.group_id, (entry, outcome))
         for e, _ in ready:
@@ -264,9 +261,10 @@ class Dispatcher:
                 break
         else:  # an earlier group has not finished: wait for it
             self._set_state(entry, EntryState.COMMIT_WAIT)
-        self._commit_all(ready)
+        self.commit_all(ready)
 
-    def _commit_all(self, ready: list[tuple[Entry, Rollout]]) -> None:
+    def commit_all(self, ready: list[tuple[Entry, Rollout]]) -> None:
+        """Commit finished groups, at one time (those the dynamic-sampling filter keeps)."""
         if not ready:
             return
         ctx = self.ctx
@@ -285,7 +283,7 @@ class Dispatcher:
                 ctx.stats.groups_continued += 1
             # No buffer_size here: a commit turns a reserved slot ready, the
             # number of slots (what max_buffer_seen tracks) stays the same.
-            self._leave(entry, now)
+            self.leave(entry, now)
         ctx.progress(now)
 
     def _passes_filter(self, entry: Entry, rollout: Rollout, now: float) -> bool:
@@ -309,7 +307,7 @@ class Dispatcher:
         ctx.ledger.filtered(gid, attempts=rollout.attempts, time=now,
                             end_weight=entry.end_weight, reason=reason)
         ctx.drops.committed()  # it was generated and scored: an infra outage is over
-        self._leave(entry, now)
+        self.leave(entry, now)
         due = dynamic.filtered(entry, reason, assembling=ctx.assembling)
         replacement = ctx.drops.replacement(entry, self._draw, charged=False) if due else None
         if replacement is not None:
@@ -323,7 +321,8 @@ class Dispatcher:
                 ctx.fail(over)  # reported once, however many groups hit it meanwhile
         return False
 
-    def _leave(self, entry: Entry, now: float | None = None) -> None:
+    def leave(self, entry: Entry, now: float | None = None) -> None:
+        """``entry`` is done here (its slot and ledger record are the caller's to settle)."""
         self._set_state(entry, EntryState.LEFT, now)
         del self.active[entry.group_id]
 
@@ -354,8 +353,8 @@ class Dispatcher:
         now = ctx.now()
         ctx.ledger.failed(gid, attempts=entry.attempts, time=now, error=repr(error),
                           kind=exhausted.kind)
-        self._leave(entry, now)
-        self._commit_all(self.determinism.dropped(gid))
+        self.leave(entry, now)
+        self.commit_all(self.determinism.dropped(gid))
         ctx.stats.group_failed()
         ctx.failures.warn("failed for good", exhausted.key, gid,
                           "group %s failed for good (%s budget, %d attempts: %s); %s", gid,
@@ -374,34 +373,6 @@ class Dispatcher:
         while len(out) < count and (prompt := self.source.pop()) is not None:
             out.append(prompt)
         return out
-
-    def abort_hopeless(self, version: int) -> dict[int | None, list[GroupId]]:
-        """After a weight sync: abort the in-flight groups the sampler calls hopeless.
-
-        Returns them by engine (the caller tells each engine). The sampler is
-        asked once per distinct start weight, so the cost does not grow with
-        the number of groups in flight.
-        """
-        sampler = self.ctx.sampler
-        doomed = {w for w in self._weights
-                  if sampler.should_abort_inflight(start_weight_version=w,
-                                                   current_train_weight=version)}
-        by_engine: dict[int | None, list[GroupId]] = collections.defaultdict(list)
-        if not doomed:
-            return by_engine
-        ctx = self.ctx
-        now = ctx.now()
-        for entry in [e for e in self.active.values()
-                      if e.state.inflight and e.start_weight in doomed]:
-            entry.aborted = True
-            ctx.buffer.release(entry.group_id)
-            ctx.ledger.aborted(entry.group_id, attempts=entry.attempts, time=now)
-            self._leave(entry, now)
-            self._commit_all(self.determinism.dropped(entry.group_id))
-            by_engine[entry.engine].append(entry.group_id)
-            if entry.task is not None:
-                entry.task.cancel()
-        return by_engine
 
     # ============================================================== queries
     def _blocked(self) -> None:
@@ -427,7 +398,7 @@ class Dispatcher:
         if state is AdmitState.EXHAUSTED:
             return True
         if state is AdmitState.DRAINING:
-            return self._batch_left > 0
+            return self.batch_left > 0
         if state is AdmitState.ADMITTING:
             return self.ctx.version.waiters_blocked()
         return False
@@ -461,40 +432,3 @@ class Dispatcher:
         head = self.queue[0].state.label if self.queue else "-"
         return (f"admitter {self.admit_state.value}, {len(self.queue)} queued (head {head}), "
                 f"{self.inflight} in flight, {self.working} working")
-
-    # ========================================================== persistence
-    def state_dict(self) -> dict[str, Any]:
-        """Groups in flight (kept with their ids and attempts) and queued prompts."""
-        return {
-            "next_group": self.next_group,
-            "admitted": self.admitted,
-            "inflight": [entry_to_dict(e) for e in self.active.values()],
-            "queued": [entry_to_dict(e) for e in self.queue],
-            "source": self.source.source.state_dict(),
-            "source_held": [prompt_to_dict(p) for p in self.source.held],
-            "source_exhausted": self.source.exhausted,
-            "source_drawn": self.source.drawn,
-            "drops": self.ctx.drops.state_dict(),
-            **({"dynamic_sampling": self.ctx.dynamic.state_dict()}
-               if self.ctx.dynamic is not None else {}),
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume: in-flight groups go first (same ids, stamps and attempts), then
-        the queued prompts; none of them passes through ``admit`` again."""
-        self.next_group = int(state["next_group"])
-        self.admitted = int(state["admitted"])
-        self.queue = collections.deque(
-            entry_from_dict(d) for d in (*state["inflight"], *state["queued"]))
-        self._batch_left = sum(e.batch for e in self.queue)
-        self.source.source.load_state_dict(state["source"])
-        self.source.held = collections.deque(prompt_from_dict(p) for p in state["source_held"])
-        self.source.exhausted = bool(state["source_exhausted"])
-        self.ctx.drops.load_state_dict(state.get("drops", {}))
-        if self.ctx.dynamic is not None:
-            self.ctx.dynamic.load_state_dict(state.get("dynamic_sampling", {}),
-                                             admitted=self.admitted)
-        # A checkpoint from before the count: every prompt read is dispatched or waits.
-        self.source.drawn = int(state.get("source_drawn", self.next_group + sum(
-            len(ids) for ids in self.undispatched().values())))
-

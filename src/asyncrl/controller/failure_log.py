@@ -25,7 +25,7 @@ from typing import Any
 
 from asyncrl._util.compat import BaseExceptionGroup
 from asyncrl._util.text import qualified_name
-from asyncrl.errors import EngineRewardError, RewardError, TrainerError, add_note
+from asyncrl.errors import BackendBug, EngineRewardError, RewardError, TrainerError, add_note
 from asyncrl.types import GroupId
 
 #: Groups a repeat line names; the count covers the rest.
@@ -174,10 +174,26 @@ def trainer_failed(trainer: object, call: str, error: BaseException, step: int,
         "traceback), then resume from the last checkpoint")
 
 
+def weight_load_failed(engine: object, idx: int, error: BaseException, version: int, *,
+                       when: str, state: str) -> BackendBug:
+    """The one-line error for engine ``idx``'s ``update_weights(weights, version)``
+    raising ``error`` (an error of its own, not asyncrl's): a bug of that engine,
+    whichever load it was. ``when``: which load (after a step, on resume);
+    ``state``: what became of the run's state. ``error`` is chained as the cause
+    (``asyncrl -v`` prints its traceback)."""
+    bug = BackendBug(
+        f"engine {idx} ({qualified_name(engine)}) raised {type(error).__name__}: "
+        f"{_first_line(error)} in update_weights(weights, {version}) {when}. An engine's "
+        f"update_weights must not raise: it is a bug in that engine. {state}; fix the "
+        "engine, then resume the run from its checkpoint")
+    bug.__cause__ = error
+    return bug
+
+
 def _first_line(error: BaseException) -> str:
     text = str(error).strip().splitlines()
     return text[0] if text else ""
 
 
 __all__ = ["FailureLog", "blame", "causes", "failure_key", "reported", "trainer_failed",
-           "without_ids"]
+           "weight_load_failed", "without_ids"]

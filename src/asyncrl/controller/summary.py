@@ -1,5 +1,6 @@
-"""The run summary, typed: what :meth:`Controller.summary` returns, and what
-``asyncrl train`` adds before it writes ``summary.json``.
+"""The run summary, typed: what :meth:`Controller.summary` returns (made by
+:func:`run_summary`), and what ``asyncrl train`` adds before it writes
+``summary.json``.
 
 Plain dicts at run time (they are written as JSON and read back by ``asyncrl
 plot``, the simulator and the benchmarks); the types say which keys there are.
@@ -9,7 +10,13 @@ from __future__ import annotations
 
 from typing import Any, TypedDict
 
-__all__ = ["RunDirSummary", "RunSummary"]
+from asyncrl.controller.autopilot import Autopilot
+from asyncrl.controller.context import RunContext
+from asyncrl.controller.dispatch import Dispatcher
+from asyncrl.controller.dynamic_sampling import dynamic_summary
+from asyncrl.types import StopReason
+
+__all__ = ["RunDirSummary", "RunSummary", "run_summary"]
 
 
 class _Optional(TypedDict, total=False):
@@ -88,3 +95,41 @@ class RunDirSummary(RunSummary, total=False):
     #: to the first step: checks, model, engines, resume. ``wall_time_s`` counts
     #: from there. None: the run stopped before its first step.
     startup_s: float | None
+
+
+def run_summary(ctx: RunContext, dispatcher: Dispatcher, autopilot: Autopilot | None, *,
+                holders: set[Any], stop_reason: StopReason | str, stop_message: str,
+                stall_warnings: int, elapsed: float) -> RunSummary:
+    """The run's summary now; ``holders``: the groups the ledger may call live
+    (``Controller._holder_ids``), ``elapsed``: the run's seconds so far."""
+    ledger, sampler = ctx.ledger, ctx.sampler
+    ok, why = ledger.check_balance(holders)
+    return {
+        "steps": ctx.stats.steps_done,
+        "trainer_version": ctx.version.value,
+        "stop_reason": str(stop_reason),  # the plain value, as JSON writes it
+        "stop_message": stop_message,
+        "sampler": type(sampler).__name__,
+        "is_on_policy": bool(sampler.is_on_policy),
+        "ledger": {**ledger.counts(), "balanced": ok, **({"imbalance": why} if not ok else {})},
+        "failures": {**ctx.drops.summary(), "stall_warnings": stall_warnings},
+        "prompts": _prompt_accounts(ctx, dispatcher, stop_reason, stop_message),
+        "dynamic_sampling": dynamic_summary(ctx.dynamic, sampler, ctx.grpo,
+                                            ledger.counts()["trained"]),
+        **ctx.stats.totals(elapsed),
+        **({"autopilot": autopilot.summary()} if autopilot is not None else {}),
+    }
+
+
+def _prompt_accounts(ctx: RunContext, dispatcher: Dispatcher, stop_reason: StopReason | str,
+                     stop_message: str) -> dict[str, Any]:
+    """Every prompt read from the task: dispatched as a group (the ledger says
+    what became of it; ``pending`` ones were not trained) or still waiting
+    undispatched, each listed by id, with why the run left them untrained."""
+    waiting = dispatcher.undispatched()
+    pending = ctx.ledger.counts()["pending"]
+    untrained = pending + sum(len(ids) for ids in waiting.values())
+    return {"drawn": dispatcher.source.drawn, "dispatched": len(ctx.ledger),
+            "untrained": {"pending": pending, **waiting},
+            "untrained_reason": (f"the run stopped ({stop_reason}: {stop_message}) "
+                                 "before they were trained" if untrained else "")}

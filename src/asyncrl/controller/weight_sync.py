@@ -16,16 +16,17 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 from collections.abc import Sequence
 
-from asyncrl._util.text import qualified_name
 from asyncrl.controller.context import RunContext
 from asyncrl.controller.determinism import NoDeterminism
 from asyncrl.controller.dispatch import Dispatcher
-from asyncrl.controller.failure_log import trainer_failed
+from asyncrl.controller.failure_log import trainer_failed, weight_load_failed
 from asyncrl.engines.base import RolloutEngine
 from asyncrl.errors import AsyncRLError, BackendBug
 from asyncrl.trainers.base import Trainer
+from asyncrl.types import GroupId
 
 
 class WeightSync:
@@ -66,7 +67,7 @@ class WeightSync:
         end = ctx.now()
         ctx.timeline.add("sync", 0, start, end, str(step))
         ctx.version.set(new)
-        by_engine = self.dispatcher.abort_hopeless(new)
+        by_engine = self._abort_hopeless(new)
         for idx, group_ids in by_engine.items():
             # None: aborted before its first attempt reached an engine. An engine
             # that cannot abort has had the groups' generate calls cancelled.
@@ -80,17 +81,42 @@ class WeightSync:
                                       self.dispatcher.admitted, new)
         return sum(len(g) for g in by_engine.values()), end - start
 
+    def _abort_hopeless(self, version: int) -> dict[int | None, list[GroupId]]:
+        """After the sync to ``version``: abort the in-flight groups the sampler
+        calls hopeless (released, recorded ``aborted``, their tasks cancelled).
+
+        Returns them by engine (the caller tells each engine). The sampler is
+        asked once per distinct start weight, so the cost does not grow with
+        the number of groups in flight.
+        """
+        sampler = self.ctx.sampler
+        dispatcher = self.dispatcher
+        doomed = {w for w in dispatcher.inflight_weights
+                  if sampler.should_abort_inflight(start_weight_version=w,
+                                                   current_train_weight=version)}
+        by_engine: dict[int | None, list[GroupId]] = collections.defaultdict(list)
+        if not doomed:
+            return by_engine
+        ctx = self.ctx
+        now = ctx.now()
+        for entry in [e for e in dispatcher.active.values()
+                      if e.state.inflight and e.start_weight in doomed]:
+            entry.aborted = True
+            ctx.buffer.release(entry.group_id)
+            ctx.ledger.aborted(entry.group_id, attempts=entry.attempts, time=now)
+            dispatcher.leave(entry, now)
+            dispatcher.commit_all(self.determinism.dropped(entry.group_id))
+            by_engine[entry.engine].append(entry.group_id)
+            if entry.task is not None:
+                entry.task.cancel()
+        return by_engine
+
     def _load_failed(self, idx: int, error: Exception, step: int) -> BackendBug:
         """Engine ``idx``'s ``update_weights`` raised after step ``step``: a bug of
         that engine. The step itself is whole (the trainer finished it), so the
         run goes on to the step's end and stops there, at a safe point: the
         version advances with the trainer's, nothing more is dispatched, and the
         checkpoint holds the step (a resume loads its weights into the engines)."""
-        bug = BackendBug(
-            f"engine {idx} ({qualified_name(self.engines[idx])}) raised "
-            f"{type(error).__name__}: {error} in update_weights(weights, {step + 1}) after "
-            f"training step {step}. An engine's update_weights must not raise: it is a bug "
-            "in that engine. The step is complete and goes into the checkpoint; fix the "
-            "engine, then resume the run from its checkpoint")
-        bug.__cause__ = error
-        return bug
+        return weight_load_failed(
+            self.engines[idx], idx, error, step + 1, when=f"after training step {step}",
+            state="The step is complete and goes into the checkpoint")

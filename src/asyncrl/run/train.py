@@ -47,8 +47,9 @@ from asyncrl.config import RunConfig, dump_config
 from asyncrl.controller import Controller, JsonlHistory, RunDirSummary
 from asyncrl.controller.autoplan import Planner
 from asyncrl.controller.evaluation import Evaluator
+from asyncrl.controller.failure_log import weight_load_failed
 from asyncrl.engines.base import RolloutEngine
-from asyncrl.errors import CheckpointError, ConfigError, add_note
+from asyncrl.errors import AsyncRLError, CheckpointError, ConfigError, add_note
 from asyncrl.metrics import JsonlSink, MetricsSink, TensorBoardSink
 from asyncrl.metrics.progress import progress_sink
 from asyncrl.policy.build import PolicyTokenizer
@@ -275,10 +276,7 @@ class _Run:
         failed = False
         try:
             if resume is not None:
-                # The engines start from the checkpoint's weights, at its version.
-                weights = await self.trainer.get_weights()
-                await asyncio.gather(*(e.update_weights(weights, resume.step)
-                                       for e in self.engines))
+                await self._load_resumed_weights(resume)
                 for engine, caps in zip(self.engines, controller.capabilities):
                     if snapshots and caps.retained_weights:
                         engine.restore_retained(snapshots)  # type: ignore[attr-defined]
@@ -315,6 +313,27 @@ class _Run:
                 await self.close()
             finally:
                 self.stop.uninstall(loop)
+
+    async def _load_resumed_weights(self, resume: LoadedCheckpoint) -> None:
+        """The engines start from the checkpoint's weights, at its version. An
+        engine whose ``update_weights`` raises is a bug of that engine, reported
+        as a run's weight sync reports it (:mod:`asyncrl.controller.weight_sync`):
+        nothing was trained, so the checkpoint stays the one to resume from."""
+        weights = await self.trainer.get_weights()
+        # Every engine's load ends before the outcome is read: one that raised
+        # must not leave another's load running while the engines close.
+        loads = await asyncio.gather(*(e.update_weights(weights, resume.step)
+                                       for e in self.engines), return_exceptions=True)
+        for idx, outcome in enumerate(loads):
+            if isinstance(outcome, Exception) and not isinstance(outcome, AsyncRLError):
+                name = resume.path.name
+                bug = weight_load_failed(self.engines[idx], idx, outcome, resume.step,
+                                         when=f"loading checkpoint {name} on resume",
+                                         state=f"Nothing was trained and {name} is unchanged")
+                add_note(bug, f"resume with: {resume_command(self.run_dir)}")
+                raise bug
+            if isinstance(outcome, BaseException):
+                raise outcome  # asyncrl's own errors (a lost worker) and cancellation
 
     async def _end_of_run(self) -> None:
         """The final checkpoint, when the run stopped with its state whole:

@@ -64,11 +64,16 @@ def _load_custom(buffer: RolloutBuffer, cfg: CustomSamplerConfig) -> PromptGroup
             "Fix the constructor or the keys of async_rl.sampler it was given (the original "
             "error's traceback: asyncrl -v)"
         ) from exc
-    missing = missing_protocol_members(sampler)
-    if missing:
+    absent, not_async = _absent_members(sampler), _not_async_members(sampler)
+    if absent or not_async:
+        # One phrase per kind of problem, as engines have them: a member that is
+        # there but synchronous is not "missing".
+        problems = ([f"missing {', '.join(absent)}"] if absent else []) + [
+            f"{name} is not 'async def'" for name in not_async]
         raise SamplerConfigError(
-            f"async_rl.sampler.target {target!r} does not satisfy PromptGroupSampler: missing "
-            f"{', '.join(missing)}. Implement them, or subclass asyncrl.sampling.BaseSampler"
+            f"async_rl.sampler.target {target!r} does not satisfy PromptGroupSampler: "
+            f"{'; '.join(problems)}. Implement them ({', '.join(_ASYNC_MEMBERS)} as "
+            "'async def' methods), or subclass asyncrl.sampling.BaseSampler"
         )
     return sampler
 
@@ -125,14 +130,26 @@ _PROTOCOL_MEMBERS = (
 )
 
 
+#: The members the pumps await.
+_ASYNC_MEMBERS = ("admit", "select", "evict")
+
+
 def missing_protocol_members(obj: Any) -> list[str]:
-    """Names of PromptGroupSampler members ``obj`` lacks (empty when it satisfies it)."""
+    """What keeps ``obj`` from satisfying PromptGroupSampler (empty when it does):
+    the names of the members it lacks, then "admit is not 'async def'" for each
+    coroutine member defined with a plain ``def``."""
+    return _absent_members(obj) + [f"{m} is not 'async def'" for m in _not_async_members(obj)]
+
+
+def _absent_members(obj: Any) -> list[str]:
     missing = [m for m in _PROTOCOL_MEMBERS if not hasattr(type(obj), m) and not hasattr(obj, m)]
     # BaseSampler leaves select to its subclasses; found now, not at step 0.
     if isinstance(obj, BaseSampler) and type(obj).select is BaseSampler.select:
         missing.append("select (BaseSampler has none: define async def select(...))")
-    for name in ("admit", "select", "evict"):
-        fn = getattr(obj, name, None)
-        if fn is not None and not inspect.iscoroutinefunction(fn):
-            missing.append(f"{name} (must be 'async def')")
     return missing
+
+
+def _not_async_members(obj: Any) -> list[str]:
+    return [name for name in _ASYNC_MEMBERS
+            if (fn := getattr(obj, name, None)) is not None
+            and not inspect.iscoroutinefunction(fn)]

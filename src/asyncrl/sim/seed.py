@@ -45,6 +45,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from asyncrl.controller import Controller
+from asyncrl.controller.checkpoint_state import load_dispatch_state
 from asyncrl.controller.entry import Entry
 from asyncrl.controller.snapshot import LiveGroup, RunState
 from asyncrl.sim.backends import SimEngine
@@ -162,7 +163,7 @@ def seed(controller: Controller, engine: SimEngine, start: Start, capacity: int)
     controller.retuner.load_state_dict({"max_inflight_prompts": controller.cfg.max_inflight_prompts,
                                         "max_buffered_rollouts": capacity})
     controller.ledger.load_state_dict({"format": 2, "live": records, "counts": {}})
-    controller.dispatcher.load_state_dict(_dispatch_state(state, len(slots)))
+    load_dispatch_state(controller.dispatcher, _dispatch_state(state, len(slots)))
     controller.dispatcher.adopt(adopted)
     engine.start_from(state.version, left)
 

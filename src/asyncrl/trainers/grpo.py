@@ -4,7 +4,8 @@ One training step (weights ``v`` -> ``v + 1``) is fed chunk by chunk:
 
 * ``train_chunk`` - for each completion of each group: advantage from the
   group's rewards, a forward pass over prompt + completion, the per-token loss
-  of the configured correction (see :mod:`asyncrl.trainers.losses`), plus
+  of the configured correction (see :mod:`asyncrl.trainers.losses`; one
+  micro-batch's forward and backward: :mod:`asyncrl.trainers.micro_batch`), plus
   ``kl_coef * k3`` against a frozen reference when ``kl_coef > 0``, times the
   token's loss weight. Backward on the *sum* of token losses: gradients
   accumulate across chunks. Sequences go through the model in micro-batches of
@@ -44,7 +45,6 @@ computes the loss are the proximal ones, and no second forward pass is needed.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Sequence
 from copy import deepcopy
@@ -58,12 +58,12 @@ from asyncrl.tasks.tokenizer import Tokenizer
 from asyncrl.trainers import lora as lora_
 from asyncrl.trainers import minibatch
 from asyncrl.trainers.base import TRAIN_S_IN_FINISH
-from asyncrl.trainers.losses import Sequences, kl_penalty, token_losses
+from asyncrl.trainers.checkpoint import classic_state, load_classic_state
 from asyncrl.trainers.memory import StepPeakMemory
-from asyncrl.trainers.optim import apply_optimizer_config, hyperparameters
+from asyncrl.trainers.micro_batch import train_micro_batch
+from asyncrl.trainers.optim import hyperparameters
 from asyncrl.trainers.packing import (
     Flat,
-    Packed,
     chunk_metrics,
     flatten,
     idle_pass,
@@ -72,8 +72,7 @@ from asyncrl.trainers.packing import (
 )
 from asyncrl.trainers.precision import MasterWeights
 from asyncrl.trainers.schedule import advanced, build_scheduler, current_lr
-from asyncrl.trainers.snapshot import CPU, detached, moved, trained_weights
-from asyncrl.trainers.state import SHARDED_KEY, unshard_state
+from asyncrl.trainers.snapshot import moved
 from asyncrl.trainers.token_logprobs import TokenScorer, enable_checkpointing
 from asyncrl.types import Rollout
 
@@ -285,45 +284,15 @@ class GRPOTrainer:
         return self._executor.submit(self._state, copy=False).result()
 
     def _state(self, *, copy: bool) -> dict[str, Any]:
-        state = {
-            "optimizer": detached(self.optimizer.state_dict(), copy=copy),
-            "version": self.version,
-            "torch_rng": torch.get_rng_state(),
-        }
-        if self.lora is not None:
-            # The base weights are rebuilt from the config: only the adapters change.
-            state["adapter"] = lora_.adapter_state_dict(self.model, copy=copy)
-        else:
-            state["model"] = moved(self.model.state_dict(), CPU, copy=copy)
-        if self.precision.mixed:
-            state["master"] = self.precision.state_dict(copy=copy)
-        if self.precision.scaler is not None:
-            state["grad_scaler"] = self.precision.scaler_state()
-        if self.ref_model is not None:
-            state["ref_model"] = moved(self.ref_model.state_dict(), CPU, copy=copy)
-        return state
+        return classic_state(self.model, self.optimizer, self.precision, version=self.version,
+                             lora=self.lora, ref_model=self.ref_model, copy=copy)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if SHARDED_KEY in state:  # written by trainer.strategy: fsdp (any world size)
-            state = unshard_state(state)
-        if self.lora is not None:
-            lora_.load_adapter_state(self.model, trained_weights(state, "adapter"))
-            weights = state["adapter"]
-        else:
-            weights = trained_weights(state, "model")
-            self.model.load_state_dict(weights)
-        # A checkpoint of a float32 run has no masters: its weights are exact ones.
-        self.precision.load(state.get("master", weights))
-        self.precision.load_scaler_state(state.get("grad_scaler"))
-        self.optimizer.load_state_dict(state["optimizer"])
-        # The checkpoint's moments, the config's hyper-parameters (lr changed on resume).
-        apply_optimizer_config(self.optimizer, self.opt_cfg)
-        self.version = int(state["version"])
+        self.version = load_classic_state(state, self.model, self.optimizer, self.precision,
+                                          opt_cfg=self.opt_cfg, lora=self.lora,
+                                          ref_model=self.ref_model)
         # The rate of step `version` from the config's base rate (asyncrl.trainers.schedule).
         self.scheduler = advanced(self.optimizer, self.scheduler_cfg, self.version)
-        torch.set_rng_state(state["torch_rng"])
-        if self.ref_model is not None and "ref_model" in state:
-            self.ref_model.load_state_dict(state["ref_model"])
         self._step = _StepSums()
         self.optimizer.zero_grad(set_to_none=True)
         self.precision.discard_grads()
@@ -357,8 +326,11 @@ class GRPOTrainer:
         batches += [idle_pass(pad_id=self.pad_id, device=self._device)
                     for _ in range((passes or 0) - len(plan))]
         stats = []
-        for batch in batches:
-            stats.append(self._micro_batch(batch))
+        for batch in batches:  # forward, loss, backward: asyncrl.trainers.micro_batch
+            stats.append(train_micro_batch(
+                batch, model=self.model, scorer=self.scorer, cfg=self.loss_cfg,
+                precision=self.precision, ref_model=self.ref_model, lora=self.lora,
+                weight_grad=self.output_grad_sink, device=self._device))
             self._step.real += batch.real
             self._step.padded += batch.padded
         self._step.passes += len(batches)
@@ -387,53 +359,6 @@ class GRPOTrainer:
 
     def _plan(self, flat: Flat) -> list[list[int]]:
         return plan_micro_batches([len(s) for s in flat.seqs], self.micro_batch_tokens)
-
-    def _micro_batch(self, batch: Packed) -> torch.Tensor:
-        """Forward and backward of one micro-batch; its :data:`STATS` on the device."""
-        logp, entropy = self.scorer(self.model, batch, weight_grad=self.output_grad_sink)
-        mask = batch.mask
-        seqs = Sequences(batch.row, batch.rows, (mask > 0).to(logp.dtype))
-        loss, clipped, weights, dropped = token_losses(
-            self.loss_cfg, logp, batch.behavior, batch.adv, prox=batch.prox, seqs=seqs)
-        kl_sum = torch.zeros((), device=self._device)
-        if self.loss_cfg.kl_coef > 0:
-            with torch.no_grad(), self._reference() as ref:
-                ref_logp, _ = self.scorer(ref, batch)
-            kl = kl_penalty(self.loss_cfg, logp, ref_logp, batch.behavior)
-            loss = loss + self.loss_cfg.kl_coef * kl
-            kl_sum = (kl.detach() * mask).sum()
-        if self.loss_cfg.entropy_coef > 0:
-            loss = loss - self.loss_cfg.entropy_coef * entropy
-        loss = loss * mask
-        self.precision.backward(loss.sum())
-
-        with torch.no_grad():
-            mismatch = (logp.detach() - batch.behavior).abs() * mask
-            cap = self.loss_cfg.is_cap
-            truncated = weights > cap if cap is not None else torch.zeros_like(clipped)
-            if (self.loss_cfg.off_policy_correction == "none"
-                    or self.loss_cfg.mismatch is not None):
-                truncated = torch.zeros_like(truncated)  # no is_cap in effect
-            zero = torch.zeros((), device=self._device)
-            # How far this step's optimizer steps moved the policy (0 without a proximal pass).
-            drift = ((logp.detach() - batch.prox).abs() * mask if batch.prox is not None
-                     else torch.zeros_like(mismatch))
-            values = (loss.detach().sum(), mismatch.sum(),
-                      mismatch.max() if mismatch.numel() else zero, (clipped * mask).sum(),
-                      (truncated * mask).sum(), (entropy.detach() * mask).sum(), kl_sum,
-                      (weights * mask).sum(), (weights * weights * mask).sum(), drift.sum(),
-                      (dropped * mask).sum())
-            # float64 holds every float32 sum and integer count exactly.
-            return torch.stack([v.to(torch.float64) for v in values])
-
-    @contextlib.contextmanager
-    def _reference(self):
-        """The KL reference model: the frozen copy, or this model with its adapters off."""
-        if self.lora is None:
-            yield self.ref_model
-            return
-        with lora_.adapters_disabled(self.lora):
-            yield self.model
 
     def finish_step_sync(self) -> dict[str, float]:
         """``finish_step`` without the event loop (scripts, tests, rank workers)."""

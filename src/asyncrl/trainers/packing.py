@@ -1,7 +1,8 @@
 """From rollouts to the tensors of a trainer forward pass, and back to metrics.
 
-Kept apart from :mod:`asyncrl.trainers.grpo` so that the trainer reads as the
-loss; everything here is host-side bookkeeping plus one copy to the device per
+Kept apart from :mod:`asyncrl.trainers.grpo` and
+:mod:`asyncrl.trainers.micro_batch` so that they read as the step and the loss;
+everything here is host-side bookkeeping plus one copy to the device per
 tensor, made without waiting (no host synchronisation inside a micro-batch).
 
 Every completion token carries a **loss weight** (:attr:`Flat.loss_mask`): it
