@@ -45,8 +45,10 @@ def run_snippet(code: str, namespace: dict, where: str) -> str:
     """Run ``code`` in ``namespace`` as written, check its shown outputs, and
     return what it printed (also echoed, so a failing test shows it)."""
     out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        exec(compile(code, where, "exec"), namespace)  # our own documentation, run as written
-    print(out.getvalue(), end="")
+    try:
+        with contextlib.redirect_stdout(out):
+            exec(compile(code, where, "exec"), namespace)  # our own documentation, run as written
+    finally:  # what it printed before failing helps read the failure
+        print(out.getvalue(), end="")
     check_printed(code, out.getvalue(), where)
     return out.getvalue()

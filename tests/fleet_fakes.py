@@ -73,7 +73,14 @@ class FakeFleet:
         return self.members()[self.engine.members.index(member)]
 
     async def scale(self, size: int) -> list[FleetMember]:
-        raise FleetError("scale: not in this fake")
+        """Up only: the first new server joins, any further one fails to start
+        (a command that fails part-way, having changed the fleet)."""
+        if size <= len(self._serving()):
+            raise FleetError("scale: only up in this fake")
+        await self.add(f"http://scaled-{len(self.engine.members)}:1")
+        if size > len(self._serving()):
+            raise FleetError(f"scale {size}: the next server did not start")
+        return self.members()
 
 
 class FleetEngine:

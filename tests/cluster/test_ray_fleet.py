@@ -177,6 +177,27 @@ async def test_scale_down_drains_the_newest_worker_and_its_group_finishes():
 
 
 @virtual
+async def test_a_scale_up_past_a_worker_still_draining_is_refused_not_short():
+    """Found in review: with the fleet's lock gone, `scale 2` while worker 1 still
+    drains saw one worker serving and no vacant slot, answered at once and left
+    the fleet at 1. It is refused, naming the worker, and changes nothing."""
+    pool, (first, second), spawned = fleet_of(2, 2)
+    on_second = asyncio.ensure_future(second.generate(req(7)))
+    await settle()
+    leaving = asyncio.ensure_future(pool.fleet.scale(1))
+    await settle()
+    assert second.state == "draining"
+    with pytest.raises(FleetError, match=r"^fleet scale 2: worker 1 is still leaving the fleet"):
+        await pool.fleet.scale(2)
+    assert [first.state, second.state] == ["alive", "draining"] and not spawned
+    second.actor.release.set()
+    await on_second
+    await leaving
+    await pool.fleet.scale(2)  # once it has left, its slot starts a worker again
+    assert second.state == "alive" and len(spawned) == 1
+
+
+@virtual
 async def test_remove_with_abort_hands_the_group_over_with_its_tokens():
     pool, (_, second), _ = fleet_of(2, 2)
     on_second = asyncio.ensure_future(second.generate(req(7)))
@@ -289,7 +310,8 @@ async def test_a_worker_that_never_starts_is_cancelled_by_remove_and_by_a_scale_
         await waiting
     assert [m.name for m in await pool.fleet.scale(1)] == ["worker 0"]  # cancels worker 1's
     assert second.state == "vacant" and killed == [spawned[1], spawned[0]]
-    with pytest.raises(FleetError, match=r"^2 rollout workers did not join \(worker 1, 2\): a "
-                                         r"later fleet command cancelled the start; 1 of 3 serve$"):
+    with pytest.raises(FleetError, match=r"^2 rollout workers did not join \(worker 1, 2\): its "
+                                         r"start was cancelled \(by a later fleet command, or "
+                                         r"the engines closing\); 1 of 3 work$"):
         await scaling
     assert first.state == "alive" and not any(e.inflight for e in (first, second, third))

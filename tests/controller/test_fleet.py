@@ -86,6 +86,27 @@ def test_a_joining_server_holds_the_newest_weights_before_its_first_group() -> N
     assert fired == [2]  # the change hook got the new slot count (one slot per member here)
 
 
+def test_a_command_that_fails_part_way_still_tells_the_change_hooks() -> None:
+    """Found in review: `scale 3` whose first server joined and second failed
+    raised before the hooks (the autopilot's re-plan) heard of the new slot."""
+    engine = FleetEngine(["http://a:1"], latency=10.0, tokens=4)
+    ctl = make_controller(WINDOWED, engines=[engine], steps=4, per_step=2, capacity=8,
+                          inflight=4, min_chunk=2)
+    fired: list[int] = []
+    ctl.fleet.on_change.append(fired.append)
+
+    async def main():
+        task = asyncio.ensure_future(ctl.run())
+        await advance(5.0)
+        with pytest.raises(FleetError, match="did not start"):
+            await ctl.fleet.handle({"op": "scale", "size": 3})
+        return await task
+
+    result = run_virtual(main(), loop="jump")
+    assert result.summary["ledger"]["balanced"]
+    assert fired == [2]  # the server that did join is counted
+
+
 def test_a_fleet_change_makes_the_autopilot_plan_for_the_new_fleet() -> None:
     # Its measurements so far describe the old fleet: it warms up again, and a
     # model-based mode plans for the new slot count.

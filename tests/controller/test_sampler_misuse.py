@@ -188,13 +188,13 @@ CONTRACT = (r"\. It is a bug in that sampler: fix it, then resume the run from i
                  r"returns a list of the Slot objects it removed from the buffer "
                  r"\(buffer\.remove returns them\), or None"),
     (TooFew, r"sampler \S+\.TooFew\.select returned 1 group, fewer than min_prompt_groups=2: "
-             r"select returns None \(and removes nothing\) when fewer than min_prompt_groups "
-             r"are eligible"),
+             r"select returns None when fewer than min_prompt_groups are eligible"),
     (EmptyList, r"sampler \S+\.EmptyList\.select returned 0 groups, fewer than "
                 r"min_prompt_groups=2"),
     (EvictsGenerating, r"sampler \S+\.EvictsGenerating\.evict asked the buffer to remove group "
-                       r"\S+, which is still generating \(nothing was removed\): select and "
-                       r"evict remove ready slots only"),
+                       r"\S+, which is still generating \(that call removed nothing; what "
+                       r"the sampler removed before it is counted evicted\): select and evict "
+                       r"remove ready slots only"),
     (SelectsGenerating, r"sampler \S+\.SelectsGenerating\.select asked the buffer to remove "
                         r"group \S+, which is still generating"),
 ])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from typing import TYPE_CHECKING, Any
 
 from asyncrl.cluster.actors import EngineWorker, TrainerWorker
@@ -149,7 +150,8 @@ def build_ray_backends(
             RayFleet(pool, min_size=low, max_size=high, placement=Placement(
                 asks(c.rollout_worker), asks(c.trainer, ranks_n),
                 # A cluster the run joins may autoscale; the instance it starts does not.
-                autoscaling=c.address is not None,
+                # (With address null, ray.init joins the cluster RAY_ADDRESS names, if set.)
+                autoscaling=c.address is not None or bool(os.environ.get("RAY_ADDRESS")),
                 available=ray.available_resources, total=ray.cluster_resources))
         # Slots above the workers started are vacant until a scale-up fills them.
         started = list(zip(workers, infos[-len(workers):]))

@@ -96,7 +96,18 @@ class RayFleet:
     async def scale(self, size: int) -> list[FleetMember]:
         serving = self.pool.serving()
         self._check(size)
-        vacant = [e for e in self.pool.engines if e.state == VACANT][:max(size - len(serving), 0)]
+        need = max(size - len(serving), 0)
+        vacant = [e for e in self.pool.engines if e.state == VACANT]
+        if len(vacant) < need:
+            # A slot still leaving (draining, or a cancelled start unwinding) is neither
+            # serving nor vacant: scaling past it would start fewer than asked.
+            leaving = [f"worker {e.index}" for e in self.pool.engines
+                       if e.state != VACANT and e not in serving]
+            raise FleetError(
+                f"fleet scale {size}: {', '.join(leaving)} {'is' if len(leaving) == 1 else 'are'} "
+                "still leaving the fleet, so its slot cannot start a worker yet; scale again "
+                "once `asyncrl fleet RUN_DIR status` no longer lists it")
+        vacant = vacant[:need]
         warning = (self.placement.check(len(vacant), len(serving))
                    if vacant and self.placement is not None else None)
         # Workers still starting leave first: they serve nothing yet, and may never start.
@@ -116,14 +127,16 @@ class RayFleet:
             await asyncio.wait(changes)
             _errors(changes)  # read, so that none is reported as never retrieved
             raise
-        # (A join's task is cancelled only by another command: remove, a scale-down.)
+        # A join's task is cancelled by a later command (remove, a scale-down) or by
+        # the engine's close (the run's end, or a Python caller closing the engines).
         cancelled = [str(e.index) for e, change in zip(vacant, changes) if change.cancelled()]
         errors = _errors(changes)
         if cancelled:
+            working = sum(e.state == ALIVE for e in self.pool.engines)
             errors.insert(0, FleetError(
                 f"{plural(len(cancelled), 'rollout worker')} did not join (worker "
-                f"{', '.join(cancelled)}): a later fleet command cancelled the start; "
-                f"{len(self.pool.serving())} of {size} serve"))
+                f"{', '.join(cancelled)}): its start was cancelled (by a later fleet command, "
+                f"or the engines closing); {working} of {size} work"))
         if errors:
             raise errors[0]
         return self.members()
@@ -197,7 +210,7 @@ async def join(engine: RayEngine, placement: Placement | None, warning: str | No
     except Exception as exc:
         engine.state = VACANT
         engine.pool.changed.fire()
-        if isinstance(exc, TimeoutError):
+        if isinstance(exc, asyncio.TimeoutError):  # not the builtin's subclass before 3.11
             numbers = f": {placement.numbers()}" if placement is not None else ""
             raise FleetError(
                 f"rollout worker {engine.index} did not start within {timeout}{numbers}. If "

@@ -14,8 +14,8 @@ timeout, with a line saying why.
 The check adds up the nodes, so a request that fits in sum but on no single
 node still waits (and the timeout names the numbers).
 
-An autoscaler may add nodes: with ``cluster.address`` set (the run joins a
-cluster someone started, which may autoscale) a request beyond the total is a
+An autoscaler may add nodes: with ``cluster.address`` (or ``RAY_ADDRESS``) set
+(the run joins a cluster someone started, which may autoscale) a request beyond the total is a
 warning and the same bounded wait; with a Ray instance the run starts itself
 (``address: null``) nothing adds nodes, and it is refused at once.
 """

@@ -80,20 +80,31 @@ class FleetControl:
         notes: list[str] = []
         if op != "status":
             fleet = self._elastic()
-            if op == "add":
-                member = await fleet.add(str(request["url"]))
-                notes.append(f"added {member.name} at weight version {member.version}")
-            elif op == "remove":
-                deadline = request.get("deadline_s")
-                member = await fleet.remove(
-                    str(request["url"]), abort=bool(request.get("abort")),
-                    deadline_s=DEFAULT_DRAIN_DEADLINE_S if deadline is None else float(deadline))
-                notes.append(f"removed {member.name}")
-            else:
-                await fleet.scale(_size(request.get("size")))
-                notes.append(f"scaled to {request['size']}")
+            try:
+                notes.extend(await self._change(fleet, op, request))
+            except Exception:
+                # A command that failed part-way (one join of several timed out, a
+                # start cancelled) may still have changed the fleet: the hooks hear of it.
+                # (Not on cancellation: the run is ending, nothing re-plans.)
+                self.fleet_changed()
+                raise
             notes.extend(self.fleet_changed())
         return {"ok": True, "lines": [*format_rows(self.rows(), self.ctx.version.value), *notes]}
+
+    @staticmethod
+    async def _change(fleet: ElasticFleet, op: str, request: dict[str, Any]) -> list[str]:
+        """Carry out ``add``, ``remove`` or ``scale``; the line saying what changed."""
+        if op == "add":
+            member = await fleet.add(str(request["url"]))
+            return [f"added {member.name} at weight version {member.version}"]
+        if op == "remove":
+            deadline = request.get("deadline_s")
+            member = await fleet.remove(
+                str(request["url"]), abort=bool(request.get("abort")),
+                deadline_s=DEFAULT_DRAIN_DEADLINE_S if deadline is None else float(deadline))
+            return [f"removed {member.name}"]
+        await fleet.scale(_size(request.get("size")))
+        return [f"scaled to {request['size']}"]
 
     def fleet_changed(self, slots: int | None = None) -> list[str]:
         """Check the slot-dependent facts again and tell the hooks; the notes say

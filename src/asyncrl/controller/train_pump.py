@@ -116,10 +116,11 @@ class TrainPump:
             evicted += await self._evict(v)
             chunk, extra = await self._select(v, min(min_chunk, remaining), remaining)
             evicted += extra
-            if not chunk and self.dispatcher.starved():
+            if not chunk and self._stop_request is None and self.dispatcher.starved():
                 # Nothing can arrive before this step ends (e.g. weight_fifo with fewer
                 # groups left at the oldest version than min_groups_for_streaming_train):
-                # waiting for a full streaming chunk would wait forever.
+                # waiting for a full streaming chunk would wait forever. (Not once the
+                # run is stopping: a sampler that broke its contract is not asked again.)
                 chunk, extra = await self._select(v, 1, remaining)
                 evicted += extra
             if not chunk:
@@ -332,7 +333,7 @@ class TrainPump:
             return f"returned {plural(n, 'group')}, more than max_prompt_groups={hi}"
         if n < lo:
             return (f"returned {plural(n, 'group')}, fewer than min_prompt_groups={lo}: select "
-                    "returns None (and removes nothing) when fewer than min_prompt_groups are eligible")
+                    "returns None when fewer than min_prompt_groups are eligible")
         return ""
 
     def _not_removed(self, chunk: list[Slot]) -> str:
@@ -362,8 +363,9 @@ def _finite_logprobs(rollout: Rollout) -> bool:
 
 def _removed_generating(exc: GroupStillGenerating) -> str:
     return (f"asked the buffer to remove group {exc.group_id!r}, which is still generating "
-            "(nothing was removed): select and evict remove ready slots only; a group in "
-            "flight is ended by should_abort_inflight")
+            "(that call removed nothing; what the sampler removed before it is counted "
+            "evicted): select and evict remove ready slots only; a group in flight is ended "
+            "by should_abort_inflight")
 
 
 def _described(chunk: object) -> str:
