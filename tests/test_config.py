@@ -326,3 +326,48 @@ def test_overrides_give_one_config_in_any_order(tmp_path) -> None:
     assert cfg.task.name == "reverse" and cfg.task.max_length == 5 and cfg.task.alphabet == "ab"
     # Of two overrides of one key the later one wins, as before.
     assert load_config(None, ["seed=1", "seed=2"]).seed == 2
+
+
+# ------------------------- a swap keeps the keys both members have (user trial nu4)
+def test_a_reward_swap_by_override_keeps_the_pool_keys_and_names_what_it_drops(
+        tmp_path, caplog) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("task:\n  name: dataset\n  path: d.jsonl\n  reward: {name: custom, "
+                    "target: 'm:f', num_workers: 2, timeout_s: 10, executor: process}\n")
+    with caplog.at_level("WARNING", logger="asyncrl.config"):
+        cfg = load_config(path, ["task.reward.name=exact_match"])
+    reward = cfg.task.reward
+    assert reward.name == "exact_match"
+    assert (reward.num_workers, reward.timeout_s, reward.executor) == (2, 10, "process")
+    [line] = [r.getMessage() for r in caplog.records]
+    assert line.startswith("task.reward.name=exact_match drops task.reward.target:"), line
+    assert "num_workers" not in line
+
+
+def test_a_swap_to_the_same_member_or_without_dropped_keys_says_nothing(tmp_path,
+                                                                      caplog) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("task: {max_operand: 5}\n")  # arithmetic, the default task, untagged
+    with caplog.at_level("WARNING", logger="asyncrl.config"):
+        assert load_config(path, ["task.name=arithmetic"]).task.max_operand == 5
+        cfg = load_config(path, ["task.name=reverse", "task.num_prompts=3"])
+    assert cfg.task.name == "reverse" and cfg.task.num_prompts == 3
+    assert [r.getMessage() for r in caplog.records] == [
+        "task.name=reverse drops task.max_operand: 'reverse' has no such key (the keys both "
+        "have are kept)"]
+
+
+def test_every_discriminated_block_swaps_alike(tmp_path, caplog) -> None:
+    # Found from the schema, not a list: simulate's latency model swaps too.
+    path = tmp_path / "c.yaml"
+    path.write_text("async_rl:\n  sampler: {name: weight_fifo, max_staleness_versions: 3}\n"
+                    "simulate:\n  generation_latency_s: {distribution: lognormal, median: 2}\n")
+    with caplog.at_level("WARNING", logger="asyncrl.config"):
+        cfg = load_config(path, ["async_rl.sampler.name=windowed",
+                                 "simulate.generation_latency_s.distribution=constant",
+                                 "simulate.generation_latency_s.value=1"])
+    assert cfg.async_rl.sampler.max_staleness_versions == 3
+    assert cfg.simulate is not None and cfg.simulate.generation_latency_s.distribution == "constant"
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == [
+        "simulate.generation_latency_s.distribution=constant drops "
+        "simulate.generation_latency_s.median"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import logging
 from collections.abc import Mapping, Sequence
 from os import PathLike
 from pathlib import Path
@@ -19,7 +20,10 @@ from asyncrl.config.explain import annotation_members, explain_errors
 from asyncrl.config.interpolation import resolve_interpolations
 from asyncrl.config.schema import RunConfig
 from asyncrl.config.strict_yaml import load_yaml, parse_yaml
+from asyncrl.config.swap import is_swap, swap_block
 from asyncrl.errors import ConfigError
+
+log = logging.getLogger("asyncrl.config")
 
 
 def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
@@ -63,13 +67,9 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key, value
 
 
-#: Overrides that pick another member of a discriminated block.
-_SWAPPABLE = ("async_rl.sampler.name", "task.name", "task.reward.name")
-
-
 def _replaced_depth(key: str) -> int:
     """How deep the node an override replaces lies: a swap replaces its whole block."""
-    return key.count(".") + (0 if key in _SWAPPABLE else 1)
+    return key.count(".") + (0 if is_swap(key) else 1)
 
 
 def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -81,7 +81,8 @@ def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any
     ``task.reward.target=m:f task.reward.name=custom`` is the reverse order's
     config (the swap to ``custom`` would otherwise drop the target set before
     it), and ``a.b={...} a.b.c=1`` keeps ``c``. Of two overrides of one key, the
-    later one wins.
+    later one wins. A swap keeps the old block's keys the new member has too
+    (:mod:`asyncrl.config.swap`) and logs the ones it dropped.
     """
     return set_overrides(tree, [parse_override(item) for item in overrides])
 
@@ -89,19 +90,32 @@ def apply_overrides(tree: dict[str, Any], overrides: list[str]) -> dict[str, Any
 def set_overrides(tree: dict[str, Any], overrides: Sequence[tuple[str, Any]]) -> dict[str, Any]:
     """:func:`apply_overrides` for overrides already parsed: (``key.path``, value) pairs."""
     for key, value in sorted(overrides, key=lambda kv: _replaced_depth(kv[0])):  # stable
-        # A sampler (task, reward) swap replaces the whole block: keys of the old
-        # one would otherwise be rejected as unknown by the new one.
-        if key in _SWAPPABLE:
-            *parents, block = key.split(".")[:-1]
+        # A sampler (task, reward) swap replaces the block's member: keys only the
+        # old member has would otherwise be rejected as unknown by the new one.
+        if is_swap(key):
+            *parents, block, tag = key.split(".")
             node: Any = tree
             for part in parents:
                 node = node.get(part) if isinstance(node, dict) else None
             old = node.get(block) if isinstance(node, dict) else None
-            if isinstance(old, dict) and old.get("name") != value:
-                node[block] = {"name": value}
+            if isinstance(old, dict) and old.get(tag, _default_tag(key)) != value:
+                swap = swap_block(key, old, value)
+                node[block] = swap.block
+                if swap.dropped:
+                    where = key.rsplit(".", 1)[0]
+                    log.warning("%s=%s drops %s: %r has no such key (the keys both have are "
+                                "kept)", key, value, ", ".join(f"{where}.{k}" for k in swap.dropped),
+                                value)
                 continue
         _set_path(tree, key, value)
     return tree
+
+
+def _default_tag(key: str) -> Any:
+    """The member a block without its tag key is (``task``: ``arithmetic``)."""
+    *path, tag = key.split(".")
+    return next((default for where, name, default in _DEFAULT_TAGS
+                 if list(where) == path and name == tag), None)
 
 
 #: Discriminated blocks and the tag a block gets when it names none, so that an
@@ -162,7 +176,7 @@ def _invalid(exc: ValidationError, source: str, keys: Sequence[tuple[str, str]],
         # new block lacks comes from that override too.
         culprit = next((text for key, text in reversed(keys)
                         if path == key or path.startswith(key + ".") or key.startswith(path + ".")
-                        or (key in _SWAPPABLE and path.startswith(key.rsplit(".", 1)[0] + "."))),
+                        or (is_swap(key) and path.startswith(key.rsplit(".", 1)[0] + "."))),
                        None)
         blamed += culprit is not None
         lines.append(f"{path}: {problem}" + (f' (from the {origin} "{culprit}"'
