@@ -302,3 +302,26 @@ def test_a_dataset_record_without_a_prompt_is_refused_naming_it(
     # A template with text of its own always makes a prompt.
     assert main(["validate", "--config", str(config), "--no-memory",
                  f"task={{name: dataset, path: {data}, template: 'say {{answer}}='}}"]) == 0
+
+
+def test_model_keys_beside_a_pretrained_model_are_named_as_ignored(
+        config: Path, tmp_path: Path, capsys) -> None:
+    from asyncrl.config import dump_config, load_config
+    from asyncrl.run.preflight import preflight
+    from tests.pretrained import save_tiny_chat_model
+
+    model = save_tiny_chat_model(tmp_path / "model")
+    config.write_text(BASE + f"policy: {{model_name_or_path: {model}, model: {{num_layers: 1}}}}\n")
+    assert main(["validate", "--config", str(config), "--no-memory",
+                 "policy.model.hidden_size=128"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert ("warning: policy.model.hidden_size, policy.model.num_layers are ignored: "
+            f"policy.model_name_or_path ({model}) gives the model's shape") in out, out
+    # Train logs the same list; a key left at its default is none the user set,
+    # and a resumed run's config.yaml holds every key with its default.
+    cfg = load_config(config, [])
+    assert any("num_layers is ignored" in w for w in preflight(cfg).facts["warnings"])
+    (tmp_path / "full.yaml").write_text(dump_config(load_config(None, [
+        f"policy.model_name_or_path={model}"])))
+    assert not [w for w in preflight(load_config(tmp_path / "full.yaml", [])).facts["warnings"]
+                if "ignored" in w]

@@ -167,6 +167,22 @@ class PolicyConfig(Block):
     #: training step.
     scheduler: SchedulerConfig | None = None
 
+    def ignored_model_warning(self) -> str | None:
+        """A warning when a pretrained model is named and ``model`` keys are set too:
+        the model's own config.json gives its shape, so they change nothing. Only
+        keys set to something else than their default: a resumed run's config.yaml
+        holds every key, and one the user left alone is no mistake."""
+        if self.model_name_or_path is None:
+            return None
+        default = ModelConfig().model_dump()
+        set_ = self.model.model_dump(include=self.model.model_fields_set)
+        keys = [f"policy.model.{k}" for k, v in set_.items() if v != default[k]]
+        if not keys:
+            return None
+        return (f"{', '.join(keys)} {'is' if len(keys) == 1 else 'are'} ignored: "
+                f"policy.model_name_or_path ({self.model_name_or_path}) gives the model's "
+                "shape; remove the policy.model keys, or model_name_or_path to build that shape")
+
     @field_validator("scheduler")
     @classmethod
     def _scheduler_list(cls, value: Any) -> Any:

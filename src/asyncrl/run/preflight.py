@@ -160,8 +160,9 @@ def preflight(cfg: RunConfig, *, task: Task | None = None,
     schedule = schedule_warning(cfg.policy.scheduler, cfg.grpo.max_num_steps)
     inert = (cfg.loss.overlong.inert(cfg.policy.generation.max_new_tokens)
              if cfg.loss.overlong is not None else None)
+    ignored = cfg.policy.ignored_model_warning()
     facts["warnings"] = [*failure_warnings(cfg.grpo, cfg.async_rl),
-                         *(w for w in (schedule, inert) if w is not None),
+                         *(w for w in (schedule, inert, ignored) if w is not None),
                          *protocols.misspellings(task)]
     facts["max_token_staleness"] = cfg.loss.max_token_staleness
     facts["trainer"] = trainer_layout(cfg.trainer, device=cfg.policy.device,
