@@ -371,3 +371,13 @@ def test_every_discriminated_block_swaps_alike(tmp_path, caplog) -> None:
     assert [r.getMessage().split(":")[0] for r in caplog.records] == [
         "simulate.generation_latency_s.distribution=constant drops "
         "simulate.generation_latency_s.median"]
+
+
+def test_a_flow_mapping_without_a_space_after_the_colon_is_explained() -> None:
+    # YAML reads {r:4} as the key "r:4" (null): "did you mean 'r'" left the user guessing.
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["policy.lora={r:4}"])
+    assert ("policy.lora.r:4: unknown key. 'r:4' is one key: YAML needs a space after the "
+            "colon in a flow mapping, write {r: 4}.") in str(err.value)
+    with pytest.raises(ConfigError, match=r"unknown key\. did you mean 'r'"):
+        load_config(None, ["policy.lora={rr: 4}"])  # a misspelling is still one

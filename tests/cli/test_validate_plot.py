@@ -44,37 +44,27 @@ def test_validate_prints_derived_facts(tmp_path, capsys) -> None:
     assert main(["validate", "--config", cfg]) == 0
     out = capsys.readouterr().out
     assert "required buffer capacity" in out and "config is valid" in out
-    assert "engine (local) capabilities" in out
 
 
-def test_validate_lists_each_optional_capability_as_present_or_absent() -> None:
+def test_validate_lists_the_optional_members_of_a_custom_engine_only() -> None:
     from asyncrl.cli.validate import capability_rows
 
-    facts = {"engine": "local", "engine_capabilities": ["abort", "device"],
+    facts = {"engine": "custom", "engine_capabilities": ["abort", "device"],
              "trainer_capabilities": [], "task_capabilities": ["tokenizer", "records"]}
-    rows = dict(capability_rows(facts))
-    assert rows["task capabilities"] == (
-        "present: tokenizer, records; absent: bind_tokenizer, needs_policy_tokenizer, "
-        "pooled_reward, prepare_reward, longest_prompt_text, cfg")
-    assert rows["trainer capabilities"] == (
-        "present: none; absent: final_state_dict, sharded_state_dict")
-    assert rows["engine (local) capabilities"] == (
-        "present: abort, device; absent: invalidate_cache, snapshot, healthy, pinned_versions, "
-        "retained_weights, fleet, pressure")
+    assert capability_rows(facts) == [(
+        "optional members of your engine (docs/engines.md says what each adds)",
+        "has abort, device; lacks invalidate_cache, snapshot, healthy, pinned_versions, "
+        "retained_weights, fleet, pressure")]
+    # The built-ins' fixed sets say nothing about the user's config (--json has them).
+    assert capability_rows({**facts, "engine": "local"}) == []
 
 
-def test_validate_prints_the_capabilities_of_the_task_trainer_and_engine(tmp_path,
-                                                                         capsys) -> None:
-    import re
-
+def test_validate_prints_no_capability_jargon_for_the_built_ins(tmp_path, capsys) -> None:
+    """A new user's trial read "task capabilities ... absent: longest_prompt_text" as a fault."""
     cfg = write(tmp_path, "grpo: {num_prompts_per_step: 4}\n")
     assert main(["validate", "--config", cfg, "--no-memory"]) == 0
-    out = re.sub(r"[\s│]+", " ", capsys.readouterr().out)  # the table wraps long cells
-    assert ("task capabilities present: tokenizer, longest_prompt_text, cfg; absent: "
-            "bind_tokenizer, needs_policy_tokenizer, pooled_reward, prepare_reward, records") in out
-    assert "trainer capabilities present: final_state_dict; absent: sharded_state_dict" in out
-    assert ("engine (local) capabilities present: abort, invalidate_cache, snapshot, "
-            "pinned_versions, retained_weights, device; absent: healthy, fleet, pressure") in out
+    out = capsys.readouterr().out
+    assert "capabilities" not in out and "longest_prompt_text" not in out
     assert "staleness measured on" in out and "start_weight" in out
 
 
@@ -235,7 +225,7 @@ def test_validate_reports_a_misspelled_optional_member_of_a_custom_engine(tmp_pa
     out = " ".join(capsys.readouterr().out.split())
     assert ("MisspelledEngine.invalidate_caches is no member of asyncrl.engines.RolloutEngine, "
             "so asyncrl never uses it; did you mean the optional member 'invalidate_cache'?") in out
-    assert "engine (custom) capabilities" in out
+    assert "optional members of your engine" in out and "lacks abort" in out
 
 
 def test_the_memory_table_writes_both_parameter_counts_alike(tmp_path, capsys) -> None:

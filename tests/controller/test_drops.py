@@ -73,6 +73,8 @@ def test_a_step_below_the_floor_stops_the_run_naming_the_budget() -> None:
         run_with_bad_prompts(SAMPLERS[0])
     assert "on_dropped_prompt: replace" in str(err.value)
     assert isinstance(err.value.__cause__, RewardError)
+    # The fix fits a reward that returned nan (it raised nothing) as well as one that raised.
+    assert "Fix the reward function (the error says what went wrong)" in str(err.value)
 
 
 BUDGETS = {

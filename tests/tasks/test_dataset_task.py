@@ -159,7 +159,14 @@ BAD_FILES = {
         lambda d: datasets.DatasetDict({"train": datasets.Dataset.from_list(RECORDS),
                                         "test": datasets.Dataset.from_list(RECORDS)}
                                        ).save_to_disk(str(d / "dd")) or d / "dd",
-        ["splits test, train of a DatasetDict", "dd/test"]),
+        ["splits test, train of a DatasetDict", "e.g. '", "dd/train'"]),  # train, not the first
+    "csv row with a field too many": (  # pandas ends its message with a newline
+        lambda d: (d / "bad.csv").write_text("question,answer\na,1\nb,2,3\n") and d / "bad.csv",
+        ["bad.csv", "cannot be read as csv", "Expected 2 fields in line 3, saw 3); fix the file"]),
+    "number as the prompt": (
+        lambda d: bad_jsonl(d, '{"question": "a", "answer": "1"}\n{"question": 5, "answer": "5"}\n'),
+        ["bad.jsonl', record 2 (line 2): the key 'question' (task.prompt_key) holds the int 5, "
+         'not text; write the prompt as a string ("5")']),
     "csv missing value": (
         lambda d: (d / "bad.csv").write_text("question,answer\na,1\nb,\n") and d / "bad.csv",
         ["bad.csv", "record 2 (row 2 after the header)", "'answer'"]),
@@ -173,6 +180,13 @@ def test_bad_files_name_the_file_the_record_and_the_key(tmp_path: Path, case: st
         task_for(make(tmp_path))
     for fragment in fragments:
         assert fragment in str(info.value), f"{fragment!r} not in: {info.value}"
+    assert "\n" not in str(info.value)  # one line
+
+
+def test_a_template_formats_a_prompt_field_that_is_a_number(tmp_path: Path) -> None:
+    path = bad_jsonl(tmp_path, '{"question": 5, "answer": "5"}\n')
+    task = task_for(path, template="{question}")
+    assert task.prompt_source(0).next_prompt().text == "5"
 
 
 def test_template_problems_name_the_record(tmp_path: Path) -> None:
@@ -273,15 +287,16 @@ def test_overriding_the_task_or_reward_name_replaces_the_block(tmp_path: Path) -
         "task.reward.pattern=^[0-9]$"])
     assert isinstance(cfg.task, DatasetTaskConfig)  # the arithmetic keys went with the swap
     assert cfg.task.reward.name == "regex"
-    # The swap drops the file's keys of the old block; the command line's keys of
-    # the new one stay, in any order (issue 28, item 6).
+    # The swap keeps the file's keys the new block has too (num_workers: every
+    # reward's pool) and drops the others (strip); the command line's keys of the
+    # new one stay, in any order (issue 28, item 6).
     path = tmp_path / "c.yaml"
     path.write_text("task: {name: dataset, path: d.jsonl, reward: {name: exact_match, "
                     "num_workers: 2, strip: false}}\n")
     for overrides in (["task.reward.timeout_s=5", "task.reward.name=regex", "task.reward.pattern=x"],
                       ["task.reward.pattern=x", "task.reward.name=regex", "task.reward.timeout_s=5"]):
         reward = load_config(path, overrides).task.reward
-        assert (reward.name, reward.num_workers, reward.timeout_s) == ("regex", 4, 5.0)
+        assert (reward.name, reward.num_workers, reward.timeout_s) == ("regex", 2, 5.0)
 
 
 @pytest.mark.parametrize(("module", "extra", "build"), [

@@ -130,26 +130,19 @@ def _estimate(cfg: RunConfig, checked: Preflight) -> MemoryEstimate | None:
 
 
 def capability_rows(facts: dict) -> list[tuple[str, str]]:
-    """Each optional capability of the task, the trainer and the engine: present
-    or absent (asyncrl.tasks.capabilities, asyncrl.trainers.capabilities,
-    asyncrl.engines.capabilities)."""
+    """The optional members (asyncrl.engines.capabilities) of an engine of the
+    user's own (``policy.engine: custom``), present or absent: what its author
+    needs. The built-in task, trainer and engine have a fixed set, which tells a
+    user nothing about their config ("absent: longest_prompt_text" read as a
+    fault): only ``--json`` lists those."""
     from asyncrl.engines.capabilities import EngineCapabilities
-    from asyncrl.tasks.capabilities import TaskCapabilities
-    from asyncrl.trainers.capabilities import TrainerCapabilities
 
-    rows = []
-    for label, key, caps in (("task", "task_capabilities", TaskCapabilities),
-                             ("trainer", "trainer_capabilities", TrainerCapabilities),
-                             (f"engine ({facts['engine']})", "engine_capabilities",
-                              EngineCapabilities)):
-        held = facts[key]
-        if held is None:
-            rows.append((f"{label} capabilities", "the caller's"))
-            continue
-        absent = [name for name in caps.MEMBERS if name not in held]
-        rows.append((f"{label} capabilities",
-                     f"present: {', '.join(held) or 'none'}; absent: {', '.join(absent) or 'none'}"))
-    return rows
+    held = facts.get("engine_capabilities")
+    if facts.get("engine") != "custom" or held is None:
+        return []
+    absent = [name for name in EngineCapabilities.MEMBERS if name not in held]
+    return [("optional members of your engine (docs/engines.md says what each adds)",
+             f"has {', '.join(held) or 'none'}; lacks {', '.join(absent) or 'none'}")]
 
 
 def dynamic_sampling_rows(facts: dict) -> list[tuple[str, str]]:

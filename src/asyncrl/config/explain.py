@@ -112,7 +112,7 @@ def explain_errors(exc: ValidationError, root: Any, prefix: str = "") -> list[tu
         if kind == "extra_forbidden":
             parent = _model_at(root, loc[:-1])
             valid = sorted(parent.model_fields) if parent is not None else []
-            hint = _did_you_mean(str(loc[-1]), valid)
+            hint = _missing_space(str(loc[-1]), valid) or _did_you_mean(str(loc[-1]), valid)
             listing = f"valid keys here: {', '.join(valid)}" if valid else ""
             out.append((path, "unknown key. " + " ".join(x for x in (hint, listing) if x)))
         elif kind == "union_tag_invalid":
@@ -145,3 +145,13 @@ def explain_errors(exc: ValidationError, root: Any, prefix: str = "") -> list[tu
 def _did_you_mean(word: str, valid: list[str]) -> str:
     close = difflib.get_close_matches(word, valid, n=1, cutoff=0.5)
     return f"did you mean '{close[0]}'?" if close else ""
+
+
+def _missing_space(word: str, valid: list[str]) -> str:
+    """``{r:4}`` is YAML's mapping of the key ``r:4`` (to null): a flow mapping
+    needs a space after the colon. Said when the text before the colon is a key."""
+    name, colon, value = word.partition(":")
+    if not colon or name.strip() not in valid:
+        return ""
+    return (f"'{word}' is one key: YAML needs a space after the colon in a flow mapping, "
+            f"write {{{name.strip()}: {value.strip()}}}.")

@@ -70,7 +70,8 @@ def _fix(error: BaseException) -> str:
     if isinstance(error, EngineRewardError):
         return "Fix the rollout function or engine the error names (it returned the rewards)"
     if isinstance(error, RewardError):
-        return "Fix the reward function (the error names where it raised)"
+        # Not "where it raised": a reward that returned nan, None or a list raised nothing.
+        return "Fix the reward function (the error says what went wrong)"
     if isinstance(error, PromptError):
         return "Fix the task or the data (the error names the prompt)"
     if failure_kind(error) == "data":

@@ -2,7 +2,7 @@
 
 Before anything is built, :func:`~asyncrl.run.preflight.preflight` checks that
 each object has the required members of its protocol (one line naming those
-missing), lists the optional capabilities each has (``asyncrl validate`` prints
+missing), lists the optional capabilities each has (``asyncrl validate --json`` prints
 them), and warns about a public attribute that looks like an optional member
 misspelled. The built-in backends are read from their classes, the caller's
 from the objects it hands in.

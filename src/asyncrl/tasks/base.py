@@ -47,7 +47,7 @@ class Task(Protocol):
     * the records of a file (``num_records``, ``raw_prompt``, ... : the dataset
       task) - scanned by the context-length check, held out by evaluation.
 
-    ``asyncrl validate`` lists which of them a task has, and warns about a
+    ``asyncrl validate --json`` lists which of them a task has, and warns about a
     public attribute that looks like one of them misspelled.
     """
 

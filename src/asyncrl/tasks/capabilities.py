@@ -4,7 +4,7 @@ Each optional capability is a small protocol, named in :class:`TaskCapabilities`
 by its member. They are read with :meth:`TaskCapabilities.of` (from the task's
 class and its own attributes: a property such as a dataset task's tokenizer is
 not evaluated by reading them), and a member is used only where the task has it.
-``asyncrl validate`` lists them, and names a public attribute of the task that
+``asyncrl validate --json`` lists them, and names a public attribute of the task that
 looks like an optional member misspelled (:meth:`TaskCapabilities.misspelled`).
 """
 

@@ -67,7 +67,8 @@ def _read_saved(path: Path, datasets: Any) -> Any:
         if splits:
             raise ConfigError(
                 f"task.path {str(path)!r} holds the splits {', '.join(splits)} of a "
-                f"DatasetDict: point task.path at one of them, e.g. {str(path / splits[0])!r}")
+                f"DatasetDict: point task.path at one of them, e.g. "
+                f"{str(path / ('train' if 'train' in splits else splits[0]))!r}")
         raise ConfigError(
             f"task.path {str(path)!r} is a directory but not one written by "
             "datasets.Dataset.save_to_disk (it has no state.json); give a JSONL, JSON, CSV or "
@@ -202,7 +203,9 @@ def _why_unreadable(path: Path, fmt: str, exc: BaseException) -> str:
     if isinstance(exc, StopIteration) or isinstance(_root_cause(exc), StopIteration):
         return f"{where} holds no records; it needs at least one"
     cause = _root_cause(exc)
-    return (f"{where} cannot be read as {fmt} ({type(cause).__name__}: {cause}); fix the file "
+    # pandas' parser ends its messages with a newline: the error stays one line.
+    said = " ".join(str(cause).split())
+    return (f"{where} cannot be read as {fmt} ({type(cause).__name__}: {said}); fix the file "
             "or set task.format to its real format")
 
 

@@ -78,6 +78,7 @@ class DatasetTask:
         self.fingerprint = _fingerprint(cfg.path)
         self._fields = template_fields(cfg.template) if cfg.template else [cfg.prompt_key]
         self._check_keys([*self._fields, *([cfg.answer_key] if cfg.answer_key else [])])
+        self._check_text_prompts()
         self._check_blank_prompts()
         needs_answer = (ExactMatchRewardConfig, MathVerifyRewardConfig)
         if cfg.answer_key is None and isinstance(cfg.reward, needs_answer):
@@ -123,6 +124,21 @@ class DatasetTask:
                     f"{self._where(missing)}: the key {key!r} is missing or null; give every "
                     "record a value for it (or remove the record)"
                 )
+
+    def _check_text_prompts(self) -> None:
+        """Refuse a prompt field that is no text ({"question": 5}): the prompt is
+        the field as it is, and a number or a list would be trained on as its
+        Python repr unnoticed. A template formats any value: its fields may be."""
+        if self.cfg.template is not None:
+            return
+        key = self.cfg.prompt_key
+        bad = next((i for i, v in enumerate(self._ds[key]) if not isinstance(v, str)), None)
+        if bad is not None:
+            value = self._ds[bad][key]
+            raise ConfigError(
+                f"{self._where(bad)}: the key {key!r} (task.prompt_key) holds the "
+                f"{type(value).__name__} {value!r}, not text; write the prompt as a string "
+                f"(\"{value}\"), or set task.template (e.g. \"{{{key}}}\") to format it")
 
     def _check_blank_prompts(self) -> None:
         """Refuse a record whose prompt is empty or whitespace: the policy would be

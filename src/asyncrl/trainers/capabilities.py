@@ -3,7 +3,7 @@
 Each optional capability is a small protocol, named in
 :class:`TrainerCapabilities` by its member. The controller reads a trainer's
 capabilities once, when it is handed the trainer, and calls an optional member
-only where the trainer has it; ``asyncrl validate`` lists them, and names a
+only where the trainer has it; ``asyncrl validate --json`` lists them, and names a
 public attribute that looks like one misspelled.
 """
 
