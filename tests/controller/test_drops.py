@@ -73,7 +73,12 @@ def test_a_step_below_the_floor_stops_the_run_naming_the_budget() -> None:
         run_with_bad_prompts(SAMPLERS[0])
     assert "on_dropped_prompt: replace" in str(err.value)
     assert isinstance(err.value.__cause__, RewardError)
-    # The fix fits a reward that returned nan (it raised nothing) as well as one that raised.
+
+
+def test_the_skip_budget_names_the_reward_fix_without_saying_it_raised() -> None:
+    # A reward that returned nan raised nothing: the fix must fit it as well.
+    with pytest.raises(TooManyFailedGroups) as err:
+        run_with_bad_prompts(SAMPLERS[0], max_skipped_prompts=0)
     assert "Fix the reward function (the error says what went wrong)" in str(err.value)
 
 
