@@ -9,7 +9,7 @@ on the ``meta`` device, traced with :class:`~asyncrl.trainers.memory.LiveTensorB
 (no memory, no compute, a second or two), so it follows the configured model,
 LoRA and checkpointing exactly. Activations per token are the difference of two
 traced steps whose loss head works on chunks of one size (so that the loss
-chunk, which grows with a micro-batch shorter than it, stays out of them); the
+chunk, which grows with a micro-batch shorter than it, stays out of them); what the
 traced peak holds beyond gradients, activations and the loss chunk is "other".
 The parts are disjoint and the step peak is their sum: an upper bound, as if
 all were held at once (a step holds them together at its loss head).
