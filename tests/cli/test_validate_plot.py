@@ -27,6 +27,11 @@ def test_validate_prints_derived_facts(tmp_path, capsys) -> None:
     memory = facts.pop("memory")  # the training step's estimate (asyncrl.trainers.estimate)
     assert facts.pop("recipe")["loss"].startswith("token-level ratio")  # the next test
     assert memory["peak_bytes"] > memory["param_bytes"] > 0 and not memory["exceeds_device"]
+    # The step peak is its rows' sum; the step's own part excludes the model state.
+    state = ("param_bytes", "master_bytes", "optimizer_bytes")
+    step = ("grad_bytes", "activation_bytes", "loss_chunk_bytes", "other_bytes")
+    assert memory["step_bytes"] == sum(memory[k] for k in step)
+    assert memory["peak_bytes"] == sum(memory[k] for k in state + step)
     assert facts == {"sampler": "InOrderSampler", "is_on_policy": False,
                      "required_buffer_capacity": 12, "max_staleness": 2,
                      "max_buffered_rollouts": 12, "context_length": 64,
@@ -44,6 +49,7 @@ def test_validate_prints_derived_facts(tmp_path, capsys) -> None:
     assert main(["validate", "--config", cfg]) == 0
     out = capsys.readouterr().out
     assert "required buffer capacity" in out and "config is valid" in out
+    assert "step peak (sum: an upper bound)" in out and "train/peak_memory_bytes" in out
 
 
 def test_validate_lists_the_optional_members_of_a_custom_engine_only() -> None:

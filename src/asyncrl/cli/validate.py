@@ -93,9 +93,9 @@ def run(args: argparse.Namespace) -> int:
         table.add_row(key, label)
     console.print(table)
     if memory is not None:
-        from asyncrl.trainers.estimate import describe, format_bytes
+        from asyncrl.trainers.estimate import NOTE, describe, format_bytes
 
-        mem = Table(title="training step memory (estimate)")
+        mem = Table(title="training step memory (estimate)", caption=NOTE)
         mem.add_column("part")
         mem.add_column("bytes")
         for row in describe(memory):

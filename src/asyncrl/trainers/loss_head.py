@@ -108,6 +108,9 @@ class ChunkedLogprobs(torch.autograd.Function):
                         grad_w.add_(d.t() @ h)
                 if grad_b is not None:
                     grad_b.add_(d.sum(0).float())
+                # Freed now, not when the next chunk rebinds it: else each chunk
+                # after the first holds two chunks' logits gradients at once.
+                del d
         if grad_w is not None:
             # Added into the sink: nothing more to hand to autograd.
             grad_w = None if ctx.weight_grad is not None else grad_w.to(weight.dtype)
