@@ -56,13 +56,25 @@ class Prompt:
     """One prompt from a task's prompt source.
 
     ``prompt_id`` is the prompt's position in the source order, unique per run;
-    ``answer`` is whatever the task needs to score a completion.
+    ``answer`` is whatever the task needs to score a completion. ``meta`` is the
+    task's own; its ``source`` (optional: a dataset task's prompts have it) says
+    where a user finds the prompt, e.g. ``data/train.jsonl line 8``, and errors
+    about the prompt name it (:func:`prompt_label`).
     """
 
     prompt_id: int
     text: str
     answer: Any = None
     meta: dict[str, Any] = field(default_factory=dict)
+
+
+def prompt_label(prompt: Prompt) -> str:
+    """``prompt 3``, or ``prompt 3 (data/train.jsonl line 8)`` when the prompt
+    says where it came from: how errors name a prompt. The position alone means
+    nothing to a user of a shuffled dataset; the record's place in the file does."""
+    source = prompt.meta.get("source")
+    return f"prompt {prompt.prompt_id}" if source is None else \
+        f"prompt {prompt.prompt_id} ({source})"
 
 
 @dataclass(frozen=True, slots=True)

@@ -81,7 +81,7 @@ def test_sigkill_after_a_checkpoint_then_resume_loses_nothing(tmp_path: Path, ca
     prompt_ids = [r["prompt_id"] for r in records]
     assert sorted(prompt_ids) == list(range(len(prompt_ids))), "a prompt was lost or repeated"
     states = {r["state"] for r in records}
-    assert states <= {"trained", "evicted", "aborted", "failed", "inflight", "ready"}
+    assert states <= {"trained", "evicted", "aborted", "failed", "pending"}
     assert sum(r["state"] == "trained" for r in records) == steps * PER_STEP
     recorded = [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert recorded == list(range(steps))

@@ -110,7 +110,7 @@ def test_a_run_a_budget_stopped_resumes_once_the_cause_is_fixed(sampler, budget)
     first = make(engines=[FakeEngine(lognormal_latency(3, sigma=0.7))])
     with pytest.raises(TooManyFailedGroups) as err:
         run_virtual(first.run())
-    last = int(re.search(r"prompt (\d+) \(group", str(err.value)).group(1))
+    last = int(re.search(r"group \d+, prompt (\d+)", str(err.value)).group(1))
     assert first.stopped_at_safe_point and first.version.value < 12
     assert all(r["groups_trained"] >= N // 2 for r in first.step_records), first.step_records
     state = json.loads(json.dumps(first.state_dict()))
@@ -263,3 +263,64 @@ def test_prompts_a_stopped_run_left_untrained_are_listed_with_the_reason() -> No
     copy.load_state_dict(ctl.state_dict())
     assert copy.summary()["prompts"]["drawn"] == read
     assert copy.dispatcher.undispatched() == ctl.dispatcher.undispatched()
+
+
+class LocatedTask(FakeTask):
+    """A task whose prompts say where they came from, as a dataset task's do."""
+
+    def prompt_source(self, seed: int):
+        source = super().prompt_source(seed)
+        pop = source.next_prompt
+
+        def located() -> Prompt | None:
+            p = pop()
+            return None if p is None else Prompt(p.prompt_id, p.text, p.answer,
+                                                 {"source": f"data.jsonl line {p.prompt_id + 1}"})
+
+        source.next_prompt = located
+        return source
+
+
+def test_a_group_a_used_up_budget_put_back_says_why_it_is_pending() -> None:
+    # A user trial: after a reward that always raised, every ledger line said
+    # "inflight" with error null; why the group was pending was only in the stop.
+    task = LocatedTask()
+    ctl = make_controller(SAMPLERS[0], task=task, steps=3, per_step=N,
+                          scorer=InlineScorer(task, fail=lambda p: p.prompt_id == 1))
+    with pytest.raises(TooManyFailedGroups) as err:
+        run_virtual(ctl.run())
+    # A step of 4 may not shrink at min_step_batch_fraction 0.9: raising
+    # max_skipped_prompts alone would stop the run at the floor instead.
+    assert ("raise max_skipped_prompts together with on_dropped_prompt: replace (a step of "
+            "num_prompts_per_step=4 may not shrink: min_step_batch_fraction=0.9 puts its "
+            "floor at 4) to skip such prompts") in str(err.value)
+    assert "group 1, prompt 1 (data.jsonl line 2): RewardError" in str(err.value)
+    group = ctl.ledger[1]
+    assert group.state == "inflight"  # pending: the resumed run retries it
+    assert group.last_error == "RewardError: injected reward failure for prompt 1"
+    assert group.last_error_kind == "data" and group.source == "data.jsonl line 2"
+    ok = next(r for r in ctl.ledger.records() if r.prompt_id == 0)
+    assert ok.last_error is ok.last_error_kind is ok.source is None  # never failed: no look-up
+
+
+def test_a_budget_that_can_shrink_a_step_says_only_to_raise_it() -> None:
+    task = FakeTask()
+    ctl = make_controller(SAMPLERS[0], task=task, steps=3, per_step=N,
+                          scorer=InlineScorer(task, fail=lambda p: p.prompt_id == 1),
+                          rollout_failure={"min_step_batch_fraction": 0.5})
+    with pytest.raises(TooManyFailedGroups, match=r"or raise max_skipped_prompts to skip such "
+                                                  r"prompts$"):
+        run_virtual(ctl.run())
+
+
+def test_a_skipped_prompt_is_listed_with_where_it_came_from() -> None:
+    task = LocatedTask()
+    ctl = make_controller(SAMPLERS[0], task=task, steps=2, per_step=N,
+                          scorer=InlineScorer(task, fail=lambda p: p.prompt_id == 1),
+                          rollout_failure={"max_skipped_prompts": 1,
+                                           "on_dropped_prompt": "replace"})
+    result = run_virtual(ctl.run())
+    (dropped,) = result.summary["failures"]["dropped_prompts"]
+    assert dropped["prompt_id"] == 1 and dropped["source"] == "data.jsonl line 2"
+    (failed,) = [r for r in ctl.ledger.records() if r.state == "failed"]
+    assert failed.source == "data.jsonl line 2" and failed.last_error_kind == "data"

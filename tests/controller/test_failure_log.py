@@ -21,6 +21,11 @@ from asyncrl.errors import RewardError
     ("group 1 waited for group 12 and prompt 1.", 1, 1, "group ... waited for group 12 and "
      "prompt ...."),
     ("cleanup of group 'g7' failed", "g7", 7, "cleanup of group ... failed"),
+    # Where a dataset's prompt came from differs from group to group too.
+    ("prompt 4 (data/train.jsonl line 8): completion 3: m:f raised ValueError: boom", 4, 4,
+     "m:f raised ValueError: boom"),
+    ("raised KeyError: 'x' (group 12, prompt 7 (d.csv row 8 after the header), attempt 2)",
+     12, 7, "raised KeyError: 'x' (group ..., prompt ..., attempt ...)"),
 ])
 def test_without_ids_keeps_what_the_groups_share(text, group, prompt, generic) -> None:
     assert without_ids(text, group, prompt) == generic

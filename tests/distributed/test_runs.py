@@ -126,7 +126,7 @@ def test_a_rank_killed_mid_run_ends_it_naming_the_rank_and_resume_completes(
     prompt_ids = [r["prompt_id"] for r in records]
     assert sorted(prompt_ids) == list(range(len(prompt_ids))), "a prompt was lost or repeated"
     assert sum(r["state"] == "trained" for r in records) == steps * per_step
-    assert {r["state"] for r in records} <= {"trained", "evicted", "aborted", "inflight", "ready"}
+    assert {r["state"] for r in records} <= {"trained", "evicted", "aborted", "pending"}
 
 
 def test_a_two_rank_run_prints_no_fsdp_view_warning(tmp_path: Path) -> None:

@@ -54,6 +54,11 @@ def run(tmp_path: Path, target: str, *overrides: str, error=BackendBug):
     assert summary["stop_message"] == f"{error.__name__}: {caught.value}".splitlines()[0]
     assert summary["final_dir"] is None and not (tmp_path / "run" / "final").exists()
     notes = "\n".join(getattr(caught.value, "__notes__", ()))
+    # Why final/ is missing, and what writes the weights instead (or that nothing can).
+    assert summary["final_note"].startswith("not exported (the run stopped with an error)")
+    assert notes.splitlines()[-1] == f"final policy: {summary['final_note']}"
+    assert (f"asyncrl export {tmp_path / 'run'} --out DIR" in summary["final_note"]) \
+        == bool(checkpoints(tmp_path)), summary["final_note"]
     return str(caught.value), notes, summary
 
 

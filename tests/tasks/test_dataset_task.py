@@ -63,8 +63,27 @@ def test_each_format_loads_the_same_records(tmp_path: Path, suffix: str) -> None
     assert [str(p.answer) for p in prompts] == [r["answer"] for r in RECORDS]
     assert prompts[2].answer == "007"  # CSV columns stay text: no "7"
     assert [p.prompt_id for p in prompts] == list(range(5))
-    assert prompts[1].meta == {"task": "dataset", "index": 1, "epoch": 0}
+    where = {".jsonl": "line 2", ".csv": "row 2 after the header"}.get(suffix, "record 2")
+    assert prompts[1].meta == {"task": "dataset", "index": 1, "epoch": 0,
+                               "source": f"{tmp_path / f'data{suffix}'} {where}"}
     assert task.record_fields == ["level"]
+
+
+def test_a_prompt_names_its_line_in_the_file_and_errors_about_it_say_it(tmp_path: Path) -> None:
+    # A user trial: a reward error said "prompt 3: ..." - the position in a
+    # shuffled stream, which is nowhere in the file. The line is (blank lines
+    # hold no record, so the line is not the record's number).
+    from asyncrl.types import prompt_label
+
+    path = tmp_path / "data.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in RECORDS[:2]) + "\n\n\n"
+                    + "".join(json.dumps(r) + "\n" for r in RECORDS[2:]))
+    task = task_for(path, shuffle=True, epochs=1)
+    prompts = drain(task.prompt_source(3))
+    lines = {1: 1, 2: 2, 3: 5, 4: 6, 5: 7}  # record number -> its line
+    for p in prompts:
+        assert p.meta["source"] == f"{path} line {lines[p.meta['index'] + 1]}"
+        assert prompt_label(p) == f"prompt {p.prompt_id} ({path} line {lines[p.meta['index'] + 1]})"
 
 
 def test_a_save_to_disk_directory_loads_the_same_records(tmp_path: Path) -> None:

@@ -66,6 +66,11 @@ def test_scores_failures_and_recovery(executor: str) -> None:
                                               r"raised ValueError: cannot score 'x'"):
             await bad.score(PROMPT, ["a", "x", "b"])
         assert await bad.score(PROMPT, ["a", "b"]) == [1.0, 1.0]  # the pool goes on
+        # A prompt that says where it came from (a dataset's) is named by it too.
+        located = Prompt(7, "2+2=", "4", {"record": {}, "source": "data/train.jsonl line 8"})
+        with pytest.raises(RewardError, match=r"^prompt 7 \(data/train.jsonl line 8\): "
+                                              r"completion 1: reward_fns:raises_on_x raised"):
+            await bad.score(located, ["a", "x"])
         await bad.close()
         for name, message in (("not_a_number", "returned 'high', not a number"),
                               ("a_numeric_string", "returned '1', not a number"),

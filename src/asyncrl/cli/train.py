@@ -129,5 +129,7 @@ def print_summary(console: Console, summary: dict) -> None:
         say(f"best checkpoint {best['path']}  ({best['metric']} {best['value']:.4g})")
     if summary.get("final_dir"):
         say(f"final policy    {summary['final_dir']}  (Hugging Face format)")
+    elif summary.get("final_note"):
+        say(f"final policy    {summary['final_note']}")
     for plot in summary.get("plots", []):
         say(f"plot            {plot}")

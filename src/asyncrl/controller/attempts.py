@@ -40,7 +40,7 @@ from asyncrl._util.text import plural, qualified_name
 from asyncrl.controller.context import RunContext
 from asyncrl.controller.determinism import NoDeterminism
 from asyncrl.controller.entry import Entry, EntryState
-from asyncrl.controller.failure_log import blame, failure_key
+from asyncrl.controller.failure_log import blame, error_line, failure_key
 from asyncrl.controller.partials import continue_from, keep_partial
 from asyncrl.engines.base import RolloutEngine
 from asyncrl.errors import (
@@ -58,7 +58,7 @@ from asyncrl.errors import (
 )
 from asyncrl.record import counted
 from asyncrl.tasks.base import Scorer
-from asyncrl.types import GenerationRequest, GroupResult, Rollout
+from asyncrl.types import GenerationRequest, GroupResult, Rollout, prompt_label
 
 log = logging.getLogger("asyncrl.controller")
 diagnostics_log = logging.getLogger("asyncrl.diagnostics")
@@ -157,6 +157,7 @@ class AttemptRunner:
                     log.warning("group %s attempt %d lost with engine %s (%s); retrying",
                                 entry.group_id, entry.attempts, entry.engine, exc)
                     continue
+                self._note_failure(entry, exc, kind)
                 who = self.blame(entry, exc)
                 key = failure_key(exc, who, entry.group_id, entry.prompt.prompt_id)
                 if kind == "data":
@@ -266,6 +267,13 @@ class AttemptRunner:
                      scoring=entry.state is EntryState.SCORING,
                      scorer=f"the scorer {qualified_name(self.scorer)}")
 
+    def _note_failure(self, entry: Entry, exc: BaseException, kind: str) -> None:
+        """The group's ledger record keeps the error of its last failed attempt,
+        and where its prompt came from: a group a stop puts back (pending) says
+        in ledger.jsonl why it did not finish. Failures only: no cost per group."""
+        self.ctx.ledger.attempt_failed(entry.group_id, error=error_line(exc), kind=kind,
+                                       source=entry.prompt.meta.get("source"))
+
     def _bug(self, entry: Entry, exc: BaseException) -> Fatal:
         """Name the component that raised an unclassified error: the engine of
         the attempt, or the scorer when it failed while scoring."""
@@ -275,7 +283,7 @@ class AttemptRunner:
         else:
             contract = ("an engine raises asyncrl.errors.GenerationError (infra) or "
                         "PromptError (data) for a failure it expects")
-        where = (f"group {entry.group_id!r}, prompt {entry.prompt.prompt_id}, "
+        where = (f"group {entry.group_id!r}, {prompt_label(entry.prompt)}, "
                  f"attempt {entry.attempts}")
         if isinstance(exc, ResultContractError):
             what = (f"{who} {exc} ({where}). A result that breaks the engine's contract is a "
@@ -286,6 +294,7 @@ class AttemptRunner:
                     f"({contract})")
         error = BackendBug(f"{what}. Fix it, then resume the run from its checkpoint")
         error.__cause__ = exc
+        self._note_failure(entry, error, "bug")
         return Fatal(error, failure_key(exc, who, entry.group_id, entry.prompt.prompt_id))
 
     def _while_cancelled(self, entry: Entry, exc: BaseException) -> Fatal | None:

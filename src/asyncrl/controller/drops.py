@@ -37,6 +37,7 @@ from typing import Any
 
 from asyncrl.config.failures import RolloutFailureConfig
 from asyncrl.controller.entry import Entry
+from asyncrl.controller.failure_log import error_line
 from asyncrl.errors import (
     EngineRewardError,
     FailureKind,
@@ -47,7 +48,7 @@ from asyncrl.errors import (
     TooManyFailedGroups,
     failure_kind,
 )
-from asyncrl.types import Prompt, prompt_from_dict, prompt_to_dict
+from asyncrl.types import Prompt, prompt_from_dict, prompt_label, prompt_to_dict
 
 #: Dropped prompts the summary lists by name (the newest); all of them are in ledger.jsonl.
 KEEP_DROPPED = 100
@@ -77,11 +78,6 @@ def _fix(error: BaseException) -> str:
     if failure_kind(error) == "data":
         return "Fix the reward, the task or the data"
     return "Check the engines (their logs say why)"
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
 class DropPolicy:
@@ -133,7 +129,7 @@ class DropPolicy:
         (with a fresh budget of attempts) and its step waits for it rather than
         for a group that will never come."""
         rf = self.cfg
-        who = f"prompt {entry.prompt.prompt_id} (group {entry.group_id!r})"
+        who = f"group {entry.group_id!r}, {prompt_label(entry.prompt)}"
         target = max(step, entry.stamp if entry.stamp is not None
                      else entry.batch_index if entry.batch_index is not None else step)
         if kind == "data" and self.skipped + 1 > rf.max_skipped_prompts:
@@ -141,17 +137,17 @@ class DropPolicy:
                 f"{self.skipped + 1} prompt(s) failed max_data_attempts_per_prompt="
                 f"{rf.max_data_attempts_per_prompt} times as data, more than "
                 f"async_rl.rollout_failure.max_skipped_prompts={rf.max_skipped_prompts}; "
-                f"the last, {who}: {_first_line(error)}. {_fix(error)}, or raise "
-                "max_skipped_prompts to skip such prompts") from error
+                f"the last, {who}: {error_line(error)}. {_fix(error)}, or "
+                f"raise {self._allow('max_skipped_prompts')} to skip such prompts") from error
         if kind == "infra" and self.consecutive + 1 > rf.max_consecutive_dropped_prompts:
             raise TooManyFailedGroups(
                 f"{self.consecutive + 1} prompt(s) in a row failed "
                 f"max_infra_attempts_per_prompt={rf.max_infra_attempts_per_prompt} times as "
                 f"infrastructure, more than async_rl.rollout_failure."
                 f"max_consecutive_dropped_prompts={rf.max_consecutive_dropped_prompts}; the "
-                f"last, {who}: {_first_line(error)}. {_fix(error)}, or raise "
-                "max_consecutive_dropped_prompts (or max_infra_attempts_per_prompt) to "
-                "ride out an outage") from error
+                f"last, {who}: {error_line(error)}. {_fix(error)}, or raise "
+                f"max_infra_attempts_per_prompt or {self._allow('max_consecutive_dropped_prompts')}"
+                " to ride out an outage") from error
         replacement = None
         if rf.on_dropped_prompt == "replace" and entry.replacements < rf.max_replacement_attempts:
             replacement = self.replacement(entry, draw, charged=True)
@@ -164,7 +160,7 @@ class DropPolicy:
                 f"would train on {self.n - lost}, below the floor of {self.floor} "
                 f"(async_rl.rollout_failure.min_step_batch_fraction="
                 f"{rf.min_step_batch_fraction:g}); the last lost: {who}, {kind}: "
-                f"{_first_line(error)}. Fix what fails, {fix}, or lower "
+                f"{error_line(error)}. Fix what fails, {fix}, or lower "
                 "min_step_batch_fraction") from error
         # Dropped for good: charge the budgets and record it.
         if kind == "data":
@@ -176,7 +172,10 @@ class DropPolicy:
         self.by_reason[f"{kind}: {type(error).__name__}"] += 1
         record = {"prompt_id": entry.prompt.prompt_id, "group_id": entry.group_id,
                   "kind": kind, "attempts": entry.attempts, "target_step": entry.stamp,
-                  "error": _first_line(error)}
+                  "error": error_line(error)}
+        source = entry.prompt.meta.get("source")
+        if source is not None:  # where a user finds the prompt (a dataset's file and line)
+            record["source"] = source
         self.recent.append(record)
         if replacement is not None:
             self._count("prompts_replaced")
@@ -185,6 +184,17 @@ class DropPolicy:
         record["outcome"] = f"step {target} shrank"
         self.credits[target] = lost
         return None
+
+    def _allow(self, budget: str) -> str:
+        """How to let a run drop prompts under ``budget``: raising it alone does
+        nothing when no step may shrink (``min_step_batch_fraction`` puts the floor
+        at ``num_prompts_per_step``, as the default 0.9 does below 10 prompts):
+        the first drop would stop the run at the floor instead - so say to replace."""
+        if self.cfg.on_dropped_prompt == "shrink" and self.n - 1 < self.floor:
+            return (f"{budget} together with on_dropped_prompt: replace (a step of "
+                    f"num_prompts_per_step={self.n} may not shrink: min_step_batch_fraction="
+                    f"{self.cfg.min_step_batch_fraction:g} puts its floor at {self.floor})")
+        return budget
 
     def replacement(self, entry: Entry, draw: Draw, *, charged: bool) -> Entry | None:
         """A fresh prompt from the spare pool in ``entry``'s place, with its stamp,

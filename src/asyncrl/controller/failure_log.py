@@ -33,6 +33,8 @@ SHOWN_GROUPS = 12
 
 _COMPLETION = re.compile(r"\bcompletion \d+: ")
 _ATTEMPT = re.compile(r"\battempt \d+")
+#: What may follow a prompt's id: where it came from, in parentheses.
+_SOURCE = r"(?: \([^()]*\))?"
 
 
 def blame(error: BaseException, *, engine: str, scoring: bool, scorer: str) -> str:
@@ -48,14 +50,24 @@ def blame(error: BaseException, *, engine: str, scoring: bool, scorer: str) -> s
 def without_ids(text: str, group_id: GroupId, prompt_id: Hashable) -> str:
     """``text`` without what names one group: its id, its prompt's id, the
     attempt and the completion (the same failure of two groups differs only there).
-    A leading ``prompt N: `` (how the reward pool starts its errors) is dropped."""
+    A leading ``prompt N: `` (how the reward pool starts its errors) is dropped,
+    and so is where the prompt came from (``prompt N (data.jsonl line 8)``,
+    :func:`~asyncrl.types.prompt_label`): it differs from group to group too."""
     text = _COMPLETION.sub("", text)
     for word, value in (("group", group_id), ("prompt", prompt_id)):
+        source = _SOURCE if word == "prompt" else ""
         for shown in dict.fromkeys((repr(value), str(value))):
-            own = rf"\b{word} {re.escape(shown)}(?!\w)"
+            own = rf"\b{word} {re.escape(shown)}(?!\w){source}"
             text = re.sub(rf"^{own}: ", "", text)
             text = re.sub(own, f"{word} ...", text)
     return _ATTEMPT.sub("attempt ...", text)
+
+
+def error_line(error: BaseException) -> str:
+    """``Type: first line of the message``: an error as a record or a summary
+    names it (ledger.jsonl, summary.json's dropped prompts)."""
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
 def failure_key(error: BaseException, component: str, group_id: GroupId,

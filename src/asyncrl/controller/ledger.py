@@ -1,10 +1,12 @@
 """The ledger: every prompt group's life, and the balance that proves none was lost.
 
 States: ``inflight`` and ``ready`` are live (a group in either is *pending* at a
-checkpoint or at shutdown); ``trained``, ``evicted``, ``aborted``, ``failed``
-and ``filtered`` (its rewards carried no signal for ``grpo.dynamic_sampling``;
-it never reached the buffer) are terminal. A group enters exactly one terminal state at most once; the
-ledger raises on a second transition, because that would be a double count.
+checkpoint or at shutdown, and ``ledger.jsonl`` writes its line at the end of a
+run with ``state: pending``: :meth:`JsonlHistory.append_pending`); ``trained``,
+``evicted``, ``aborted``, ``failed`` and ``filtered`` (its rewards carried no
+signal for ``grpo.dynamic_sampling``; it never reached the buffer) are terminal.
+A group enters exactly one terminal state at most once; the ledger raises on a
+second transition, because that would be a double count.
 
 Memory and checkpoints grow with the *live* groups only: a group that reaches
 a terminal state is handed to the ledger's :class:`LedgerHistory` (a JSONL file
@@ -23,6 +25,8 @@ from asyncrl.errors import LedgerError
 from asyncrl.types import GroupId
 
 LIVE = ("inflight", "ready")
+#: The state ``ledger.jsonl`` gives a group still live when the run stopped.
+PENDING = "pending"
 TERMINAL = ("trained", "evicted", "aborted", "failed", "filtered")
 STATES = LIVE + TERMINAL
 
@@ -40,7 +44,10 @@ class GroupRecord:
         "gen_end",
         "gen_start",
         "group_id",
+        "last_error",
+        "last_error_kind",
         "prompt_id",
+        "source",
         "staleness",
         "start_weight",
         "state",
@@ -71,6 +78,14 @@ class GroupRecord:
         self.error: str | None = None  # why the last attempt failed (failed groups)
         self.failure: str | None = None  # the budget a failed group used up: infra or data
         self.filter_reason: str | None = None  # why grpo.dynamic_sampling filtered it
+        # Why its last failed attempt failed (any group, pending ones included: a
+        # group a stop put back says why it is still pending), and the kind of
+        # that failure: infra, data or bug.
+        self.last_error: str | None = None
+        self.last_error_kind: str | None = None
+        # Where its prompt came from (a dataset task's file and line), noted with
+        # a failure only: nothing is looked up for the groups that succeed.
+        self.source: str | None = None
         # The generation that finished it (for ``asyncrl simulate --calibrate``):
         # when it ran, its completions' tokens in all and of the longest one.
         self.gen_start: float | None = None
@@ -93,8 +108,9 @@ class LedgerHistory(Protocol):
     """Where records of finished groups go."""
 
     def append(self, record: GroupRecord) -> None:
-        """Called once per group, when it reaches a terminal state (and, at the end
-        of a run, once per group still pending)."""
+        """Called once per group, when it reaches a terminal state (a run
+        directory's file also gets a line per group still pending at the end of
+        the run: :meth:`JsonlHistory.append_pending`)."""
         ...
 
     def position(self) -> int:
@@ -136,6 +152,13 @@ class JsonlHistory:
 
     def append(self, record: GroupRecord) -> None:
         self._fh.write(json.dumps(record.to_dict(), default=str) + "\n")
+
+    def append_pending(self, record: GroupRecord) -> None:
+        """The line of a group still live when the run stopped: ``state`` is
+        ``pending`` (neither in flight nor ready any more: the run is over, and a
+        resume takes it up again), ``stopped_in`` the live state it stopped in."""
+        line = {**record.to_dict(), "state": PENDING, "stopped_in": record.state}
+        self._fh.write(json.dumps(line, default=str) + "\n")
 
     def position(self) -> int:
         self._fh.flush()
@@ -252,6 +275,16 @@ class Ledger:
         if rec is not None:  # fill in before _move hands the record to the history
             rec.attempts, rec.finish_time, rec.error = attempts, time, error
         self._move(group_id, state, ("inflight",), rec)
+
+    def attempt_failed(self, group_id: GroupId, *, error: str, kind: str,
+                       source: str | None = None) -> None:
+        """An attempt of the live group failed (``kind``: infra, data or bug); its
+        record keeps the last such error, and ``source``, where its prompt came from."""
+        rec = self._live.get(group_id)
+        if rec is not None:
+            rec.last_error, rec.last_error_kind = error, kind
+            if source is not None:
+                rec.source = source
 
     def set_attempts(self, group_id: GroupId, attempts: int) -> None:
         self._live[group_id].attempts = attempts

@@ -80,6 +80,10 @@ class RunDirSummary(RunSummary, total=False):
 
     #: The final policy's directory (Hugging Face format); None when not written.
     final_dir: str | None
+    #: Why there is no final policy (``final_dir`` null): the run failed, was
+    #: stopped at once or its export failed; and the ``asyncrl export`` that
+    #: writes a checkpoint's weights instead.
+    final_note: str
     target_reward: float | None
     reached_target: bool
     run_dir: str

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from asyncrl.errors import BackendLost, GenerationError, PromptError, TokenizationError
 from asyncrl.tasks.tokenizer import Tokenizer, encode_prompt
-from asyncrl.types import GroupId, Prompt
+from asyncrl.types import GroupId, Prompt, prompt_label
 
 
 def encode_prompt_or_fail(tokenizer: Tokenizer, prompt: Prompt) -> list[int]:
@@ -20,7 +20,7 @@ def encode_prompt_or_fail(tokenizer: Tokenizer, prompt: Prompt) -> list[int]:
     try:
         return encode_prompt(tokenizer, prompt.text)
     except ValueError as exc:
-        raise TokenizationError(f"prompt {prompt.prompt_id} cannot be tokenized: {exc}") from exc
+        raise TokenizationError(f"{prompt_label(prompt)} cannot be tokenized: {exc}") from exc
 
 
 def vllm_failure(exc: Exception, group_id: GroupId, *, where: str = "its log") -> Exception:

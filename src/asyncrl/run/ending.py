@@ -1,6 +1,6 @@
 """How a run ends in its run directory: the summary, timeline, ledger and plots
 (:func:`finish_run_dir`), and what to run next (:func:`resume_command`,
-:func:`error_resume_hint`).
+:func:`error_resume_hint`, :func:`final_note`).
 
 An error that stopped the run at a safe point has a final checkpoint of the
 state it stopped in (``asyncrl.run.train``); any other error (the trainer
@@ -56,6 +56,23 @@ def error_resume_hint(run_dir: Path) -> str:
             f"after fixing the cause, start again with: {resume_command(run_dir)}")
 
 
+def final_note(run_dir: Path, *, failed: bool, forced: bool = False) -> str:
+    """Why ``run_dir`` has no ``final/`` (``summary.json``'s ``final_note``, the
+    ``final policy`` line of the printed summary and a note on a run's error),
+    and what writes the weights instead: ``asyncrl export`` of a checkpoint."""
+    if failed:
+        why = "the run stopped with an error"
+    elif forced:
+        why = "the run was stopped at once"
+    else:
+        why = "the export failed: the warning above says why"
+    found = list_checkpoints(run_dir)
+    if not found:
+        return f"not exported ({why}), and there is no checkpoint to export"
+    return (f"not exported ({why}); export its newest checkpoint, {found[0].name}, with: "
+            f"asyncrl export {run_dir} --out DIR")
+
+
 def finish_run_dir(run_dir: Path, controller: Controller, task: Task, cfg: RunConfig,
                    summary: RunDirSummary, *, plots: bool = True) -> RunDirSummary:
     """Write summary.json, timeline.json, the pending groups' ledger lines and the plots."""
@@ -76,7 +93,7 @@ def finish_run_dir(run_dir: Path, controller: Controller, task: Task, cfg: RunCo
     history = controller.ledger.history
     if isinstance(history, JsonlHistory):
         for rec in controller.ledger.live_records():
-            history.append(rec)
+            history.append_pending(rec)
         history.close()
     if plots and cfg.logging.plots and controller.steps_done:
         try:

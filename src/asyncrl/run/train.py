@@ -59,6 +59,7 @@ from asyncrl.run.components import check_resume, given, record
 from asyncrl.run.ending import (
     CHECKPOINTED_ENDS,
     error_resume_hint,
+    final_note,
     finish_run_dir,
     resume_command,
 )
@@ -192,6 +193,8 @@ class _Run:
         self.controller: Controller | None = None
         self.stop: GracefulStop | None = None
         self.final_dir: Path | None = None
+        #: The run raised (it exports no final/: asyncrl.run.ending says why).
+        self.failed = False
         self.began = time.monotonic()  # when train() was called
         self.startup_s: float | None = None  # set when the first step is about to start
         #: The policy's vocabulary (the preflight's): engines' token ids must index it.
@@ -295,6 +298,9 @@ class _Run:
                     await self._checkpoint_at_error(exc)
                 else:  # maybe half-updated (the trainer raised in a step): not checkpointed
                     add_note(exc, error_resume_hint(self.run_dir))
+                # The error is all the CLI prints of a failed run: say there, too,
+                # why final/ is missing and what exports the weights instead.
+                add_note(exc, f"final policy: {final_note(self.run_dir, failed=True)}")
                 raise
             await self._end_of_run()
         except Exception:
@@ -306,6 +312,7 @@ class _Run:
                 if not self.stop.forced and not failed:
                     self.final_dir = await export_final(self.run_dir, self.cfg, self.trainer,
                                                         self.task, self.tokenizer)
+                self.failed = failed
                 # The engines close under the loop's handlers too: the loop wakes on a
                 # signal whichever thread the kernel hands it to (asyncio watches a
                 # wakeup fd), where a Python handler would wait for the main thread
@@ -405,6 +412,10 @@ class _Run:
                                        else "stopped at once by a signal outside the run's "
                                             "event loop")
         summary["final_dir"] = None if self.final_dir is None else str(self.final_dir)
+        if self.final_dir is None:
+            summary["final_note"] = final_note(
+                self.run_dir, failed=self.failed,
+                forced=forced is not None or (stop is not None and stop.forced))
         summary["startup_s"] = self.startup_s
         hook = controller.on_step_end
         if isinstance(hook, CheckpointHook) and hook.keep_best is not None:

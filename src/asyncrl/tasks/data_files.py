@@ -11,13 +11,14 @@ where it can the line or record and the key.
 
 from __future__ import annotations
 
+import array
 import codecs
 import contextlib
 import csv
 import json
 import logging
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -209,15 +210,39 @@ def _why_unreadable(path: Path, fmt: str, exc: BaseException) -> str:
             "or set task.format to its real format")
 
 
-def record_location(path: str, fmt: str, index: int) -> str:
-    """Where record ``index`` (0-based) is, as a user finds it in the file."""
+def record_lines(path: str) -> array.array | None:
+    """The line (1-based) of each record of a JSONL file: blank lines hold none.
+    None when the file cannot be read again (the records are loaded already)."""
+    lines = array.array("q")
+    with contextlib.suppress(OSError, UnicodeDecodeError), \
+            Path(path).open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if line.strip():
+                lines.append(lineno)
+        return lines
+    return None
+
+
+def record_location(path: str, fmt: str, index: int,
+                    lines: Sequence[int] | None = None) -> str:
+    """Where record ``index`` (0-based) is, as a user finds it in the file;
+    ``lines``: a JSONL file's :func:`record_lines` (None: read here)."""
     if fmt == "jsonl":
-        with contextlib.suppress(OSError, UnicodeDecodeError):
-            seen = -1
-            for lineno, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
-                seen += bool(line.strip())
-                if seen == index:
-                    return f"record {index + 1} (line {lineno})"
+        if lines is None:
+            lines = record_lines(path)
+        if lines is not None and index < len(lines):
+            return f"record {index + 1} (line {lines[index]})"
     if fmt == "csv":
         return f"record {index + 1} (row {index + 1} after the header)"
     return f"record {index + 1}"
+
+
+def record_source(path: str, fmt: str, index: int, lines: Sequence[int] | None) -> str:
+    """Record ``index`` as a prompt's ``meta["source"]`` names it: the file and
+    the line (JSONL, ``lines`` from :func:`record_lines`), the row (CSV) or the
+    record's number."""
+    if fmt == "jsonl" and lines is not None and index < len(lines):
+        return f"{path} line {lines[index]}"
+    if fmt == "csv":
+        return f"{path} row {index + 1} after the header"
+    return f"{path} record {index + 1}"

@@ -26,7 +26,7 @@ from asyncrl.config.dataset import (
     template_fields,
 )
 from asyncrl.errors import CheckpointError, ConfigError
-from asyncrl.tasks.data_files import read_file, record_location
+from asyncrl.tasks.data_files import read_file, record_lines, record_location, record_source
 from asyncrl.tasks.rewards.functions import (
     RESERVED,
     RecordReward,
@@ -104,8 +104,20 @@ class DatasetTask:
         return RecordReward(self.reward_function)
 
     # ------------------------------------------------------------ records
+    @cached_property
+    def _lines(self) -> Sequence[int] | None:
+        """A JSONL file's line of each record (read once, on first use): where
+        a prompt came from, and where a record a check refuses is."""
+        return record_lines(self.cfg.path) if self.format == "jsonl" else None
+
     def _where(self, index: int) -> str:
-        return f"dataset file {self.cfg.path!r}, {record_location(self.cfg.path, self.format, index)}"
+        where = record_location(self.cfg.path, self.format, index, self._lines)
+        return f"dataset file {self.cfg.path!r}, {where}"
+
+    def source(self, index: int) -> str:
+        """Where record ``index`` is (a prompt's ``meta["source"]``: errors about
+        the prompt name it), e.g. ``data/train.jsonl line 8``."""
+        return record_source(self.cfg.path, self.format, index, self._lines)
 
     def _check_keys(self, keys: Sequence[str]) -> None:
         for key in keys:
@@ -236,7 +248,8 @@ class DatasetTask:
     def make_prompt(self, index: int, *, position: int, epoch: int) -> Prompt:
         return Prompt(prompt_id=position, text=self.engine_text(self.raw_prompt(index)),
                       answer=self.answer(index),
-                      meta={"task": self.name, "index": index, "epoch": epoch})
+                      meta={"task": self.name, "index": index, "epoch": epoch,
+                            "source": self.source(index)})
 
     def prepare_reward(self, prompt: Prompt) -> Prompt:
         """The prompt as the reward sees it: the text before the chat template,

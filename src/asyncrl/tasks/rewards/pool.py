@@ -39,7 +39,7 @@ from asyncrl.config.dataset import RewardPoolConfig
 from asyncrl.errors import RewardError, RewardTimeout, RewardWorkerLost
 from asyncrl.tasks.rewards.functions import describe_function, score_many
 from asyncrl.tasks.rewards.workers import DaemonThreads, ProcessWorkers
-from asyncrl.types import Prompt
+from asyncrl.types import Prompt, prompt_label
 
 log = logging.getLogger("asyncrl.rewards")
 
@@ -210,7 +210,7 @@ class RewardPool:
         try:
             return await call.result
         except RewardError as exc:  # the same class: infra or data is the raiser's call
-            raise type(exc)(f"prompt {prompt.prompt_id}: {exc}") from exc
+            raise type(exc)(f"{prompt_label(prompt)}: {exc}") from exc
         except asyncio.CancelledError:
             call.cancel()
             raise
