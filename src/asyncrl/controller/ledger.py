@@ -25,6 +25,8 @@ from asyncrl.errors import LedgerError
 from asyncrl.types import GroupId
 
 LIVE = ("inflight", "ready")
+#: A record's fields set only when an attempt fails (:meth:`Ledger.attempt_failed`).
+_FAILURE_NOTES = frozenset({"last_error", "last_error_kind", "source"})
 #: The state ``ledger.jsonl`` gives a group still live when the run stopped.
 PENDING = "pending"
 TERMINAL = ("trained", "evicted", "aborted", "failed", "filtered")
@@ -78,20 +80,25 @@ class GroupRecord:
         self.error: str | None = None  # why the last attempt failed (failed groups)
         self.failure: str | None = None  # the budget a failed group used up: infra or data
         self.filter_reason: str | None = None  # why grpo.dynamic_sampling filtered it
-        # Why its last failed attempt failed (any group, pending ones included: a
-        # group a stop put back says why it is still pending), and the kind of
-        # that failure: infra, data or bug.
-        self.last_error: str | None = None
-        self.last_error_kind: str | None = None
-        # Where its prompt came from (a dataset task's file and line), noted with
-        # a failure only: nothing is looked up for the groups that succeed.
-        self.source: str | None = None
+        # last_error (why its last failed attempt failed: any group, pending ones
+        # included, so a group a stop put back says why it is still pending),
+        # last_error_kind (infra, data or bug) and source (where its prompt came
+        # from, a dataset task's file and line) are set by attempt_failed only:
+        # left unset here, they cost the groups that never fail nothing (this runs
+        # once per group, on the simulator's hot path); unset, they read as None.
         # The generation that finished it (for ``asyncrl simulate --calibrate``):
         # when it ran, its completions' tokens in all and of the longest one.
         self.gen_start: float | None = None
         self.gen_end: float | None = None
         self.tokens: int | None = None
         self.tokens_longest: int | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        """Reached only for a slot never set: a failure note of a group that never
+        failed reads as None (see ``__init__``)."""
+        if name in _FAILURE_NOTES:
+            return None
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__}
