@@ -230,6 +230,21 @@ def test_a_run_with_components_from_python_resumes_only_with_them(tmp_path: Path
         asyncrl.train(FAKES_CONFIG, resume=run)
 
 
+def test_resuming_a_run_built_from_its_config_alone_says_nothing_of_components(
+        tmp_path: Path, caplog) -> None:
+    """Every command-line resume warned "components.json is unreadable ([Errno 2] No
+    such file ...)": such a run has no components.json, by design."""
+    from asyncrl.run.components import check_resume
+
+    with caplog.at_level(logging.WARNING, logger="asyncrl"):
+        check_resume(tmp_path, {})
+    assert not caplog.records, caplog.text
+    (tmp_path / "components.json").write_text("{not json")
+    with caplog.at_level(logging.WARNING, logger="asyncrl"):
+        check_resume(tmp_path, {})
+    assert "components.json is unreadable" in caplog.text  # a damaged one is still said
+
+
 def test_train_refuses_a_bad_override_before_it_writes_anything(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"grpo\.max_num_stepz: unknown key"):
         asyncrl.train(QUICK, run_dir=tmp_path / "run", grpo__max_num_stepz=2)

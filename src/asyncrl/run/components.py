@@ -54,7 +54,10 @@ def check_resume(run_dir: Path, components: dict[str, Any]) -> None:
     """Refuse to resume run ``run_dir`` with other components than it trained with:
     one it got from Python and the resume does not pass (it would build the
     config's instead), or a task of another class."""
-    saved: dict[str, Any] = read_json(run_dir / COMPONENTS_FILE, None) or {}
+    path = run_dir / COMPONENTS_FILE
+    # A run built from its config alone has none (record removes it): nothing to
+    # say. Only a file that is there but unreadable is worth a warning.
+    saved: dict[str, Any] = (read_json(path, None) or {}) if path.exists() else {}
     missing = [name for name in saved if name not in components]
     if missing:
         listed = ", ".join(f"{name} {saved[name]}" for name in missing)
