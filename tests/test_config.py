@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from asyncrl.config import RunConfig, apply_overrides, config_from_dict, load_config, parse_override
+from asyncrl.config.load import set_overrides
 from asyncrl.errors import ConfigError
 
 
@@ -355,6 +356,19 @@ def test_a_swap_to_the_same_member_or_without_dropped_keys_says_nothing(tmp_path
     assert [r.getMessage() for r in caplog.records] == [
         "task.name=reverse drops task.max_operand: 'reverse' has no such key (the keys both "
         "have are kept)"]
+
+
+def test_a_swap_on_a_written_out_config_names_no_key_left_at_its_default(caplog) -> None:
+    """Found in review: a resumed run's config.yaml lists every key, so a swap named
+    keys nobody set (windowed 'drops' in_order's default max_lookahead_versions)."""
+    written = RunConfig().model_dump(mode="json")  # as config.yaml holds a run's config
+    set_overrides(written, [("async_rl.sampler.max_lookahead_versions", 3)])
+    with caplog.at_level("WARNING", logger="asyncrl.config"):
+        set_overrides(RunConfig().model_dump(mode="json"), [("async_rl.sampler.name", "windowed")])
+        assert not caplog.records, caplog.text
+        set_overrides(written, [("async_rl.sampler.name", "windowed")])
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == [
+        "async_rl.sampler.name=windowed drops async_rl.sampler.max_lookahead_versions"]
 
 
 def test_every_discriminated_block_swaps_alike(tmp_path, caplog) -> None:

@@ -245,6 +245,24 @@ def test_resuming_a_run_built_from_its_config_alone_says_nothing_of_components(
     assert "components.json is unreadable" in caplog.text  # a damaged one is still said
 
 
+def test_a_run_failing_as_its_signal_handlers_go_in_is_not_told_its_export_failed(
+        tmp_path: Path, monkeypatch) -> None:
+    """Found in review: an error before the run's main try left it "not failed", and
+    summary.json's final_note blamed an export that never ran."""
+    from asyncrl.run import train as run_train
+
+    def broken(self, loop) -> None:
+        raise RuntimeError("install broke")
+
+    monkeypatch.setattr(run_train.GracefulStop, "install", broken)
+    run = tmp_path / "run"
+    with pytest.raises(RuntimeError, match="install broke"):
+        asyncrl.train(FAKES_CONFIG, run_dir=run, task=FakeTask(), engines=[FakeEngine(0.0)],
+                      trainer=FakeTrainer(step_time=0.0), grpo__max_num_steps=2)
+    note = json.loads((run / "summary.json").read_text())["final_note"]
+    assert note.startswith("not exported (the run stopped with an error)"), note
+
+
 def test_train_refuses_a_bad_override_before_it_writes_anything(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"grpo\.max_num_stepz: unknown key"):
         asyncrl.train(QUICK, run_dir=tmp_path / "run", grpo__max_num_stepz=2)

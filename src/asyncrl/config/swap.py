@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel
+from pydantic_core import PydanticSerializationError, PydanticUndefined, to_jsonable_python
 
 from asyncrl.config.explain import annotation_members
 from asyncrl.config.schema import RunConfig
@@ -63,6 +64,7 @@ def swap_block(key: str, old: dict[str, Any], value: Any) -> Swap:
     new = next((m for m in members if _tag(m, tag) == value), None)
     if new is None:  # no such member: validation names the choices; keep the rest as it is
         return Swap({**old, tag: value}, ())
+    was = next((m for m in members if _tag(m, tag) == old.get(tag, _tag(members[0], tag))), None)
     kept = {tag: value}
     dropped = []
     for name, item in old.items():
@@ -70,9 +72,25 @@ def swap_block(key: str, old: dict[str, Any], value: Any) -> Swap:
             continue
         if name in new.model_fields:
             kept[name] = item
-        else:
+        elif was is None or not _at_default(was, name, item):
+            # Named only when set to something: a written-out config (a resumed run's
+            # config.yaml) lists every key at its default, and those say nothing.
             dropped.append(name)
     return Swap(kept, tuple(dropped))
+
+
+def _at_default(model: type[BaseModel], name: str, value: Any) -> bool:
+    """Whether ``value`` (as a config file holds it) is ``model``'s default for ``name``."""
+    field = model.model_fields.get(name)
+    if field is None:
+        return False
+    default = field.get_default(call_default_factory=True)
+    if default is PydanticUndefined:
+        return False
+    try:
+        return bool(to_jsonable_python(default) == to_jsonable_python(value))
+    except PydanticSerializationError:
+        return False
 
 
 def _tag(model: type[BaseModel], tag: str) -> Any:

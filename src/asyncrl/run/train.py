@@ -273,7 +273,9 @@ class _Run:
         self.stop = GracefulStop(controller, current)
         try:
             self.stop.install(loop)  # a signal inside it raises KeyboardInterrupt here
-        except BaseException:
+        except BaseException as exc:
+            # An error here is a failed run too (its final note must not blame an export).
+            self.failed = isinstance(exc, Exception)
             await self.close()
             raise
         failed = False
