@@ -98,8 +98,9 @@ def set_overrides(tree: dict[str, Any], overrides: Sequence[tuple[str, Any]]) ->
             for part in parents:
                 node = node.get(part) if isinstance(node, dict) else None
             old = node.get(block) if isinstance(node, dict) else None
-            if isinstance(old, dict) and old.get(tag, _default_tag(key)) != value:
-                swap = swap_block(key, old, value)
+            was = _default_tag(key)  # the member a block naming none is
+            if isinstance(old, dict) and old.get(tag, was) != value:
+                swap = swap_block(key, old, value, was)
                 node[block] = swap.block
                 if swap.dropped:
                     where = key.rsplit(".", 1)[0]

@@ -54,17 +54,18 @@ def is_swap(key: str) -> bool:
     return swap_members(key) is not None
 
 
-def swap_block(key: str, old: dict[str, Any], value: Any) -> Swap:
-    """The block ``old`` becomes when the override ``key=value`` picks its member:
-    the keys the new member declares are kept, the others dropped (a member that
-    takes any key, a ``custom`` sampler's constructor keys, keeps only those it
-    declares: the old member's knobs are no arguments of the user's class)."""
+def swap_block(key: str, old: dict[str, Any], value: Any, was: Any = None) -> Swap:
+    """The block ``old`` (member ``was``: its tag, or the block's default tag when it
+    names none) becomes when the override ``key=value`` picks its member: the keys
+    the new member declares are kept, the others dropped (a member that takes any
+    key, a ``custom`` sampler's constructor keys, keeps only those it declares: the
+    old member's knobs are no arguments of the user's class)."""
     tag = key.rsplit(".", 1)[1]
     members = swap_members(key) or []
     new = next((m for m in members if _tag(m, tag) == value), None)
     if new is None:  # no such member: validation names the choices; keep the rest as it is
         return Swap({**old, tag: value}, ())
-    was = next((m for m in members if _tag(m, tag) == old.get(tag, _tag(members[0], tag))), None)
+    before = next((m for m in members if _tag(m, tag) == old.get(tag, was)), None)
     kept = {tag: value}
     dropped = []
     for name, item in old.items():
@@ -72,7 +73,7 @@ def swap_block(key: str, old: dict[str, Any], value: Any) -> Swap:
             continue
         if name in new.model_fields:
             kept[name] = item
-        elif was is None or not _at_default(was, name, item):
+        elif before is None or not _at_default(before, name, item):
             # Named only when set to something: a written-out config (a resumed run's
             # config.yaml) lists every key at its default, and those say nothing.
             dropped.append(name)
